@@ -1,0 +1,195 @@
+"""The engine actor: hosts engines in its own process and serves the front end's one
+multiplexed stream.
+
+All blocking compute runs in one worker thread, fed by a queue; the actor's trio
+loop only routes messages, so it always answers status and cancel. The worker
+checks for cancellation between decode steps and closes the sequence's iterator
+(freeing its cache) at the first step boundary after a cancel.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+
+import attrs
+import trio
+
+from greenroom.actors.runtime import die_with_parent, tractor
+from greenroom.errors import GreenroomError
+from greenroom.protocol import (
+    Admitted, Cancel, Events, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
+)
+
+
+@tractor.context
+async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int):
+    """`models`: [{"id", "engine", "path", "device", "dtype"}]. Loads them, reports
+    {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
+    value, then serves the stream until the front end closes it."""
+    die_with_parent(parent_pid)
+    try:
+        engines = await trio.to_thread.run_sync(_load_engines, models)
+    except Exception as exc:  # a load failure is a value, never a crashed tree
+        await ctx.started({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    await ctx.started({"ok": True, "models": [attrs.asdict(e.info) for e in engines.values()]})
+    loop = EngineLoop(engines, max_queue, default_max_tokens)
+    async with ctx.open_stream() as stream:
+        await loop.serve(stream)
+
+
+def _load_engines(models: list[dict]) -> dict:
+    from greenroom.engines.loader import load_engine  # torch is imported here, in the child
+
+    return {m["id"]: load_engine(m) for m in models}
+
+
+@attrs.define
+class Counters:
+    admitted: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    tokens_generated: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int):
+        self.engines = engines
+        self.max_queue = max_queue
+        self.default_max_tokens = default_max_tokens
+        self.counters = Counters()
+        self._queue: collections.deque[Generate] = collections.deque()
+        self._wakeup = threading.Condition()
+        self._cancelled: set[str] = set()
+        self._active: str | None = None
+        self._closing = False
+
+    async def serve(self, stream) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._send, recv = trio.open_memory_channel(math.inf)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._sender, stream, recv)
+                nursery.start_soon(self._run_worker)
+                async for raw in stream:
+                    self._handle(from_wire(raw))
+                nursery.cancel_scope.cancel()
+        finally:
+            with self._wakeup:
+                self._closing = True
+                self._cancelled.update(g.rid for g in self._queue)
+                if self._active:
+                    self._cancelled.add(self._active)
+                self._wakeup.notify()
+
+    # trio side -----------------------------------------------------------------
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Generate):
+            if len(self._queue) + (self._active is not None) >= self.max_queue:
+                self._emit(Failed(msg.rid, GreenroomError(
+                    "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
+                ).to_wire()))
+                return
+            with self._wakeup:
+                self._queue.append(msg)
+                self._wakeup.notify()
+        elif isinstance(msg, Cancel):
+            self._cancelled.add(msg.rid)
+        elif isinstance(msg, StatusQuery):
+            self._emit(Status(msg.rid, self.status()))
+
+    def status(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "models": list(self.engines),
+            "queue_depth": len(self._queue),
+            "active": int(self._active is not None),
+            "max_queue_depth": self.max_queue,
+            **attrs.asdict(self.counters),
+        }
+
+    async def _sender(self, stream, recv) -> None:
+        """One message per wake-up: everything produced since the last send."""
+        async for event in recv:
+            batch = [event]
+            while True:
+                try:
+                    batch.append(recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await stream.send(to_wire(Events(batch)))
+
+    async def _run_worker(self) -> None:
+        await trio.to_thread.run_sync(self._work, abandon_on_cancel=True)
+
+    def _emit(self, event) -> None:
+        self._send.send_nowait(event)
+
+    # worker thread ---------------------------------------------------------------
+    def _emit_from_thread(self, event) -> None:
+        self._token.run_sync_soon(self._send.send_nowait, event)
+
+    def _work(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._queue and not self._closing:
+                    self._wakeup.wait()
+                if self._closing:
+                    return
+                req = self._queue.popleft()
+                self._active = req.rid
+            try:
+                self._run(req)
+            except GreenroomError as exc:
+                self.counters.failed += 1
+                self._emit_from_thread(Failed(req.rid, exc.to_wire()))
+            except Exception as exc:
+                self.counters.failed += 1
+                self._emit_from_thread(Failed(req.rid, GreenroomError(
+                    "generation_failed", f"generation failed: {type(exc).__name__}: {exc}").to_wire()))
+            finally:
+                self._active = None
+                self._cancelled.discard(req.rid)
+
+    def _run(self, req: Generate) -> None:
+        from greenroom.engines.generation import generate
+
+        if req.rid in self._cancelled:
+            self.counters.cancelled += 1
+            return
+        engine = self.engines.get(req.model)
+        if engine is None:
+            raise GreenroomError("model_not_found", f"model {req.model!r} is not served by this engine", "model")
+        prompt_ids = engine.render_chat(req.messages) if req.messages is not None else engine.tokenize(req.prompt)
+        params = self._resolve_max_tokens(engine, prompt_ids, req.params)
+        self.counters.admitted += 1
+        self._emit_from_thread(Admitted(req.rid, len(prompt_ids)))
+        for delta in generate(engine, prompt_ids, params):
+            self.counters.tokens_generated += 1
+            if req.rid in self._cancelled:
+                self.counters.cancelled += 1
+                return  # leaving the loop closes the sequence and frees its cache
+            if delta.text or delta.finish_reason:
+                self._emit_from_thread(Text(req.rid, delta.text, delta.completion_tokens, delta.finish_reason))
+        self.counters.completed += 1
+
+    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params):
+        limit = engine.info.context_length
+        room = limit - len(prompt_ids)
+        if params.max_tokens is None:
+            if room <= 0:
+                raise GreenroomError("context_length_exceeded", (
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"messages resulted in {len(prompt_ids)} tokens."), "messages")
+            return attrs.evolve(params, max_tokens=min(self.default_max_tokens, room))
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise GreenroomError("context_length_exceeded", (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the messages, "
+                f"{params.max_tokens} in the completion). Please reduce the length of the messages "
+                f"or completion."), "max_tokens")
+        return params

@@ -1,0 +1,119 @@
+"""greenroom's one door to tractor: spawn, session streams, death watching.
+
+tractor 0.1.0a5's sharp edges are handled here and nowhere else:
+- a stream to a `kill -9`'d child hangs forever: `watch_death` polls the child's
+  process and the caller cancels whatever was talking to it;
+- an actor that fails (at import, at load) must not take the root down: each
+  child lives in its own ActorNursery (`spawn`), owned by one supervising task
+  that turns failures into values;
+- killing only the root would orphan children: each child exits when its parent
+  dies (`die_with_parent`), and the root's signal
+  handler cancels the tree gracefully first;
+- the root binds the registry ("arbiter") on a free loopback port, so servers
+  on one machine never join each other's tree;
+- per-request `Portal.run` calls leak, so requests never use them: one session
+  stream per actor carries everything (see protocol.py).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import warnings
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import attrs
+import trio
+
+# tractor imports trio.MultiError, deprecated since trio 0.22; say it once, not per process.
+_TRACTOR_WARNING = "ignore:trio.MultiError is deprecated:FutureWarning"
+warnings.filterwarnings("ignore", message="trio.MultiError is deprecated", category=FutureWarning)
+os.environ.setdefault("PYTHONWARNINGS", _TRACTOR_WARNING)  # inherited by children
+
+import tractor  # noqa: E402
+
+SPAWN_TIMEOUT_S = 120.0
+CANCEL_TIMEOUT_S = 5.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def open_root(name: str, loglevel: str = "error") -> AsyncIterator[None]:
+    async with tractor.open_root_actor(
+        name=name, arbiter_addr=("127.0.0.1", free_port()), loglevel=loglevel
+    ):
+        yield
+
+
+@attrs.define
+class Child:
+    name: str
+    portal: tractor.Portal
+    process: trio.Process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@asynccontextmanager
+async def spawn(name: str, module: str, loglevel: str = "error") -> AsyncIterator[Child]:
+    """Start actor `name` serving `module`'s functions; on exit, cancel it (hard kill
+    after CANCEL_TIMEOUT_S). Raises if it cannot start within SPAWN_TIMEOUT_S."""
+    async with tractor.open_nursery(loglevel=loglevel) as an:
+        with trio.fail_after(SPAWN_TIMEOUT_S):
+            portal = await an.start_actor(name, enable_modules=[module])
+        _, process, _ = an._children[portal.channel.uid]
+        child = Child(name, portal, process)
+        try:
+            yield child
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_TIMEOUT_S):
+                if child.alive():
+                    await an.cancel()
+            if child.alive():
+                process.kill()
+
+
+async def watch_death(child: Child, poll_s: float = 0.05) -> int:
+    """Return the child's exit code once its process is gone."""
+    while child.alive():
+        await trio.sleep(poll_s)
+    return child.process.returncode
+
+
+@asynccontextmanager
+async def open_session(child: Child, fn: Callable, **kwargs) -> AsyncIterator[tuple[object, tractor.MsgStream]]:
+    """Open `fn` (a @tractor.context function) in the child and its bidirectional
+    stream; yields (the value it passed to `ctx.started`, the stream)."""
+    async with child.portal.open_context(fn, **kwargs) as (ctx, first):
+        async with ctx.open_stream() as stream:
+            yield first, stream
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Called first in every child: exit at once when the parent process is gone.
+
+    Not PR_SET_PDEATHSIG: trio spawns from a worker thread, and the kernel would
+    kill us when that *thread* exits. A daemon thread waits on the parent's pidfd."""
+
+    def wait_then_exit() -> None:
+        try:
+            fd = os.pidfd_open(parent_pid)
+        except OSError:  # already gone
+            os._exit(1)
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=wait_then_exit, name="die-with-parent", daemon=True).start()

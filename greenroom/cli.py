@@ -1,0 +1,78 @@
+"""greenroom's command line: serve, ps, demo-model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+
+from greenroom.config import load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="greenroom", description="A workstation LLM server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="start the actor tree and the HTTP front end")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    p = sub.add_parser("ps", help="print the live actor tree of a running server")
+    p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
+    p.add_argument("--json", action="store_true", help="print GET /api/actors as JSON")
+
+    p = sub.add_parser("demo-model", help="build the demo checkpoint (deterministic, no download)")
+    p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
+    p.add_argument("--cache-dir", default=None)
+
+    args = parser.parse_args(argv)
+    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model}[args.command](args)
+
+
+def _serve(args) -> int:
+    import trio
+
+    from greenroom.supervisor.serve import serve
+
+    config = load_config(args.config, host=args.host, port=args.port, log_level=args.log_level)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    trio.run(serve, config)
+    return 0
+
+
+def _ps(args) -> int:
+    url = (args.url or "http://127.0.0.1:8000").rstrip("/") + "/api/actors"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            actors = json.load(resp)["actors"]
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"greenroom ps: no server answered at {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"actors": actors}, indent=2))
+        return 0
+    print(f"{'NAME':<12} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS")
+    for a in actors:
+        rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
+        print(f"{a['name']:<12} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
+              f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}")
+    return 0
+
+
+def _demo_model(args) -> int:
+    from pathlib import Path
+
+    from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    print(ensure_demo_model(cache, args.size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

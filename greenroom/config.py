@@ -1,0 +1,64 @@
+"""Configuration: configs/*.toml, then GREENROOM_* environment variables, then CLI flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import attrs
+import cattrs
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
+
+
+@attrs.define
+class ModelConfig:
+    id: str
+    source: str  # "demo:<size>" or a checkpoint directory
+    engine: str = "transformers"
+    actor: str = "auto"
+    dtype: str | None = None
+
+
+@attrs.define
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+    default_max_tokens: int = 512
+    max_queue: int = 32
+    engine_actors: str | list[str] = "auto"
+    models: list[ModelConfig] = attrs.Factory(list)
+    cache_dir: str | None = None  # models built or pulled; default $GREENROOM_CACHE or ~/.cache/greenroom
+    restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
+    restart_window_s: float = 300.0
+    ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
+
+
+_converter = cattrs.Converter()
+_converter.register_structure_hook(str | list[str], lambda v, _: v if isinstance(v, str) else [str(x) for x in v])
+
+_ENV_FIELDS = {"host": str, "port": int, "log_level": str, "default_max_tokens": int, "max_queue": int}
+
+
+def load_config(path: str | Path | None = None, **overrides) -> Config:
+    raw = tomllib.loads(Path(path or DEFAULT_CONFIG).read_text())
+    for name, cast in _ENV_FIELDS.items():
+        value = os.environ.get(f"GREENROOM_{name.upper()}")
+        if value is not None:
+            raw[name] = cast(value)
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return _converter.structure(raw, Config)
+
+
+def detect_engine_actors() -> list[str]:
+    """gpu0…gpuN per CUDA card, else ["cpu"]. Reads the driver's view, not torch:
+    the front-end process never imports torch."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        cards = [c for c in visible.split(",") if c.strip() and c.strip() != "-1"]
+    else:
+        gpus = Path("/proc/driver/nvidia/gpus")
+        cards = sorted(gpus.iterdir()) if gpus.is_dir() else []
+    return [f"gpu{i}" for i in range(len(cards))] or ["cpu"]

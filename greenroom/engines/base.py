@@ -1,0 +1,62 @@
+"""The engine protocol every engine implements, and the values it speaks in.
+
+An engine core only turns prompt token ids into new token ids, one per decode
+step; detokenisation, stop sequences and finish reasons live once, in
+`generation.py`, for every engine (vLLM V1's output-processor split).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+import attrs
+
+
+@attrs.frozen
+class SamplingParams:
+    max_tokens: int | None = None  # None: the server default, bounded by the context
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@attrs.frozen
+class Capabilities:
+    """What an engine honours; request validation reads this, not engine names."""
+
+    seed: bool
+    chat_template: bool
+
+
+@attrs.frozen
+class ModelInfo:
+    id: str
+    engine: str
+    context_length: int
+    dtype: str
+    device: str
+    parameters: int
+    revision: str | None = None
+    quantization: str | None = None
+
+
+class Engine(Protocol):
+    info: ModelInfo
+    capabilities: Capabilities
+    eos_token_ids: frozenset[int]
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Prompt ids for a conversation, with the generation prompt appended."""
+        ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+        """Yield one sampled token id per decode step. Closing the iterator frees the
+        sequence's cache; the next forward pass runs only when the next id is asked for."""
+        ...
+
+    def unload(self) -> None: ...

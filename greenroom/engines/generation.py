@@ -1,0 +1,51 @@
+"""Token ids → text deltas with finish reasons, the same for every engine."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import attrs
+
+from .base import Engine, SamplingParams
+from .detokenize import IncrementalDetokenizer
+from .stops import StopMatcher
+
+
+@attrs.frozen
+class Delta:
+    text: str
+    completion_tokens: int
+    finish_reason: str | None = None  # "stop" (EOS or stop string) | "length"
+
+
+def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Iterator[Delta]:
+    """One Delta per decode step (text may be empty while a character or a possible
+    stop string is incomplete); the last one carries finish_reason."""
+    detok = IncrementalDetokenizer(engine.decode)
+    stops = StopMatcher(params.stop)
+    ids = engine.generate_ids(prompt_ids, params)
+    n = 0
+    try:
+        if params.max_tokens <= 0:
+            yield Delta("", 0, "length")
+            return
+        for token_id in ids:
+            n += 1
+            if token_id in engine.eos_token_ids:
+                yield Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop")
+                return
+            text = stops.feed(detok.add(token_id))
+            if stops.matched is not None:
+                yield Delta(text, n, "stop")
+                return
+            if n >= params.max_tokens:
+                yield Delta(text + _tail(detok, stops), n, stops.matched and "stop" or "length")
+                return
+            yield Delta(text, n)
+    finally:
+        ids.close()
+
+
+def _tail(detok: IncrementalDetokenizer, stops: StopMatcher) -> str:
+    text = stops.feed(detok.flush())
+    return text if stops.matched is not None else text + stops.flush()

@@ -1,0 +1,32 @@
+"""Next-token sampling with a per-request generator, so a seeded request's draws never
+depend on other requests (transformers' `generate` has no per-request generator)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import SamplingParams
+
+
+def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
+    """`logits`: the last position's [vocab] row."""
+    logits = logits.float()
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_probs, dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (always the first token)
+        sorted_probs[(cum - sorted_probs) >= params.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,82 @@
+"""The transformers engine: a Hugging Face causal LM on CPU (float32) or CUDA (bf16).
+
+The decode loop is written out (prefill, then one forward per token with a
+DynamicCache) rather than calling `generate`, so that every step is a point where
+the caller can stop, and a sequence's cache lives exactly as long as its iterator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import inspect
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from .base import Capabilities, ModelInfo, SamplingParams
+from .sampling import new_generator, sample
+
+CAPABILITIES = Capabilities(seed=True, chat_template=True)
+
+
+class TransformersEngine:
+    capabilities = CAPABILITIES
+
+    def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None):
+        path = Path(path)
+        self.device = torch.device(device)
+        torch_dtype = getattr(torch, dtype) if dtype else (
+            torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        # transformers 5.2x renamed `past_key_values` to `cache`; the H200 image has 5.17.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        cfg = self.model.config
+        gen_cfg = getattr(self.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
+        self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
+        self.info = ModelInfo(
+            id=model_id,
+            engine="transformers",
+            context_length=int(getattr(cfg, "max_position_embeddings", 0) or self.tokenizer.model_max_length),
+            dtype=str(torch_dtype).removeprefix("torch."),
+            device=str(self.device),
+            parameters=sum(p.numel() for p in self.model.parameters()),
+        )
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        # A rendered template carries its own BOS: don't add special tokens again.
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+        gen = new_generator(params.seed, self.device)
+        cache = DynamicCache()
+        try:
+            with torch.inference_mode():
+                ids = torch.tensor([prompt_ids], device=self.device)
+                while True:
+                    out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
+                    token = sample(out.logits[0, -1], params, gen)
+                    del out
+                    yield token
+                    ids = torch.tensor([[token]], device=self.device)
+        finally:
+            del cache  # the sequence's KV memory goes with its iterator
+
+    def unload(self) -> None:
+        del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+

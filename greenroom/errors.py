@@ -1,0 +1,75 @@
+"""The one error table: every typed error greenroom answers, by code.
+
+Routes never choose a status or an OpenAI error type themselves; they raise
+`GreenroomError(code, message, param)` and the surface's envelope is built from
+this table. Engine actors send the same (code, message, param) triple as data,
+because tractor's RemoteActorError carries only a type name and a traceback.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+INVALID = "invalid_request_error"
+SERVER = "server_error"
+NOT_FOUND = "not_found_error"
+
+
+@attrs.frozen
+class ErrorKind:
+    status: int
+    type: str
+
+
+TABLE: dict[str, ErrorKind] = {
+    # request shape
+    "invalid_json": ErrorKind(400, INVALID),
+    "invalid_parameter": ErrorKind(400, INVALID),
+    "missing_parameter": ErrorKind(400, INVALID),
+    "context_length_exceeded": ErrorKind(400, INVALID),
+    # routing and models
+    "model_not_found": ErrorKind(404, INVALID),
+    "not_found": ErrorKind(404, NOT_FOUND),
+    "method_not_allowed": ErrorKind(405, INVALID),
+    "model_not_loaded": ErrorKind(503, SERVER),
+    "model_busy": ErrorKind(503, SERVER),
+    "queue_full": ErrorKind(503, SERVER),
+    # engine failures
+    "engine_crashed": ErrorKind(503, SERVER),
+    "engine_unavailable": ErrorKind(503, SERVER),
+    "generation_failed": ErrorKind(500, SERVER),
+    "internal_error": ErrorKind(500, SERVER),
+}
+
+
+class GreenroomError(Exception):
+    """A typed error; `code` must be a key of TABLE."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        if code not in TABLE:
+            raise KeyError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return TABLE[self.code].status
+
+    def openai_body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": TABLE[self.code].type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_wire(self) -> dict:
+        return {"code": self.code, "message": self.message, "param": self.param}
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "GreenroomError":
+        return cls(d["code"], d["message"], d.get("param"))

@@ -1,0 +1,68 @@
+"""The quart-trio application: routes of every surface, one error handler."""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Quart, jsonify
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from greenroom import __version__
+from greenroom.errors import GreenroomError
+from greenroom.http import openai_api
+from greenroom.supervisor.tree import Tree
+
+log = logging.getLogger("greenroom.http")
+
+ENDPOINTS = [
+    ("GET", "/", "this index"),
+    ("GET", "/health", "readiness: ok once the tree is up, loading before"),
+    ("GET", "/api/actors", "the live actor tree: name, pid, state, models, queue depth, RSS"),
+    ("GET", "/v1/models", "models served"),
+    ("GET", "/v1/models/{id}", "one model card"),
+    ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
+    ("POST", "/v1/completions", "text completion, streaming (SSE) or not"),
+]
+
+
+def create_app(tree: Tree) -> Quart:
+    app = QuartTrio("greenroom")
+    app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as their generation
+    app.config["BODY_TIMEOUT"] = 60
+
+    @app.errorhandler(GreenroomError)
+    async def typed_error(err: GreenroomError):
+        return jsonify(err.openai_body()), err.status
+
+    @app.errorhandler(HTTPException)
+    async def http_error(err: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.code, "invalid_parameter")
+        if err.code >= 500:
+            code = "internal_error"
+        return await typed_error(GreenroomError(code, err.description or err.name))
+
+    @app.errorhandler(Exception)
+    async def unexpected(err: Exception):
+        log.exception("unhandled error")
+        return await typed_error(GreenroomError("internal_error", f"internal error: {type(err).__name__}"))
+
+    @app.get("/")
+    async def index():
+        return {"name": "greenroom", "version": __version__,
+                "endpoints": [{"method": m, "path": p, "description": d} for m, p, d in ENDPOINTS]}
+
+    @app.get("/health")
+    async def health():
+        engines = [s for s in tree.slots.values() if s.role == "engine"]
+        return {"status": "loading" if tree.loading else "ok",
+                "models": [m["id"] for m in tree.models()],
+                "queue_depth": sum(s.client.in_flight for s in engines if s.client is not None),
+                "max_queue_depth": tree.config.max_queue * len(engines)}
+
+    @app.get("/api/actors")
+    async def actors():
+        return {"actors": await tree.actors()}
+
+    openai_api.register(app, tree)
+    return app

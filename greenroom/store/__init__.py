@@ -1,0 +1,1 @@
+"""SQLite persistence (steering profiles, clusters, circuits, pulled models)."""

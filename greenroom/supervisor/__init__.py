@@ -1,0 +1,1 @@
+"""Tree lifecycle and the model registry: who holds which model, in which state."""

@@ -1,0 +1,94 @@
+"""The front end's side of one actor's multiplexed session stream.
+
+One reader task routes every incoming event to its request's channel by `rid`;
+any number of request tasks send on the same stream (tractor serialises sends).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import trio
+
+from greenroom.errors import GreenroomError
+from greenroom.protocol import Cancel, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire
+
+CANCEL_SEND_TIMEOUT_S = 1.0
+
+
+class RequestEvents:
+    """The events of one request, ending after its finish (a Text with a
+    finish_reason) or a Failed."""
+
+    def __init__(self, recv: trio.MemoryReceiveChannel):
+        self._recv = recv
+        self.finished = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.finished:
+            raise StopAsyncIteration
+        event = await self._recv.receive()
+        if isinstance(event, Failed) or (isinstance(event, Text) and event.finish_reason):
+            self.finished = True
+        return event
+
+
+class EngineClient:
+    def __init__(self, name: str, stream):
+        self.name = name
+        self._stream = stream
+        self._inbox: dict[str, trio.MemorySendChannel] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inbox)
+
+    async def run(self) -> None:
+        """Route events until the stream ends."""
+        async for raw in self._stream:
+            for event in from_wire(raw).events:
+                channel = self._inbox.get(event.rid)
+                if channel is not None:
+                    channel.send_nowait(event)
+
+    @asynccontextmanager
+    async def submit(self, request: Generate) -> AsyncIterator[RequestEvents]:
+        """Send a request; leaving the block before it finished cancels it in the engine."""
+        send, recv = trio.open_memory_channel(math.inf)
+        self._inbox[request.rid] = send
+        events = RequestEvents(recv)
+        try:
+            await self._stream.send(to_wire(request))
+            yield events
+        finally:
+            del self._inbox[request.rid]
+            if not events.finished:
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+                    try:
+                        await self._stream.send(to_wire(Cancel(request.rid)))
+                    except Exception:  # the actor is gone; nothing left to cancel
+                        pass
+
+    async def status(self, timeout_s: float = 2.0) -> dict | None:
+        rid = f"status-{uuid.uuid4().hex}"
+        send, recv = trio.open_memory_channel(math.inf)
+        self._inbox[rid] = send
+        try:
+            with trio.move_on_after(timeout_s):
+                await self._stream.send(to_wire(StatusQuery(rid)))
+                reply = await recv.receive()
+                return reply.status if isinstance(reply, Status) else None
+            return None
+        finally:
+            del self._inbox[rid]
+
+    def fail_all(self, error: GreenroomError) -> None:
+        """Every request still waiting gets `error` as its last event."""
+        for rid, channel in list(self._inbox.items()):
+            channel.send_nowait(Failed(rid, error.to_wire()))

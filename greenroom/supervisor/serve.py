@@ -1,0 +1,43 @@
+"""`greenroom serve`: the root actor runs the supervisor and the HTTP front end."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from greenroom.actors import runtime
+from greenroom.config import Config
+from greenroom.http.app import create_app
+from greenroom.supervisor.tree import Tree
+
+log = logging.getLogger("greenroom")
+
+
+async def serve(config: Config) -> None:
+    async with runtime.open_root("supervisor"):
+        tree = Tree(config)
+        app = create_app(tree)
+        hc = HypercornConfig()
+        hc.bind = [f"{config.host}:{config.port}"]
+        hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None
+        hc.errorlog = logging.getLogger("greenroom.http")
+        hc.graceful_timeout = 1.0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            await nursery.start(tree.run)
+            await nursery.start(hypercorn_serve, app, hc)
+            log.info("greenroom serving on http://%s:%d", config.host, config.port)
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    """SIGTERM/SIGINT cancel the whole tree: each actor's nursery cancels its child
+    (hard kill after a timeout), so no process outlives the root."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s received, shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return

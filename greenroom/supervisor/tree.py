@@ -1,0 +1,198 @@
+"""The actor tree: one supervising task per actor, restarts with backoff, routing.
+
+Each actor slot is owned by exactly one task (`_supervise`), which spawns the
+process, opens its session stream, watches the process, and on death fails the
+slot's in-flight requests with a typed error and restarts it — at most
+`restart_limit` times within `restart_window_s`, with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+
+import attrs
+import psutil
+import trio
+
+from greenroom.actors import runtime
+from greenroom.actors.engine_actor import engine_session
+from greenroom.actors.service_actors import service_session
+from greenroom.config import Config, detect_engine_actors
+from greenroom.errors import GreenroomError
+from greenroom.supervisor.engine_client import EngineClient
+
+log = logging.getLogger("greenroom.supervisor")
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+
+@attrs.define(eq=False)
+class ActorSlot:
+    name: str
+    role: str  # "engine" | "scheduler" | "steering"
+    placements: list[dict] = attrs.Factory(list)  # models this actor loads
+    state: str = "starting"  # starting | ready | restarting | failed | stopped
+    pid: int | None = None
+    restarts: int = 0
+    last_error: str | None = None
+    models: list[dict] = attrs.Factory(list)  # ModelInfo dicts, once loaded
+    client: EngineClient | None = None
+    ready: trio.Event = attrs.Factory(trio.Event)
+
+
+class Tree:
+    def __init__(self, config: Config):
+        self.config = config
+        names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
+        self.slots: dict[str, ActorSlot] = {
+            "scheduler": ActorSlot("scheduler", "scheduler"),
+            "steering": ActorSlot("steering", "steering"),
+        }
+        for name in names:
+            self.slots[name] = ActorSlot(name, "engine")
+        for model in config.models:
+            actor = names[0] if model.actor == "auto" else model.actor
+            if actor not in self.slots or self.slots[actor].role != "engine":
+                raise ValueError(f"model {model.id!r} is placed on unknown engine actor {actor!r}")
+            self.slots[actor].placements.append({"id": model.id, "source": model.source, "engine": model.engine,
+                                                 "device": _device_of(actor), "dtype": model.dtype})
+
+    # lifecycle ----------------------------------------------------------------------
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for slot in self.slots.values():
+                nursery.start_soon(self._supervise, slot)
+            task_status.started()
+
+    async def _supervise(self, slot: ActorSlot) -> None:
+        failures: collections.deque[float] = collections.deque()
+        while True:
+            try:
+                await self._run_once(slot)
+                reason = "its session ended"
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            slot.last_error = reason
+            slot.pid = None
+            now = time.monotonic()
+            failures.append(now)
+            while failures and now - failures[0] > self.config.restart_window_s:
+                failures.popleft()
+            if len(failures) > self.config.restart_limit:
+                log.error("actor %s failed %d times in %.0f s, giving up: %s", slot.name, len(failures),
+                          self.config.restart_window_s, reason)
+                slot.state = "failed"
+                slot.ready.set()  # waiters see the failed state instead of hanging
+                return
+            delay = min(BACKOFF_BASE_S * 2 ** (len(failures) - 1), BACKOFF_MAX_S)
+            log.warning("actor %s stopped (%s); restarting in %.1f s", slot.name, reason, delay)
+            slot.state = "restarting"
+            slot.restarts += 1
+            await trio.sleep(delay)
+
+    async def _run_once(self, slot: ActorSlot) -> None:
+        slot.ready = trio.Event()
+        if slot.role == "engine":
+            fn = engine_session
+            kwargs = {"models": [{**p, "cache_dir": self.config.cache_dir} for p in slot.placements],
+                      "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens}
+        else:
+            fn, kwargs = service_session, {"role": slot.role}
+        module = fn.__module__
+        async with runtime.spawn(slot.name, module, loglevel=_tractor_level(self.config.log_level)) as child:
+            slot.pid = child.pid
+            log.info("actor %s started, pid %d", slot.name, child.pid)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, slot, child)
+                async with runtime.open_session(child, fn, parent_pid=os.getpid(), **kwargs) as (first, stream):
+                    if not first["ok"]:
+                        raise RuntimeError(f"load failed: {first['error']}")
+                    slot.client = EngineClient(slot.name, stream)
+                    slot.models = first["models"]
+                    slot.state = "ready"
+                    slot.ready.set()
+                    try:
+                        await slot.client.run()
+                    finally:
+                        slot.client.fail_all(GreenroomError(
+                            "engine_crashed", f"engine actor {slot.name!r} stopped during the request; "
+                            "it is being restarted, retry the request"))
+                        slot.client = None
+                nursery.cancel_scope.cancel()
+
+    async def _watch(self, slot: ActorSlot, child: runtime.Child) -> None:
+        """Raise once the child's process is gone: tractor would wait on it forever."""
+        code = await runtime.watch_death(child)
+        log.error("actor %s (pid %d) died with exit code %s", slot.name, child.pid, code)
+        if slot.client is not None:
+            slot.client.fail_all(GreenroomError(
+                "engine_crashed", f"engine actor {slot.name!r} died (exit code {code}) during the request; "
+                "it is being restarted, retry the request"))
+        raise RuntimeError(f"process exited with code {code}")
+
+    # queries --------------------------------------------------------------------------
+    @property
+    def loading(self) -> bool:
+        return any(s.state in ("starting",) for s in self.slots.values())
+
+    def model_ids(self) -> list[str]:
+        return [p["id"] for s in self.slots.values() for p in s.placements]
+
+    def models(self) -> list[dict]:
+        """Every configured model with its state and, once loaded, its ModelInfo."""
+        out = []
+        for slot in self.slots.values():
+            loaded = {m["id"]: m for m in slot.models}
+            for p in slot.placements:
+                out.append({"id": p["id"], "actor": slot.name, "state": "loaded" if slot.state == "ready"
+                            else "loading", **({"info": loaded[p["id"]]} if p["id"] in loaded else {})})
+        return out
+
+    async def client_for(self, model: str) -> EngineClient:
+        """The engine client serving `model`, waiting while its actor (re)starts."""
+        slot = next((s for s in self.slots.values() if any(p["id"] == model for p in s.placements)), None)
+        if slot is None:
+            raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
+        with trio.move_on_after(self.config.ready_timeout_s):
+            while slot.client is None and slot.state != "failed":
+                await slot.ready.wait()
+                if slot.client is None and slot.state != "failed":
+                    await trio.sleep(0.05)  # ready was set by a previous life; wait for the next
+        if slot.client is None:
+            raise GreenroomError("engine_unavailable", f"engine actor {slot.name!r} is {slot.state}: "
+                                 f"{slot.last_error or 'not ready'}")
+        return slot.client
+
+    async def actors(self) -> list[dict]:
+        me = psutil.Process()
+        rows = [{"name": "supervisor", "role": "supervisor", "pid": me.pid, "state": "ready", "models": [],
+                 "queue_depth": 0, "rss_bytes": me.memory_info().rss, "restarts": 0}]
+        for slot in self.slots.values():
+            status = await slot.client.status() if slot.client is not None else None
+            rows.append({
+                "name": slot.name, "role": slot.role, "pid": slot.pid, "state": slot.state,
+                "models": [p["id"] for p in slot.placements],
+                "queue_depth": (status or {}).get("queue_depth", 0) + (status or {}).get("active", 0),
+                "rss_bytes": _rss(slot.pid), "restarts": slot.restarts, "last_error": slot.last_error,
+                "counters": status,
+            })
+        return rows
+
+
+def _device_of(actor: str) -> str:
+    return f"cuda:{actor[3:]}" if actor.startswith("gpu") else "cpu"
+
+
+def _tractor_level(level: str) -> str:
+    return "debug" if level.lower() == "debug" else "error"
+
+
+def _rss(pid: int | None) -> int | None:
+    try:
+        return psutil.Process(pid).memory_info().rss if pid else None
+    except psutil.Error:
+        return None

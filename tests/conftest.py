@@ -1,0 +1,109 @@
+"""Fixtures: real `greenroom serve` processes on free loopback ports, sharing one demo
+model cache built once per session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "greenroom-demo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `greenroom serve` subprocess; `stop()` sends SIGTERM and waits."""
+
+    def __init__(self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"server-{self.port}.log"
+        cmd = [sys.executable, "-m", "greenroom", "serve", "--port", str(self.port)]
+        if config is not None:
+            cfg = tmp / f"config-{self.port}.toml"
+            cfg.write_text(config)
+            cmd += ["--config", str(cfg)]
+        env = {**os.environ, "GREENROOM_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.wait_healthy(startup_s)
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).json().get("status") == "ok":
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not healthy after {timeout_s} s:\n{self.log()}")
+
+    def actors(self) -> dict[str, dict]:
+        return {a["name"]: a for a in httpx.get(self.url + "/api/actors", timeout=10).json()["actors"]}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """The demo model, built once; every server of the session reads it."""
+    cache = tmp_path_factory.mktemp("cache")
+    subprocess.run([sys.executable, "-m", "greenroom", "demo-model", "--cache-dir", str(cache)], check=True,
+                   cwd=ROOT, capture_output=True)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, model_cache):
+    srv = Server(tmp_path_factory.mktemp("server"), model_cache)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path, model_cache):
+    """A server of the test's own, for tests that kill or stop things."""
+    servers = []
+
+    def start(config: str | None = None) -> Server:
+        servers.append(Server(tmp_path, model_cache, config))
+        return servers[-1]
+
+    yield start
+    for srv in servers:
+        srv.stop()
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)

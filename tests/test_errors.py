@@ -1,0 +1,79 @@
+"""Bad input gets a typed 4xx in OpenAI's envelope, never a 500."""
+
+import httpx
+import openai
+import pytest
+
+from conftest import MODEL
+
+CHAT = "/v1/chat/completions"
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, content=body if isinstance(body, (bytes, str)) else None,
+                      json=None if isinstance(body, (bytes, str)) else body, timeout=30, **kw)
+
+
+def envelope(r, status, code, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and isinstance(err["message"], str) and err["message"]
+    assert err["type"] in ("invalid_request_error", "server_error", "not_found_error")
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+def test_bad_json(server):
+    envelope(post(server, CHAT, b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json")
+    envelope(post(server, CHAT, b"[1, 2]"), 400, "invalid_json")
+
+
+def test_unknown_model_is_404_through_the_sdk(client):
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert exc.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_missing_messages(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=None)
+    assert exc.value.code == "missing_parameter" and exc.value.param == "messages"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": -0.1}, "top_p"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+      "max_completion_tokens": 5}, "max_completion_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": True}, "seed"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+])
+def test_invalid_parameters_are_typed_400(server, body, param):
+    r = post(server, CHAT, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_context_length_exceeded_before_stream_starts(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6, "stream": True}
+    err = envelope(post(server, CHAT, body), 400, "context_length_exceeded", "max_tokens")
+    assert "2048" in err["message"]
+
+
+def test_completion_prompt_required(server):
+    envelope(post(server, "/v1/completions", {"model": MODEL}), 400, "missing_parameter", "prompt")
+
+
+def test_unknown_route_and_method(server):
+    envelope(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
+    envelope(httpx.get(server.url + CHAT), 405, "method_not_allowed")

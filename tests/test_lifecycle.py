@@ -1,0 +1,82 @@
+"""The actor tree under faults: kill -9 of an engine, SIGTERM/SIGINT of the root, an actor
+that cannot load."""
+
+import os
+import signal
+import time
+
+import openai
+import psutil
+import pytest
+
+from conftest import MODEL
+
+
+def openai_client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def test_kill_engine_mid_stream_errors_restarts_and_serves_again(own_server):
+    srv = own_server()
+    client = openai_client(srv)
+    old_pid = srv.actors()["cpu"]["pid"]
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}],
+                                            max_tokens=1800, stream=True)
+    killed_at = None
+    with pytest.raises(openai.APIError) as exc:
+        for chunk in stream:
+            if killed_at is None and chunk.choices and chunk.choices[0].delta.content:
+                os.kill(old_pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+    assert time.monotonic() - killed_at < 2.0
+    assert exc.value.body["code"] == "engine_crashed"
+    # the next request waits for the restarted actor and is served
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    cpu = srv.actors()["cpu"]
+    assert cpu["state"] == "ready" and cpu["pid"] != old_pid and cpu["restarts"] == 1
+    assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_on_root_leaves_no_process_behind(own_server, sig):
+    srv = own_server()
+    pids = [a["pid"] for a in srv.actors().values()]
+    assert len(set(pids)) == 4  # supervisor, scheduler, steering, cpu
+    assert srv.stop(sig, timeout_s=20) is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if psutil.pid_exists(p)]
+
+
+BROKEN = """
+restart_limit = 1
+restart_window_s = 60
+engine_actors = ["cpu", "cpu1"]
+
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+actor = "cpu"
+
+[[models]]
+id = "broken"
+source = "/nonexistent/checkpoint"
+actor = "cpu1"
+"""
+
+
+def test_actor_that_cannot_load_does_not_take_the_server_down(own_server):
+    srv = own_server(BROKEN)
+    deadline = time.monotonic() + 30
+    while srv.actors()["cpu1"]["state"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    broken = srv.actors()["cpu1"]
+    assert broken["state"] == "failed" and "does not exist" in broken["last_error"]
+    client = openai_client(srv)
+    with pytest.raises(openai.InternalServerError) as exc:
+        client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])
+    assert exc.value.status_code == 503 and exc.value.code == "engine_unavailable"
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert r.choices[0].message.content is not None

@@ -1,0 +1,111 @@
+"""Chat and text completions through the real openai SDK against a live server."""
+
+import time
+
+import httpx
+
+from conftest import MODEL
+
+
+def test_chat_completion(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=16)
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.model == MODEL
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_all_roles_and_content_parts(client):
+    r = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+        {"role": "system", "content": "You are concise."},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"},
+    ])
+    assert r.choices[0].message.content is not None
+
+
+def test_stream_role_first_then_content_then_finish_with_usage(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, stream=True,
+        temperature=0))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    final = chunks[-1]
+    assert final.choices[0].finish_reason == "length" and final.usage.completion_tokens == 20
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0)
+    assert streamed == whole.choices[0].message.content
+
+
+def test_stream_chunks_arrive_while_generating(client, server):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Go on"}], max_tokens=1500, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    # the first words are here and the engine is still generating this same request
+    engine = server.actors()["cpu"]["counters"]
+    stream.close()
+    assert engine["active"] == 1
+
+
+def test_text_completion_streamed_and_not(client):
+    r = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    parts = list(client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8,
+                                           temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_sequence_streamed_and_not(client):
+    base = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0).choices[0].text
+    stop = base[10:13]
+    r = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
+    parts = list(client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0,
+                                           stop=stop, stream=True))
+    assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_repeats(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=24, temperature=1.0)
+    a = client.chat.completions.create(seed=42, **kw).choices[0].message.content
+    b = client.chat.completions.create(seed=42, **kw).choices[0].message.content
+    assert a == b
+
+
+def test_models_list_and_card(client):
+    ids = [m.id for m in client.models.list().data]
+    assert MODEL in ids
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_health_index_and_actors(server):
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and MODEL in health["models"]
+    index = httpx.get(server.url + "/").json()
+    assert {"method": "POST", "path": "/v1/chat/completions"}.items() <= {
+        **next(e for e in index["endpoints"] if e["path"] == "/v1/chat/completions")}.items()
+    actors = server.actors()
+    assert {"supervisor", "scheduler", "steering", "cpu"} <= set(actors)
+    assert actors["cpu"]["pid"] != actors["supervisor"]["pid"] == server.proc.pid
+    assert actors["cpu"]["state"] == "ready" and actors["cpu"]["rss_bytes"] > 0
+
+
+def test_concurrent_requests_all_complete(client):
+    import concurrent.futures as cf
+
+    def one(i):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"n{i}"}],
+                                              max_tokens=5).choices[0].finish_reason
+
+    t = time.monotonic()
+    with cf.ThreadPoolExecutor(6) as pool:
+        assert all(r in ("stop", "length") for r in pool.map(one, range(6)))
+    assert time.monotonic() - t < 60
