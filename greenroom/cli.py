@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo-model", help="build the demo checkpoint (deterministic, no download)")
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
-    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
     args = parser.parse_args(argv)
     return {"serve": _serve, "ps": _ps, "demo-model": _demo_model}[args.command](args)
@@ -65,12 +65,9 @@ def _ps(args) -> int:
 
 
 def _demo_model(args) -> int:
-    from pathlib import Path
-
     from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 
-    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    print(ensure_demo_model(cache, args.size))
+    print(ensure_demo_model(default_cache_dir(args.cache_dir), args.size))
     return 0
 
 

@@ -30,7 +30,7 @@ class Config:
     max_queue: int = 32
     engine_actors: str | list[str] = "auto"
     models: list[ModelConfig] = attrs.Factory(list)
-    cache_dir: str | None = None  # models built or pulled; default $GREENROOM_CACHE or ~/.cache/greenroom
+    cache_dir: str | None = None  # cache root (models/ below it); default $GREENROOM_CACHE or ~/.cache/greenroom
     restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
     restart_window_s: float = 300.0
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start

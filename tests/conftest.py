@@ -74,10 +74,11 @@ class Server:
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
-    """The demo model, built once; every server of the session reads it."""
+    """A cache root of the session's own (GREENROOM_CACHE, for this process and every
+    server it starts), with the demo model built once by `greenroom demo-model`."""
     cache = tmp_path_factory.mktemp("cache")
-    subprocess.run([sys.executable, "-m", "greenroom", "demo-model", "--cache-dir", str(cache)], check=True,
-                   cwd=ROOT, capture_output=True)
+    os.environ["GREENROOM_CACHE"] = str(cache)
+    subprocess.run([sys.executable, "-m", "greenroom", "demo-model"], check=True, cwd=ROOT, capture_output=True)
     return cache
 
 

@@ -3,14 +3,14 @@
 import pytest
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import ensure_demo_model
+from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.generation import generate
 from greenroom.engines.transformers_engine import TransformersEngine
 
 
 @pytest.fixture(scope="module")
 def engine(model_cache):
-    return TransformersEngine("greenroom-demo", ensure_demo_model(model_cache, "tiny"))
+    return TransformersEngine("greenroom-demo", ensure_demo_model(default_cache_dir(), "tiny"))
 
 
 def run(engine, params, prompt="Once upon a time"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import sys
 import threading
 
 import attrs
@@ -30,6 +31,9 @@ async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: in
     {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
     value, then serves the stream until the front end closes it."""
     die_with_parent(parent_pid)
+    # The worker thread holds the GIL between torch ops; a short switch interval lets the
+    # loop thread forward each step's message promptly instead of after up to 5 ms.
+    sys.setswitchinterval(0.0005)
     try:
         engines = await trio.to_thread.run_sync(_load_engines, models)
     except Exception as exc:  # a load failure is a value, never a crashed tree

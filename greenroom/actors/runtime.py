@@ -32,8 +32,13 @@ import trio
 _TRACTOR_WARNING = "ignore:trio.MultiError is deprecated:FutureWarning"
 warnings.filterwarnings("ignore", message="trio.MultiError is deprecated", category=FutureWarning)
 os.environ.setdefault("PYTHONWARNINGS", _TRACTOR_WARNING)  # inherited by children
+# OpenMP threads that spin between ops steal the other core from the front end and
+# from each other: measured here, 2 spinning torch threads decode 7x slower than 1.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import tractor  # noqa: E402
+
+warnings.filterwarnings("ignore", category=trio.TrioDeprecationWarning, module="tractor")
 
 SPAWN_TIMEOUT_S = 120.0
 CANCEL_TIMEOUT_S = 5.0
@@ -45,8 +50,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def tractor_loglevel(level: str) -> str:
+    """tractor logs every cancelled context at ERROR while a tree shuts down; greenroom
+    reports actor failures itself, so tractor speaks only at debug."""
+    return "debug" if level.lower() == "debug" else "critical"
+
+
 @asynccontextmanager
-async def open_root(name: str, loglevel: str = "error") -> AsyncIterator[None]:
+async def open_root(name: str, loglevel: str) -> AsyncIterator[None]:
     async with tractor.open_root_actor(
         name=name, arbiter_addr=("127.0.0.1", free_port()), loglevel=loglevel
     ):
@@ -68,7 +79,7 @@ class Child:
 
 
 @asynccontextmanager
-async def spawn(name: str, module: str, loglevel: str = "error") -> AsyncIterator[Child]:
+async def spawn(name: str, module: str, loglevel: str) -> AsyncIterator[Child]:
     """Start actor `name` serving `module`'s functions; on exit, cancel it (hard kill
     after CANCEL_TIMEOUT_S). Raises if it cannot start within SPAWN_TIMEOUT_S."""
     async with tractor.open_nursery(loglevel=loglevel) as an:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 # Bump whenever the generated files would change; cached copies with another
 # version are rebuilt by ensure_demo_model.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 DEMO_MODEL_NAME = "greenroom-demo"
 
@@ -73,47 +73,52 @@ SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END]
 # decode(skip_special_tokens=True), where tool-call parsers look for them.
 TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
 
-# Target std of the output logits. Larger makes greedy decoding loop on a few
-# tokens; smaller makes sampled text uniform noise and lets the zero-logit
-# special tokens (including EOS) come up often.
+# Target std of the output logits. Larger makes sampling nearly greedy (and so
+# loopy); smaller makes sampled text uniform noise and lets the zero-logit end
+# tokens come up often.
 LOGIT_STD = 3.0
-# Multiplied by 1/rms of the final residual (<= ~1, >= ~1/4 at these depths).
+# Scaled by 1/rms of the final residual (0.75-1 at these sizes): logits near -90.
 SUPPRESS_BIAS = 100.0
 
 # ChatML turns with Hermes-style tool calling. The tool system block absorbs a
 # leading system message; OpenAI-style calls ({"function": {...}}) and bare
 # {"name", "arguments"} calls are both accepted, with arguments as a JSON string
 # or an object.
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0].role == 'system' and messages[0].content %}"
-    "{{- messages[0].content + '\\n\\n' }}"
-    "{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if loop.first and message.role == 'system' and tools %}"
-    "{%- elif message.role in ('tool', 'function') %}"
-    "{{- '<|im_start|>tool\\n<tool_response>\\n' + (message.content or '') + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
-    "{%- for tool_call in message.tool_calls or [] %}"
-    "{%- set call = tool_call.function if tool_call.function is defined else tool_call %}"
-    "{%- set args = call.arguments if call.arguments is string else (call.arguments | tojson) %}"
-    "{{- '<tool_call>\\n{\"name\": ' + (call.name | tojson) + ', \"arguments\": ' + args + '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+CHAT_TEMPLATE = r"""
+{{- bos_token }}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages and messages[0].role == 'system' and messages[0].content %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments ' }}
+    {{- 'within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if loop.first and message.role == 'system' and tools %}
+        {#- already in the tools block #}
+    {%- elif message.role in ('tool', 'function') %}
+        {{- '<|im_start|>tool\n<tool_response>\n' + (message.content or '') + '\n</tool_response><|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + (message.content or '') }}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+            {%- set args = call.arguments if call.arguments is string else (call.arguments | tojson) %}
+            {{- '<tool_call>\n{"name": ' + (call.name | tojson) + ', "arguments": ' + args + '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+""".strip()
 
 # Tokenizer training text: prose, dialogue, code, JSON and numbers, so that
 # words, indentation, punctuation and digit runs all earn merges.
@@ -209,9 +214,10 @@ CORPUS = (
 )
 
 
-def default_cache_dir() -> Path:
-    """`$GREENROOM_CACHE/models`, else `$XDG_CACHE_HOME/greenroom/models` (~/.cache by default)."""
-    base = os.environ.get("GREENROOM_CACHE")
+def default_cache_dir(root: str | Path | None = None) -> Path:
+    """`<root>/models`, root being the argument, else `$GREENROOM_CACHE`, else
+    `$XDG_CACHE_HOME/greenroom` (~/.cache by default)."""
+    base = root or os.environ.get("GREENROOM_CACHE")
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         base = Path(xdg) / "greenroom"
@@ -245,7 +251,7 @@ def build_demo_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
         _write_checkpoint(tmp, size, seed)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         for f in tmp.iterdir():
-            os.chmod(f, 0o644)  # save_pretrained writes some files 0600
+            os.chmod(f, 0o644)  # save_pretrained writes model.safetensors 0600
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
             os.rename(out_dir, old / "stale")
@@ -268,12 +274,11 @@ def _is_current(out_dir: Path, size: str) -> bool:
 
 
 def _write_checkpoint(path: Path, size: str, seed: int) -> None:
-    settings = dict(SIZES[size])
+    settings = SIZES[size]
     tokenizer = _train_tokenizer(settings["vocab_size"], settings["max_position_embeddings"])
     tokenizer.save_pretrained(path)
     model = _random_model(settings, tokenizer, seed)
     model.save_pretrained(path)
-    # Written last, but the directory only becomes visible as a whole anyway.
     (path / "greenroom.json").write_text(
         json.dumps({"generator_version": GENERATOR_VERSION, "size": size, "seed": seed}) + "\n"
     )
@@ -315,10 +320,10 @@ def _random_model(settings: dict, tokenizer, seed: int):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    dtype = getattr(torch, settings.pop("dtype"))
+    dtype = getattr(torch, settings["dtype"])
     bos, eos, im_end = tokenizer.convert_tokens_to_ids([BOS, EOS, IM_END])
     config = LlamaConfig(
-        **settings,
+        **{k: v for k, v in settings.items() if k != "dtype"},
         rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         tie_word_embeddings=False,
@@ -327,17 +332,21 @@ def _random_model(settings: dict, tokenizer, seed: int):
         pad_token_id=eos,
         dtype=dtype,
     )
-    # Allocate without transformers' init pass (minutes for 1b); every
-    # parameter is filled below. Non-persistent buffers (rotary inv_freq) stay
+    # Allocate without transformers' init pass (seconds of wasted work for 1b);
+    # every parameter is filled below. Non-persistent buffers (rotary inv_freq) stay
     # uninitialised, which is fine: they are not saved and this model is never run.
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(dtype)
     model.to_empty(device="cpu")
 
     # Unit-variance activations everywhere instead of the std-0.02 init, which
-    # makes an untrained model emit one token forever.
+    # makes an untrained model emit one token forever. Branches writing to the
+    # residual stream are scaled by 1/sqrt(2 * layers) (as in GPT-2) so its
+    # variance stays bounded with depth; unscaled, the 100m and 1b sizes fall
+    # into greedy loops like "forforfor" within a few tokens.
     gen = torch.Generator().manual_seed(seed)
     hidden = settings["hidden_size"]
+    residual_scale = (2 * settings["num_hidden_layers"]) ** -0.5
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -347,6 +356,8 @@ def _random_model(settings: dict, tokenizer, seed: int):
             elif name == "lm_head.weight":
                 # Final hidden states have RMS 1, so this gives logits of std LOGIT_STD.
                 p.normal_(0.0, LOGIT_STD / hidden**0.5, generator=gen)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.normal_(0.0, residual_scale * p.shape[1] ** -0.5, generator=gen)
             else:
                 p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
         # Residual channel 0 is held at 1: set in every embedding and never
@@ -359,8 +370,8 @@ def _random_model(settings: dict, tokenizer, seed: int):
         # Tokens that are not text on their own (markup specials, lone UTF-8
         # pieces, control bytes) get a large negative bias, so generated text
         # is always clean. EOS and <|im_end|> get logit 0: far below the top
-        # of a std-LOGIT_STD distribution, so greedy text never ends and
-        # sampled text only rarely does.
+        # of a std-LOGIT_STD distribution, so greedy text does not end and
+        # sampled text only rarely does (~4e-5 per token at temperature 1).
         suppressed = _unwanted_ids(tokenizer)
         model.lm_head.weight[suppressed] = 0.0
         model.lm_head.weight[suppressed, 0] = -SUPPRESS_BIAS

@@ -13,7 +13,7 @@ def resolve_source(source: str, cache_dir: str | None) -> Path:
     if source.startswith("demo:"):
         from .demo_model import default_cache_dir, ensure_demo_model
 
-        return ensure_demo_model(Path(cache_dir) if cache_dir else default_cache_dir(), source[len("demo:"):])
+        return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:"):])
     path = Path(source).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model source {source!r} does not exist")
@@ -24,7 +24,11 @@ def load_engine(spec: dict) -> Engine:
     """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir"}."""
     path = resolve_source(spec["source"], spec.get("cache_dir"))
     if spec["engine"] == "transformers":
+        from transformers.utils import logging as hf_logging
+
         from .transformers_engine import TransformersEngine
+
+        hf_logging.disable_progress_bar()  # a server's log is no terminal
 
         return TransformersEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"))
     raise ValueError(f"unknown engine {spec['engine']!r}")

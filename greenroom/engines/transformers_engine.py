@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 import inspect
+import os
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -21,12 +22,22 @@ from .sampling import new_generator, sample
 CAPABILITIES = Capabilities(seed=True, chat_template=True)
 
 
+def default_cpu_threads() -> int:
+    """All cores but one, which the front end and the actors' loops need: batch-1
+    decoding gains nothing from a second thread here (measured: tiny 1,413 vs 1,213
+    tok/s, 100M 35 vs 34 tok/s, 1 vs 2 threads on 2 cores)."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 class TransformersEngine:
     capabilities = CAPABILITIES
 
-    def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None):
+    def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
+                 threads: int | None = None):
         path = Path(path)
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(threads or default_cpu_threads())
         torch_dtype = getattr(torch, dtype) if dtype else (
             torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -119,14 +119,22 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, chat: bool):
     if chat:
         yield sse.frame(chunk(None, None, role=True))
     async for event in events:
-        if isinstance(event, Failed):
-            yield sse.error_frame(GreenroomError.from_wire(event.error).openai_body())
-            break
-        if event.text:
-            yield sse.frame(chunk(event.text, None))
-        if event.finish_reason:
-            yield sse.frame({**chunk(None, event.finish_reason),
-                             "usage": _usage(admitted, event.completion_tokens)})
+        text = []
+        for event in [event, *events.ready()]:  # what queued up while we wrote goes out as one chunk
+            if isinstance(event, Failed):
+                if text:
+                    yield sse.frame(chunk("".join(text), None))
+                yield sse.error_frame(GreenroomError.from_wire(event.error).openai_body())
+                break
+            text.append(event.text)
+            if event.finish_reason:
+                if any(text):
+                    yield sse.frame(chunk("".join(text), None))
+                yield sse.frame({**chunk(None, event.finish_reason),
+                                 "usage": _usage(admitted, event.completion_tokens)})
+                text = []
+        if any(text):
+            yield sse.frame(chunk("".join(text), None))
     yield sse.DONE
 
 

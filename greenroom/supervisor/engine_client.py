@@ -33,7 +33,20 @@ class RequestEvents:
     async def __anext__(self):
         if self.finished:
             raise StopAsyncIteration
-        event = await self._recv.receive()
+        return self._track(await self._recv.receive())
+
+    def ready(self) -> list:
+        """The events that have already arrived, without waiting: a slow reader sends
+        them as one chunk instead of falling further behind."""
+        out = []
+        while not self.finished:
+            try:
+                out.append(self._track(self._recv.receive_nowait()))
+            except trio.WouldBlock:
+                break
+        return out
+
+    def _track(self, event):
         if isinstance(event, Failed) or (isinstance(event, Text) and event.finish_reason):
             self.finished = True
         return event

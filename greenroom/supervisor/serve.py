@@ -18,7 +18,7 @@ log = logging.getLogger("greenroom")
 
 
 async def serve(config: Config) -> None:
-    async with runtime.open_root("supervisor"):
+    async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
         app = create_app(tree)
         hc = HypercornConfig()

@@ -103,7 +103,7 @@ class Tree:
         else:
             fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
-        async with runtime.spawn(slot.name, module, loglevel=_tractor_level(self.config.log_level)) as child:
+        async with runtime.spawn(slot.name, module, loglevel=runtime.tractor_loglevel(self.config.log_level)) as child:
             slot.pid = child.pid
             log.info("actor %s started, pid %d", slot.name, child.pid)
             async with trio.open_nursery() as nursery:
@@ -185,10 +185,6 @@ class Tree:
 
 def _device_of(actor: str) -> str:
     return f"cuda:{actor[3:]}" if actor.startswith("gpu") else "cpu"
-
-
-def _tractor_level(level: str) -> str:
-    return "debug" if level.lower() == "debug" else "error"
 
 
 def _rss(pid: int | None) -> int | None:

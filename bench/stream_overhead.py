@@ -1,0 +1,122 @@
+"""Stream overhead: one stream through `greenroom serve` (HTTP → supervisor → engine
+actor → SSE) versus the same engine called in-process, same model, prompt and
+greedy decoding. Prints tokens/s and time-to-first-token for both, and the ratios.
+
+    .venv/bin/python bench/stream_overhead.py [--size tiny|100m] [--tokens N] [--runs R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
+
+from greenroom.engines.base import SamplingParams  # noqa: E402
+from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.generation import generate  # noqa: E402
+from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+
+
+def in_process(engine, tokens: int) -> tuple[float, float, int]:
+    params = SamplingParams(max_tokens=tokens, temperature=0)
+    start = time.perf_counter()
+    ttft = None
+    n = 0
+    for delta in generate(engine, engine.render_chat(PROMPT), params):
+        if ttft is None and delta.text:
+            ttft = time.perf_counter() - start
+        n = delta.completion_tokens
+    return n / (time.perf_counter() - start), ttft, n
+
+
+def over_http(http: httpx.Client, url: str, model: str, tokens: int) -> tuple[float, float, int]:
+    body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
+    start = time.perf_counter()
+    ttft = None
+    n = 0
+    with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+    return n / (time.perf_counter() - start), ttft, n
+
+
+def start_server(size: str, cache: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = Path(tempfile.mkdtemp()) / "bench.toml"
+    cfg.write_text(f'log_level = "warning"\n[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
+    env = {**os.environ, "GREENROOM_CACHE": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
+                            cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).json()["status"] == "ok":
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("server did not become healthy")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+
+    cache = default_cache_dir()
+    engine = TransformersEngine("bench", ensure_demo_model(cache, args.size))
+    proc, url = start_server(args.size, cache)
+    try:
+        with httpx.Client(timeout=600) as http:  # one connection, as a real client keeps
+            in_process(engine, 8), over_http(http, url, "bench", 8)  # warm both paths
+            local, remote = [], []
+            for _ in range(args.runs):  # interleaved, so drift hits both alike
+                local.append(in_process(engine, args.tokens))
+                remote.append(over_http(http, url, "bench", args.tokens))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+    def med(rows, i):
+        return statistics.median(r[i] for r in rows)
+
+    assert {r[2] for r in local} == {r[2] for r in remote}, "both paths must generate the same tokens"
+    tps_l, tps_r = med(local, 0), med(remote, 0)
+    ttft_l, ttft_r = med(local, 1), med(remote, 1)
+    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params), {local[0][2]} tokens, "
+          f"median of {args.runs} runs")
+    print(f"in-process : {tps_l:8.1f} tok/s   TTFT {ttft_l * 1000:7.1f} ms")
+    print(f"HTTP stream: {tps_r:8.1f} tok/s   TTFT {ttft_r * 1000:7.1f} ms")
+    print(f"ratio tokens/s HTTP/in-process: {tps_r / tps_l:.3f}   TTFT overhead: {(ttft_r - ttft_l) * 1000:+.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
