@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
 
+from greenroom.config import detect_engine_actors  # noqa: E402
 from greenroom.engines.base import SamplingParams  # noqa: E402
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
@@ -62,15 +63,14 @@ def over_http(http: httpx.Client, url: str, model: str, tokens: int) -> tuple[fl
     return n / (time.perf_counter() - start), ttft, n
 
 
-def start_server(size: str, cache: Path) -> tuple[subprocess.Popen, str]:
+def start_server(size: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = Path(tempfile.mkdtemp()) / "bench.toml"
     cfg.write_text(f'log_level = "warning"\n[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
-    env = {**os.environ, "GREENROOM_CACHE": str(cache)}
     proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
-                            cwd=ROOT, env=env)
+                            cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -91,9 +91,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
 
-    cache = default_cache_dir()
-    engine = TransformersEngine("bench", ensure_demo_model(cache, args.size))
-    proc, url = start_server(args.size, cache)
+    # the same device the server's first engine actor gets: gpu0 → cuda:0, else cpu
+    device = "cuda:0" if detect_engine_actors()[0] == "gpu0" else "cpu"
+    engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size), device=device)
+    proc, url = start_server(args.size)
     try:
         with httpx.Client(timeout=600) as http:  # one connection, as a real client keeps
             in_process(engine, 8), over_http(http, url, "bench", 8)  # warm both paths
@@ -111,8 +112,8 @@ def main() -> None:
     assert {r[2] for r in local} == {r[2] for r in remote}, "both paths must generate the same tokens"
     tps_l, tps_r = med(local, 0), med(remote, 0)
     ttft_l, ttft_r = med(local, 1), med(remote, 1)
-    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params), {local[0][2]} tokens, "
-          f"median of {args.runs} runs")
+    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params, {engine.info.dtype} on "
+          f"{engine.info.device}), {local[0][2]} tokens, median of {args.runs} runs")
     print(f"in-process : {tps_l:8.1f} tok/s   TTFT {ttft_l * 1000:7.1f} ms")
     print(f"HTTP stream: {tps_r:8.1f} tok/s   TTFT {ttft_r * 1000:7.1f} ms")
     print(f"ratio tokens/s HTTP/in-process: {tps_r / tps_l:.3f}   TTFT overhead: {(ttft_r - ttft_l) * 1000:+.1f} ms")
