@@ -60,5 +60,7 @@ def detect_engine_actors() -> list[str]:
         cards = [c for c in visible.split(",") if c.strip() and c.strip() != "-1"]
     else:
         gpus = Path("/proc/driver/nvidia/gpus")
-        cards = sorted(gpus.iterdir()) if gpus.is_dir() else []
+        # sandboxed kernels (gVisor) may lack the /proc entry but still have the device nodes
+        cards = sorted(gpus.iterdir()) if gpus.is_dir() else [
+            d for d in Path("/dev").glob("nvidia*") if d.name[len("nvidia"):].isdigit()]
     return [f"gpu{i}" for i in range(len(cards))] or ["cpu"]
