@@ -25,6 +25,9 @@ from greenroom.protocol import (
 )
 
 
+SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor; below that rate nothing waits
+
+
 @tractor.context
 async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int):
     """`models`: [{"id", "engine", "path", "device", "dtype"}]. Loads them, reports
@@ -71,13 +74,15 @@ class EngineLoop:
         self._cancelled: set[str] = set()
         self._active: str | None = None
         self._closing = False
+        self._outbox: collections.deque = collections.deque()  # events for the sender, from both threads
+        self._wake_pending = False
 
     async def serve(self, stream) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self._send, recv = trio.open_memory_channel(math.inf)
+        self._wake = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._sender, stream, recv)
+                nursery.start_soon(self._sender, stream)
                 nursery.start_soon(self._run_worker)
                 async for raw in stream:
                     self._handle(from_wire(raw))
@@ -116,26 +121,43 @@ class EngineLoop:
             **attrs.asdict(self.counters),
         }
 
-    async def _sender(self, stream, recv) -> None:
-        """One message per wake-up: everything produced since the last send."""
-        async for event in recv:
-            batch = [event]
-            while True:
-                try:
-                    batch.append(recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await stream.send(to_wire(Events(batch)))
+    async def _sender(self, stream) -> None:
+        """One message per wake-up carrying everything produced since the last one, and
+        at most one per SEND_INTERVAL_S: a fast engine's steps are coalesced instead of
+        each paying the trip, while the first event after a lull goes at once."""
+        last = -math.inf
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            wait = last + SEND_INTERVAL_S - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+            self._wake_pending = False
+            batch = []
+            while self._outbox:
+                batch.append(self._outbox.popleft())
+            if batch:
+                await stream.send(to_wire(Events(batch)))
+                last = trio.current_time()
 
     async def _run_worker(self) -> None:
         await trio.to_thread.run_sync(self._work, abandon_on_cancel=True)
 
-    def _emit(self, event) -> None:
-        self._send.send_nowait(event)
+    def _emit(self, event) -> None:  # from the loop thread
+        self._outbox.append(event)
+        self._wake.set()
 
     # worker thread ---------------------------------------------------------------
     def _emit_from_thread(self, event) -> None:
-        self._token.run_sync_soon(self._send.send_nowait, event)
+        """Queue an event for the sender, waking the loop thread only when no wake-up
+        is pending: every hand-off of the GIL to the loop thread delays the decode."""
+        self._outbox.append(event)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._token.run_sync_soon(self._wake_sender)
+
+    def _wake_sender(self) -> None:  # runs in the loop thread
+        self._wake.set()
 
     def _work(self) -> None:
         while True:
