@@ -34,9 +34,11 @@ TABLE: dict[str, ErrorKind] = {
     "model_not_loaded": ErrorKind(503, SERVER),
     "model_busy": ErrorKind(503, SERVER),
     "queue_full": ErrorKind(503, SERVER),
+    # fields the request path cannot honour or would ignore (http/ledger.py)
+    "field_not_honoured": ErrorKind(400, INVALID),
+    "unused_fields_refused": ErrorKind(400, INVALID),
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
-    "engine_unavailable": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),
     "internal_error": ErrorKind(500, SERVER),
 }

@@ -20,11 +20,38 @@ from .engines.base import SamplingParams
 # front end → engine actor
 @attrs.frozen
 class Generate:
+    """One request: `n` choices for each row — each prompt of `prompts` or
+    `prompt_token_ids` (no template: /v1/completions), or the one conversation
+    `messages` (chat template).
+    Choice index = row * n + j. The actor validates every row before generating any."""
+
     rid: str
     model: str
     params: SamplingParams
-    prompt: str | None = None  # raw text, no template (/v1/completions)
-    messages: list[dict] | None = None  # rendered with the model's chat template
+    prompts: list[str] | None = None
+    prompt_token_ids: list[list[int]] | None = None  # prompts already tokenised
+    messages: list[dict] | None = None
+    n: int = 1
+    add_special_tokens: bool = True  # for prompts
+    template_kwargs: dict | None = None  # for messages
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts or self.prompt_token_ids or [None])
+
+    @property
+    def choices(self) -> int:
+        return self.rows * self.n
+
+
+@attrs.frozen
+class Embed:
+    """Embed every input: texts, or inputs already tokenised (one of the two)."""
+
+    rid: str
+    model: str
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
 
 
 @attrs.frozen
@@ -40,18 +67,26 @@ class StatusQuery:
 # engine actor → front end
 @attrs.frozen
 class Admitted:
-    """Validation passed and the prompt is tokenised; a stream may start."""
+    """Every row passed validation and is tokenised; a stream may start."""
 
     rid: str
-    prompt_tokens: int
+    prompt_tokens: int  # summed over rows (each prompt counted once, whatever n)
 
 
 @attrs.frozen
 class Text:
     rid: str
+    index: int  # the choice
     text: str
     completion_tokens: int
     finish_reason: str | None = None
+
+
+@attrs.frozen
+class Embedded:
+    rid: str
+    vectors: list[bytes]  # float32, little-endian, one per input
+    prompt_tokens: int
 
 
 @attrs.frozen
@@ -68,10 +103,11 @@ class Status:
 
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Failed | Status]
+    events: list[Admitted | Text | Embedded | Failed | Status]
 
 
-_TAGS: dict[str, type] = {c.__name__: c for c in (Generate, Cancel, StatusQuery, Admitted, Text, Failed, Status)}
+_TAGS: dict[str, type] = {c.__name__: c for c in (
+    Generate, Embed, Cancel, StatusQuery, Admitted, Text, Embedded, Failed, Status)}
 _conv = cattrs.Converter()
 
 

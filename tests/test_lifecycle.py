@@ -77,6 +77,6 @@ def test_actor_that_cannot_load_does_not_take_the_server_down(own_server):
     client = openai_client(srv)
     with pytest.raises(openai.InternalServerError) as exc:
         client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])
-    assert exc.value.status_code == 503 and exc.value.code == "engine_unavailable"
+    assert exc.value.status_code == 503 and exc.value.code == "model_not_loaded"
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert r.choices[0].message.content is not None

@@ -9,7 +9,9 @@ checks for cancellation between decode steps and closes the sequence's iterator
 
 from __future__ import annotations
 
+import array
 import collections
+import hashlib
 import math
 import os
 import sys
@@ -21,7 +23,7 @@ import trio
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    Admitted, Cancel, Events, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
+    Admitted, Cancel, Embed, Embedded, Events, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
 )
 
 
@@ -69,7 +71,7 @@ class EngineLoop:
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.counters = Counters()
-        self._queue: collections.deque[Generate] = collections.deque()
+        self._queue: collections.deque[Generate | Embed] = collections.deque()
         self._wakeup = threading.Condition()
         self._cancelled: set[str] = set()
         self._active: str | None = None
@@ -97,7 +99,7 @@ class EngineLoop:
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
-        if isinstance(msg, Generate):
+        if isinstance(msg, (Generate, Embed)):
             if len(self._queue) + (self._active is not None) >= self.max_queue:
                 self._emit(Failed(msg.rid, GreenroomError(
                     "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
@@ -181,41 +183,91 @@ class EngineLoop:
                 self._active = None
                 self._cancelled.discard(req.rid)
 
-    def _run(self, req: Generate) -> None:
-        from greenroom.engines.generation import generate
-
+    def _run(self, req) -> None:
         if req.rid in self._cancelled:
             self.counters.cancelled += 1
             return
         engine = self.engines.get(req.model)
         if engine is None:
             raise GreenroomError("model_not_found", f"model {req.model!r} is not served by this engine", "model")
-        prompt_ids = engine.render_chat(req.messages) if req.messages is not None else engine.tokenize(req.prompt)
-        params = self._resolve_max_tokens(engine, prompt_ids, req.params)
+        if isinstance(req, Embed):
+            self._embed(engine, req)
+        else:
+            self._generate(engine, req)
+
+    def _generate(self, engine, req: Generate) -> None:
+        from greenroom.engines.generation import generate
+
+        if req.messages is not None:
+            rows = [engine.render_chat(req.messages, req.template_kwargs)]
+            names = ["messages"]
+        else:
+            rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
+                                            for p in req.prompts]
+            names = ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
+            for ids, name in zip(rows, names):
+                _check_ids(engine, ids, name, "prompt")
+        params = [self._resolve_max_tokens(engine, ids, req.params, name) for ids, name in zip(rows, names)]
         self.counters.admitted += 1
-        self._emit_from_thread(Admitted(req.rid, len(prompt_ids)))
-        for delta in generate(engine, prompt_ids, params):
-            self.counters.tokens_generated += 1
-            if req.rid in self._cancelled:
-                self.counters.cancelled += 1
-                return  # leaving the loop closes the sequence and frees its cache
-            if delta.text or delta.finish_reason:
-                self._emit_from_thread(Text(req.rid, delta.text, delta.completion_tokens, delta.finish_reason))
+        self._emit_from_thread(Admitted(req.rid, sum(len(ids) for ids in rows)))
+        for row, (ids, row_params) in enumerate(zip(rows, params)):
+            for j in range(req.n):
+                index = row * req.n + j
+                choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
+                    row_params, seed=_choice_seed(row_params.seed, j))
+                for delta in generate(engine, ids, choice_params):
+                    self.counters.tokens_generated += 1
+                    if req.rid in self._cancelled:
+                        self.counters.cancelled += 1
+                        return  # leaving the loop closes the sequence and frees its cache
+                    if delta.text or delta.finish_reason:
+                        self._emit_from_thread(
+                            Text(req.rid, index, delta.text, delta.completion_tokens, delta.finish_reason))
         self.counters.completed += 1
 
-    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params):
+    def _embed(self, engine, req: Embed) -> None:
+        rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]
+        limit = engine.info.context_length
+        for i, ids in enumerate(rows):
+            where = "input" if len(rows) == 1 else f"input[{i}]"
+            if len(ids) > limit:
+                raise GreenroomError("context_length_exceeded", (
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(ids)} tokens in {where}. Please reduce the length of the input."), "input")
+            _check_ids(engine, ids, where, "input")
+        self.counters.admitted += 1
+        vectors = [array.array("f", v).tobytes() for v in engine.embed(rows)]
+        self.counters.completed += 1
+        self._emit_from_thread(Embedded(req.rid, vectors, sum(len(ids) for ids in rows)))
+
+    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params, where: str):
         limit = engine.info.context_length
         room = limit - len(prompt_ids)
         if params.max_tokens is None:
             if room <= 0:
                 raise GreenroomError("context_length_exceeded", (
                     f"This model's maximum context length is {limit} tokens. However, your "
-                    f"messages resulted in {len(prompt_ids)} tokens."), "messages")
+                    f"{where} resulted in {len(prompt_ids)} tokens."), where.split("[")[0])
             return attrs.evolve(params, max_tokens=min(self.default_max_tokens, room))
         if len(prompt_ids) + params.max_tokens > limit:
             raise GreenroomError("context_length_exceeded", (
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the messages, "
-                f"{params.max_tokens} in the completion). Please reduce the length of the messages "
+                f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the {where}, "
+                f"{params.max_tokens} in the completion). Please reduce the length of the {where} "
                 f"or completion."), "max_tokens")
         return params
+
+
+def _check_ids(engine, ids: list[int], where: str, param: str) -> None:
+    if not ids:
+        raise GreenroomError("invalid_parameter", f"{where} is empty", param)
+    bad = [t for t in ids if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise GreenroomError("invalid_parameter", f"{where} has token ids outside the vocabulary "
+                             f"(0–{engine.vocab_size - 1}): {bad[:5]}", param)
+
+
+def _choice_seed(seed: int, j: int) -> int:
+    """Choice j > 0 of a seeded request: its own 32-bit seed (torch's CPU generator keeps
+    32 bits), derived so that choice 0 stays the plain seeded request."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{j}".encode(), digest_size=4).digest(), "little")

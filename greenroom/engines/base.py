@@ -11,6 +11,8 @@ from typing import Iterator, Protocol
 
 import attrs
 
+from .capabilities import Capabilities
+
 
 @attrs.frozen
 class SamplingParams:
@@ -19,14 +21,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-
-
-@attrs.frozen
-class Capabilities:
-    """What an engine honours; request validation reads this, not engine names."""
-
-    seed: bool
-    chat_template: bool
+    repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens already seen
 
 
 @attrs.frozen
@@ -45,11 +40,17 @@ class Engine(Protocol):
     info: ModelInfo
     capabilities: Capabilities
     eos_token_ids: frozenset[int]
+    vocab_size: int
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
-        """Prompt ids for a conversation, with the generation prompt appended."""
+    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+        """Prompt ids for a conversation, with the generation prompt appended; a trailing
+        assistant message is continued, not answered (see chat.py)."""
+        ...
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """Mean-pooled last-hidden-layer embeddings, one per tokenised input."""
         ...
 
     def decode(self, ids: list[int]) -> str: ...

@@ -17,9 +17,14 @@ def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return gen
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
-    """`logits`: the last position's [vocab] row."""
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seen: torch.Tensor) -> int:
+    """`logits`: the last position's [vocab] row; `seen`: the token ids so far."""
     logits = logits.float()
+    if params.repetition_penalty != 1.0 and len(seen):
+        # HF's rule: a seen token's positive logit is divided by the penalty, a negative one multiplied
+        scores = logits.gather(0, seen)
+        scores = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
+        logits = logits.scatter(0, seen, scores)
     if params.temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / params.temperature, dim=-1)

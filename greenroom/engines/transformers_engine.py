@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Iterator
 
 import inspect
+import json
 import os
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .base import Capabilities, ModelInfo, SamplingParams
+from .base import ModelInfo, SamplingParams
+from .capabilities import ENGINES
+from .chat import render_conversation
 from .sampling import new_generator, sample
-
-CAPABILITIES = Capabilities(seed=True, chat_template=True)
 
 
 def default_cpu_threads() -> int:
@@ -30,7 +31,7 @@ def default_cpu_threads() -> int:
 
 
 class TransformersEngine:
-    capabilities = CAPABILITIES
+    capabilities = ENGINES["transformers"]
 
     def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
                  threads: int | None = None):
@@ -48,6 +49,7 @@ class TransformersEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         cfg = self.model.config
+        self.vocab_size = cfg.vocab_size
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -58,15 +60,20 @@ class TransformersEngine:
             dtype=str(torch_dtype).removeprefix("torch."),
             device=str(self.device),
             parameters=sum(p.numel() for p in self.model.parameters()),
+            revision=_revision(path),
+            quantization=_quantization(cfg),
         )
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
+    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+        def apply(msgs: list[dict]) -> str:
+            return self.tokenizer.apply_chat_template(
+                msgs, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+
         # A rendered template carries its own BOS: don't add special tokens again.
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(render_conversation(apply, messages), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -74,20 +81,57 @@ class TransformersEngine:
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
         gen = new_generator(params.seed, self.device)
         cache = DynamicCache()
+        # every token seen so far, for the repetition penalty (prompt included, as HF does)
+        seen = torch.tensor(prompt_ids + [0] * (params.max_tokens or 0), device=self.device)
+        n_seen = len(prompt_ids)
         try:
             with torch.inference_mode():
                 ids = torch.tensor([prompt_ids], device=self.device)
                 while True:
                     out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
-                    token = sample(out.logits[0, -1], params, gen)
+                    token = sample(out.logits[0, -1], params, gen, seen[:n_seen])
                     del out
                     yield token
+                    if n_seen < len(seen):
+                        seen[n_seen] = token
+                        n_seen += 1
                     ids = torch.tensor([[token]], device=self.device)
         finally:
             del cache  # the sequence's KV memory goes with its iterator
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        out = []
+        with torch.inference_mode():
+            for ids in inputs:
+                hidden = self.model.model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state
+                out.append(hidden[0].float().mean(dim=0).tolist())
+        return out
 
     def unload(self) -> None:
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+
+def _revision(path: Path) -> str | None:
+    """A Hugging Face cache snapshot's commit, or the demo generator's version and seed;
+    None (written "unrecorded") when the checkpoint does not say."""
+    if path.parent.name == "snapshots":
+        return path.name[:8]
+    marker = path / "greenroom.json"
+    if marker.exists():
+        meta = json.loads(marker.read_text())
+        return f"demo-{meta.get('size')}-v{meta.get('generator_version')}-s{meta.get('seed')}"
+    return None
+
+
+_STORAGE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def _quantization(cfg) -> str | None:
+    """The checkpoint's quantization method, or the dtype its weights are stored in."""
+    quant = getattr(cfg, "quantization_config", None)
+    if quant:
+        return str(quant.get("quant_method") if isinstance(quant, dict) else quant.quant_method).upper()
+    stored = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    return _STORAGE.get(str(stored).removeprefix("torch.")) if stored else None

@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_api
+from greenroom.http import openai_api, openapi
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -23,6 +23,8 @@ ENDPOINTS = [
     ("GET", "/v1/models/{id}", "one model card"),
     ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
     ("POST", "/v1/completions", "text completion, streaming (SSE) or not"),
+    ("POST", "/v1/embeddings", "mean-pooled embeddings, float or base64"),
+    ("GET", "/openapi.json", "the OpenAPI document of every route"),
 ]
 
 
@@ -63,6 +65,10 @@ def create_app(tree: Tree) -> Quart:
     @app.get("/api/actors")
     async def actors():
         return {"actors": await tree.actors()}
+
+    @app.get("/openapi.json")
+    async def openapi_document():
+        return openapi.document()
 
     openai_api.register(app, tree)
     return app

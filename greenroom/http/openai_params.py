@@ -1,7 +1,8 @@
 """Parsing /v1 request bodies into engine requests, with typed refusals.
 
-Each check raises GreenroomError naming the offending parameter; nothing a client
-sent is silently dropped or half-applied.
+The field ledger (ledger.py) has already refused what cannot be honoured and noted
+what will be ignored; this module validates the values of the fields that are used.
+Each check raises GreenroomError naming the offending parameter.
 """
 
 from __future__ import annotations
@@ -9,11 +10,21 @@ from __future__ import annotations
 import json
 import uuid
 
+import attrs
+
 from greenroom.engines.base import SamplingParams
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Generate
+from greenroom.protocol import Embed, Generate
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+MAX_CHOICES = 16
+MAX_EMBEDDING_INPUTS = 2048
+# apply_chat_template's own arguments: a template variable must not override them
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
 
 
 def parse_json(body: bytes) -> dict:
@@ -24,6 +35,15 @@ def parse_json(body: bytes) -> dict:
     if not isinstance(data, dict):
         raise GreenroomError("invalid_json", "The request body must be a JSON object")
     return data
+
+
+def model_name(body: dict) -> str:
+    model = body.get("model")
+    if model is None:
+        raise GreenroomError("missing_parameter", "you must provide a model parameter", "model")
+    if not isinstance(model, str) or not model:
+        raise GreenroomError("invalid_parameter", "'model' must be a non-empty string", "model")
+    return model
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -48,6 +68,15 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
+def _bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be a boolean", name)
+    return value
+
+
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
@@ -57,6 +86,12 @@ def _stop(body: dict) -> tuple[str, ...]:
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return tuple(stop)
     raise GreenroomError("invalid_parameter", "'stop' must be a string or a list of strings", "stop")
+
+
+def repetition_penalty(presence: float, frequency: float) -> float:
+    """OpenAI's penalties → one repetition penalty, the mapping greenroom's Ollama surface
+    uses too: 1 + (presence + frequency) / 2, floored at 0.1 (a penalty must be > 0)."""
+    return max(0.1, 1.0 + (presence + frequency) / 2)
 
 
 def sampling(body: dict) -> SamplingParams:
@@ -71,25 +106,35 @@ def sampling(body: dict) -> SamplingParams:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         stop=_stop(body),
         seed=_int(body, "seed", 0, 2**32 - 1),
+        repetition_penalty=repetition_penalty(_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+                                              _number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
     )
 
 
-def model_name(body: dict) -> str:
-    model = body.get("model")
-    if model is None:
-        raise GreenroomError("missing_parameter", "you must provide a model parameter", "model")
-    if not isinstance(model, str) or not model:
-        raise GreenroomError("invalid_parameter", "'model' must be a non-empty string", "model")
-    return model
+@attrs.frozen
+class Streaming:
+    on: bool
+    include_usage: bool  # stream_options.include_usage: an extra usage-only chunk
 
 
-def stream_flag(body: dict) -> bool:
-    stream = body.get("stream", False)
-    if stream is None:
-        return False
-    if not isinstance(stream, bool):
-        raise GreenroomError("invalid_parameter", "'stream' must be a boolean", "stream")
-    return stream
+def streaming(body: dict) -> Streaming:
+    on = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise GreenroomError("invalid_parameter", "'stream_options' must be an object", "stream_options")
+    include = (options or {}).get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise GreenroomError("invalid_parameter", "'stream_options.include_usage' must be a boolean",
+                             "stream_options.include_usage")
+    return Streaming(on, on and bool(include))
+
+
+def choices_n(body: dict, stream: bool) -> int:
+    n = _int(body, "n", 1, MAX_CHOICES) or 1
+    if n > 1 and stream:
+        raise GreenroomError("field_not_honoured", "'n' above 1 cannot be honoured with stream: true; "
+                             "send n: 1 or stream: false", "n")
+    return n
 
 
 def messages(body: dict) -> list[dict]:
@@ -112,31 +157,98 @@ def messages(body: dict) -> list[dict]:
             parts = []
             for j, part in enumerate(content):
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise GreenroomError("invalid_parameter", f"'{where}.content[{j}]' must be a text part",
-                                         f"{where}.content[{j}]")
+                    raise GreenroomError("invalid_parameter", f"'{where}.content[{j}]' must be a text part "
+                                         "(images and audio are not supported)", f"{where}.content[{j}]")
                 parts.append(part["text"])
             content = "".join(parts)
         elif content is not None and not isinstance(content, str):
             raise GreenroomError("invalid_parameter", f"'{where}.content' must be a string, an array of text "
                                  "parts or null", f"{where}.content")
-        out.append({**m, "role": "system" if role == "developer" else role, "content": content})
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        if m.get("tool_calls") is not None:
+            if not isinstance(m["tool_calls"], list):
+                raise GreenroomError("invalid_parameter", f"'{where}.tool_calls' must be an array",
+                                     f"{where}.tool_calls")
+            msg["tool_calls"] = m["tool_calls"]
+        out.append(msg)
     return out
+
+
+def template_kwargs(body: dict) -> dict | None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise GreenroomError("invalid_parameter", "'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise GreenroomError("invalid_parameter", f"'chat_template_kwargs.{key}' is an argument of the "
+                                 "template renderer, not a template variable", f"chat_template_kwargs.{key}")
+    return kwargs
+
+
+def _token_lists(value) -> list[list[int]] | None:
+    """A token array or an array of token arrays, as lists of ids; None if not one."""
+    def ids(v):
+        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if ids(value):
+        return [value]
+    if isinstance(value, list) and value and all(ids(v) for v in value):
+        return value
+    return None
 
 
 def new_rid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def chat_request(body: dict) -> tuple[Generate, bool]:
-    model = model_name(body)
-    return Generate(new_rid("chatcmpl"), model, sampling(body), messages=messages(body)), stream_flag(body)
+def chat_request(body: dict, model: str, stream: Streaming) -> Generate:
+    return Generate(new_rid("chatcmpl"), model, sampling(body), messages=messages(body),
+                    n=choices_n(body, stream.on), template_kwargs=template_kwargs(body))
 
 
-def completion_request(body: dict) -> tuple[Generate, bool]:
-    model = model_name(body)
+def completion_request(body: dict, model: str, stream: Streaming) -> Generate:
     prompt = body.get("prompt")
     if prompt is None:
         raise GreenroomError("missing_parameter", "'prompt' is a required property", "prompt")
-    if not isinstance(prompt, str):
-        raise GreenroomError("invalid_parameter", "'prompt' must be a string", "prompt")
-    return Generate(new_rid("cmpl"), model, sampling(body), prompt=prompt), stream_flag(body)
+    common = dict(rid=new_rid("cmpl"), model=model, params=sampling(body), n=choices_n(body, stream.on),
+                  add_special_tokens=_bool(body, "add_special_tokens", True))
+    if isinstance(prompt, str):
+        return Generate(prompts=[prompt], **common)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) > MAX_CHOICES:
+            raise GreenroomError("invalid_parameter", f"at most {MAX_CHOICES} prompts per request", "prompt")
+        return Generate(prompts=prompt, **common)
+    token_ids = _token_lists(prompt)
+    if token_ids is not None and len(token_ids) <= MAX_CHOICES:
+        return Generate(prompt_token_ids=token_ids, **common)
+    raise GreenroomError("invalid_parameter", "'prompt' must be a string, a non-empty array of strings, a token "
+                         f"array or an array of token arrays (at most {MAX_CHOICES} prompts)", "prompt")
+
+
+def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
+    value = body.get("input")
+    if value is None:
+        raise GreenroomError("missing_parameter", "'input' is a required property", "input")
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    if fmt not in ("float", "base64"):
+        raise GreenroomError("invalid_parameter", "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    rid = new_rid("embd")
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        if any(not v for v in value):
+            raise GreenroomError("invalid_parameter", "'input' must not contain empty strings", "input")
+        embed = Embed(rid, model, texts=value)
+    else:
+        token_ids = _token_lists(value)
+        if token_ids is None:
+            raise GreenroomError("invalid_parameter", "'input' must be a non-empty string, an array of strings, "
+                                 "a token array or an array of token arrays", "input")
+        embed = Embed(rid, model, token_ids=token_ids)
+    if len(embed.texts or embed.token_ids) > MAX_EMBEDDING_INPUTS:
+        raise GreenroomError("invalid_parameter", f"at most {MAX_EMBEDDING_INPUTS} inputs per request", "input")
+    return embed, fmt

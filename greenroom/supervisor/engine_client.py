@@ -14,17 +14,20 @@ from typing import AsyncIterator
 import trio
 
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Cancel, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire
+from greenroom.protocol import (
+    Cancel, Embed, Embedded, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
+)
 
 CANCEL_SEND_TIMEOUT_S = 1.0
 
 
 class RequestEvents:
-    """The events of one request, ending after its finish (a Text with a
-    finish_reason) or a Failed."""
+    """The events of one request, ending after a Failed, an Embedded, or as many
+    finishing Texts (a finish_reason set) as the request has choices."""
 
-    def __init__(self, recv: trio.MemoryReceiveChannel):
+    def __init__(self, recv: trio.MemoryReceiveChannel, choices: int):
         self._recv = recv
+        self._unfinished = choices
         self.finished = False
 
     def __aiter__(self):
@@ -47,7 +50,9 @@ class RequestEvents:
         return out
 
     def _track(self, event):
-        if isinstance(event, Failed) or (isinstance(event, Text) and event.finish_reason):
+        if isinstance(event, Text) and event.finish_reason:
+            self._unfinished -= 1
+        if isinstance(event, (Failed, Embedded)) or self._unfinished == 0:
             self.finished = True
         return event
 
@@ -71,11 +76,11 @@ class EngineClient:
                     channel.send_nowait(event)
 
     @asynccontextmanager
-    async def submit(self, request: Generate) -> AsyncIterator[RequestEvents]:
+    async def submit(self, request: Generate | Embed) -> AsyncIterator[RequestEvents]:
         """Send a request; leaving the block before it finished cancels it in the engine."""
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
-        events = RequestEvents(recv)
+        events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1)
         try:
             await self._stream.send(to_wire(request))
             yield events

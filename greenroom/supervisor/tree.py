@@ -143,29 +143,32 @@ class Tree:
         return [p["id"] for s in self.slots.values() for p in s.placements]
 
     def models(self) -> list[dict]:
-        """Every configured model with its state and, once loaded, its ModelInfo."""
-        out = []
-        for slot in self.slots.values():
-            loaded = {m["id"]: m for m in slot.models}
-            for p in slot.placements:
-                out.append({"id": p["id"], "actor": slot.name, "state": "loaded" if slot.state == "ready"
-                            else "loading", **({"info": loaded[p["id"]]} if p["id"] in loaded else {})})
-        return out
+        """The available models (loaded, or loading while their actor starts); a model
+        whose actor failed is not available and not listed."""
+        return [{"id": p["id"], "actor": slot.name, "state": "loaded" if slot.state == "ready" else "loading"}
+                for slot in self.slots.values() if slot.state != "failed" for p in slot.placements]
 
-    async def client_for(self, model: str) -> EngineClient:
-        """The engine client serving `model`, waiting while its actor (re)starts."""
-        slot = next((s for s in self.slots.values() if any(p["id"] == model for p in s.placements)), None)
-        if slot is None:
-            raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
+    def placement(self, model: str) -> tuple[ActorSlot, dict]:
+        """The actor slot and placement serving `model`, or 404 model_not_found."""
+        for slot in self.slots.values():
+            for p in slot.placements:
+                if p["id"] == model:
+                    return slot, p
+        raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
+
+    async def client_for(self, model: str) -> tuple[EngineClient, dict]:
+        """The engine client serving `model` and the model's info, waiting while its
+        actor (re)starts."""
+        slot, _ = self.placement(model)
         with trio.move_on_after(self.config.ready_timeout_s):
             while slot.client is None and slot.state != "failed":
                 await slot.ready.wait()
                 if slot.client is None and slot.state != "failed":
                     await trio.sleep(0.05)  # ready was set by a previous life; wait for the next
         if slot.client is None:
-            raise GreenroomError("engine_unavailable", f"engine actor {slot.name!r} is {slot.state}: "
-                                 f"{slot.last_error or 'not ready'}")
-        return slot.client
+            raise GreenroomError("model_not_loaded", f"model {model!r} is not loaded: its engine actor "
+                                 f"{slot.name!r} is {slot.state} ({slot.last_error or 'not ready'})", "model")
+        return slot.client, next(m for m in slot.models if m["id"] == model)
 
     async def actors(self) -> list[dict]:
         me = psutil.Process()

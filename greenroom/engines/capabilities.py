@@ -1,0 +1,29 @@
+"""What each engine honours, as data. The front end's field ledger reads this table
+(by the engine named in the model's placement) to honour, report or refuse every
+request field before any model is loaded; nothing here imports an engine."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Capabilities:
+    seed: bool = False  # per-request seeds that reproduce byte-identically
+    n: bool = False  # several choices per request
+    penalties: bool = False  # frequency/presence → repetition penalty
+    embeddings: bool = False
+    chat_template_kwargs: bool = False  # variables passed to the chat template
+    scoring: bool = False  # logprobs / allowed_token_ids scoring mode
+    response_format: bool = False  # constrained decoding
+    tools: bool = False
+    steering: bool = False  # profile, steering_intensity, SAE activations
+
+
+ENGINES: dict[str, Capabilities] = {
+    "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True),
+}
+
+
+def capabilities_of(engine: str) -> Capabilities:
+    return ENGINES[engine]

@@ -1,0 +1,201 @@
+"""The field ledger: every request field is honoured, reported or refused — one
+mechanism, driven by the engine's declared capabilities (engines/capabilities.py).
+
+Each endpoint has a table of the fields it knows. A field is
+- USE: read and honoured;
+- REPORT: accepted but not read; named in X-miLLM-Ignored-Fields (unknown fields too);
+- refused with 400 field_not_honoured, unless its value means "no change" (an explicit
+  null, or the field's listed no-op value) or the engine has the capability that
+  honours it.
+Nested objects the request path reads (messages, content parts, stream_options) are
+walked, so an unread key is reported with its location, e.g. "messages[2].name".
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from greenroom.engines.capabilities import Capabilities
+from greenroom.errors import GreenroomError
+
+log = logging.getLogger("greenroom.http")
+
+IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
+
+
+@attrs.frozen
+class Rule:
+    needs: str | None = None  # the capability that honours it; None with refuse=False: always used
+    refuse: bool = False  # without `needs`, refused (unless no-op); with it, refused when the engine lacks it
+    report: bool = False  # accepted, never read
+    noop: tuple = ()  # values that mean "no change" (null always does)
+    why: str = ""
+
+
+USE = Rule()
+REPORTED = Rule(report=True)
+
+
+def needs(capability: str, *noop, why: str = "") -> Rule:
+    return Rule(needs=capability, refuse=True, noop=noop, why=why)
+
+
+def refused(*noop, why: str) -> Rule:
+    return Rule(refuse=True, noop=noop, why=why)
+
+
+_SCORING = "scoring mode is not available on this engine yet"
+_STEERING = "steering is not available on this engine yet"
+_TOOLS = "tool calling is not available on this engine yet"
+_NOT_YET = "not yet implemented"
+
+_COMMON = {
+    "model": USE, "stream": USE, "stream_options": USE, "temperature": USE, "top_p": USE, "max_tokens": USE,
+    "max_completion_tokens": USE, "stop": USE, "user": REPORTED,
+    "seed": needs("seed", why="this engine's seeds are not measured to reproduce"),
+    "frequency_penalty": needs("penalties", 0, 0.0), "presence_penalty": needs("penalties", 0, 0.0),
+    "response_format": needs("response_format", {"type": "text"}, why="structured output is not available "
+                             "on this engine yet"),
+    "steering": refused(why=_NOT_YET), "dimensions": refused(why="only /v1/embeddings could use it"),
+    "logit_bias": refused({}, why=_NOT_YET),
+    "tools": needs("tools", [], why=_TOOLS), "tool_choice": needs("tools", why=_TOOLS),
+}
+
+CHAT = {
+    **_COMMON, "messages": USE,
+    "n": needs("n", 1, why="this engine serves one choice per request"),
+    "chat_template_kwargs": Rule(needs="chat_template_kwargs", report=True),  # GGUF: reported, never refused
+    "logprobs": needs("scoring", False, why=_SCORING), "top_logprobs": needs("scoring", why=_SCORING),
+    "allowed_token_ids": needs("scoring", why=_SCORING),
+    "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
+    "extra_messages": needs("scoring", why=_SCORING),
+    "profile": needs("steering", why=_STEERING), "steering_intensity": needs("steering", why=_STEERING),
+    "return_sae_activations": needs("steering", why=_STEERING),
+    "functions": needs("tools", [], why=_TOOLS), "function_call": needs("tools", why=_TOOLS),
+    "parallel_tool_calls": needs("tools", why=_TOOLS),
+}
+
+COMPLETIONS = {
+    **_COMMON, "prompt": USE, "add_special_tokens": USE,
+    "n": refused(1, why="send a list of prompts for several choices"),
+    "logprobs": needs("scoring", False, why=_SCORING), "allowed_token_ids": needs("scoring", why=_SCORING),
+    "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
+    "top_logprobs": refused(why="use logprobs"),
+    "profile": refused(why="per-request steering is served on chat completions"),
+    "steering_intensity": refused(why="per-request steering is served on chat completions"),
+    "return_sae_activations": needs("steering", why=_STEERING),
+    "echo": refused(False, why=_NOT_YET), "best_of": refused(1, why=_NOT_YET),
+    "suffix": refused(why=_NOT_YET),
+    "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),
+}
+
+_NOT_EMBEDDINGS = "embeddings have no such setting"
+EMBEDDINGS = {
+    "model": USE, "input": USE, "encoding_format": USE, "user": REPORTED,
+    "dimensions": refused(why=_NOT_YET),
+    "n": refused(1, why=_NOT_EMBEDDINGS),
+    **{f: refused(*noop, why=_NOT_EMBEDDINGS) for f, noop in (
+        ("logprobs", (False,)), ("allowed_token_ids", ()), ("top_logprobs", ()), ("response_format", ({"type": "text"},)),
+        ("seed", ()), ("profile", ()), ("steering_intensity", ()), ("steering", ()), ("tools", ([],)),
+        ("tool_choice", ()), ("logit_bias", ({},)), ("max_completion_tokens", ()),
+    )},
+}
+
+_MESSAGE_KEYS = {"role", "content", "tool_calls"}
+_PART_KEYS = {"type", "text"}
+_STREAM_OPTION_KEYS = {"include_usage"}
+
+
+def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[str]:
+    """Refuse what cannot be honoured; return the locations of every field not read."""
+    ignored: list[str] = []
+    for field, value in body.items():
+        rule = endpoint.get(field)
+        if rule is None or (rule.report and not (rule.needs and getattr(caps, rule.needs))):
+            ignored.append(field)
+            continue
+        if rule.refuse and value is not None and not _is_noop(value, rule.noop) and not (
+                rule.needs and getattr(caps, rule.needs)):
+            reason = f": {rule.why}" if rule.why else ""
+            raise GreenroomError("field_not_honoured", f"'{field}' cannot be honoured {where}{reason}", field)
+    ignored += _nested(body)
+    return ignored
+
+
+def _is_noop(value, noop: tuple) -> bool:
+    # by type too: logprobs 0 asks for scoring, only logprobs false is "no change"
+    return any(type(value) is type(n) and value == n for n in noop)
+
+
+def _nested(body: dict) -> list[str]:
+    out = []
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                continue
+            out += [f"messages[{i}].{k}" for k in m if k not in _MESSAGE_KEYS]
+            if isinstance(m.get("content"), list):
+                for j, part in enumerate(m["content"]):
+                    if isinstance(part, dict):
+                        out += [f"messages[{i}].content[{j}].{k}" for k in part if k not in _PART_KEYS]
+    options = body.get("stream_options")
+    if isinstance(options, dict):
+        if body.get("stream") is True:
+            out += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTION_KEYS]
+        else:  # only a stream reads them
+            out.append("stream_options")
+    return out
+
+
+def strict_mode(value: str | None) -> bool:
+    """X-miLLM-Strict: true/1 → refuse unused fields; false/0/absent → report them."""
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise GreenroomError("invalid_parameter", f"X-miLLM-Strict must be true, 1, false or 0, got {value!r}",
+                         "X-miLLM-Strict")
+
+
+def settle(ignored: list[str], strict: bool) -> str | None:
+    """Refuse under strict mode, else log once and return the X-miLLM-Ignored-Fields value."""
+    if not ignored:
+        return None
+    if strict:
+        raise GreenroomError("unused_fields_refused", "X-miLLM-Strict is set and these fields would be ignored: "
+                             + ", ".join(ignored), ignored[0])
+    log.warning("request_fields_unused locations=%s", ignored)
+    return ignored_fields_header(ignored)
+
+
+def ignored_fields_header(locations: list[str]) -> str:
+    """An RFC 8941 list of strings, at most IGNORED_FIELDS_HEADER_MAX_BYTES; when the
+    locations do not fit, as many as fit and a last entry "+N more"."""
+    items = [_sf_string(loc) for loc in locations]
+    whole = ", ".join(items)
+    if len(whole) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
+        return whole
+    for keep in range(len(items) - 1, -1, -1):
+        value = ", ".join(items[:keep] + [_sf_string(f"+{len(items) - keep} more")])
+        if len(value) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
+            return value
+    raise AssertionError("unreachable: '+N more' alone always fits")
+
+
+def _sf_string(text: str) -> str:
+    """An RFC 8941 sf-string; characters outside printable ASCII (and '%') percent-encoded."""
+    out = []
+    for ch in text:
+        if ch == "%" or not (0x20 <= ord(ch) <= 0x7E):
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
+        elif ch in '"\\':
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

@@ -1,0 +1,60 @@
+"""POST /v1/embeddings: mean-pooled last hidden layer, float and base64, usage, refusals."""
+
+import base64
+import math
+import struct
+
+import httpx
+import pytest
+
+from conftest import MODEL
+
+
+def test_float_and_base64_agree(client, server):
+    floats = client.embeddings.create(model=MODEL, input="The quick brown fox", encoding_format="float")
+    raw = httpx.post(server.url + "/v1/embeddings", timeout=60, json={
+        "model": MODEL, "input": "The quick brown fox", "encoding_format": "base64"}).json()
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    decoded = list(struct.unpack(f"<{len(packed) // 4}f", packed))
+    assert decoded == pytest.approx(floats.data[0].embedding, abs=0)
+    assert len(decoded) == 128  # the tiny demo model's hidden size
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > 0
+
+
+def test_sdk_default_base64_round_trip(client):
+    # the openai SDK asks for base64 by default and decodes it itself
+    a = client.embeddings.create(model=MODEL, input="hello").data[0].embedding
+    b = client.embeddings.create(model=MODEL, input="hello", encoding_format="float").data[0].embedding
+    assert a == pytest.approx(b)
+
+
+def test_list_input_one_vector_each_in_order(client):
+    r = client.embeddings.create(model=MODEL, input=["alpha", "beta", "alpha"], encoding_format="float")
+    assert [d.index for d in r.data] == [0, 1, 2]
+    assert r.data[0].embedding == r.data[2].embedding != r.data[1].embedding
+    assert all(math.isfinite(x) for d in r.data for x in d.embedding)
+
+
+def test_token_inputs(client):
+    text = client.embeddings.create(model=MODEL, input=[[5, 6, 7], [8]], encoding_format="float")
+    assert len(text.data) == 2 and text.usage.prompt_tokens == 4
+
+
+def test_input_past_the_context_window_is_refused(server):
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": MODEL, "input": "word " * 3000}, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "2048" in err["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL}, "input"),
+    ({"model": MODEL, "input": ""}, "input"),
+    ({"model": MODEL, "input": []}, "input"),
+    ({"model": MODEL, "input": [1, "a"]}, "input"),
+    ({"model": MODEL, "input": [[10**9]]}, "input"),
+    ({"model": MODEL, "input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x"}, "model"),
+])
+def test_bad_embedding_requests_are_typed_400(server, body, param):
+    r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
