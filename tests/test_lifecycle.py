@@ -80,3 +80,39 @@ def test_actor_that_cannot_load_does_not_take_the_server_down(own_server):
     assert exc.value.status_code == 503 and exc.value.code == "model_not_loaded"
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert r.choices[0].message.content is not None
+
+
+def test_failed_model_is_not_listed(own_server):
+    srv = own_server(BROKEN)
+    deadline = time.monotonic() + 30
+    while srv.actors()["cpu1"]["state"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ids = [m.id for m in openai_client(srv).models.list().data]
+    assert ids == [MODEL]
+
+
+SMALL_QUEUE = """
+max_queue = 1
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+"""
+
+
+def test_full_queue_answers_503_queue_full(own_server):
+    import concurrent.futures as cf
+
+    srv = own_server(SMALL_QUEUE)
+    client = openai_client(srv)
+
+    def one(_):
+        try:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=300)
+            return 200
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503 and exc.code == "queue_full", exc
+            return exc.code
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(one, range(4)))
+    assert 200 in outcomes and "queue_full" in outcomes
