@@ -37,6 +37,12 @@ TABLE: dict[str, ErrorKind] = {
     # fields the request path cannot honour or would ignore (http/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),
+    # scoring and structured output
+    "invalid_scoring_request": ErrorKind(400, INVALID),
+    "no_chat_template": ErrorKind(400, INVALID),
+    "non_finite_logits": ErrorKind(500, SERVER),
+    "response_format_unsupported": ErrorKind(400, INVALID),
+    "constrained_output_invalid": ErrorKind(500, SERVER),
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),
