@@ -21,8 +21,8 @@ from .engines.base import SamplingParams
 @attrs.frozen
 class Generate:
     """One request: `n` choices for each row — each prompt of `prompts` or
-    `prompt_token_ids` (no template: /v1/completions), or the one conversation
-    `messages` (chat template).
+    `prompt_token_ids` (no template: /v1/completions), or each conversation of
+    `conversations` (chat: messages, then each of extra_messages; chat template).
     Choice index = row * n + j. The actor validates every row before generating any."""
 
     rid: str
@@ -30,14 +30,14 @@ class Generate:
     params: SamplingParams
     prompts: list[str] | None = None
     prompt_token_ids: list[list[int]] | None = None  # prompts already tokenised
-    messages: list[dict] | None = None
+    conversations: list[list[dict]] | None = None
     n: int = 1
     add_special_tokens: bool = True  # for prompts
     template_kwargs: dict | None = None  # for messages
 
     @property
     def rows(self) -> int:
-        return len(self.prompts or self.prompt_token_ids or [None])
+        return len(self.prompts or self.prompt_token_ids or self.conversations)
 
     @property
     def choices(self) -> int:
@@ -52,6 +52,24 @@ class Embed:
     model: str
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+
+
+@attrs.frozen
+class Score:
+    """Scoring mode: one forward pass per row, nothing generated. Rows are prompts
+    (`prompts` / `prompt_token_ids`, /v1/completions) or conversations (`conversations`:
+    messages then each of extra_messages, rendered with the chat template)."""
+
+    rid: str
+    model: str
+    temperature: float
+    allowed_token_ids: list[int] | None
+    report: int  # alternatives to return (all allowed ids on completions)
+    prompts: list[str] | None = None
+    prompt_token_ids: list[list[int]] | None = None
+    conversations: list[list[dict]] | None = None
+    add_special_tokens: bool = True
+    template_kwargs: dict | None = None
 
 
 @attrs.frozen
@@ -90,6 +108,21 @@ class Embedded:
 
 
 @attrs.frozen
+class ScoredRow:
+    token: list  # [id, text, utf-8 bytes]
+    logprob: float
+    top: list[list]  # [[id, text, utf-8 bytes, logprob], …], most probable first
+    prompt_tokens: int
+    prompt_chars: int  # length of the prompt's text: OpenAI's text_offset of the answer
+
+
+@attrs.frozen
+class Scores:
+    rid: str
+    rows: list[ScoredRow]
+
+
+@attrs.frozen
 class Failed:
     rid: str
     error: dict  # GreenroomError.to_wire()
@@ -103,11 +136,11 @@ class Status:
 
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Failed | Status]
+    events: list[Admitted | Text | Embedded | Scores | Failed | Status]
 
 
 _TAGS: dict[str, type] = {c.__name__: c for c in (
-    Generate, Embed, Cancel, StatusQuery, Admitted, Text, Embedded, Failed, Status)}
+    Generate, Embed, Score, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Failed, Status)}
 _conv = cattrs.Converter()
 
 

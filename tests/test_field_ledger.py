@@ -32,14 +32,15 @@ def served(r):
 
 
 # (field, a value that changes output) per endpoint, for the transformers engine
+# scoring fields (logprobs, allowed_token_ids, …) are honoured on transformers: see test_scoring.py
 CHAT_REFUSED = [
-    ("logprobs", True), ("allowed_token_ids", [1, 2]), ("top_logprobs", 2), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_object"}),
     ("profile", "honesty"), ("steering_intensity", 0.5), ("steering", {"0": 1}), ("dimensions", 8),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]), ("tool_choice", "auto"),
-    ("logit_bias", {"5": 10}), ("return_tokens_as_token_ids", True),
+    ("logit_bias", {"5": 10}),
 ]
 COMPLETION_REFUSED = [
-    ("logprobs", 2), ("allowed_token_ids", [1, 2]), ("top_logprobs", 2), ("response_format", {"type": "json_object"}),
+    ("top_logprobs", 2), ("response_format", {"type": "json_object"}),
     ("profile", "honesty"), ("steering_intensity", 0.5), ("steering", {"0": 1}), ("dimensions", 8),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]), ("tool_choice", "auto"),
     ("logit_bias", {"5": 10}), ("n", 2), ("echo", True), ("best_of", 3), ("suffix", "end"),
@@ -178,3 +179,12 @@ def test_sdk_sees_refusals_as_bad_request(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=MSG, logit_bias={"3": 5})
     assert exc.value.code == "field_not_honoured"
+
+
+def test_extra_messages_locations_are_reported(server):
+    body = {**CHAT, "extra_messages": [[{"role": "user", "content": "a"}, {"role": "user", "content": "b",
+                                                                           "weight": 2}]]}
+    r = served(post(server, "/v1/chat/completions", body))
+    assert parse_sf_list(r.headers["X-miLLM-Ignored-Fields"]) == ["extra_messages[0][1].weight"]
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
+    assert r.headers.get("X-miLLM-Seed") is None

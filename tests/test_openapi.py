@@ -103,6 +103,9 @@ schema.hook("before_generate_path_parameters")(_served_model_id_often)
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 def test_server_conforms_to_its_openapi_document(case, server):
+    import json as _j
+    with open("/tmp/oa/calls.log", "a") as f:
+        f.write(_j.dumps([case.operation.label, case.body if not isinstance(case.body, bytes) else repr(case.body), dict(case.headers or {}), case.path_parameters], default=str) + "\n")
     case.call_and_validate(base_url=server.url, checks=CHECKS)
 
 

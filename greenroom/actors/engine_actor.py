@@ -22,8 +22,10 @@ import trio
 
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
+from greenroom.engines.base import EngineError
 from greenroom.protocol import (
-    Admitted, Cancel, Embed, Embedded, Events, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
+    Admitted, Cancel, Embed, Embedded, Events, Failed, Generate, Score, ScoredRow, Scores, Status,
+    StatusQuery, Text, from_wire, to_wire,
 )
 
 
@@ -71,7 +73,7 @@ class EngineLoop:
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.counters = Counters()
-        self._queue: collections.deque[Generate | Embed] = collections.deque()
+        self._queue: collections.deque[Generate | Embed | Score] = collections.deque()
         self._wakeup = threading.Condition()
         self._cancelled: set[str] = set()
         self._active: str | None = None
@@ -99,7 +101,7 @@ class EngineLoop:
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
-        if isinstance(msg, (Generate, Embed)):
+        if isinstance(msg, (Generate, Embed, Score)):
             if len(self._queue) + (self._active is not None) >= self.max_queue:
                 self._emit(Failed(msg.rid, GreenroomError(
                     "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
@@ -190,21 +192,47 @@ class EngineLoop:
         engine = self.engines.get(req.model)
         if engine is None:
             raise GreenroomError("model_not_found", f"model {req.model!r} is not served by this engine", "model")
-        if isinstance(req, Embed):
-            self._embed(engine, req)
-        else:
-            self._generate(engine, req)
+        try:
+            if isinstance(req, Embed):
+                self._embed(engine, req)
+            elif isinstance(req, Score):
+                self._score(engine, req)
+            else:
+                self._generate(engine, req)
+        except EngineError as exc:
+            raise GreenroomError(exc.code, exc.message, exc.param) from None
+
+    def _score(self, engine, req: Score) -> None:
+        if req.conversations is not None and not engine.has_chat_template:
+            raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template: chat scoring "
+                                 "would score a prompt the model was never trained on; use /v1/completions")
+        rows, names = _rows(engine, req)
+        for ids, name in zip(rows, names):
+            if not ids:
+                raise GreenroomError("invalid_scoring_request", f"{name} tokenises to nothing: there is no "
+                                     "position to score", name.split("[")[0])
+            if len(ids) >= engine.info.context_length:
+                raise GreenroomError("context_length_exceeded", (
+                    f"This model's maximum context length is {engine.info.context_length} tokens. However, you "
+                    f"requested {len(ids) + 1} tokens ({len(ids)} in the {name}, 1 in the completion)."), name)
+        self.counters.admitted += 1
+        out = []
+        for ids, name in zip(rows, names):
+            try:
+                scored = engine.score(ids, req.temperature, req.allowed_token_ids, req.report)
+            except EngineError as exc:
+                raise EngineError(exc.code, f"{name}: {exc.message}", exc.param) from None
+            prompt_text = req.prompts[len(out)] if req.prompts is not None else engine.decode(ids)
+            out.append(ScoredRow(_token(engine, scored.token_id), scored.logprob,
+                                 [_token(engine, i) + [lp] for i, lp in scored.top], len(ids), len(prompt_text)))
+        self.counters.completed += 1
+        self._emit_from_thread(Scores(req.rid, out))
 
     def _generate(self, engine, req: Generate) -> None:
         from greenroom.engines.generation import generate
 
-        if req.messages is not None:
-            rows = [engine.render_chat(req.messages, req.template_kwargs)]
-            names = ["messages"]
-        else:
-            rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
-                                            for p in req.prompts]
-            names = ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
+        rows, names = _rows(engine, req)
+        if req.conversations is None:
             for ids, name in zip(rows, names):
                 _check_ids(engine, ids, name, "prompt")
         params = [self._resolve_max_tokens(engine, ids, req.params, name) for ids, name in zip(rows, names)]
@@ -256,6 +284,29 @@ class EngineLoop:
                 f"{params.max_tokens} in the completion). Please reduce the length of the {where} "
                 f"or completion."), "max_tokens")
         return params
+
+
+def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
+    """Each row's prompt ids and its name in the request: conversations rendered with the
+    chat template (a failing one is named by its index), prompts tokenised."""
+    if req.conversations is not None:
+        names = ["messages"] + [f"extra_messages[{i}]" for i in range(len(req.conversations) - 1)]
+        rows = []
+        for conversation, name in zip(req.conversations, names):
+            try:
+                rows.append(engine.render_chat(conversation, req.template_kwargs))
+            except Exception as exc:  # a template error names the conversation it came from
+                raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
+                                     f"template: {exc}", name) from None
+        return rows, names
+    rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
+                                    for p in req.prompts]
+    return rows, ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
+
+
+def _token(engine, token_id: int) -> list:
+    text = engine.decode([token_id])
+    return [token_id, text, list(text.encode("utf-8"))]
 
 
 def _check_ids(engine, ids: list[int], where: str, param: str) -> None:

@@ -14,6 +14,15 @@ import attrs
 from .capabilities import Capabilities
 
 
+class EngineError(Exception):
+    """A refusal an engine can only discover while computing (a token id outside the
+    vocabulary, non-finite logits); the actor turns it into greenroom's typed error."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
 @attrs.frozen
 class SamplingParams:
     max_tokens: int | None = None  # None: the server default, bounded by the context
@@ -40,13 +49,19 @@ class Engine(Protocol):
     info: ModelInfo
     capabilities: Capabilities
     eos_token_ids: frozenset[int]
-    vocab_size: int
+    vocab_size: int  # embedding rows: valid input ids
+    scoring_vocab: int  # real tokens among the output rows
+    has_chat_template: bool
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
         """Prompt ids for a conversation, with the generation prompt appended; a trailing
         assistant message is continued, not answered (see chat.py)."""
+        ...
+
+    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> "Scored":
+        """One forward pass, nothing generated (scoring.py)."""
         ...
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:

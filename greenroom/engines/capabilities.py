@@ -21,7 +21,8 @@ class Capabilities:
 
 
 ENGINES: dict[str, Capabilities] = {
-    "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True),
+    "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
+                                 scoring=True),
 }
 
 

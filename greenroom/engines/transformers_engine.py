@@ -21,6 +21,7 @@ from .base import ModelInfo, SamplingParams
 from .capabilities import ENGINES
 from .chat import render_conversation
 from .sampling import new_generator, sample
+from .scoring import Scored, score_logits
 
 
 def default_cpu_threads() -> int:
@@ -50,6 +51,9 @@ class TransformersEngine:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
+        # the logits' rows past the tokenizer are padding, not tokens
+        self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
+        self.has_chat_template = bool(self.tokenizer.chat_template)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -98,6 +102,11 @@ class TransformersEngine:
                     ids = torch.tensor([[token]], device=self.device)
         finally:
             del cache  # the sequence's KV memory goes with its iterator
+
+    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> Scored:
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+        return score_logits(out.logits[0, -1].cpu(), self.scoring_vocab, temperature, allowed, report)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         out = []

@@ -70,7 +70,7 @@ CHAT = {
     "logprobs": needs("scoring", False, why=_SCORING), "top_logprobs": needs("scoring", why=_SCORING),
     "allowed_token_ids": needs("scoring", why=_SCORING),
     "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
-    "extra_messages": needs("scoring", why=_SCORING),
+    "extra_messages": USE,
     "profile": needs("steering", why=_STEERING), "steering_intensity": needs("steering", why=_STEERING),
     "return_sae_activations": needs("steering", why=_STEERING),
     "functions": needs("tools", [], why=_TOOLS), "function_call": needs("tools", why=_TOOLS),
@@ -131,22 +131,32 @@ def _is_noop(value, noop: tuple) -> bool:
 
 def _nested(body: dict) -> list[str]:
     out = []
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict):
-                continue
-            out += [f"messages[{i}].{k}" for k in m if k not in _MESSAGE_KEYS]
-            if isinstance(m.get("content"), list):
-                for j, part in enumerate(m["content"]):
-                    if isinstance(part, dict):
-                        out += [f"messages[{i}].content[{j}].{k}" for k in part if k not in _PART_KEYS]
+    out += _unread_in_messages(body.get("messages"), "messages")
+    extra = body.get("extra_messages")
+    if isinstance(extra, list):
+        for i, conversation in enumerate(extra):
+            out += _unread_in_messages(conversation, f"extra_messages[{i}]")
     options = body.get("stream_options")
     if isinstance(options, dict):
         if body.get("stream") is True:
             out += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTION_KEYS]
         else:  # only a stream reads them
             out.append("stream_options")
+    return out
+
+
+def _unread_in_messages(messages, where: str) -> list[str]:
+    out = []
+    if not isinstance(messages, list):
+        return out
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        out += [f"{where}[{i}].{k}" for k in m if k not in _MESSAGE_KEYS]
+        if isinstance(m.get("content"), list):
+            for j, part in enumerate(m["content"]):
+                if isinstance(part, dict):
+                    out += [f"{where}[{i}].content[{j}].{k}" for k in part if k not in _PART_KEYS]
     return out
 
 

@@ -12,9 +12,9 @@ from quart import Quart, Response, request
 
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, openai_params, sse
+from greenroom.http import ledger, openai_params, scoring, sse
 from greenroom.http.openai_params import Streaming
-from greenroom.protocol import Admitted, Embedded, Failed, Generate, Text
+from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
 from greenroom.supervisor.tree import Tree
 
 
@@ -22,7 +22,13 @@ from greenroom.supervisor.tree import Tree
 class Prepared:
     body: dict
     model: str
-    headers: dict[str, str]
+    ignored: list[str]
+    strict: bool
+
+    def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
+        """Refuse under strict mode, else the report of every field not read."""
+        header = ledger.settle(self.ignored + [f for f in also_ignored if self.body.get(f) is not None], self.strict)
+        return {"X-miLLM-Ignored-Fields": header} if header else {}
 
 
 async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
@@ -34,8 +40,7 @@ async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
     _, placement = tree.placement(model)
     engine = placement["engine"]
     ignored = ledger.check(table, body, capabilities_of(engine), f"{where} with the {engine} engine")
-    header = ledger.settle(ignored, strict)
-    return Prepared(body, model, {"X-miLLM-Ignored-Fields": header} if header else {})
+    return Prepared(body, model, ignored, strict)
 
 
 class StreamBody:
@@ -64,12 +69,17 @@ def register(app: Quart, tree: Tree) -> None:
     async def chat_completions():
         req = await prepare(tree, ledger.CHAT, "on chat completions")
         stream = openai_params.streaming(req.body)
+        if scoring.is_chat_scoring(req.body):
+            return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
         return await _complete(tree, openai_params.chat_request(req.body, req.model, stream), stream, req, chat=True)
 
     @app.post("/v1/completions")
     async def completions():
         req = await prepare(tree, ledger.COMPLETIONS, "on text completions")
         stream = openai_params.streaming(req.body)
+        if scoring.is_completion_scoring(req.body):
+            score = scoring.completion_score(req.body, req.model, stream.on)
+            return await _score(tree, score, req, scoring.completion_response)
         gen = openai_params.completion_request(req.body, req.model, stream)
         return await _complete(tree, gen, stream, req, chat=False)
 
@@ -77,6 +87,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def embeddings():
         req = await prepare(tree, ledger.EMBEDDINGS, "on embeddings")
         embed, fmt = openai_params.embedding_request(req.body, req.model)
+        headers = req.headers()
         client, _ = await tree.client_for(req.model)
         async with client.submit(embed) as events:
             async for event in events:
@@ -87,7 +98,7 @@ def register(app: Quart, tree: Tree) -> None:
                  "embedding": base64.b64encode(v).decode() if fmt == "base64" else _floats(v)}
                 for i, v in enumerate(event.vectors)]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
-        return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, req.headers
+        return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, headers
 
     @app.get("/v1/models")
     async def list_models():
@@ -121,10 +132,27 @@ def fingerprint(info: dict) -> str:
     return f"millm:{info['id']}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
 
 
+def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
+    """X-miLLM-Seed echoes a sent seed with the scope of its promise; absent without one."""
+    seed = body.get("seed")
+    return {"X-miLLM-Seed": f'{seed};scope="{scope}"'} if seed is not None else {}
+
+
+async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
+    headers = {**req.headers(scoring.NOT_APPLICABLE), **_seed_header(
+        req.body, "batch-shape" if req.body.get("extra_messages") else "request")}
+    openai_params.sampling(req.body)  # the seed and the rest are still validated
+    client, info = await tree.client_for(score.model)
+    async with client.submit(score) as events:
+        async for event in events:
+            if isinstance(event, Failed):
+                raise GreenroomError.from_wire(event.error)
+    return shape(score, event, req.body, fingerprint(info)), 200, headers
+
+
 async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, chat: bool):
-    headers = dict(req.headers)
-    if gen.params.seed is not None:
-        headers["X-miLLM-Seed"] = f'{gen.params.seed};scope="request"'
+    headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(
+        req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request")}
     client, info = await tree.client_for(gen.model)
     stack = contextlib.AsyncExitStack()
     try:

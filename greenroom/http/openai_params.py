@@ -94,15 +94,24 @@ def repetition_penalty(presence: float, frequency: float) -> float:
     return max(0.1, 1.0 + (presence + frequency) / 2)
 
 
-def sampling(body: dict) -> SamplingParams:
+def sampling_max_tokens(body: dict) -> int | None:
+    """max_tokens, or max_completion_tokens (OpenAI's newer name for it)."""
     max_tokens = _int(body, "max_tokens", 0, 2**31 - 1)
     max_completion = _int(body, "max_completion_tokens", 0, 2**31 - 1)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise GreenroomError("invalid_parameter", "'max_tokens' and 'max_completion_tokens' were both sent with "
                              "different values; send one of them", "max_completion_tokens")
+    return max_tokens if max_tokens is not None else max_completion
+
+
+def temperature(body: dict) -> float:
+    return _number(body, "temperature", 1.0, 0.0, 2.0)
+
+
+def sampling(body: dict) -> SamplingParams:
     return SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else max_completion,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        max_tokens=sampling_max_tokens(body),
+        temperature=temperature(body),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         stop=_stop(body),
         seed=_int(body, "seed", 0, 2**32 - 1),
@@ -203,9 +212,34 @@ def new_rid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def conversations(body: dict) -> list[list[dict]]:
+    """messages, then each conversation of extra_messages (one row each)."""
+    rows = [messages(body)]
+    extra = body.get("extra_messages")
+    if extra is None:
+        return rows
+    if not isinstance(extra, list) or not extra:
+        raise GreenroomError("invalid_parameter", "'extra_messages' must be a non-empty array of message arrays",
+                             "extra_messages")
+    if len(extra) + 1 > MAX_CHOICES:
+        raise GreenroomError("invalid_parameter", f"at most {MAX_CHOICES} conversations per request",
+                             "extra_messages")
+    for i, conversation in enumerate(extra):
+        try:
+            rows.append(messages({"messages": conversation}))
+        except GreenroomError as exc:
+            where = f"extra_messages[{i}]" + (exc.param or "").removeprefix("messages")
+            raise GreenroomError(exc.code, f"extra_messages[{i}]: {exc.message}", where) from None
+    return rows
+
+
 def chat_request(body: dict, model: str, stream: Streaming) -> Generate:
-    return Generate(new_rid("chatcmpl"), model, sampling(body), messages=messages(body),
-                    n=choices_n(body, stream.on), template_kwargs=template_kwargs(body))
+    rows = conversations(body)
+    n = choices_n(body, stream.on)
+    if len(rows) * n > MAX_CHOICES:
+        raise GreenroomError("invalid_parameter", f"n × conversations must be at most {MAX_CHOICES}", "n")
+    return Generate(new_rid("chatcmpl"), model, sampling(body), conversations=rows, n=n,
+                    template_kwargs=template_kwargs(body))
 
 
 def completion_request(body: dict, model: str, stream: Streaming) -> Generate:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from greenroom import __version__
 
 UINT32_MAX = 2**32 - 1
+DEMO_MODEL = "greenroom-demo"  # what `greenroom serve` serves by default; used in examples
 
 # --- helpers --------------------------------------------------------------------------
 
@@ -49,13 +50,17 @@ def _number(**extra) -> dict:
 
 
 _BOOLEAN = {"type": "boolean"}
+_MODEL = {"type": "string", "minLength": 1, "examples": [DEMO_MODEL]}
 _NULL = {"type": "null"}
 _COUNT = _integer(minimum=0)
 
 
-def _json_body(schema: dict) -> dict:
-    """A required `application/json` request body."""
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
+def _json_body(schema: dict, examples: dict | None = None) -> dict:
+    """A required `application/json` request body, with named example values."""
+    media = {"schema": schema}
+    if examples:
+        media["examples"] = {name: {"value": value} for name, value in examples.items()}
+    return {"required": True, "content": {"application/json": media}}
 
 
 def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
@@ -82,14 +87,14 @@ def _error_responses() -> dict:
     return {str(status): _ref(name, "responses") for status, name, _, _ in _ERRORS}
 
 
-def _operation(summary: str, responses: dict, *, body: dict | None = None,
+def _operation(summary: str, responses: dict, *, body: dict | None = None, examples: dict | None = None,
                parameters: tuple[dict, ...] = (), operation_id: str) -> dict:
     op = {"operationId": operation_id, "summary": summary,
           "responses": {**responses, **_error_responses()}}
     if parameters:
         op["parameters"] = list(parameters)
     if body is not None:
-        op["requestBody"] = _json_body(body)
+        op["requestBody"] = _json_body(body, examples)
     return op
 
 
@@ -192,7 +197,7 @@ def _request_schemas() -> dict:
         "tool_call_id": _string(),
     }, ("role",))
     chat = _obj({
-        "model": _string(),
+        "model": _MODEL,
         "messages": _array(_ref("ChatMessage"), minItems=1),
         **_SAMPLING_FIELDS,
         "n": _integer(minimum=1, description="Several choices; refused with stream: true"),
@@ -202,14 +207,14 @@ def _request_schemas() -> dict:
     }, ("model", "messages"), description="Unknown fields are accepted and named in the "
                                           "X-miLLM-Ignored-Fields response header")
     completion = _obj({
-        "model": _string(),
+        "model": _MODEL,
         "prompt": {"anyOf": [_string(), _array(_string())]},
         **_SAMPLING_FIELDS,
         **_REFUSED_FIELDS,
         **_COMPLETION_ONLY_FIELDS,
     }, ("model", "prompt"))
     embeddings = _obj({
-        "model": _string(),
+        "model": _MODEL,
         "input": {"anyOf": [_string(), _array(_string()), _ref("TokenIds"), _array(_ref("TokenIds"))]},
         "encoding_format": {"enum": ["float", "base64"]},
         "dimensions": _integer(description="Refused (not yet implemented)"),
@@ -376,11 +381,28 @@ def _parameters() -> dict:
                            "reporting them; false or 0: report (the default). Any other value is a 400.",
             "schema": {"enum": ["true", "1", "false", "0"]},
         },
-        "ModelId": {"name": "model_id", "in": "path", "required": True, "schema": _string(minLength=1)},
+        "ModelId": {"name": "model_id", "in": "path", "required": True, "schema": _MODEL},
     }
 
 
 # --- paths ----------------------------------------------------------------------------
+
+_CHAT_EXAMPLES = {
+    "chat": {"model": DEMO_MODEL, "messages": [{"role": "system", "content": "You are concise."},
+                                               {"role": "user", "content": "What is a sparse autoencoder?"}],
+             "temperature": 0.7, "max_tokens": 50, "stop": ["\n\n"], "seed": 7},
+    "streamed": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Tell me a story"}],
+                 "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True}},
+}
+_COMPLETION_EXAMPLES = {
+    "completion": {"model": DEMO_MODEL, "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0},
+    "streamed": {"model": DEMO_MODEL, "prompt": ["Once upon a time", "In a hole"], "max_tokens": 8,
+                 "stream": True},
+}
+_EMBEDDING_EXAMPLES = {
+    "texts": {"model": DEMO_MODEL, "input": ["The food was delicious", "Hello"]},
+    "base64 token ids": {"model": DEMO_MODEL, "input": [[1, 2, 3]], "encoding_format": "base64"},
+}
 
 
 def _paths() -> dict:
@@ -392,12 +414,12 @@ def _paths() -> dict:
         return {"get": _operation(summary, {"200": _json(_ref(schema), description)},
                                   operation_id=operation_id, **kw)}
 
-    def completion(operation_id: str, summary: str, request: str, name: str) -> dict:
+    def completion(operation_id: str, summary: str, request: str, name: str, examples: dict) -> dict:
         return {"post": _operation(
             summary,
             {"200": _json_or_stream(_ref(name), _ref(f"{name}Event"),
                                     f"The {name} object, or with stream: true its SSE stream", seeded)},
-            body=_ref(request), parameters=(strict,), operation_id=operation_id)}
+            body=_ref(request), examples=examples, parameters=(strict,), operation_id=operation_id)}
 
     return {
         "/": get("index", "Endpoint index", "Index", "The routes this server answers"),
@@ -408,13 +430,14 @@ def _paths() -> dict:
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
                                      parameters=(_ref("ModelId", "parameters"),)),
         "/v1/chat/completions": completion("createChatCompletion", "Chat completion", "ChatCompletionRequest",
-                                           "ChatCompletion"),
+                                           "ChatCompletion", _CHAT_EXAMPLES),
         "/v1/completions": completion("createCompletion", "Text completion (no chat template)",
-                                      "CompletionRequest", "TextCompletion"),
+                                      "CompletionRequest", "TextCompletion", _COMPLETION_EXAMPLES),
         "/v1/embeddings": {"post": _operation(
             "Embeddings (mean-pooled last hidden layer, never steered)",
             {"200": _json(_ref("EmbeddingList"), "One embedding per input", ignored)},
-            body=_ref("EmbeddingRequest"), parameters=(strict,), operation_id="createEmbedding")},
+            body=_ref("EmbeddingRequest"), examples=_EMBEDDING_EXAMPLES, parameters=(strict,),
+            operation_id="createEmbedding")},
     }
 
 

@@ -15,15 +15,15 @@ import trio
 
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    Cancel, Embed, Embedded, Failed, Generate, Status, StatusQuery, Text, from_wire, to_wire,
+    Cancel, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text, from_wire, to_wire,
 )
 
 CANCEL_SEND_TIMEOUT_S = 1.0
 
 
 class RequestEvents:
-    """The events of one request, ending after a Failed, an Embedded, or as many
-    finishing Texts (a finish_reason set) as the request has choices."""
+    """The events of one request, ending after a Failed, an Embedded, a Scores, or as
+    many finishing Texts (a finish_reason set) as the request has choices."""
 
     def __init__(self, recv: trio.MemoryReceiveChannel, choices: int):
         self._recv = recv
@@ -52,7 +52,7 @@ class RequestEvents:
     def _track(self, event):
         if isinstance(event, Text) and event.finish_reason:
             self._unfinished -= 1
-        if isinstance(event, (Failed, Embedded)) or self._unfinished == 0:
+        if isinstance(event, (Failed, Embedded, Scores)) or self._unfinished == 0:
             self.finished = True
         return event
 
@@ -76,7 +76,7 @@ class EngineClient:
                     channel.send_nowait(event)
 
     @asynccontextmanager
-    async def submit(self, request: Generate | Embed) -> AsyncIterator[RequestEvents]:
+    async def submit(self, request: Generate | Embed | Score) -> AsyncIterator[RequestEvents]:
         """Send a request; leaving the block before it finished cancels it in the engine."""
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send

@@ -1,0 +1,266 @@
+"""Constrained decoding with llguidance: JSON schemas, any JSON object, and Hermes/Qwen tool calls.
+
+One `Constraints` per loaded model (bound to its tokenizer, built at load time); one
+`Matcher` per sequence. The engine's decode loop asks the matcher to `mask` the logits
+row before sampling and to `consume` the sampled token after:
+
+    matcher = constraints.matcher(constraints.json_schema(schema))
+    ...
+    matcher.mask(logits_row)              # forbidden ids -> -inf, in place
+    token = sample(logits_row, ...)
+    matcher.consume(token)                # raises ConstraintError if it was forbidden
+    if matcher.done(): ...                # the document is complete: finish with "stop"
+
+JSON is generated the way `json.dumps` (and Jinja's `tojson`) writes it: `", "` between
+items, `": "` after keys, no other whitespace. Flexible whitespace would let a model emit
+newlines forever without breaking the grammar; a fixed layout costs nothing in validity.
+Object properties come out in the order the schema lists them (llguidance's rule), which
+is why grammars are cached by the schema's compact JSON *with its key order kept*.
+
+Pure compute: no greenroom imports outside `engines/`, no trio/tractor.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+import llguidance
+import llguidance.hf
+import numpy as np
+import torch
+
+# llguidance's JSON compile options (its "x-guidance" keys), applied over any a schema names.
+JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_MAX_ERROR = 600  # characters of a llguidance error kept in an exception message
+
+
+class GrammarError(ValueError):
+    """A schema or tool list that llguidance cannot compile."""
+
+
+class ConstraintError(RuntimeError):
+    """The matcher failed: a forbidden token was consumed, or the parser hit a limit."""
+
+
+class Grammar:
+    """A compiled grammar: an untouched matcher that `Constraints.matcher` copies."""
+
+    __slots__ = ("kind", "source", "_template")
+
+    def __init__(self, kind: str, source: str, template: llguidance.LLMatcher):
+        self.kind = kind  # "json_schema" | "json_object" | "tool_calls"
+        self.source = source  # llguidance's grammar text, for logs and debugging
+        self._template = template
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.kind}, {len(self.source)} chars)"
+
+
+class Matcher:
+    """One sequence's grammar state. `mask`, `consume`, `done`, `accepting`."""
+
+    __slots__ = ("_ll", "_words", "_inverted", "_bits", "_ptr", "_nbytes")
+
+    def __init__(self, ll: llguidance.LLMatcher, n_bits: int):
+        self._ll = ll
+        self._bits = n_bits
+        self._words = np.zeros((n_bits + 31) // 32, dtype=np.int32)  # llguidance writes here
+        self._inverted = np.empty_like(self._words)
+        self._ptr = self._words.ctypes.data
+        self._nbytes = self._words.nbytes
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set every id the grammar forbids next to -inf, in place. `logits`' last dimension
+        is the model's vocabulary; ids the tokenizer does not have are always forbidden."""
+        self._ll.unsafe_compute_mask_ptr(self._ptr, self._nbytes)  # drops the GIL
+        if self._ll.is_error():
+            raise ConstraintError(self._error())
+        width = logits.shape[-1]
+        np.invert(self._words, out=self._inverted)  # 1 = forbidden
+        forbidden = np.unpackbits(self._inverted.view(np.uint8), bitorder="little", count=min(width, self._bits))
+        forbid = torch.from_numpy(forbidden.view(np.bool_))
+        if logits.device.type != "cpu":
+            forbid = forbid.to(logits.device)
+        if width > self._bits:
+            logits[..., self._bits:] = float("-inf")
+            logits = logits[..., : self._bits]
+        logits.masked_fill_(forbid, float("-inf"))
+
+    def consume(self, token_id: int) -> None:
+        """Advance past `token_id`; raises ConstraintError if the grammar did not allow it."""
+        if not self._ll.consume_token(int(token_id)):
+            raise ConstraintError(self._error() or f"token {token_id} is not allowed here")
+
+    def done(self) -> bool:
+        """The grammar has ended: the document is complete and nothing may follow it (only
+        EOS is allowed), or EOS was consumed."""
+        return self._ll.is_stopped() and not self._ll.is_error()
+
+    def accepting(self) -> bool:
+        """What was produced so far is a complete document (EOS is allowed now)."""
+        return self._ll.is_accepting()
+
+    def stop_reason(self) -> str:
+        """llguidance's reason, for logs: "NotStopped", "NoExtension", "EndOfSentence", ..."""
+        return self._ll.stop_reason()
+
+    def _error(self) -> str:
+        return self._ll.get_error()[:_MAX_ERROR]
+
+
+class Constraints:
+    """Grammar compiler and matcher factory for one model's tokenizer.
+
+    `vocab_size` is the model's logits width, which may exceed the tokenizer's length
+    (padded embeddings); the extra ids are never allowed. `eos_token_ids` are the ids
+    that may end a complete document (default: the tokenizer's EOS)."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids=None, cache_size: int = 64):
+        eos = sorted(eos_token_ids) if eos_token_ids else None  # None: the tokenizer's own
+        self.vocab_size = vocab_size
+        # one mask bit per id the model can produce or the tokenizer knows
+        self._bits = max(vocab_size, len(hf_tokenizer))
+        self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self._bits, eos_token=eos)
+        self.eos_token_ids = tuple(self._tokenizer.eos_tokens)
+        vocab = hf_tokenizer.get_vocab()
+        self._open = self._tag(vocab, TOOL_CALL_OPEN)
+        self._close = self._tag(vocab, TOOL_CALL_CLOSE)
+        self._cache: OrderedDict[tuple, Grammar] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    # -- grammars ---------------------------------------------------------------------
+
+    def json_schema(self, schema: dict) -> Grammar:
+        """A document valid against `schema` (check it against greenroom's subset first:
+        llguidance also compiles keywords greenroom refuses)."""
+        if not isinstance(schema, dict):
+            raise GrammarError("a JSON schema must be an object")
+        schema = {k: v for k, v in schema.items() if k != "x-guidance"}
+        key = ("json_schema", _compact(schema))
+
+        def build() -> str:
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_FORMAT)
+            except ValueError as e:
+                raise GrammarError(str(e)[:_MAX_ERROR]) from None
+
+        return self._compile("json_schema", key, build)
+
+    def json_object(self) -> Grammar:
+        """Any single JSON object."""
+        return self._compile("json_object", ("json_object",),
+                             lambda: llguidance.LLMatcher.grammar_from_json_schema({"type": "object"},
+                                                                                   overrides=JSON_FORMAT))
+
+    def tool_calls(self, tools: list[dict], name: str | None = None, parallel: bool = True) -> Grammar:
+        """Hermes/Qwen tool calls, as the demo chat template (and Qwen 2.5/3's) writes them:
+
+            <tool_call>\\n{"name": "<fn>", "arguments": {...}}\\n</tool_call>
+
+        one or more (exactly one with `parallel=False`), separated by "\\n". `arguments`
+        must match the function's `parameters` (absent: `{}` only). `name` allows only that
+        function. `tools` are OpenAI tool objects: {"type": "function", "function":
+        {"name", "description"?, "parameters"?}}."""
+        functions = _functions(tools)
+        if name is not None:
+            if name not in functions:
+                raise GrammarError(f"tool_choice names {name!r}, which is not among the tools")
+            functions = {name: functions[name]}
+        key = ("tool_calls", _compact(functions), parallel)
+
+        def build() -> str:
+            rules = [f"fn_{i}: %json {_compact(_call_schema(fn, params))}" for i, (fn, params) in
+                     enumerate(functions.items())]
+            lark = "\n".join([
+                "%llguidance {}",
+                'start: call ("\\n" call)*' if parallel else "start: call",
+                'call: open "\\n" (' + " | ".join(f"fn_{i}" for i in range(len(functions))) + ') "\\n" close',
+                f"open: {self._open}",
+                f"close: {self._close}",
+                *rules,
+            ])
+            return llguidance.LLMatcher.grammar_from_lark(lark)
+
+        return self._compile("tool_calls", key, build)
+
+    def matcher(self, grammar: Grammar) -> Matcher:
+        """A fresh state for one sequence (a copy of the compiled template: microseconds)."""
+        return Matcher(grammar._template.deep_copy(), self._bits)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _compile(self, kind: str, key: tuple, build) -> Grammar:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        source = build()
+        template = llguidance.LLMatcher(self._tokenizer, source, log_level=0)  # compiles; drops the GIL
+        if template.is_error():
+            raise GrammarError(template.get_error()[:_MAX_ERROR])
+        grammar = Grammar(kind, source, template)
+        with self._lock:
+            self._cache[key] = grammar
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def _tag(self, vocab: dict, text: str) -> str:
+        """A Lark expression for a tool-call tag. A tag that is a token of its own which
+        llguidance treats as special (it does so for every added token, even the ones the
+        tokenizer marks non-special) matches only its token reference, never its text;
+        allow both, so a model may emit the token or spell the tag out."""
+        literal = json.dumps(text)
+        token = vocab.get(text)
+        if token is not None and self._tokenizer.is_special_token(token):
+            return f"<[{token}]> | {literal}"
+        return literal
+
+
+def _compact(value) -> str:
+    # key order kept: llguidance generates properties in the order the schema lists them
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _functions(tools) -> dict[str, dict | None]:
+    if not isinstance(tools, list) or not tools:
+        raise GrammarError("tools must be a non-empty list")
+    out: dict[str, dict | None] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise GrammarError(f"tools[{i}] is not a function tool with a name")
+        if fn["name"] in out:
+            raise GrammarError(f"tools[{i}]: function {fn['name']!r} is defined twice")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise GrammarError(f"tools[{i}].function.parameters must be a JSON schema object")
+        out[fn["name"]] = params
+    return out
+
+
+def _call_schema(name: str, params: dict | None) -> dict:
+    """{"name": const, "arguments": params} as one schema. The parameters' `$defs` move to
+    the root so their local refs (`#/$defs/X`, all the subset allows) still resolve."""
+    if params is None:
+        arguments: dict = {"type": "object", "properties": {}, "additionalProperties": False}
+        defs = {}
+    else:
+        arguments = {k: v for k, v in params.items() if k not in ("$defs", "definitions", "x-guidance")}
+        arguments.setdefault("type", "object")
+        defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+    return {
+        "x-guidance": JSON_FORMAT,
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+        **defs,
+    }
