@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int)
     p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--no-extras", action="store_true", help="leave the x_needle block out of chat completions")
 
     p = sub.add_parser("ps", help="print the live actor tree of a running server")
     p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
@@ -39,7 +40,8 @@ def _serve(args) -> int:
 
     from greenroom.supervisor.serve import serve
 
-    config = load_config(args.config, host=args.host, port=args.port, log_level=args.log_level)
+    config = load_config(args.config, host=args.host, port=args.port, log_level=args.log_level,
+                         expose_extras=False if args.no_extras else None)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve, config)
     return 0

@@ -34,6 +34,7 @@ class Config:
     restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
     restart_window_s: float = 300.0
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
+    expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
 
 
 _converter = cattrs.Converter()
@@ -48,6 +49,9 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
         value = os.environ.get(f"GREENROOM_{name.upper()}")
         if value is not None:
             raw[name] = cast(value)
+    extras = os.environ.get("GREENROOM_EXPOSE_EXTRAS", os.environ.get("NEEDLE_EXPOSE_EXTRAS"))  # Needle's name too
+    if extras is not None:
+        raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
     raw.update({k: v for k, v in overrides.items() if v is not None})
     return _converter.structure(raw, Config)
 

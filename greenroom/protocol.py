@@ -33,7 +33,11 @@ class Generate:
     conversations: list[list[dict]] | None = None
     n: int = 1
     add_special_tokens: bool = True  # for prompts
-    template_kwargs: dict | None = None  # for messages
+    template_kwargs: dict | None = None  # for conversations
+    tools: list[dict] | None = None  # OpenAI tool objects, rendered by the chat template
+    # constrained decoding, one matcher per choice: {"type": "json_schema", "schema"} |
+    # {"type": "json_object"} | {"type": "tool_calls", "tools", "name"?, "parallel"}
+    constraint: dict | None = None
 
     @property
     def rows(self) -> int:
@@ -70,6 +74,7 @@ class Score:
     conversations: list[list[dict]] | None = None
     add_special_tokens: bool = True
     template_kwargs: dict | None = None
+    tools: list[dict] | None = None
 
 
 @attrs.frozen
@@ -98,6 +103,9 @@ class Text:
     text: str
     completion_tokens: int
     finish_reason: str | None = None
+    # on the finishing event: {"logprob_sum", "prefill_s", "decode_s", "queue_wait_s",
+    # "compute_s", "peak_rss_mb"} — the engine's own figures for x_needle
+    stats: dict | None = None
 
 
 @attrs.frozen

@@ -32,11 +32,9 @@ def served(r):
 
 
 # (field, a value that changes output) per endpoint, for the transformers engine
-# scoring fields (logprobs, allowed_token_ids, …) are honoured on transformers: see test_scoring.py
+# scoring fields, response_format and tools are honoured on transformers: test_scoring.py, test_structured.py
 CHAT_REFUSED = [
-    ("response_format", {"type": "json_object"}),
     ("profile", "honesty"), ("steering_intensity", 0.5), ("steering", {"0": 1}), ("dimensions", 8),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]), ("tool_choice", "auto"),
     ("logit_bias", {"5": 10}),
 ]
 COMPLETION_REFUSED = [

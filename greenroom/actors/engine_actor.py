@@ -14,8 +14,10 @@ import collections
 import hashlib
 import math
 import os
+import resource
 import sys
 import threading
+import time
 
 import attrs
 import trio
@@ -79,6 +81,7 @@ class EngineLoop:
         self._active: str | None = None
         self._closing = False
         self._outbox: collections.deque = collections.deque()  # events for the sender, from both threads
+        self._enqueued: dict[str, float] = {}  # rid → arrival, for queue-wait figures
         self._wake_pending = False
 
     async def serve(self, stream) -> None:
@@ -109,6 +112,7 @@ class EngineLoop:
                 return
             with self._wakeup:
                 self._queue.append(msg)
+                self._enqueued[msg.rid] = time.monotonic()
                 self._wakeup.notify()
         elif isinstance(msg, Cancel):
             self._cancelled.add(msg.rid)
@@ -184,6 +188,7 @@ class EngineLoop:
             finally:
                 self._active = None
                 self._cancelled.discard(req.rid)
+                self._enqueued.pop(req.rid, None)
 
     def _run(self, req) -> None:
         if req.rid in self._cancelled:
@@ -235,22 +240,36 @@ class EngineLoop:
         if req.conversations is None:
             for ids, name in zip(rows, names):
                 _check_ids(engine, ids, name, "prompt")
-        params = [self._resolve_max_tokens(engine, ids, req.params, name) for ids, name in zip(rows, names)]
+        # a constrained document is ended by its grammar, not cut by the server's default
+        params = [self._resolve_max_tokens(engine, ids, req.params, name, whole_room=req.constraint is not None)
+                  for ids, name in zip(rows, names)]
+        grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
         self.counters.admitted += 1
         self._emit_from_thread(Admitted(req.rid, sum(len(ids) for ids in rows)))
+        started = time.monotonic()
+        queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
             for j in range(req.n):
                 index = row * req.n + j
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
-                for delta in generate(engine, ids, choice_params):
+                choice_start, first_token, logprob_sum = time.monotonic(), None, 0.0
+                for delta in generate(engine, ids, choice_params, grammar):
                     self.counters.tokens_generated += 1
                     if req.rid in self._cancelled:
                         self.counters.cancelled += 1
                         return  # leaving the loop closes the sequence and frees its cache
+                    first_token = first_token or time.monotonic()
+                    logprob_sum += delta.logprob
+                    stats = None
+                    if delta.finish_reason:
+                        now = time.monotonic()
+                        stats = {"logprob_sum": logprob_sum, "prefill_s": first_token - choice_start,
+                                 "decode_s": now - first_token, "queue_wait_s": queue_wait,
+                                 "compute_s": now - started, "peak_rss_mb": _peak_rss_mb()}
                     if delta.text or delta.finish_reason:
-                        self._emit_from_thread(
-                            Text(req.rid, index, delta.text, delta.completion_tokens, delta.finish_reason))
+                        self._emit_from_thread(Text(req.rid, index, delta.text, delta.completion_tokens,
+                                                    delta.finish_reason, stats))
         self.counters.completed += 1
 
     def _embed(self, engine, req: Embed) -> None:
@@ -268,7 +287,7 @@ class EngineLoop:
         self.counters.completed += 1
         self._emit_from_thread(Embedded(req.rid, vectors, sum(len(ids) for ids in rows)))
 
-    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params, where: str):
+    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params, where: str, whole_room: bool = False):
         limit = engine.info.context_length
         room = limit - len(prompt_ids)
         if params.max_tokens is None:
@@ -276,7 +295,7 @@ class EngineLoop:
                 raise GreenroomError("context_length_exceeded", (
                     f"This model's maximum context length is {limit} tokens. However, your "
                     f"{where} resulted in {len(prompt_ids)} tokens."), where.split("[")[0])
-            return attrs.evolve(params, max_tokens=min(self.default_max_tokens, room))
+            return attrs.evolve(params, max_tokens=room if whole_room else min(self.default_max_tokens, room))
         if len(prompt_ids) + params.max_tokens > limit:
             raise GreenroomError("context_length_exceeded", (
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -294,7 +313,7 @@ def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
         rows = []
         for conversation, name in zip(req.conversations, names):
             try:
-                rows.append(engine.render_chat(conversation, req.template_kwargs))
+                rows.append(engine.render_chat(conversation, req.template_kwargs, req.tools))
             except Exception as exc:  # a template error names the conversation it came from
                 raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
                                      f"template: {exc}", name) from None
@@ -316,6 +335,10 @@ def _check_ids(engine, ids: list[int], where: str, param: str) -> None:
     if bad:
         raise GreenroomError("invalid_parameter", f"{where} has token ids outside the vocabulary "
                              f"(0–{engine.vocab_size - 1}): {bad[:5]}", param)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def _choice_seed(seed: int, j: int) -> int:

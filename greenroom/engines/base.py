@@ -55,7 +55,8 @@ class Engine(Protocol):
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         """Prompt ids for a conversation, with the generation prompt appended; a trailing
         assistant message is continued, not answered (see chat.py)."""
         ...
@@ -70,9 +71,15 @@ class Engine(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
-        """Yield one sampled token id per decode step. Closing the iterator frees the
-        sequence's cache; the next forward pass runs only when the next id is asked for."""
+    def compile_constraint(self, spec: dict) -> object:
+        """A grammar for constrained decoding (engines without the capability never get one)."""
+        ...
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
+                     grammar=None) -> Iterator[tuple[int, float]]:
+        """Yield (token id, its log-probability) per decode step. Closing the iterator frees the
+        sequence's cache; the next forward pass runs only when the next id is asked for.
+        With a grammar, the iterator ends when the document is complete."""
         ...
 
     def unload(self) -> None: ...

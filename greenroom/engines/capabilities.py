@@ -22,7 +22,7 @@ class Capabilities:
 
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
-                                 scoring=True),
+                                 scoring=True, response_format=True, tools=True),
 }
 
 

@@ -16,32 +16,35 @@ class Delta:
     text: str
     completion_tokens: int
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length"
+    logprob: float = 0.0  # of this step's token
 
 
-def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Iterator[Delta]:
+def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None) -> Iterator[Delta]:
     """One Delta per decode step (text may be empty while a character or a possible
-    stop string is incomplete); the last one carries finish_reason."""
+    stop string is incomplete); the last one carries finish_reason. With a grammar the
+    engine ends the ids when the document is complete: that is a "stop" too."""
     detok = IncrementalDetokenizer(engine.decode)
     stops = StopMatcher(params.stop)
-    ids = engine.generate_ids(prompt_ids, params)
+    ids = engine.generate_ids(prompt_ids, params, grammar)
     n = 0
     try:
         if params.max_tokens <= 0:
             yield Delta("", 0, "length")
             return
-        for token_id in ids:
+        for token_id, logprob in ids:
             n += 1
             if token_id in engine.eos_token_ids:
-                yield Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop")
+                yield Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop", logprob)
                 return
             text = stops.feed(detok.add(token_id))
             if stops.matched is not None:
-                yield Delta(text, n, "stop")
+                yield Delta(text, n, "stop", logprob)
                 return
             if n >= params.max_tokens:
-                yield Delta(text + _tail(detok, stops), n, stops.matched and "stop" or "length")
+                yield Delta(text + _tail(detok, stops), n, stops.matched and "stop" or "length", logprob)
                 return
-            yield Delta(text, n)
+            yield Delta(text, n, logprob=logprob)
+        yield Delta(_tail(detok, stops), n, "stop")  # the engine ended the sequence: its grammar is complete
     finally:
         ids.close()
 

@@ -17,6 +17,12 @@ def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return gen
 
 
+def token_logprob(logits: torch.Tensor, token: int) -> float:
+    """The model's own log-probability of `token` (temperature 1, after any constraint
+    mask): what confidence figures are computed from."""
+    return float(torch.log_softmax(logits.float(), dim=-1)[token])
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seen: torch.Tensor) -> int:
     """`logits`: the last position's [vocab] row; `seen`: the token ids so far."""
     logits = logits.float()

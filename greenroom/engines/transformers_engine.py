@@ -17,10 +17,10 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .base import ModelInfo, SamplingParams
+from .base import EngineError, ModelInfo, SamplingParams
 from .capabilities import ENGINES
 from .chat import render_conversation
-from .sampling import new_generator, sample
+from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
 
 
@@ -54,6 +54,7 @@ class TransformersEngine:
         # the logits' rows past the tokenizer are padding, not tokens
         self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
         self.has_chat_template = bool(self.tokenizer.chat_template)
+        self._constraints = None  # built on the first constrained request (llguidance)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -71,10 +72,11 @@ class TransformersEngine:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         def apply(msgs: list[dict]) -> str:
             return self.tokenizer.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+                msgs, tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
 
         # A rendered template carries its own BOS: don't add special tokens again.
         return self.tokenizer.encode(render_conversation(apply, messages), add_special_tokens=False)
@@ -82,7 +84,29 @@ class TransformersEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+    def compile_constraint(self, spec: dict):
+        """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
+        {"type": "tool_calls", "tools", "name"?, "parallel"}; compiled grammars are cached."""
+        from .constraints import Constraints, GrammarError
+
+        if self._constraints is None:
+            self._constraints = Constraints(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        c = self._constraints
+        try:
+            if spec["type"] == "json_schema":
+                return c.json_schema(spec["schema"])
+            if spec["type"] == "json_object":
+                return c.json_object()
+            return c.tool_calls(spec["tools"], spec.get("name"), spec.get("parallel", True))
+        except GrammarError as exc:
+            raise EngineError("response_format_unsupported", f"the constraint cannot be compiled: {exc}",
+                              "response_format" if spec["type"] != "tool_calls" else "tools") from None
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
+                     grammar=None) -> Iterator[tuple[int, float]]:
+        """With a `grammar`, every step is masked to what it allows, and the iterator ends
+        when the grammar is complete."""
+        matcher = self._constraints.matcher(grammar) if grammar is not None else None
         gen = new_generator(params.seed, self.device)
         cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
@@ -93,9 +117,17 @@ class TransformersEngine:
                 ids = torch.tensor([prompt_ids], device=self.device)
                 while True:
                     out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
-                    token = sample(out.logits[0, -1], params, gen, seen[:n_seen])
+                    logits = out.logits[0, -1]
                     del out
-                    yield token
+                    if matcher is not None:
+                        logits = logits.float()
+                        matcher.mask(logits)
+                    token = sample(logits, params, gen, seen[:n_seen])
+                    if matcher is not None:
+                        matcher.consume(token)
+                    yield token, token_logprob(logits, token)
+                    if matcher is not None and matcher.done():
+                        return
                     if n_seen < len(seen):
                         seen[n_seen] = token
                         n_seen += 1

@@ -24,6 +24,8 @@ ENDPOINTS = [
     ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
     ("POST", "/v1/completions", "text completion, streaming (SSE) or not"),
     ("POST", "/v1/embeddings", "mean-pooled embeddings, float or base64"),
+    ("POST", "/v1/needle/extract", "text + JSON schema → an extracted object (constrained decoding)"),
+    ("POST", "/v1/needle/complete", "a query or messages, with tools, → the engine's own result"),
     ("GET", "/openapi.json", "the OpenAPI document of every route"),
 ]
 

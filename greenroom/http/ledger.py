@@ -89,6 +89,8 @@ COMPLETIONS = {
     "echo": refused(False, why=_NOT_YET), "best_of": refused(1, why=_NOT_YET),
     "suffix": refused(why=_NOT_YET),
     "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),
+    "tools": refused([], why="tools are served on chat completions"),
+    "tool_choice": refused(why="tools are served on chat completions"),
 }
 
 _NOT_EMBEDDINGS = "embeddings have no such setting"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import time
 
 import attrs
@@ -12,7 +13,7 @@ from quart import Quart, Response, request
 
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, openai_params, scoring, sse
+from greenroom.http import ledger, needle, openai_params, scoring, sse, structured
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
 from greenroom.supervisor.tree import Tree
@@ -25,10 +26,22 @@ class Prepared:
     ignored: list[str]
     strict: bool
 
+    def unread(self, also_ignored: tuple[str, ...] = ()) -> list[str]:
+        """Every location not read: the ledger's, and fields this request's path skips."""
+        return self.ignored + [f for f in also_ignored if self.body.get(f) is not None]
+
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
-        header = ledger.settle(self.ignored + [f for f in also_ignored if self.body.get(f) is not None], self.strict)
+        header = ledger.settle(self.unread(also_ignored), self.strict)
         return {"X-miLLM-Ignored-Fields": header} if header else {}
+
+
+@attrs.frozen
+class Extras:
+    """What x_needle needs beside the engine's figures."""
+
+    conversation: list[dict]
+    warnings: list[str]
 
 
 async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
@@ -71,7 +84,10 @@ def register(app: Quart, tree: Tree) -> None:
         stream = openai_params.streaming(req.body)
         if scoring.is_chat_scoring(req.body):
             return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
-        return await _complete(tree, openai_params.chat_request(req.body, req.model, stream), stream, req, chat=True)
+        plan = structured.plan(req.body, stream.on)
+        gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
+        extras = Extras(gen.conversations[0], req.unread(scoring.SCORING_ONLY)) if tree.config.expose_extras else None
+        return await _complete(tree, gen, stream, req, plan, extras)
 
     @app.post("/v1/completions")
     async def completions():
@@ -81,7 +97,7 @@ def register(app: Quart, tree: Tree) -> None:
             score = scoring.completion_score(req.body, req.model, stream.on)
             return await _score(tree, score, req, scoring.completion_response)
         gen = openai_params.completion_request(req.body, req.model, stream)
-        return await _complete(tree, gen, stream, req, chat=False)
+        return await _complete(tree, gen, stream, req, None)
 
     @app.post("/v1/embeddings")
     async def embeddings():
@@ -99,6 +115,24 @@ def register(app: Quart, tree: Tree) -> None:
                 for i, v in enumerate(event.vectors)]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
         return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, headers
+
+    @app.post("/v1/needle/extract")
+    async def needle_extract():
+        result, x = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
+        message = result["choices"][0]["message"] if result else None
+        matched = message is not None and result["choices"][0]["finish_reason"] == "stop"
+        data = json.loads(message["content"]) if matched else None
+        return {"object": "needle.extraction", "data": data, "matched": matched, "x_needle": x}
+
+    @app.post("/v1/needle/complete")
+    async def needle_complete():
+        result, x = await _needle_chat(tree, needle.completion_chat, ("query", "system", "messages", "tools"))
+        choice = result["choices"][0]
+        calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+                 for c in choice["message"].get("tool_calls") or []]
+        return {"object": "needle.completion", "model": result["model"], "content": choice["message"]["content"],
+                "tool_calls": calls, "finish_reason": choice["finish_reason"], "usage": result["usage"],
+                "x_needle": x}
 
     @app.get("/v1/models")
     async def list_models():
@@ -132,6 +166,34 @@ def fingerprint(info: dict) -> str:
     return f"millm:{info['id']}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
 
 
+_NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
+
+
+async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[dict | None, dict]:
+    """Run a /v1/needle/* request as the chat completion it translates to. Any model name
+    is accepted, as in Needle: an unknown one is answered by the first model, and says so."""
+    body = openai_params.parse_json(await request.get_data())
+    chat = translate(body)
+    warnings = [f for f in body if f not in fields + _NEEDLE_COMMON]
+    model = body.get("model")
+    if model not in tree.model_ids():
+        if model is not None:
+            warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
+        model = tree.model_ids()[0]
+    chat["model"] = model
+    plan = structured.plan(chat, stream=False)
+    gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
+    req = Prepared(chat, model, [], strict=False)
+    try:
+        result, _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, Extras(
+            gen.conversations[0], warnings))
+    except GreenroomError as exc:
+        if exc.code != "constrained_output_invalid":
+            raise
+        return None, {"type": "refuse", "warnings": warnings}  # the model produced no valid object
+    return result, result["x_needle"]
+
+
 def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed echoes a sent seed with the scope of its promise; absent without one."""
     seed = body.get("seed")
@@ -150,9 +212,15 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     return shape(score, event, req.body, fingerprint(info)), 200, headers
 
 
-async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, chat: bool):
+async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, plan: structured.Plan | None,
+                    extras: Extras | None = None):
+    """Chat when `plan` is given (its constraint and tools), else a text completion;
+    `extras` adds the x_needle block."""
+    chat = plan is not None
     headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(
         req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request")}
+    if plan is not None and plan.header:
+        headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
     stack = contextlib.AsyncExitStack()
     try:
@@ -161,19 +229,20 @@ async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared,
         if isinstance(first, Failed):
             raise GreenroomError.from_wire(first.error)
         if stream.on:
-            body = StreamBody(_stream_chunks(gen, events, first, chat, stream.include_usage), stack)
+            body = StreamBody(_stream_chunks(gen, events, first, plan, stream.include_usage, extras), stack)
             response = Response(body, content_type="text/event-stream", headers=headers)
             response.headers["Cache-Control"] = "no-cache"
             response.timeout = None
             return response
         async with stack:
-            return await _collect(gen, events, first, chat, fingerprint(info)), 200, headers
+            return await _collect(gen, events, first, plan, fingerprint(info), extras), 200, headers
     except BaseException:
         await stack.aclose()
         raise
 
 
-async def _collect(gen: Generate, events, admitted: Admitted, chat: bool, system_fingerprint: str) -> dict:
+async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.Plan | None,
+                   system_fingerprint: str, extras: Extras | None = None) -> dict:
     texts: dict[int, list[str]] = {i: [] for i in range(gen.choices)}
     finished: dict[int, Text] = {}
     async for event in events:
@@ -185,55 +254,83 @@ async def _collect(gen: Generate, events, admitted: Admitted, chat: bool, system
     choices = []
     for i in range(gen.choices):
         text, reason = "".join(texts[i]), finished[i].finish_reason
-        choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                        "finish_reason": reason} if chat else
-                       {"index": i, "text": text, "logprobs": None, "finish_reason": reason})
-    return {
-        "id": gen.rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-        "model": gen.model, "system_fingerprint": system_fingerprint, "choices": choices,
-        "usage": _usage(admitted, sum(t.completion_tokens for t in finished.values())),
+        if plan is not None:
+            message, reason = structured.message(plan, text, reason)
+            choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+    response = {
+        "id": gen.rid, "object": "chat.completion" if plan is not None else "text_completion",
+        "created": int(time.time()), "model": gen.model, "system_fingerprint": system_fingerprint,
+        "choices": choices, "usage": _usage(admitted, sum(t.completion_tokens for t in finished.values())),
     }
+    if extras is not None:
+        response["x_needle"] = _x_needle(choices[0]["message"], finished[0], admitted, extras)
+    return response
 
 
-async def _stream_chunks(gen: Generate, events, admitted: Admitted, chat: bool, include_usage: bool):
+def _x_needle(message: dict, finished: Text, admitted: Admitted, extras: Extras) -> dict:
+    block = needle.x_needle(message, finished.completion_tokens, finished.stats, admitted.prompt_tokens,
+                            extras.conversation, extras.warnings)
+    if block["reasoning"]:
+        message["reasoning_content"] = block["reasoning"]
+    return block
+
+
+async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: structured.Plan | None,
+                         include_usage: bool, extras: Extras | None = None):
+    chat = plan is not None
     head = {"id": gen.rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": gen.model}
     completion_tokens = 0
     unfinished = gen.choices
+    shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
 
-    def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> bytes:
+    def chunk(index: int, delta: dict | str | None, finish: str | None = None, **extra) -> bytes:
         if chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {**head, "choices": [choice]}
+            choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        body = {**head, "choices": [choice], **extra}
         if finish and unfinished == 0:  # the request's last chunk carries its usage
             body["usage"] = _usage(admitted, completion_tokens)
         return sse.frame(body)
 
+    def text_chunks(index: int, text: str, final: bool = False):
+        if not chat:
+            return [chunk(index, text)] if text else []
+        deltas = shapers[index].feed(text) + (shapers[index].finish() if final else [])
+        return [chunk(index, d) for d in deltas]
+
     if chat:
-        yield chunk(0, None, None, role=True)
+        for i in range(gen.choices):
+            yield chunk(i, {"role": "assistant", "content": ""})
     async for first in events:
         pending: dict[int, list[str]] = {}
         for event in [first, *events.ready()]:  # what queued up while we wrote goes out as one chunk per choice
             if isinstance(event, Failed):
                 for index, text in pending.items():
-                    yield chunk(index, "".join(text), None)
+                    for c in text_chunks(index, "".join(text)):
+                        yield c
                 yield sse.error_frame(GreenroomError.from_wire(event.error).openai_body())
                 yield sse.DONE
                 return
             pending.setdefault(event.index, []).append(event.text)
             if event.finish_reason:
-                text = "".join(pending.pop(event.index))
-                if text:
-                    yield chunk(event.index, text, None)
+                for c in text_chunks(event.index, "".join(pending.pop(event.index)), final=True):
+                    yield c
                 completion_tokens += event.completion_tokens
                 unfinished -= 1
-                yield chunk(event.index, None, event.finish_reason)
+                reason = event.finish_reason
+                if chat and shapers[event.index].called and reason == "stop":
+                    reason = "tool_calls"
+                extra = {}
+                if extras is not None and event.index == 0:  # the finish-reason chunk carries x_needle
+                    extra["x_needle"] = _x_needle(shapers[0].message(), event, admitted, extras)
+                yield chunk(event.index, None, reason, **extra)
         for index, text in pending.items():
-            if any(text):
-                yield chunk(index, "".join(text), None)
+            for c in text_chunks(index, "".join(text)):
+                yield c
     if include_usage:  # OpenAI's usage-only chunk
         yield sse.frame({**head, "choices": [], "usage": _usage(admitted, completion_tokens)})
     yield sse.DONE

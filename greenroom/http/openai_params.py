@@ -233,13 +233,14 @@ def conversations(body: dict) -> list[list[dict]]:
     return rows
 
 
-def chat_request(body: dict, model: str, stream: Streaming) -> Generate:
+def chat_request(body: dict, model: str, stream: Streaming, tools: list[dict] | None = None,
+                 constraint: dict | None = None) -> Generate:
     rows = conversations(body)
     n = choices_n(body, stream.on)
     if len(rows) * n > MAX_CHOICES:
         raise GreenroomError("invalid_parameter", f"n × conversations must be at most {MAX_CHOICES}", "n")
     return Generate(new_rid("chatcmpl"), model, sampling(body), conversations=rows, n=n,
-                    template_kwargs=template_kwargs(body))
+                    template_kwargs=template_kwargs(body), tools=tools, constraint=constraint)
 
 
 def completion_request(body: dict, model: str, stream: Streaming) -> Generate:

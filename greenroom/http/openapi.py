@@ -9,6 +9,8 @@ front end, which never imports torch or any third-party schema tooling.
 
 from __future__ import annotations
 
+import copy
+
 from greenroom import __version__
 
 UINT32_MAX = 2**32 - 1
@@ -140,7 +142,7 @@ def _error_response_components() -> dict:
 
 _SAMPLING_FIELDS = {
     "stream": _BOOLEAN,
-    "stream_options": _nullable(_obj({"include_usage": _BOOLEAN})),
+    "stream_options": _obj({"include_usage": _BOOLEAN}),
     "temperature": _number(minimum=0, maximum=2),
     "top_p": _number(minimum=0, maximum=1),
     "max_tokens": _integer(minimum=0),
@@ -152,8 +154,8 @@ _SAMPLING_FIELDS = {
     "user": _string(),
 }
 
-# Output-changing fields no engine here honours: 400 field_not_honoured unless they carry
-# their "no change" value (null, false, 1, {"type": "text"}, [], {}).
+# Output-changing fields this engine does not honour: 400 field_not_honoured unless they
+# carry their "no change" value (null, false, {"type": "text"}, [], {}).
 _REFUSED_FIELDS = {
     "response_format": {"type": "object"},
     "profile": _string(),
@@ -178,9 +180,9 @@ _CHAT_SCORING_FIELDS = {
 # Legacy completions: accepted only at OpenAI's defaults, plus the scoring fields.
 _COMPLETION_ONLY_FIELDS = {
     "n": _integer(minimum=1, description="Only 1; more is refused with 400"),
-    "echo": _BOOLEAN,
+    "echo": {**_BOOLEAN, "description": "Only false"},
     "best_of": _integer(minimum=1, description="Only 1"),
-    "suffix": _nullable(_string()),
+    "suffix": _nullable(_string(description="Only null")),
     "logprobs": _integer(),
     "allowed_token_ids": _ref("TokenIds"),
     "add_special_tokens": _BOOLEAN,
@@ -223,7 +225,7 @@ def _request_schemas() -> dict:
     return {
         "TextPart": _obj({"type": {"const": "text"}, "text": _string()}, ("type", "text")),
         "ChatMessage": message,
-        "Stop": {"anyOf": [_string(), _array(_string()), _NULL]},
+        "Stop": {"anyOf": [_string(), _array(_string())]},
         "Penalty": _number(minimum=-2, maximum=2),
         "TokenIds": _array(_integer()),
         "ChatCompletionRequest": chat,
@@ -275,27 +277,21 @@ def _sse_event(chunk: str) -> dict:
     }
 
 
+def _choice(content: dict, *, streamed: bool) -> dict:
+    """One choice of a completion: its content fields between `index` and `finish_reason`
+    (null on every streamed chunk but the one that ends the choice)."""
+    finish = _nullable(_FINISH_REASON) if streamed else _FINISH_REASON
+    return _obj({"index": _COUNT, **content, "logprobs": _NULL, "finish_reason": finish},
+                ("index", *content, "finish_reason"))
+
+
 def _response_schemas() -> dict:
-    chat_choice = _obj({
-        "index": _COUNT,
-        "message": _obj({"role": {"const": "assistant"}, "content": _string()}, ("role", "content")),
-        "logprobs": _NULL,
-        "finish_reason": _FINISH_REASON,
-    }, ("index", "message", "finish_reason"))
-    chunk_choice = _obj({
-        "index": _COUNT,
-        "delta": _obj({"role": {"const": "assistant"}, "content": _string()}),
-        "logprobs": _NULL,
-        "finish_reason": _nullable(_FINISH_REASON),
-    }, ("index", "delta"))
-    text_choice = _obj({
-        "index": _COUNT,
-        "text": _string(),
-        "logprobs": _NULL,
-        "finish_reason": _FINISH_REASON,
-    }, ("index", "text", "finish_reason"))
-    text_chunk_choice = {**text_choice, "properties": {**text_choice["properties"],
-                                                        "finish_reason": _nullable(_FINISH_REASON)}}
+    message = _obj({"role": {"const": "assistant"}, "content": _string()}, ("role", "content"))
+    delta = _obj({"role": {"const": "assistant"}, "content": _string()})
+    chat_choice = _choice({"message": message}, streamed=False)
+    chunk_choice = _choice({"delta": delta}, streamed=True)
+    text_choice = _choice({"text": _string()}, streamed=False)
+    text_chunk_choice = _choice({"text": _string()}, streamed=True)
     model_card = _obj({"id": _string(), "object": {"const": "model"}, "created": _integer(),
                        "owned_by": _string()}, ("id", "object", "created", "owned_by"))
     actor = _obj({
@@ -442,8 +438,8 @@ def _paths() -> dict:
 
 
 def document() -> dict:
-    """The OpenAPI 3.1 document of greenroom's HTTP surface (a fresh dict on every call)."""
-    return {
+    """The OpenAPI 3.1 document of greenroom's HTTP surface (a fresh copy on every call)."""
+    return copy.deepcopy({
         "openapi": "3.1.0",
         "info": {
             "title": "greenroom",
@@ -458,4 +454,4 @@ def document() -> dict:
             "parameters": _parameters(),
             "headers": _headers(),
         },
-    }
+    })

@@ -1,0 +1,136 @@
+"""The Needle surface: the `x_needle` block on chat completions, and /v1/needle/*.
+
+x_needle reports what the OpenAI schema has no place for, from the engine's own
+figures (engine_actor.py sends them with each choice's last event):
+
+- type: "call" when the answer holds tool calls, "refuse" when it is empty, else "respond";
+- confidence: the geometric mean of the model's probabilities of the tokens it produced,
+  exp(Σ log p / n), each p read from the distribution it sampled from (temperature 1,
+  after any constraint mask) — in (0, 1], 0 for an empty answer;
+- validation.ungrounded: tool-call argument values (strings and numbers) that appear
+  nowhere in the request's messages, as "<function>.<path>";
+- validation.negation: a negation word in the user's messages;
+- prefill_tps / decode_tps: prompt tokens over the first step's time, further tokens over
+  the rest; peak_ram_mb: the engine actor's peak resident memory;
+- replayed_turns: engine calls the answer needed (1: one generation); reinitialized: true,
+  as greenroom keeps no session between requests and processes every prompt afresh;
+- queue_wait_seconds / compute_seconds: time queued in the engine actor, and from leaving
+  the queue to the last token;
+- warnings: the fields the request path did not read — the same ledger as
+  X-miLLM-Ignored-Fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from greenroom.errors import GreenroomError
+
+_NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.IGNORECASE)
+
+
+def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_tokens: int,
+             conversation: list[dict], warnings: list[str]) -> dict:
+    stats = stats or {}
+    calls = message.get("tool_calls") or []
+    content = (message.get("content") or "").strip()
+    kind = "call" if calls else ("respond" if content else "refuse")
+    n = max(completion_tokens, 1)
+    prefill, decode = stats.get("prefill_s", 0.0), stats.get("decode_s", 0.0)
+    request_text = " ".join(m.get("content") or "" for m in conversation).lower()
+    return {
+        "type": kind,
+        "confidence": round(math.exp(stats.get("logprob_sum", -math.inf) / n), 4) if completion_tokens else 0.0,
+        "reasoning": content if calls else "",
+        "validation": {"ungrounded": _ungrounded(calls, request_text),
+                       "negation": any(_NEGATION.search(m.get("content") or "")
+                                       for m in conversation if m.get("role") == "user")},
+        "prefill_tps": round(prompt_tokens / prefill, 1) if prefill > 0 else None,
+        "decode_tps": round((completion_tokens - 1) / decode, 1) if decode > 0 and completion_tokens > 1 else None,
+        "peak_ram_mb": round(stats["peak_rss_mb"], 1) if "peak_rss_mb" in stats else None,
+        "replayed_turns": 1,
+        "reinitialized": True,
+        "queue_wait_seconds": round(stats.get("queue_wait_s", 0.0), 4),
+        "compute_seconds": round(stats.get("compute_s", 0.0), 4),
+        "warnings": [f"ignored field: {w}" for w in warnings],
+    }
+
+
+def _ungrounded(calls: list[dict], request_text: str) -> list[str]:
+    out = []
+    for call in calls:
+        fn = call["function"]
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            continue
+        for path, value in _leaves(args, fn["name"]):
+            if str(value).lower() not in request_text:
+                out.append(path)
+    return out
+
+
+def _leaves(value, path: str):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != "":
+        yield path, value
+
+
+# -- /v1/needle/* request translation ------------------------------------------------------
+
+def _required_str(body: dict, name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise GreenroomError("missing_parameter" if value is None else "invalid_parameter",
+                             f"'{name}' must be a non-empty string", name)
+    return value
+
+
+def extraction_chat(body: dict) -> dict:
+    """/v1/needle/extract → the chat request that extracts: the schema is enforced by
+    constrained decoding (response_format json_schema)."""
+    text, name = _required_str(body, "text"), _required_str(body, "name")
+    schema = body.get("schema")
+    if not isinstance(schema, dict):
+        raise GreenroomError("missing_parameter" if schema is None else "invalid_parameter",
+                             "'schema' must be a JSON schema object", "schema")
+    return {
+        "messages": [{"role": "system", "content": f"Extract the {name} from the user's text as JSON matching "
+                      f"this schema: {json.dumps(schema)}"}, {"role": "user", "content": text}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+        **{k: body[k] for k in ("max_tokens", "temperature", "seed") if k in body},
+    }
+
+
+def completion_chat(body: dict) -> dict:
+    """/v1/needle/complete → a chat request: `query` (+ `system`) or `messages`; `tools` as
+    an array or a JSON string, in Needle's flat {name, description, parameters} shape."""
+    if body.get("messages") is not None:
+        messages = body["messages"]
+    else:
+        query = _required_str(body, "query")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str):
+            raise GreenroomError("invalid_parameter", "'system' must be a string", "system")
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": query}]
+    tools = body.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise GreenroomError("invalid_parameter", "'tools' is a string but not JSON", "tools") from None
+    chat = {"messages": messages, **{k: body[k] for k in ("max_tokens", "temperature", "seed") if k in body}}
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise GreenroomError("invalid_parameter", "'tools' must be an array of {name, description, parameters}",
+                                 "tools")
+        chat["tools"] = [t if t.get("type") == "function" and "function" in t else {"type": "function", "function": t}
+                         for t in tools]
+    return chat

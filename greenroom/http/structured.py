@@ -1,0 +1,221 @@
+"""Structured output and tool calling on chat completions: from the request to the
+constraint the engine decodes under, and from generated text back to OpenAI's message
+(content, tool_calls, finish_reason), checked before it is sent.
+
+Both are enforced by decoding, not hoped for: `response_format` compiles the schema
+(greenroom's supported subset, schema_subset.py), and `tool_choice: "required"` or a
+named function compiles the tool-call syntax with each function's parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import attrs
+import jsonschema
+
+from greenroom.engines.tool_calls import ToolCall, ToolCallStream, parse
+from greenroom.errors import GreenroomError
+from greenroom.http.schema_subset import check_schema
+
+ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment
+_NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _unsupported(message: str) -> GreenroomError:
+    return GreenroomError("response_format_unsupported", message, "response_format")
+
+
+@attrs.frozen
+class Plan:
+    """What a chat request asks of its output."""
+
+    constraint: dict | None = None  # for the engine
+    tools: list[dict] | None = None  # rendered by the template
+    tool_mode: str = "none"  # none | auto | required | named
+    schema: dict | None = None  # json_schema to validate a finished document against
+    json_object: bool = False
+    header: str | None = None  # X-miLLM-Constrained
+
+    @property
+    def parses_tools(self) -> bool:
+        return self.tools is not None and self.tool_mode != "none"
+
+
+def plan(body: dict, stream: bool) -> Plan:
+    tools, mode, name, parallel = _tools(body)
+    fmt = body.get("response_format")
+    if fmt is None or fmt == {"type": "text"}:
+        if mode in ("required", "named"):
+            return Plan({"type": "tool_calls", "tools": tools, "name": name, "parallel": parallel}, tools, mode)
+        return Plan(None, tools, mode)
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema", "text"):
+        raise _unsupported("'response_format.type' must be text, json_object or json_schema")
+    if stream:
+        raise _unsupported("response_format cannot be streamed: a document is validated once it is complete")
+    if body.get("stop") is not None:
+        raise _unsupported("response_format cannot be combined with stop: a stop string could cut a document "
+                           "and report it complete")
+    if tools is not None and mode != "none":
+        raise _unsupported("response_format cannot be combined with tools unless tool_choice is \"none\"")
+    if fmt["type"] == "json_object":
+        return Plan({"type": "json_object"}, tools, mode, json_object=True, header="json_object")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise _unsupported("'response_format.json_schema' must be an object with a 'name'")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise _unsupported("'response_format.json_schema.schema' must be an object")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _unsupported("'response_format.json_schema.strict' must be a boolean")
+    check_schema(schema)
+    header = 'json_schema;name="' + spec["name"].replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return Plan({"type": "json_schema", "schema": schema}, tools, mode, schema=schema, header=header)
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
+    tools, functions = body.get("tools"), body.get("functions")
+    if tools and functions:
+        raise GreenroomError("invalid_parameter", "send tools or the deprecated functions, not both", "functions")
+    if functions:
+        if not isinstance(functions, list):
+            raise GreenroomError("invalid_parameter", "'functions' must be an array", "functions")
+        tools = [{"type": "function", "function": f} for f in functions]
+        where = "functions[{}]"
+    else:
+        where = "tools[{}].function"
+    choice = body.get("tool_choice", body.get("function_call"))
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise GreenroomError("invalid_parameter", "'tool_choice' needs tools", "tool_choice")
+        return None, "none", None, True
+    if not isinstance(tools, list):
+        raise GreenroomError("invalid_parameter", "'tools' must be an array", "tools")
+    names = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise GreenroomError("invalid_parameter", f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                                 "{...}}", f"tools[{i}]")
+        name = fn.get("name")
+        if not (isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_OK):
+            raise GreenroomError("invalid_parameter", f"{where.format(i)}.name must be 1–64 letters, digits, "
+                                 "'_' or '-'", where.format(i) + ".name")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise GreenroomError("invalid_parameter", f"{where.format(i)}.parameters must be a JSON schema object",
+                                 where.format(i) + ".parameters")
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise GreenroomError("invalid_parameter", "tool names must be unique", "tools")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise GreenroomError("invalid_parameter", "'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    mode, name = _choice(choice, names)
+    if mode in ("required", "named"):  # compiled into the grammar: the subset applies
+        for i, tool in enumerate(tools):
+            if mode == "required" or tool["function"]["name"] == name:
+                check_schema(tool["function"].get("parameters", {}), where.format(i) + ".parameters")
+    return tools, mode, name, parallel is not False
+
+
+def _choice(choice, names: list[str]) -> tuple[str, str | None]:
+    if choice is None:
+        return "auto", None
+    if choice in ("none", "auto", "required"):
+        return choice, None
+    name = None
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else choice  # function_call: {"name"}
+        name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise GreenroomError("invalid_parameter", "'tool_choice' must be none, auto, required or "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    if name not in names:
+        raise GreenroomError("invalid_parameter", f"'tool_choice' names {name!r}, which is not among the tools",
+                             "tool_choice")
+    return "named", name
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _openai_call(call: ToolCall) -> dict:
+    return {"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
+    """A finished choice as OpenAI's message and finish_reason; a complete constrained
+    document that does not validate is a 500, never a 200."""
+    if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls":
+        _validate(p, text)
+    if p.parses_tools:
+        content, calls = parse(text)
+        if calls:
+            msg = {"role": "assistant", "content": content or None,
+                   "tool_calls": [_openai_call(c) for c in calls]}
+            return msg, "tool_calls" if finish == "stop" else finish
+    return {"role": "assistant", "content": text}, finish
+
+
+def _validate(p: Plan, text: str) -> None:
+    try:
+        doc = json.loads(text)
+        if p.json_object and not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        if p.schema is not None:
+            jsonschema.validate(doc, p.schema, cls=jsonschema.Draft202012Validator)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        msg = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
+        raise GreenroomError("constrained_output_invalid", f"the constrained output is complete but does not "
+                             f"validate: {msg[:300]}") from None
+
+
+class StreamShaper:
+    """Per choice, turns text deltas into chat-chunk deltas: content, or tool calls
+    (id and name first, then argument fragments) when the request has tools."""
+
+    def __init__(self, p: Plan):
+        self._stream = ToolCallStream() if p.parses_tools else None
+        self._ids: dict[int, str] = {}
+        self._content: list[str] = []
+
+    def feed(self, text: str) -> list[dict]:
+        if self._stream is None:
+            self._content.append(text)
+            return [{"content": text}] if text else []
+        return self._deltas(self._stream.feed(text))
+
+    def message(self) -> dict:
+        """What was streamed, as the message a non-streamed answer would carry."""
+        calls = [{"id": self._ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for i, c in enumerate(self._stream.calls)] if self._stream is not None else []
+        return {"role": "assistant", "content": "".join(self._content).strip() or None,
+                **({"tool_calls": calls} if calls else {})}
+
+    def finish(self) -> list[dict]:
+        return [] if self._stream is None else self._deltas(self._stream.finish())
+
+    @property
+    def called(self) -> bool:
+        return bool(self._ids)
+
+    def _deltas(self, events: list[tuple]) -> list[dict]:
+        out = []
+        for kind, *rest in events:
+            if kind == "content":
+                if not (self._ids and not rest[0].strip()):  # whitespace between calls is not content
+                    out.append({"content": rest[0]})
+                    self._content.append(rest[0])
+            elif kind == "call":
+                index, name = rest
+                self._ids[index] = call_id()
+                out.append({"tool_calls": [{"index": index, "id": self._ids[index], "type": "function",
+                                            "function": {"name": name, "arguments": ""}}]})
+            else:
+                index, arguments = rest
+                for i in range(0, len(arguments), ARGUMENT_FRAGMENT):
+                    out.append({"tool_calls": [{"index": index,
+                                                "function": {"arguments": arguments[i:i + ARGUMENT_FRAGMENT]}}]})
+        return [d for d in out if d]

@@ -1,0 +1,392 @@
+"""Structured output: the llguidance constraints on the real demo model (no mocks), and the
+JSON Schema subset the front end checks before anything is compiled."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+from transformers import DynamicCache
+
+from greenroom.engines.base import SamplingParams
+from greenroom.engines.constraints import ConstraintError, Constraints, GrammarError
+from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.sampling import new_generator, sample
+from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.errors import GreenroomError
+from greenroom.http.schema_subset import MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
+
+SEEDS = range(20)
+
+# enum, pattern, minItems, $ref, a nested object, integer bounds; strings and arrays bounded
+# so that the random demo model finishes every document.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["humor", "not_humor", "unsure"]},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 1, "maxItems": 3},
+        "owner": {
+            "type": "object",
+            "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
+                           "name": {"type": "string", "minLength": 1, "maxLength": 8}},
+            "required": ["age", "name"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["label", "code", "tags", "owner"],
+    "additionalProperties": False,
+    "$defs": {"tag": {"type": "string", "maxLength": 6}},
+}
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10},
+                       "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/small"}, "b": {"$ref": "#/$defs/small"}},
+        "required": ["a", "b"], "additionalProperties": False,
+        "$defs": {"small": {"type": "integer", "minimum": -5, "maximum": 5}}}}},
+]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+
+
+@pytest.fixture(scope="module")
+def engine(model_cache):
+    return TransformersEngine("greenroom-demo", ensure_demo_model(default_cache_dir(), "tiny"))
+
+
+@pytest.fixture(scope="module")
+def constraints(engine):
+    return Constraints(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
+
+
+def run(engine, constraints, grammar, seed: int, max_tokens: int = 200, prompt: str = "Answer in JSON."):
+    """The engine's decode loop with a constraint: forward, mask, sample, consume.
+    Returns (text, finish) with finish "done" (grammar complete), "eos" or "length"."""
+    matcher = constraints.matcher(grammar)
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed)
+    gen = new_generator(seed, engine.device)
+    cache = DynamicCache()
+    ids = torch.tensor([engine.tokenize(prompt)])
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                  **{engine._cache_arg: cache}).logits[0, -1]
+            matcher.mask(logits)
+            token = sample(logits, params, gen, torch.tensor(out, dtype=torch.long))
+            matcher.consume(token)
+            if token in engine.eos_token_ids:
+                assert matcher.done()
+                return engine.decode(out), "eos"
+            out.append(token)
+            if matcher.done():
+                return engine.decode(out), "done"
+            ids = torch.tensor([[token]])
+    assert not matcher.done()
+    return engine.decode(out), "length"
+
+
+# -- JSON schema and JSON object -------------------------------------------------------------
+
+def test_json_schema_documents_validate_on_20_seeds(engine, constraints):
+    grammar = constraints.json_schema(SCHEMA)
+    texts = set()
+    for seed in SEEDS:
+        text, finish = run(engine, constraints, grammar, seed)
+        assert finish == "done", (seed, text)
+        jsonschema.validate(json.loads(text), SCHEMA)
+        texts.add(text)
+    assert len(texts) > 10  # the seeds really sample different documents
+
+
+def test_same_seed_same_document(engine, constraints):
+    grammar = constraints.json_schema(SCHEMA)
+    assert run(engine, constraints, grammar, 3) == run(engine, constraints, grammar, 3)
+
+
+def test_json_object_is_one_object(engine, constraints):
+    grammar = constraints.json_object()
+    finished = 0
+    for seed in range(6):
+        text, finish = run(engine, constraints, grammar, seed, max_tokens=300)
+        assert text.startswith("{")
+        if finish != "length":
+            finished += 1
+            assert isinstance(json.loads(text), dict)
+    assert finished >= 2
+
+
+def test_eos_is_allowed_only_once_the_document_is_complete(engine, constraints):
+    matcher = constraints.matcher(constraints.json_schema({"type": "integer", "minimum": 0, "maximum": 500}))
+    eos = sorted(engine.eos_token_ids)
+
+    def allowed() -> torch.Tensor:
+        logits = torch.zeros(engine.vocab_size)
+        matcher.mask(logits)
+        return torch.isfinite(logits)
+
+    assert not allowed()[eos].any() and not matcher.accepting()
+    for token in engine.tokenize("12", add_special_tokens=False):
+        matcher.consume(token)
+    assert matcher.accepting() and not matcher.done()  # "120" could still follow
+    assert allowed()[eos].all()
+    matcher.consume(eos[0])
+    assert matcher.done()
+
+
+def test_ids_past_the_tokenizer_are_forbidden(engine):
+    padded = Constraints(engine.tokenizer, engine.vocab_size + 40, engine.eos_token_ids)
+    matcher = padded.matcher(padded.json_object())
+    logits = torch.zeros(engine.vocab_size + 40)
+    matcher.mask(logits)
+    assert torch.isinf(logits[engine.vocab_size:]).all()
+    assert torch.isfinite(logits[: engine.vocab_size]).sum() >= 1
+
+
+def test_a_forbidden_token_is_refused(engine, constraints):
+    matcher = constraints.matcher(constraints.json_object())
+    with pytest.raises(ConstraintError):
+        matcher.consume(engine.tokenize("x", add_special_tokens=False)[0])
+
+
+def test_grammars_are_cached_by_schema_with_property_order_kept(constraints):
+    a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}
+    b = {"type": "object", "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}}
+    assert constraints.json_schema(a) is constraints.json_schema(json.loads(json.dumps(a)))
+    assert constraints.json_schema(a) is not constraints.json_schema(b)  # llguidance keeps the order
+
+
+def test_cache_is_bounded(engine):
+    small = Constraints(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, cache_size=2)
+    first = small.json_schema({"const": 0})
+    small.json_schema({"const": 1})
+    small.json_schema({"const": 2})
+    assert small.json_schema({"const": 0}) is not first
+
+
+def test_unsatisfiable_schemas_fail_to_compile(constraints):
+    with pytest.raises(GrammarError, match="minimum"):
+        constraints.json_schema({"type": "integer", "minimum": 5, "maximum": 3})
+    with pytest.raises(GrammarError):
+        constraints.json_schema({"type": "string", "pattern": "["})
+
+
+# -- tool calls ------------------------------------------------------------------------------
+
+def calls_of(text: str) -> list[dict]:
+    """The calls in `text`, which must be nothing but "\\n"-separated <tool_call> blocks."""
+    blocks = BLOCK.findall(text)
+    assert text == "\n".join(f"<tool_call>\n{b}\n</tool_call>" for b in blocks), text
+    calls = [json.loads(b) for b in blocks]
+    for call in calls:
+        assert list(call) == ["name", "arguments"]
+        jsonschema.validate(call["arguments"], PARAMETERS[call["name"]])
+    return calls
+
+
+def test_tool_calls_with_two_tools_on_20_seeds(engine, constraints):
+    grammar = constraints.tool_calls(TOOLS)
+    names = set()
+    counts = []
+    for seed in SEEDS:
+        text, finish = run(engine, constraints, grammar, seed, max_tokens=300)
+        if finish == "length":  # the random model kept calling: the complete calls must still validate
+            text = text[: text.rfind("</tool_call>") + len("</tool_call>")]
+        else:
+            assert finish == "eos"  # after a call, "\n" and another call may follow: the model ends it
+        calls = calls_of(text)
+        names |= {c["name"] for c in calls}
+        counts.append((finish, len(calls)))
+    assert names == {"get_weather", "add"}
+    assert sum(finish == "eos" for finish, _ in counts) >= 5  # 7 of 20 with these seeds
+    assert any(finish == "eos" and n >= 2 for finish, n in counts)  # parallel calls, ended by the model
+
+
+def test_named_tool_choice_calls_only_that_function(engine, constraints):
+    grammar = constraints.tool_calls(TOOLS, name="add", parallel=False)
+    for seed in SEEDS:
+        text, finish = run(engine, constraints, grammar, seed)
+        assert finish == "done"
+        assert [c["name"] for c in calls_of(text)] == ["add"]
+    grammar = constraints.tool_calls(TOOLS, name="get_weather")
+    for seed in range(3):
+        text, finish = run(engine, constraints, grammar, seed, max_tokens=300)
+        if finish != "length":
+            assert {c["name"] for c in calls_of(text)} == {"get_weather"}
+
+
+def test_tool_call_tags_as_one_token_or_spelled_out(engine, constraints):
+    tool_call = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": -2}}\n</tool_call>'
+    as_tokens = engine.tokenize(text, add_special_tokens=False)
+    assert as_tokens[0] == tool_call  # how a Hermes/Qwen model writes it
+    spelled = [t for piece in ("<", "tool_call>", text[len("<tool_call>"):]) for t in
+               engine.tokenize(piece, add_special_tokens=False)]
+    assert tool_call not in spelled  # how the demo model (which never emits the tag token) writes it
+    grammar = constraints.tool_calls(TOOLS, parallel=False)
+    for ids in (as_tokens, spelled):
+        matcher = constraints.matcher(grammar)
+        for token in ids:
+            matcher.consume(token)
+        assert matcher.done()
+
+
+def test_a_function_without_parameters_takes_empty_arguments(engine, constraints):
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    text, finish = run(engine, constraints, constraints.tool_calls(tools, parallel=False), 0)
+    assert finish == "done"
+    assert text == '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("tools, name", [
+    ([], None),
+    ([{"type": "function", "function": {"description": "no name"}}], None),
+    ([{"type": "code_interpreter"}], None),
+    (TOOLS, "missing"),
+    (TOOLS + TOOLS[:1], None),
+])
+def test_bad_tool_lists_are_refused(constraints, tools, name):
+    with pytest.raises(GrammarError):
+        constraints.tool_calls(tools, name=name)
+
+
+# -- the supported JSON Schema subset (greenroom/http/schema_subset.py) ------------------------
+
+def refusal(schema) -> str:
+    with pytest.raises(GreenroomError) as info:
+        check_schema(schema)
+    err = info.value
+    assert err.code == "response_format_unsupported" and err.param == "response_format" and err.status == 400
+    return err.message
+
+
+UNSUPPORTED = [
+    ("multipleOf", 2), ("not", {"type": "string"}), ("uniqueItems", True), ("allOf", [{"type": "string"}]),
+    ("oneOf", [{"type": "string"}]), ("if", {"type": "string"}), ("then", {}), ("else", {}),
+    ("format", "email"), ("patternProperties", {"^a": {}}), ("dependentRequired", {"a": ["b"]}),
+    ("dependentSchemas", {"a": {}}), ("$schema", "https://json-schema.org/draft/2020-12/schema"),
+    ("exclusiveMinimum", 0), ("exclusiveMaximum", 9), ("minProperties", 1), ("maxProperties", 3),
+    ("prefixItems", [{}]), ("contains", {}), ("minContains", 1), ("propertyNames", {"maxLength": 3}),
+    ("unevaluatedProperties", False), ("definitions", {}), ("$id", "x"), ("$comment", "x"),
+    ("$anchor", "a"), ("$dynamicRef", "#a"), ("nullable", True), ("x-anything", 1),
+]
+
+
+@pytest.mark.parametrize("keyword, value", UNSUPPORTED)
+def test_each_unsupported_keyword_is_refused_with_its_pointer(keyword, value):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, keyword: value}}}
+    assert f"/properties/tags/{keyword}" in refusal(schema)
+
+
+def test_every_unsupported_keyword_is_named_in_one_message():
+    message = refusal({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "email"}},
+            "a/b~c": {"type": "integer", "multipleOf": 3},
+            "choice": {"oneOf": [{"type": "string"}, {"not": {"type": "null"}}]},
+        },
+        "$defs": {"D": {"type": "string", "minProperties": 1}},
+    })
+    for ptr in ["/$schema", "/properties/tags/uniqueItems", "/properties/tags/items/format",
+                "/properties/a~1b~0c/multipleOf", "/properties/choice/oneOf", "/$defs/D/minProperties"]:
+        assert ptr in message, ptr
+    assert "/properties/choice/oneOf/1/not" not in message  # not walked into an unsupported keyword
+
+
+def test_refs_must_be_local_into_defs():
+    assert "/properties/a/$ref" in refusal({"properties": {"a": {"$ref": "https://example.com/s.json"}}})
+    assert "/properties/a/$ref" in refusal({"properties": {"a": {"$ref": "#/definitions/A"}}})
+    assert "/properties/a/$ref" in refusal({"properties": {"a": {"$ref": "#/$defs/Missing"}}})
+    assert "/properties/a/$defs" in refusal({"properties": {"a": {"$defs": {}}}})  # root only
+    check_schema({"properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "integer"}}})
+
+
+def test_names_and_data_are_not_schemas():
+    check_schema({
+        "type": "object",
+        "title": "Names and data",
+        "description": "keyword-looking names and values",
+        "properties": {"format": {"type": "string"}, "not": {"type": "integer"}, "$ref": {"type": "null"}},
+        "required": ["format", "not"],
+        "additionalProperties": {"enum": [{"uniqueItems": True}, {"format": "x"}]},
+        "$defs": {"oneOf": {"const": {"multipleOf": 2}}},
+        "default": {"format": "email", "allOf": []},
+        "examples": [{"not": 1}],
+    })
+
+
+def test_the_supported_subset_is_accepted_and_compiles(constraints):
+    schema = {
+        "title": "everything", "description": "d", "default": {}, "examples": [{}],
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "minLength": 1, "maxLength": 5, "pattern": "^[a-z]+$"},
+            "n": {"type": ["number", "null"], "minimum": -1.5, "maximum": 2},
+            "i": {"type": "integer", "minimum": 0, "maximum": 9},
+            "b": {"type": "boolean"}, "z": {"type": "null"},
+            "a": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3},
+            "e": {"enum": ["x", 1, None]}, "c": {"const": "k"},
+            "u": {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]},
+            "o": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "t": True,
+        },
+        "required": ["s", "i"],
+        "additionalProperties": False,
+        "$defs": {"item": {"type": "string", "maxLength": 4}},
+    }
+    check_schema(schema)
+    constraints.json_schema(schema)
+    check_schema(SCHEMA)
+    for tool in TOOLS:
+        check_schema(tool["function"]["parameters"])
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "text"}, "/type"),
+    ({"type": ["string", "string"]}, "/type"),
+    ({"required": "a"}, "/required"),
+    ({"minItems": -1}, "/minItems"),
+    ({"maxLength": 2.5}, "/maxLength"),
+    ({"minimum": True}, "/minimum"),
+    ({"minimum": 5, "maximum": 1}, "/maximum"),
+    ({"enum": []}, "/enum"),
+    ({"anyOf": []}, "/anyOf"),
+    ({"items": [{"type": "string"}]}, "/items"),
+    ({"properties": {"a": 3}}, "/properties/a"),
+    ({"pattern": "^(?=a)b"}, "/pattern"),
+    ({"pattern": "(a)\\1"}, "/pattern"),
+])
+def test_malformed_values_are_refused_with_their_pointer(schema, where):
+    assert f"{where}:" in refusal(schema)
+
+
+def test_limits():
+    big = {"type": "object", "properties": {"p": {"enum": ["x" * 100] * (MAX_SCHEMA_BYTES // 100)}}}
+    assert "65,536" in refusal(big)
+    deep: dict = {"type": "object"}
+    node = deep
+    for _ in range(MAX_DEPTH):
+        node["properties"] = {"a": {"type": "object"}}
+        node = node["properties"]["a"]
+    assert f"deeper than {MAX_DEPTH}" in refusal(deep)
+    ok: dict = {"type": "object"}
+    node = ok
+    for _ in range(MAX_DEPTH - 1):  # each schema under `properties` is one level deeper
+        node["properties"] = {"a": {"type": "object"}}
+        node = node["properties"]["a"]
+    check_schema(ok)
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_PROPERTIES + 1)}}
+    assert f"{MAX_PROPERTIES + 1} properties" in refusal(wide)
+    check_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_PROPERTIES)}})
+    assert "JSON object" in refusal([{"type": "string"}])

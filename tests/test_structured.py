@@ -1,0 +1,224 @@
+"""Structured output (response_format) and tool calling, enforced by decoding, against
+the random demo model through the openai SDK."""
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from conftest import MODEL
+from greenroom.errors import GreenroomError
+from greenroom.http import structured
+
+MSG = [{"role": "user", "content": "Classify this joke."}]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["humor", "not_humor"]},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 2, "maxItems": 3},
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+        "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 12}]},
+    },
+    "required": ["label", "code", "tags", "score"],
+    "additionalProperties": False,
+    "$defs": {"tag": {"type": "string", "maxLength": 8}},
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "judge_v1", "strict": True, "schema": SCHEMA}}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def test_json_schema_validates_on_20_seeds(client):
+    for seed in range(20):
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=200, seed=seed,
+                                                               response_format=FORMAT)
+        r = raw.parse()
+        assert raw.headers["X-miLLM-Constrained"] == 'json_schema;name="judge_v1"'
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+
+
+def test_json_object(client):
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=300, seed=3,
+                                                           response_format={"type": "json_object"})
+    r = raw.parse()
+    assert raw.headers["X-miLLM-Constrained"] == "json_object"
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # cut by max_tokens: reported as such, never as a complete document
+        assert r.choices[0].finish_reason == "length"
+
+
+def test_length_means_cut(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5, seed=1, response_format=FORMAT)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_n_and_extra_messages_are_constrained_per_choice(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=200, seed=2, n=2, response_format=FORMAT,
+                                       extra_body={"extra_messages": [[{"role": "user", "content": "Another"}]]})
+    assert len(r.choices) == 4
+    for c in r.choices:
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+def refused(server, body, status=400, code="response_format_unsupported", param="response_format", path=None):
+    r = httpx.post(server.url + (path or "/v1/chat/completions"), json=body, timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["param"] == param, err
+    return err["message"]
+
+
+BASE = {"model": MODEL, "messages": MSG, "max_tokens": 50}
+
+
+@pytest.mark.parametrize("keyword,value,pointer", [
+    ("uniqueItems", True, "/properties/tags/uniqueItems"),
+    ("format", "email", "/properties/code/format"),
+    ("multipleOf", 2, "/properties/score/multipleOf"),
+    ("not", {"type": "null"}, "/properties/code/not"),
+])
+def test_unsupported_keyword_is_refused_with_its_pointer(server, keyword, value, pointer):
+    schema = json.loads(json.dumps(SCHEMA))
+    target = pointer.split("/")[2]
+    schema["properties"][target][keyword] = value
+    message = refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema}}})
+    assert keyword in message and pointer in message
+
+
+def test_every_unsupported_keyword_is_named_at_once(server):
+    schema = {"type": "object", "allOf": [], "properties": {"a": {"type": "string", "format": "uri"}},
+              "$schema": "https://json-schema.org/draft/2020-12/schema"}
+    message = refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema}}})
+    for part in ("/allOf", "/properties/a/format", "/$schema"):
+        assert part in message
+
+
+def test_limits(server):
+    deep = {"type": "string"}
+    for _ in range(33):
+        deep = {"type": "array", "items": deep}
+    refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}})
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(257)}}
+    refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": wide}}})
+    big = {"type": "object", "properties": {"a": {"enum": ["x" * 1000] * 70}}}
+    refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": big}}})
+
+
+@pytest.mark.parametrize("extra,path,code,param", [
+    ({"stream": True}, None, "response_format_unsupported", "response_format"),
+    ({"stop": ["}"]}, None, "response_format_unsupported", "response_format"),
+    ({"tools": TOOLS, "tool_choice": "required"}, None, "response_format_unsupported", "response_format"),
+    ({"logprobs": True, "max_tokens": 1}, None, "field_not_honoured", "response_format"),
+    ({"prompt": "x"}, "/v1/completions", "field_not_honoured", "response_format"),
+    ({"input": "x"}, "/v1/embeddings", "field_not_honoured", "response_format"),
+])
+def test_combinations_refused_naming_response_format(server, extra, path, code, param):
+    body = {**BASE, "response_format": FORMAT, **extra}
+    refused(server, body, code=code, param=param, path=path)
+
+
+def test_complete_invalid_document_is_a_500_never_a_200():
+    plan = structured.plan({"response_format": FORMAT}, stream=False)
+    with pytest.raises(GreenroomError) as exc:
+        structured.message(plan, '{"label": "maybe", "code": "AAA-00", "tags": ["a", "b"], "score": 1}', "stop")
+    assert exc.value.code == "constrained_output_invalid" and exc.value.status == 500
+    msg, reason = structured.message(plan, '{"label": "may', "length")  # cut: returned as is
+    assert reason == "length"
+
+
+def check_calls(calls, only=None):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in PARAMS and (only is None or call.function.name == only)
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+
+
+@pytest.mark.parametrize("choice,only", [("required", None), ({"type": "function", "function": {"name": "add"}}, "add")])
+def test_tool_choice_enforced_on_20_seeds_streamed_and_not(client, choice, only):
+    for seed in range(20):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Lagos?"}], tools=TOOLS,
+                  tool_choice=choice, max_tokens=120, seed=seed)
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        check_calls(r.choices[0].message.tool_calls, only)
+        calls: dict[int, dict] = {}
+        finish = None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            delta = chunk.choices[0].delta
+            for tc in delta.tool_calls or []:
+                if tc.id:  # the name and id come first, arguments after
+                    assert tc.index not in calls and tc.function.name and tc.function.arguments == ""
+                    calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+                else:
+                    calls[tc.index]["arguments"] += tc.function.arguments
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls"
+        assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+            (t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+
+
+def test_parallel_tool_calls_false_gives_one_call(client):
+    for seed in range(5):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS,
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=120, seed=seed)
+        assert len(r.choices[0].message.tool_calls) == 1
+
+
+def test_deprecated_functions_and_function_call(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=120,
+                                       seed=4, functions=[t["function"] for t in TOOLS], function_call={"name": "add"})
+    check_calls(r.choices[0].message.tool_calls, "add")
+
+
+def test_tool_results_render_back_through_the_template(client):
+    messages = [
+        {"role": "user", "content": "Weather in Lagos?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Lagos\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "31 C, sunny"},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=8, seed=1)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_auto_and_none(client):
+    auto = client.chat.completions.create(model=MODEL, messages=MSG, tools=TOOLS, max_tokens=10, seed=1)
+    none = client.chat.completions.create(model=MODEL, messages=MSG, tools=TOOLS, tool_choice="none", max_tokens=10,
+                                          seed=1)
+    assert none.choices[0].message.tool_calls is None and none.choices[0].message.content
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": TOOLS + [{"type": "function", "function": {"name": "x", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "date"}}}}}], "tool_choice": "required"},
+     "tools[2].function.parameters"),
+])
+def test_bad_tool_requests(server, extra, param):
+    body = {**BASE, "tools": TOOLS, **extra}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_tool_choice_without_tools(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={**BASE, "tool_choice": "required"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
