@@ -77,3 +77,23 @@ def test_completion_prompt_required(server):
 def test_unknown_route_and_method(server):
     envelope(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
     envelope(httpx.get(server.url + CHAT), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_p": 0}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                              "temperature": 1e-300}),
+])
+def test_extreme_but_valid_sampling_values_are_served(server, path, body):
+    assert post(server, path, body).status_code == 200
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", {"model": MODEL, "input": [10**30]}),
+    ("/v1/completions", {"model": MODEL, "prompt": [10**30], "max_tokens": 2}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                              "chat_template_kwargs": {"a": 10**30}}),
+])
+def test_huge_integers_are_a_typed_400(server, path, body):
+    r = post(server, path, body)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text

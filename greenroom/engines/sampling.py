@@ -8,6 +8,10 @@ import torch
 from .base import SamplingParams
 
 
+# Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
+GREEDY_BELOW = 1e-5
+
+
 def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
     gen = torch.Generator(device=device)
     if seed is None:
@@ -31,13 +35,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, s
         scores = logits.gather(0, seen)
         scores = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
         logits = logits.scatter(0, seen, scores)
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    # shifted so the largest is 0: a tiny temperature then sends the others to -inf, not inf/inf
+    probs = torch.softmax((logits - logits.max()) / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         cum = torch.cumsum(sorted_probs, dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (always the first token)
-        sorted_probs[(cum - sorted_probs) >= params.top_p] = 0.0
+        # keep the smallest prefix whose mass reaches top_p, and always the most probable token
+        drop = (cum - sorted_probs) >= params.top_p
+        drop[0] = False
+        sorted_probs[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=gen))

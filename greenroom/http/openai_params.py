@@ -199,7 +199,8 @@ def template_kwargs(body: dict) -> dict | None:
 def _token_lists(value) -> list[list[int]] | None:
     """A token array or an array of token arrays, as lists of ids; None if not one."""
     def ids(v):
-        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+        return isinstance(v, list) and bool(v) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in v)
 
     if ids(value):
         return [value]

@@ -82,7 +82,12 @@ class EngineClient:
         self._inbox[request.rid] = send
         events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1)
         try:
-            await self._stream.send(to_wire(request))
+            try:
+                await self._stream.send(to_wire(request))
+            except OverflowError:  # msgpack carries integers of at most 64 bits
+                events.finished = True
+                raise GreenroomError("invalid_parameter", "a number in the request is too large: integers must fit "
+                                     "in 64 bits") from None
             yield events
         finally:
             del self._inbox[request.rid]
