@@ -29,7 +29,8 @@ SCHEMA = {
 FORMAT = {"type": "json_schema", "json_schema": {"name": "judge_v1", "strict": True, "schema": SCHEMA}}
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}},
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}},
     {"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
                                          "b": {"type": "integer", "minimum": 0, "maximum": 999}},
@@ -152,9 +153,11 @@ def check_calls(calls, only=None):
 def test_tool_choice_enforced_on_20_seeds_streamed_and_not(client, choice, only):
     for seed in range(20):
         kw = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Lagos?"}], tools=TOOLS,
-                  tool_choice=choice, max_tokens=120, seed=seed)
+                  tool_choice=choice, max_tokens=200, seed=seed)
         r = client.chat.completions.create(**kw)
-        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        # the random model often goes on to another parallel call: max_tokens may cut that one,
+        # which is dropped; every call returned is complete and valid either way
+        assert r.choices[0].finish_reason in ("tool_calls", "length"), r.choices[0].message
         check_calls(r.choices[0].message.tool_calls, only)
         calls: dict[int, dict] = {}
         finish = None
@@ -167,7 +170,7 @@ def test_tool_choice_enforced_on_20_seeds_streamed_and_not(client, choice, only)
                 else:
                     calls[tc.index]["arguments"] += tc.function.arguments
             finish = chunk.choices[0].finish_reason or finish
-        assert finish == "tool_calls"
+        assert finish == r.choices[0].finish_reason
         assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
             (t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
 
@@ -176,7 +179,7 @@ def test_parallel_tool_calls_false_gives_one_call(client):
     for seed in range(5):
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS,
                                            tool_choice="required", parallel_tool_calls=False, max_tokens=120, seed=seed)
-        assert len(r.choices[0].message.tool_calls) == 1
+        assert len(r.choices[0].message.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls"
 
 
 def test_deprecated_functions_and_function_call(client):

@@ -75,11 +75,15 @@ class Engine(Protocol):
         """A grammar for constrained decoding (engines without the capability never get one)."""
         ...
 
+    def matcher(self, grammar) -> object:
+        """A fresh constraint state for one sequence (constraints.Matcher)."""
+        ...
+
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     grammar=None) -> Iterator[tuple[int, float]]:
+                     matcher=None) -> Iterator[tuple[int, float]]:
         """Yield (token id, its log-probability) per decode step. Closing the iterator frees the
         sequence's cache; the next forward pass runs only when the next id is asked for.
-        With a grammar, the iterator ends when the document is complete."""
+        With a matcher, each step samples only what its grammar allows."""
         ...
 
     def unload(self) -> None: ...

@@ -21,11 +21,12 @@ class Delta:
 
 def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None) -> Iterator[Delta]:
     """One Delta per decode step (text may be empty while a character or a possible
-    stop string is incomplete); the last one carries finish_reason. With a grammar the
-    engine ends the ids when the document is complete: that is a "stop" too."""
+    stop string is incomplete); the last one carries finish_reason. A grammar's document
+    completed is a "stop" too, also when it completes on the max_tokens-th token."""
     detok = IncrementalDetokenizer(engine.decode)
     stops = StopMatcher(params.stop)
-    ids = engine.generate_ids(prompt_ids, params, grammar)
+    matcher = engine.matcher(grammar) if grammar is not None else None
+    ids = engine.generate_ids(prompt_ids, params, matcher)
     n = 0
     try:
         if params.max_tokens <= 0:
@@ -40,11 +41,13 @@ def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, gram
             if stops.matched is not None:
                 yield Delta(text, n, "stop", logprob)
                 return
+            if matcher is not None and matcher.done():
+                yield Delta(text + _tail(detok, stops), n, "stop", logprob)
+                return
             if n >= params.max_tokens:
                 yield Delta(text + _tail(detok, stops), n, stops.matched and "stop" or "length", logprob)
                 return
             yield Delta(text, n, logprob=logprob)
-        yield Delta(_tail(detok, stops), n, "stop")  # the engine ended the sequence: its grammar is complete
     finally:
         ids.close()
 

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .base import EngineError, ModelInfo, SamplingParams
 from .capabilities import ENGINES
+from .constraints import Constraints, GrammarError
 from .chat import render_conversation
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
@@ -54,10 +55,11 @@ class TransformersEngine:
         # the logits' rows past the tokenizer are padding, not tokens
         self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
         self.has_chat_template = bool(self.tokenizer.chat_template)
-        self._constraints = None  # built on the first constrained request (llguidance)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
+        # grammar compiler bound to this tokenizer (ms for the demo, ~1 s at a 128k vocabulary)
+        self._constraints = Constraints(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.info = ModelInfo(
             id=model_id,
             engine="transformers",
@@ -87,10 +89,6 @@ class TransformersEngine:
     def compile_constraint(self, spec: dict):
         """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
         {"type": "tool_calls", "tools", "name"?, "parallel"}; compiled grammars are cached."""
-        from .constraints import Constraints, GrammarError
-
-        if self._constraints is None:
-            self._constraints = Constraints(self.tokenizer, self.vocab_size, self.eos_token_ids)
         c = self._constraints
         try:
             if spec["type"] == "json_schema":
@@ -102,11 +100,14 @@ class TransformersEngine:
             raise EngineError("response_format_unsupported", f"the constraint cannot be compiled: {exc}",
                               "response_format" if spec["type"] != "tool_calls" else "tools") from None
 
+    def matcher(self, grammar):
+        """A fresh matcher of a compiled grammar, for one sequence."""
+        return self._constraints.matcher(grammar)
+
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     grammar=None) -> Iterator[tuple[int, float]]:
-        """With a `grammar`, every step is masked to what it allows, and the iterator ends
-        when the grammar is complete."""
-        matcher = self._constraints.matcher(grammar) if grammar is not None else None
+                     matcher=None) -> Iterator[tuple[int, float]]:
+        """With a `matcher`, every step is masked to what its grammar allows (the caller
+        stops once the grammar is complete)."""
         gen = new_generator(params.seed, self.device)
         cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
@@ -126,8 +127,6 @@ class TransformersEngine:
                     if matcher is not None:
                         matcher.consume(token)
                     yield token, token_logprob(logits, token)
-                    if matcher is not None and matcher.done():
-                        return
                     if n_seen < len(seen):
                         seen[n_seen] = token
                         n_seen += 1

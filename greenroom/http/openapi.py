@@ -3,8 +3,13 @@
 `document()` returns the whole document; the front end serves it at `GET /openapi.json`
 and tests/test_openapi.py fuzzes the live server against it. Shared shapes live once in
 `components` (schemas, responses, parameters, headers) and are reached by `$ref`; the
-helpers below only assemble them. Standard library only: this module is part of the
-front end, which never imports torch or any third-party schema tooling.
+helpers below only assemble them. The error codes each status may carry are read from
+the one error table (greenroom/errors.py), so a code added there is documented here.
+No torch and no third-party schema tooling: this module is part of the front end.
+
+Response objects are closed (`additionalProperties: false`): a field the server starts
+sending must be described here first, or the fuzz test fails. Request objects are open:
+the server accepts unknown fields and names them in X-miLLM-Ignored-Fields.
 """
 
 from __future__ import annotations
@@ -12,8 +17,12 @@ from __future__ import annotations
 import copy
 
 from greenroom import __version__
+from greenroom.errors import TABLE
 
 UINT32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
+MAX_CHOICES = 16  # openai_params.MAX_CHOICES: choices, prompts or conversations per request
+MAX_LOGPROBS = 20  # scoring.MAX_LOGPROBS
 DEMO_MODEL = "greenroom-demo"  # what `greenroom serve` serves by default; used in examples
 
 # --- helpers --------------------------------------------------------------------------
@@ -35,6 +44,11 @@ def _obj(properties: dict, required: tuple[str, ...] = (), **extra) -> dict:
     return schema
 
 
+def _closed(properties: dict, required: tuple[str, ...] = (), **extra) -> dict:
+    """A response object: exactly these properties."""
+    return _obj(properties, required, additionalProperties=False, **extra)
+
+
 def _array(items: dict, **extra) -> dict:
     return {"type": "array", "items": items, **extra}
 
@@ -51,10 +65,15 @@ def _number(**extra) -> dict:
     return {"type": "number", **extra}
 
 
+def _described(schema: dict, description: str) -> dict:
+    return {**schema, "description": description}
+
+
 _BOOLEAN = {"type": "boolean"}
 _MODEL = {"type": "string", "minLength": 1, "examples": [DEMO_MODEL]}
 _NULL = {"type": "null"}
 _COUNT = _integer(minimum=0)
+_ANY_OBJECT = {"type": "object"}
 
 
 def _json_body(schema: dict, examples: dict | None = None) -> dict:
@@ -86,13 +105,15 @@ def _json_or_stream(schema: dict, event: dict, description: str, headers: dict) 
 
 def _error_responses() -> dict:
     """Every route may answer each of these with OpenAI's error envelope."""
-    return {str(status): _ref(name, "responses") for status, name, _, _ in _ERRORS}
+    return {str(status): _ref(name, "responses") for status, name, _ in _ERRORS}
 
 
 def _operation(summary: str, responses: dict, *, body: dict | None = None, examples: dict | None = None,
-               parameters: tuple[dict, ...] = (), operation_id: str) -> dict:
+               parameters: tuple[dict, ...] = (), operation_id: str, description: str | None = None) -> dict:
     op = {"operationId": operation_id, "summary": summary,
           "responses": {**responses, **_error_responses()}}
+    if description:
+        op["description"] = description
     if parameters:
         op["parameters"] = list(parameters)
     if body is not None:
@@ -102,18 +123,22 @@ def _operation(summary: str, responses: dict, *, body: dict | None = None, examp
 
 # --- errors ---------------------------------------------------------------------------
 
-# (status, component name, description, the codes greenroom answers with that status)
+# (status, component name, description); the codes of each status are those of errors.TABLE
 _ERRORS = (
-    (400, "BadRequest", "The request was refused: malformed, invalid, too long, or asking for "
-     "something this endpoint or engine cannot honour",
-     ("invalid_json", "missing_parameter", "invalid_parameter", "context_length_exceeded",
-      "field_not_honoured", "unused_fields_refused")),
-    (404, "NotFound", "Unknown model or route", ("model_not_found", "not_found")),
-    (405, "MethodNotAllowed", "The route exists but not for this method", ("method_not_allowed",)),
-    (500, "InternalError", "Generation or the server failed", ("generation_failed", "internal_error")),
-    (503, "ServiceUnavailable", "No engine can take the request now; retry later",
-     ("model_not_loaded", "model_busy", "queue_full", "engine_crashed")),
+    (400, "BadRequest", "The request was refused: malformed, invalid, too long, a scoring request or a "
+     "JSON schema greenroom cannot honour, or asking for something this endpoint or engine cannot honour"),
+    (404, "NotFound", "Unknown model or route"),
+    (405, "MethodNotAllowed", "The route exists but not for this method"),
+    (500, "InternalError", "Generation or the server failed (non-finite logits and a complete constrained "
+     "document that does not validate included)"),
+    (503, "ServiceUnavailable", "No engine can take the request now (not loaded, busy, queue full, or "
+     "crashed during the request); retry later"),
 )
+
+
+def error_codes(status: int) -> list[str]:
+    """The codes greenroom answers with `status`, in the error table's order."""
+    return [code for code, kind in TABLE.items() if kind.status == status]
 
 
 def _error_schemas() -> dict:
@@ -126,95 +151,131 @@ def _error_schemas() -> dict:
             "code": _string(),
         }, ("message", "type", "param", "code")),
     }, ("error",))}
-    for status, name, _, codes in _ERRORS:
+    for status, name, _ in _ERRORS:
+        codes = error_codes(status)
+        types = sorted({TABLE[code].type for code in codes})
         schemas[f"{name}Error"] = {
             "allOf": [_ref("Error")],
-            "properties": {"error": {"properties": {"code": {"enum": list(codes)}}}},
+            "properties": {"error": {"properties": {"code": {"enum": codes}, "type": {"enum": types}}}},
         }
     return schemas
 
 
 def _error_response_components() -> dict:
-    return {name: _json(_ref(f"{name}Error"), description) for _, name, description, _ in _ERRORS}
+    return {name: _json(_ref(f"{name}Error"), description) for _, name, description in _ERRORS}
 
 
 # --- request fields -------------------------------------------------------------------
 
 _SAMPLING_FIELDS = {
     "stream": _BOOLEAN,
-    "stream_options": _obj({"include_usage": _BOOLEAN}),
-    "temperature": _number(minimum=0, maximum=2),
+    "stream_options": _obj({"include_usage": _described(
+        _BOOLEAN, "With stream: true, a last chunk with `choices: []` and the usage follows")}),
+    "temperature": _number(minimum=0, maximum=2, description="0 is greedy"),
     "top_p": _number(minimum=0, maximum=1),
-    "max_tokens": _integer(minimum=0),
-    "max_completion_tokens": _integer(minimum=0),
+    "max_tokens": _integer(minimum=0, maximum=INT32_MAX, description="Absent: the server default, bounded by the "
+                           "context window (a constrained answer: the whole window)"),
+    "max_completion_tokens": _integer(minimum=0, maximum=INT32_MAX, description="max_tokens by its newer name"),
     "seed": _integer(minimum=0, maximum=UINT32_MAX),
     "stop": _ref("Stop"),
     "frequency_penalty": _ref("Penalty"),
     "presence_penalty": _ref("Penalty"),
-    "user": _string(),
+    "user": _described(_string(), "Not read: reported in X-miLLM-Ignored-Fields"),
 }
 
-# Output-changing fields this engine does not honour: 400 field_not_honoured unless they
-# carry their "no change" value (null, false, {"type": "text"}, [], {}).
+_NOT_HONOURED = "Refused with 400 field_not_honoured unless null"
+_STEERING = f"Steering: {_NOT_HONOURED.lower()} (no engine steers yet)"
+
+# Fields every generation endpoint knows and refuses, unless they carry a "no change" value.
 _REFUSED_FIELDS = {
-    "response_format": {"type": "object"},
-    "profile": _string(),
-    "steering_intensity": {"type": ["number", "string"]},
-    "steering": {},
-    "dimensions": {},
-    "tools": _array({}),
-    "tool_choice": {},
-    "logit_bias": {"type": "object"},
-    "extra_messages": {},
-    "return_sae_activations": {},
+    "steering": _described({}, _NOT_HONOURED),
+    "dimensions": _described({}, _NOT_HONOURED + ": only /v1/embeddings could use it"),
+    "logit_bias": _described(_ANY_OBJECT, _NOT_HONOURED + " or {}"),
+    "return_sae_activations": _described({}, _STEERING),
 }
 
-# Chat scoring: refused on this engine like the fields above.
-_CHAT_SCORING_FIELDS = {
-    "logprobs": _BOOLEAN,
-    "top_logprobs": _integer(),
-    "allowed_token_ids": _ref("TokenIds"),
-    "return_tokens_as_token_ids": _BOOLEAN,
+_SCORING_ONLY = ("Scoring mode (with max_tokens: 1, unstreamed, n: 1; never with response_format or "
+                 "steering): no text is generated, the next token's log-probabilities are returned")
+
+_CHAT_FIELDS = {
+    "n": _integer(minimum=1, maximum=MAX_CHOICES, description="Choices per conversation (n × conversations ≤ "
+                  f"{MAX_CHOICES}); refused with stream: true"),
+    "chat_template_kwargs": _described(_ANY_OBJECT, "Variables for the chat template; its renderer's own "
+                                       "arguments are refused"),
+    "response_format": _ref("ResponseFormat"),
+    "tools": _array(_ref("Tool"), description="Rendered by the chat template; calls in the answer are parsed "
+                    "into message.tool_calls"),
+    "tool_choice": _ref("ToolChoice"),
+    "functions": _array(_ref("FunctionDefinition"), description="Deprecated form of tools (not both)"),
+    "function_call": {"anyOf": [{"enum": ["none", "auto"]}, _obj({"name": _string()}, ("name",))],
+                      "description": "Deprecated form of tool_choice"},
+    "parallel_tool_calls": _described(_BOOLEAN, "false: at most one call when tool_choice forces calls"),
+    "extra_messages": _array(_array(_ref("ChatMessage"), minItems=1), minItems=1, maxItems=MAX_CHOICES - 1,
+                             description="More conversations answered in the same request: their choices "
+                             "follow those of messages, in order"),
+    "logprobs": _described(_BOOLEAN, "true: " + _SCORING_ONLY),
+    "top_logprobs": _integer(minimum=0, maximum=MAX_LOGPROBS, description="Alternatives per scored token; "
+                             "needs logprobs: true"),
+    "allowed_token_ids": _described(_ref("AllowedTokenIds"), _SCORING_ONLY + ", normalised over these tokens"),
+    "return_tokens_as_token_ids": _described(_BOOLEAN, "Scoring: tokens written \"token_id:<id>\""),
+    "profile": _described(_string(), _STEERING),
+    "steering_intensity": _described({"type": ["number", "string"]}, _STEERING),
 }
 
 # Legacy completions: accepted only at OpenAI's defaults, plus the scoring fields.
-_COMPLETION_ONLY_FIELDS = {
-    "n": _integer(minimum=1, description="Only 1; more is refused with 400"),
+_COMPLETION_FIELDS = {
+    "n": _integer(minimum=1, description="Only 1 (send a list of prompts for several choices)"),
     "echo": {**_BOOLEAN, "description": "Only false"},
     "best_of": _integer(minimum=1, description="Only 1"),
     "suffix": _nullable(_string(description="Only null")),
-    "logprobs": _integer(),
-    "allowed_token_ids": _ref("TokenIds"),
-    "add_special_tokens": _BOOLEAN,
-    "return_tokens_as_token_ids": _BOOLEAN,
+    "logprobs": {"anyOf": [_integer(minimum=0, maximum=MAX_LOGPROBS), {"const": False}],
+                 "description": "An integer: " + _SCORING_ONLY + "; the most probable ones reported"},
+    "allowed_token_ids": _described(_ref("AllowedTokenIds"), _SCORING_ONLY + ", normalised over these tokens"),
+    "add_special_tokens": _described(_BOOLEAN, "false: the prompt is tokenised as written (no BOS)"),
+    "return_tokens_as_token_ids": _described(_BOOLEAN, "Scoring: tokens written \"token_id:<id>\""),
+    "top_logprobs": _described({}, _NOT_HONOURED + " (use logprobs)"),
+    "response_format": _described({}, _NOT_HONOURED + " or {\"type\": \"text\"}: served on chat completions"),
+    "tools": _described({}, _NOT_HONOURED + " or []: served on chat completions"),
+    "tool_choice": _described({}, _NOT_HONOURED + ": served on chat completions"),
+    "profile": _described({}, _NOT_HONOURED + ": steering is served on chat completions"),
+    "steering_intensity": _described({}, _NOT_HONOURED + ": steering is served on chat completions"),
 }
+
+_TOOL_NAME = _string(pattern="^[A-Za-z0-9_-]{1,64}$")
+_JSON_SCHEMA = _described(_ANY_OBJECT, "A JSON schema in greenroom's supported subset (type, properties, "
+                          "required, additionalProperties, items, minItems, maxItems, enum, const, minimum, "
+                          "maximum, minLength, maxLength, pattern, anyOf, $ref, $defs; title, description, "
+                          "default and examples are ignored); anything else is a 400 response_format_unsupported")
 
 
 def _request_schemas() -> dict:
     message = _obj({
         "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
         "content": {"anyOf": [_string(), _array(_ref("TextPart")), _NULL]},
-        "name": _string(),
-        "tool_calls": _array({}),
-        "tool_call_id": _string(),
-    }, ("role",))
+        "name": _described(_string(), "Not read: reported"),
+        "tool_calls": _array(_ref("MessageToolCall"), description="An assistant's earlier calls, rendered by "
+                             "the chat template"),
+        "tool_call_id": _described(_string(), "Not read: reported"),
+    }, ("role",), description="A trailing assistant message is continued, not answered")
     chat = _obj({
         "model": _MODEL,
         "messages": _array(_ref("ChatMessage"), minItems=1),
         **_SAMPLING_FIELDS,
-        "n": _integer(minimum=1, description="Several choices; refused with stream: true"),
-        "chat_template_kwargs": {"type": "object"},
+        **_CHAT_FIELDS,
         **_REFUSED_FIELDS,
-        **_CHAT_SCORING_FIELDS,
     }, ("model", "messages"), description="Unknown fields are accepted and named in the "
                                           "X-miLLM-Ignored-Fields response header")
     completion = _obj({
         "model": _MODEL,
-        "prompt": {"anyOf": [_string(), _array(_string())]},
+        "prompt": {"anyOf": [_string(), _array(_string(), minItems=1, maxItems=MAX_CHOICES), _ref("TokenIds"),
+                             _array(_ref("TokenIds"), minItems=1, maxItems=MAX_CHOICES)],
+                   "description": "A string, a list of strings (one choice each), a token array or a list of "
+                                  "token arrays; no chat template"},
         **_SAMPLING_FIELDS,
+        **_COMPLETION_FIELDS,
         **_REFUSED_FIELDS,
-        **_COMPLETION_ONLY_FIELDS,
-    }, ("model", "prompt"))
+    }, ("model", "prompt"), description="Unknown fields are accepted and named in the "
+                                        "X-miLLM-Ignored-Fields response header")
     embeddings = _obj({
         "model": _MODEL,
         "input": {"anyOf": [_string(), _array(_string()), _ref("TokenIds"), _array(_ref("TokenIds"))]},
@@ -222,38 +283,104 @@ def _request_schemas() -> dict:
         "dimensions": _integer(description="Refused (not yet implemented)"),
         "user": _string(),
     }, ("model", "input"))
+    json_schema_format = _obj({
+        "type": {"const": "json_schema"},
+        "json_schema": _obj({
+            "name": _string(minLength=1, description="Echoed in the X-miLLM-Constrained response header"),
+            "schema": _JSON_SCHEMA,
+            "strict": _described(_BOOLEAN, "Accepted; the schema is enforced by decoding either way"),
+            "description": _string(),
+        }, ("name",)),
+    }, ("type", "json_schema"))
+    response_format = {
+        "anyOf": [_obj({"type": {"const": "text"}}, ("type",)), _obj({"type": {"const": "json_object"}}, ("type",)),
+                  json_schema_format],
+        "description": "json_object or json_schema: the answer is decoded under the schema and validated; "
+                       "refused (400 response_format_unsupported) with stream: true, with stop, and with tools "
+                       "unless tool_choice is \"none\"",
+    }
+    function = _obj({"name": _TOOL_NAME, "description": _string(), "parameters": _JSON_SCHEMA}, ("name",))
+    tool_choice = {
+        "anyOf": [{"enum": ["none", "auto", "required"]},
+                  _obj({"type": {"const": "function"}, "function": _obj({"name": _string()}, ("name",))},
+                       ("type", "function"))],
+        "description": "auto (the default with tools): the model may call; required or a named function: "
+                       "calls are enforced by decoding, with the functions' parameters",
+    }
+    needle_tool = {"anyOf": [_obj({"name": _TOOL_NAME, "description": _string(), "parameters": _JSON_SCHEMA},
+                                  ("name",)), _ref("Tool")]}
+    needle_common = {
+        "model": _described({}, "Any value: a model not served is answered by the first model, with a warning"),
+        "max_tokens": _integer(minimum=0, maximum=INT32_MAX),
+        "temperature": _number(minimum=0, maximum=2),
+        "seed": _integer(minimum=0, maximum=UINT32_MAX),
+    }
+    extract = _obj({
+        "text": _string(minLength=1),
+        "name": _string(minLength=1, description="What is extracted"),
+        "schema": _JSON_SCHEMA,
+        **needle_common,
+    }, ("text", "name", "schema"), description="Other fields are accepted and listed in x_needle.warnings")
+    complete = _obj({
+        "query": _string(minLength=1, description="The user's message (with messages absent)"),
+        "system": _string(description="A system message before the query"),
+        "messages": _array(_ref("ChatMessage"), minItems=1, description="Instead of query and system"),
+        "tools": {"anyOf": [_array(needle_tool), _string(contentMediaType="application/json")],
+                  "description": "Needle's flat {name, description, parameters}, as an array or as its JSON text"},
+        **needle_common,
+    }, anyOf=[{"required": ["query"]}, {"required": ["messages"]}],
+        description="Other fields are accepted and listed in x_needle.warnings")
     return {
         "TextPart": _obj({"type": {"const": "text"}, "text": _string()}, ("type", "text")),
         "ChatMessage": message,
+        "MessageToolCall": _obj({"id": _string(), "type": {"const": "function"},
+                                 "function": _obj({"name": _string(), "arguments": _string()})}),
         "Stop": {"anyOf": [_string(), _array(_string())]},
         "Penalty": _number(minimum=-2, maximum=2),
-        "TokenIds": _array(_integer()),
+        "TokenIds": _array(_integer(minimum=0, maximum=INT32_MAX), minItems=1),
+        "AllowedTokenIds": _array(_integer(), minItems=1),
+        "ResponseFormat": response_format,
+        "FunctionDefinition": function,
+        "Tool": _obj({"type": {"const": "function"}, "function": _ref("FunctionDefinition")}, ("type", "function")),
+        "ToolChoice": tool_choice,
         "ChatCompletionRequest": chat,
         "CompletionRequest": completion,
         "EmbeddingRequest": embeddings,
+        "NeedleExtractRequest": extract,
+        "NeedleCompleteRequest": complete,
     }
 
 
 # --- response bodies ------------------------------------------------------------------
 
 _FINISH_REASON = {"enum": ["stop", "length"]}
+_CHAT_FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
 
 
-def _completion_object(object_name: str, choice: dict, *, chunk: bool) -> dict:
+def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle: bool = False) -> dict:
     """A chat or text completion (or one streamed chunk of it): the fields both share."""
     properties = {
         "id": _string(),
         "object": {"const": object_name},
         "created": _integer(),
         "model": _string(),
-        "system_fingerprint": _string(),
-        "choices": _array(choice),
-        "usage": _nullable(_ref("Usage")) if chunk else _ref("Usage"),
+        "choices": _array(choice, description="Empty on the usage-only chunk of stream_options.include_usage")
+        if chunk else _array(choice),
     }
     required = ("id", "object", "created", "model", "choices")
-    if not chunk:
+    if chunk:
+        properties["usage"] = _described(_ref("Usage"), "On the request's last finishing chunk and on the "
+                                         "usage-only chunk")
+    else:
+        properties["system_fingerprint"] = _string(
+            description="millm:<model>@<revision>:<dtype>/<quantization>:<engine>", pattern="^millm:")
+        properties["usage"] = _ref("Usage")
         required += ("system_fingerprint", "usage")
-    return _obj(properties, required)
+    if x_needle:
+        properties["x_needle"] = _described(_ref("XNeedle"), (
+            "On the chunk that finishes choice 0" if chunk else "Generated answers only (not scoring)")
+            + "; absent when the server runs with --no-extras")
+    return _closed(properties, required)
 
 
 def _sse_event(chunk: str) -> dict:
@@ -277,21 +404,66 @@ def _sse_event(chunk: str) -> dict:
     }
 
 
-def _choice(content: dict, *, streamed: bool) -> dict:
+def _choice(content: dict, *, streamed: bool, logprobs: dict, finish: dict) -> dict:
     """One choice of a completion: its content fields between `index` and `finish_reason`
     (null on every streamed chunk but the one that ends the choice)."""
-    finish = _nullable(_FINISH_REASON) if streamed else _FINISH_REASON
-    return _obj({"index": _COUNT, **content, "logprobs": _NULL, "finish_reason": finish},
-                ("index", *content, "finish_reason"))
+    return _closed({"index": _COUNT, **content, "logprobs": logprobs,
+                    "finish_reason": _nullable(finish) if streamed else finish},
+                   ("index", *content, "logprobs", "finish_reason"))
 
 
 def _response_schemas() -> dict:
-    message = _obj({"role": {"const": "assistant"}, "content": _string()}, ("role", "content"))
-    delta = _obj({"role": {"const": "assistant"}, "content": _string()})
-    chat_choice = _choice({"message": message}, streamed=False)
-    chunk_choice = _choice({"delta": delta}, streamed=True)
-    text_choice = _choice({"text": _string()}, streamed=False)
-    text_chunk_choice = _choice({"text": _string()}, streamed=True)
+    tool_call = _closed({"id": _string(), "type": {"const": "function"},
+                         "function": _closed({"name": _string(), "arguments": _string(
+                             description="The arguments as JSON text (an object)")}, ("name", "arguments"))},
+                        ("id", "type", "function"))
+    message = _closed({
+        "role": {"const": "assistant"},
+        "content": _nullable(_string()),
+        "tool_calls": _array(tool_call, minItems=1),
+        "reasoning_content": _described(_string(), "The text around tool calls (choice 0, with x_needle)"),
+    }, ("role", "content"), description="content is null only beside tool_calls")
+    chunk_tool_call = _closed({
+        "index": _COUNT, "id": _string(), "type": {"const": "function"},
+        "function": _closed({"name": _string(), "arguments": _string()}),
+    }, ("index", "function"), description="A call's id, type and name first, then fragments of its arguments")
+    delta = _closed({"role": {"const": "assistant"}, "content": _string(),
+                     "tool_calls": _array(chunk_tool_call, minItems=1)})
+    top_logprob = _closed({"token": _string(), "logprob": _number(), "bytes": _array(_integer(minimum=0, maximum=255))},
+                          ("token", "logprob", "bytes"))
+    chat_logprobs = _closed({"content": _array(_closed({
+        **top_logprob["properties"], "top_logprobs": _array(top_logprob)},
+        ("token", "logprob", "bytes", "top_logprobs")))}, ("content",))
+    text_logprobs = _closed({
+        "tokens": _array(_string()),
+        "token_logprobs": _array(_number()),
+        "top_logprobs": _array(_obj({}, additionalProperties=_number())),
+        "text_offset": _array(_COUNT),
+    }, ("tokens", "token_logprobs", "top_logprobs", "text_offset"))
+    chat_choice = _choice({"message": message}, streamed=False, logprobs=_nullable(_ref("ChatLogprobs")),
+                          finish=_CHAT_FINISH_REASON)
+    chunk_choice = _choice({"delta": delta}, streamed=True, logprobs=_NULL, finish=_CHAT_FINISH_REASON)
+    text_choice = _choice({"text": _string()}, streamed=False, logprobs=_nullable(_ref("CompletionLogprobs")),
+                          finish=_FINISH_REASON)
+    text_chunk_choice = _choice({"text": _string()}, streamed=True, logprobs=_NULL, finish=_FINISH_REASON)
+    seconds = _number(minimum=0)
+    x_needle = _closed({
+        "type": {"enum": ["call", "respond", "refuse"]},
+        "confidence": _number(minimum=0, maximum=1, description="Geometric mean of the produced tokens' "
+                              "probabilities; 0 for an empty answer"),
+        "reasoning": _string(description="The text beside tool calls; empty without calls"),
+        "validation": _closed({"ungrounded": _array(_string()), "negation": _BOOLEAN}, ("ungrounded", "negation")),
+        "prefill_tps": _nullable(_number(minimum=0)),
+        "decode_tps": _nullable(_number(minimum=0)),
+        "peak_ram_mb": _nullable(_number(minimum=0)),
+        "replayed_turns": _integer(minimum=1),
+        "reinitialized": _BOOLEAN,
+        "queue_wait_seconds": seconds,
+        "compute_seconds": seconds,
+        "warnings": _array(_string()),
+    }, ("type", "confidence", "reasoning", "validation", "prefill_tps", "decode_tps", "peak_ram_mb",
+        "replayed_turns", "reinitialized", "queue_wait_seconds", "compute_seconds", "warnings"),
+        description="What the OpenAI schema has no place for, from the engine's own figures")
     model_card = _obj({"id": _string(), "object": {"const": "model"}, "created": _integer(),
                        "owned_by": _string()}, ("id", "object", "created", "owned_by"))
     actor = _obj({
@@ -306,27 +478,48 @@ def _response_schemas() -> dict:
         "last_error": _nullable(_string()),
         "counters": _nullable({"type": "object"}),
     }, ("name", "role", "pid", "state", "models", "queue_depth", "rss_bytes", "restarts"))
-    embedding = _obj({
+    embedding = _closed({
         "object": {"const": "embedding"},
         "index": _COUNT,
         "embedding": {"anyOf": [_array(_number()), _string(contentEncoding="base64")]},
     }, ("object", "index", "embedding"))
     return {
-        "Usage": _obj({"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "total_tokens": _COUNT},
-                      ("prompt_tokens", "completion_tokens", "total_tokens")),
-        "ChatCompletion": _completion_object("chat.completion", chat_choice, chunk=False),
-        "ChatCompletionChunk": _completion_object("chat.completion.chunk", chunk_choice, chunk=True),
+        "Usage": _closed({"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "total_tokens": _COUNT},
+                         ("prompt_tokens", "completion_tokens", "total_tokens")),
+        "ChatLogprobs": chat_logprobs,
+        "CompletionLogprobs": text_logprobs,
+        "XNeedle": x_needle,
+        "ChatCompletion": _completion_object("chat.completion", chat_choice, chunk=False, x_needle=True),
+        "ChatCompletionChunk": _completion_object("chat.completion.chunk", chunk_choice, chunk=True, x_needle=True),
         "ChatCompletionEvent": _sse_event("ChatCompletionChunk"),
         "TextCompletion": _completion_object("text_completion", text_choice, chunk=False),
         "TextCompletionChunk": _completion_object("text_completion", text_chunk_choice, chunk=True),
         "TextCompletionEvent": _sse_event("TextCompletionChunk"),
         "Embedding": embedding,
-        "EmbeddingList": _obj({
+        "EmbeddingList": _closed({
             "object": {"const": "list"},
             "data": _array(_ref("Embedding")),
             "model": _string(),
-            "usage": _obj({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, ("prompt_tokens", "total_tokens")),
+            "usage": _closed({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, ("prompt_tokens", "total_tokens")),
         }, ("object", "data", "model", "usage")),
+        "NeedleExtraction": _closed({
+            "object": {"const": "needle.extraction"},
+            "data": {"description": "The extracted value, valid against the request's schema; null unless matched"},
+            "matched": _described(_BOOLEAN, "true when the constrained answer was complete and valid"),
+            "x_needle": {"anyOf": [_ref("XNeedle"), _closed(
+                {"type": {"const": "refuse"}, "warnings": _array(_string())}, ("type", "warnings"),
+                description="When the model produced no valid document: only the type and the request's "
+                            "unknown fields")]},
+        }, ("object", "data", "matched", "x_needle")),
+        "NeedleCompletion": _closed({
+            "object": {"const": "needle.completion"},
+            "model": _string(),
+            "content": _nullable(_string()),
+            "tool_calls": _array(_closed({"name": _string(), "arguments": _ANY_OBJECT}, ("name", "arguments"))),
+            "finish_reason": _CHAT_FINISH_REASON,
+            "usage": _ref("Usage"),
+            "x_needle": _ref("XNeedle"),
+        }, ("object", "model", "content", "tool_calls", "finish_reason", "usage", "x_needle")),
         "Model": model_card,
         "ModelList": _obj({"object": {"const": "list"}, "data": _array(_ref("Model"))}, ("object", "data")),
         "Index": _obj({
@@ -366,6 +559,12 @@ def _headers() -> dict:
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape|best-effort)"$'),
             "example": '7;scope="request"',
         },
+        "Constrained": {
+            "description": "The constraint the answer was decoded under, when response_format asked for one: "
+                           "json_object, or json_schema with the schema's name as an RFC 8941 string",
+            "schema": _string(pattern=rf"^(?:json_object|json_schema;name={_RFC8941_STRING})$"),
+            "example": 'json_schema;name="Invoice"',
+        },
     }
 
 
@@ -383,21 +582,52 @@ def _parameters() -> dict:
 
 # --- paths ----------------------------------------------------------------------------
 
+_INVOICE = {"type": "object", "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}},
+            "required": ["vendor", "total"]}
+_WEATHER = {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
+    "additionalProperties": False}}
 _CHAT_EXAMPLES = {
     "chat": {"model": DEMO_MODEL, "messages": [{"role": "system", "content": "You are concise."},
                                                {"role": "user", "content": "What is a sparse autoencoder?"}],
              "temperature": 0.7, "max_tokens": 50, "stop": ["\n\n"], "seed": 7},
     "streamed": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Tell me a story"}],
                  "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True}},
+    "json schema": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Acme Corp billed $1,200"}],
+                    "max_tokens": 48, "seed": 1,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "Invoice", "schema": _INVOICE}}},
+    "tool call": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Weather in Lagos?"}],
+                  "max_tokens": 48, "seed": 3, "tools": [{"type": "function", "function": _WEATHER}],
+                  "tool_choice": "required"},
+    "streamed tool call": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Weather in Lagos?"}],
+                           "max_tokens": 48, "seed": 3, "stream": True,
+                           "tools": [{"type": "function", "function": _WEATHER}],
+                           "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    "scoring": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Is it true? Answer yes or no."}],
+                "extra_messages": [[{"role": "user", "content": "Is it false? Answer yes or no."}]],
+                "max_tokens": 1, "logprobs": True, "top_logprobs": 3},
 }
 _COMPLETION_EXAMPLES = {
     "completion": {"model": DEMO_MODEL, "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0},
     "streamed": {"model": DEMO_MODEL, "prompt": ["Once upon a time", "In a hole"], "max_tokens": 8,
                  "stream": True},
+    "scoring": {"model": DEMO_MODEL, "prompt": "[question] is it true?\n[decision]:", "max_tokens": 1,
+                "logprobs": 5},
+    "scoring allowed tokens": {"model": DEMO_MODEL, "prompt": [[1, 2, 3], [4, 5]], "max_tokens": 1,
+                               "logprobs": 2, "allowed_token_ids": [10, 11, 12], "return_tokens_as_token_ids": True},
 }
 _EMBEDDING_EXAMPLES = {
     "texts": {"model": DEMO_MODEL, "input": ["The food was delicious", "Hello"]},
     "base64 token ids": {"model": DEMO_MODEL, "input": [[1, 2, 3]], "encoding_format": "base64"},
+}
+_EXTRACT_EXAMPLES = {
+    "invoice": {"text": "Invoice from Acme Corp, $1,200.00", "name": "Invoice", "schema": _INVOICE,
+                "max_tokens": 48, "seed": 1},
+}
+_COMPLETE_EXAMPLES = {
+    "query with tools": {"query": "What is it like in Lagos right now?", "system": "Be brief.",
+                         "tools": [_WEATHER], "max_tokens": 32, "seed": 3},
+    "messages": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8},
 }
 
 
@@ -405,17 +635,24 @@ def _paths() -> dict:
     strict = _ref("Strict", "parameters")
     ignored = {"X-miLLM-Ignored-Fields": _ref("IgnoredFields", "headers")}
     seeded = {**ignored, "X-miLLM-Seed": _ref("Seed", "headers")}
+    constrained = {**seeded, "X-miLLM-Constrained": _ref("Constrained", "headers")}
 
     def get(operation_id: str, summary: str, schema: str, description: str, **kw) -> dict:
         return {"get": _operation(summary, {"200": _json(_ref(schema), description)},
                                   operation_id=operation_id, **kw)}
 
-    def completion(operation_id: str, summary: str, request: str, name: str, examples: dict) -> dict:
+    def completion(operation_id: str, summary: str, request: str, name: str, examples: dict, headers: dict,
+                   description: str) -> dict:
         return {"post": _operation(
             summary,
             {"200": _json_or_stream(_ref(name), _ref(f"{name}Event"),
-                                    f"The {name} object, or with stream: true its SSE stream", seeded)},
-            body=_ref(request), examples=examples, parameters=(strict,), operation_id=operation_id)}
+                                    f"The {name} object, or with stream: true its SSE stream", headers)},
+            body=_ref(request), examples=examples, parameters=(strict,), operation_id=operation_id,
+            description=description)}
+
+    def needle(operation_id: str, summary: str, request: str, name: str, examples: dict, description: str):
+        return {"post": _operation(summary, {"200": _json(_ref(name), description)}, body=_ref(request),
+                                   examples=examples, operation_id=operation_id)}
 
     return {
         "/": get("index", "Endpoint index", "Index", "The routes this server answers"),
@@ -425,15 +662,27 @@ def _paths() -> dict:
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
                                      parameters=(_ref("ModelId", "parameters"),)),
-        "/v1/chat/completions": completion("createChatCompletion", "Chat completion", "ChatCompletionRequest",
-                                           "ChatCompletion", _CHAT_EXAMPLES),
-        "/v1/completions": completion("createCompletion", "Text completion (no chat template)",
-                                      "CompletionRequest", "TextCompletion", _COMPLETION_EXAMPLES),
+        "/v1/chat/completions": completion(
+            "createChatCompletion", "Chat completion", "ChatCompletionRequest", "ChatCompletion", _CHAT_EXAMPLES,
+            constrained, "Generation (structured output and tool calls included), or scoring mode with "
+            "logprobs: true, top_logprobs or allowed_token_ids (one choice per conversation)"),
+        "/v1/completions": completion(
+            "createCompletion", "Text completion (no chat template)", "CompletionRequest", "TextCompletion",
+            _COMPLETION_EXAMPLES, seeded, "Generation, or scoring mode with logprobs (an integer) or "
+            "allowed_token_ids (one choice per prompt)"),
         "/v1/embeddings": {"post": _operation(
             "Embeddings (mean-pooled last hidden layer, never steered)",
             {"200": _json(_ref("EmbeddingList"), "One embedding per input", ignored)},
             body=_ref("EmbeddingRequest"), examples=_EMBEDDING_EXAMPLES, parameters=(strict,),
             operation_id="createEmbedding")},
+        "/v1/needle/extract": needle(
+            "needleExtract", "Extract a value from text under a JSON schema (constrained decoding)",
+            "NeedleExtractRequest", "NeedleExtraction", _EXTRACT_EXAMPLES,
+            "The extracted value, or matched: false when the model produced none"),
+        "/v1/needle/complete": needle(
+            "needleComplete", "A query or messages, with Needle's flat tools, answered as a chat completion",
+            "NeedleCompleteRequest", "NeedleCompletion", _COMPLETE_EXAMPLES,
+            "The answer: content and tool calls with parsed arguments"),
     }
 
 
@@ -444,8 +693,9 @@ def document() -> dict:
         "info": {
             "title": "greenroom",
             "version": __version__,
-            "description": "A workstation LLM server with an OpenAI-compatible /v1 surface. Every "
-                           "error is OpenAI's envelope {\"error\": {message, type, param, code}}.",
+            "description": "A workstation LLM server with an OpenAI-compatible /v1 surface and Needle's "
+                           "/v1/needle routes. Every error is OpenAI's envelope {\"error\": {message, type, "
+                           "param, code}}.",
         },
         "paths": _paths(),
         "components": {
