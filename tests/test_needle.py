@@ -103,3 +103,10 @@ def test_no_extras(own_server):
     body = post(srv, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                                               "max_tokens": 3})
     assert "x_needle" not in body
+
+
+def test_extract_out_of_range_number_is_not_matched(server):
+    body = post(server, "/v1/needle/extract", {"text": "hello", "name": "x", "schema": {"type": "number"},
+                                               "seed": 7, "max_tokens": 64})
+    assert body["data"] is None or isinstance(body["data"], (int, float)) and abs(body["data"]) < float("inf")
+    assert set(body["x_needle"]) == FIELDS

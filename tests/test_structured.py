@@ -225,3 +225,32 @@ def test_bad_tool_requests(server, extra, param):
 def test_tool_choice_without_tools(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={**BASE, "tool_choice": "required"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("name", ["a\nb", "é", "a b", "", "x" * 65])
+def test_schema_names_are_openai_names(server, name):
+    refused(server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": {}}}})
+
+
+def test_chat_scoring_renders_tools_and_reports_tool_choice(server):
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 1, "logprobs": True, "tools": TOOLS, "tool_choice": "auto"}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.headers["X-miLLM-Ignored-Fields"] == '"tool_choice"'
+    plain = httpx.post(server.url + "/v1/chat/completions", json={**body, "tools": None, "tool_choice": None},
+                       timeout=60).json()
+    assert r.json()["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]  # the tools were rendered
+    bad = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        **body, "tools": [{"type": "function", "function": {"name": "bad name!"}}]})
+    assert bad.status_code == 400
+
+
+def test_scoring_accepts_the_no_change_response_format(server):
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 1, "logprobs": True, "response_format": {"type": "text"}}
+    assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_cut_short_call_leaves_no_tag_text(client):
+    for seed in range(8):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS,
+                                           tool_choice="required", max_tokens=48, seed=seed)
+        assert "<tool" not in (r.choices[0].message.content or "")

@@ -72,7 +72,7 @@ def parse(text: str) -> tuple[str, list[ToolCall]]:
                 return text, []
             calls.append(call)
         else:
-            content.append(rest)
+            content.append(_without_partial_open(rest))
         return "".join(content).strip(), calls
     stripped = text.strip()
     if stripped.startswith(("{", "[")):  # Llama-3 JSON form
@@ -125,10 +125,17 @@ class ToolCallStream:
             self._buf, self._in_call = self._buf[j + len(CLOSE):], False
 
     def finish(self) -> list[tuple]:
-        """The rest is content; an unclosed call (cut short) is dropped, as `parse` does."""
-        rest, self._buf = ("" if self._in_call else self._buf), ""
+        """The rest is content; an unclosed call (cut short, even inside its tag) is dropped,
+        as `parse` does."""
+        rest, self._buf = ("" if self._in_call else _without_partial_open(self._buf)), ""
         self._in_call = False
         return [("content", rest)] if rest else []
+
+
+def _without_partial_open(text: str) -> str:
+    """A text cut short in the middle of "<tool_call>" ("<tool_", say) began a call."""
+    k = _partial(text, OPEN)
+    return text[:-k] if k >= 2 else text
 
 
 def _partial(buf: str, tag: str) -> int:

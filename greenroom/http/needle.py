@@ -16,8 +16,8 @@ figures (engine_actor.py sends them with each choice's last event):
   as greenroom keeps no session between requests and processes every prompt afresh;
 - queue_wait_seconds / compute_seconds: time queued in the engine actor, and from leaving
   the queue to the last token;
-- warnings: the fields the request path did not read — the same ledger as
-  X-miLLM-Ignored-Fields.
+- warnings: "ignored field: <location>" for each field the request path did not read — the
+  same ledger as X-miLLM-Ignored-Fields — and any other note on how the request was served.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_t
         "reinitialized": True,
         "queue_wait_seconds": round(stats.get("queue_wait_s", 0.0), 4),
         "compute_seconds": round(stats.get("compute_s", 0.0), 4),
-        "warnings": [f"ignored field: {w}" for w in warnings],
+        "warnings": warnings,
     }
 
 
@@ -104,7 +104,9 @@ def extraction_chat(body: dict) -> dict:
     return {
         "messages": [{"role": "system", "content": f"Extract the {name} from the user's text as JSON matching "
                       f"this schema: {json.dumps(schema)}"}, {"role": "user", "content": text}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+        # a response-format name allows letters, digits, '_' and '-' only
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}},
         **{k: body[k] for k in ("max_tokens", "temperature", "seed") if k in body},
     }
 

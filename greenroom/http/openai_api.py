@@ -86,7 +86,8 @@ def register(app: Quart, tree: Tree) -> None:
             return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
         plan = structured.plan(req.body, stream.on)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
-        extras = Extras(gen.conversations[0], req.unread(scoring.SCORING_ONLY)) if tree.config.expose_extras else None
+        extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
+                        ) if tree.config.expose_extras else None
         return await _complete(tree, gen, stream, req, plan, extras)
 
     @app.post("/v1/completions")
@@ -118,21 +119,22 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.post("/v1/needle/extract")
     async def needle_extract():
-        result, x = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
-        message = result["choices"][0]["message"] if result else None
-        matched = message is not None and result["choices"][0]["finish_reason"] == "stop"
-        data = json.loads(message["content"]) if matched else None
-        return {"object": "needle.extraction", "data": data, "matched": matched, "x_needle": x}
+        result, plan = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
+        choice = result["choices"][0]
+        data = structured.document(plan, choice["message"]["content"]) if choice["finish_reason"] == "stop" else None
+        matched = data is not None and data is not structured.INVALID
+        return {"object": "needle.extraction", "data": data if matched else None, "matched": matched,
+                "x_needle": result["x_needle"]}
 
     @app.post("/v1/needle/complete")
     async def needle_complete():
-        result, x = await _needle_chat(tree, needle.completion_chat, ("query", "system", "messages", "tools"))
+        result, _ = await _needle_chat(tree, needle.completion_chat, ("query", "system", "messages", "tools"))
         choice = result["choices"][0]
         calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
                  for c in choice["message"].get("tool_calls") or []]
         return {"object": "needle.completion", "model": result["model"], "content": choice["message"]["content"],
                 "tool_calls": calls, "finish_reason": choice["finish_reason"], "usage": result["usage"],
-                "x_needle": x}
+                "x_needle": result["x_needle"]}
 
     @app.get("/v1/models")
     async def list_models():
@@ -169,7 +171,7 @@ def fingerprint(info: dict) -> str:
 _NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
 
 
-async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[dict | None, dict]:
+async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[dict, structured.Plan]:
     """Run a /v1/needle/* request as the chat completion it translates to. Any model name
     is accepted, as in Needle: an unknown one is answered by the first model, and says so."""
     body = openai_params.parse_json(await request.get_data())
@@ -181,17 +183,12 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]
     chat["model"] = model
-    plan = structured.plan(chat, stream=False)
+    plan = attrs.evolve(structured.plan(chat, stream=False), lenient=True)  # the route judges the document
     gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
     req = Prepared(chat, model, [], strict=False)
-    try:
-        result, _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, Extras(
-            gen.conversations[0], warnings))
-    except GreenroomError as exc:
-        if exc.code != "constrained_output_invalid":
-            raise
-        return None, {"type": "refuse", "warnings": warnings}  # the model produced no valid object
-    return result, result["x_needle"]
+    result, _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, Extras(
+        gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]))
+    return result, plan
 
 
 def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:

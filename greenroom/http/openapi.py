@@ -241,6 +241,10 @@ _COMPLETION_FIELDS = {
     "steering_intensity": _described({}, _NOT_HONOURED + ": steering is served on chat completions"),
 }
 
+# Generation and scoring fields the embeddings route knows, to refuse them.
+_NOT_EMBEDDINGS = ("n", "logprobs", "allowed_token_ids", "top_logprobs", "response_format", "seed", "profile",
+                   "steering_intensity", "steering", "tools", "tool_choice", "logit_bias", "max_completion_tokens")
+
 _TOOL_NAME = _string(pattern="^[A-Za-z0-9_-]{1,64}$")
 _JSON_SCHEMA = _described(_ANY_OBJECT, "A JSON schema in greenroom's supported subset (type, properties, "
                           "required, additionalProperties, items, minItems, maxItems, enum, const, minimum, "
@@ -278,11 +282,16 @@ def _request_schemas() -> dict:
                                         "X-miLLM-Ignored-Fields response header")
     embeddings = _obj({
         "model": _MODEL,
-        "input": {"anyOf": [_string(), _array(_string()), _ref("TokenIds"), _array(_ref("TokenIds"))]},
+        "input": {"anyOf": [_string(minLength=1), _array(_string(minLength=1), minItems=1), _ref("TokenIds"),
+                            _array(_ref("TokenIds"), minItems=1)],
+                  "description": "At most 2,048 inputs, each within the context window"},
         "encoding_format": {"enum": ["float", "base64"]},
         "dimensions": _integer(description="Refused (not yet implemented)"),
-        "user": _string(),
-    }, ("model", "input"))
+        "user": _described(_string(), "Not read: reported in X-miLLM-Ignored-Fields"),
+        **{field: _described({}, _NOT_HONOURED + " or its no-change value: embeddings have no such setting")
+           for field in _NOT_EMBEDDINGS},
+    }, ("model", "input"), description="Unknown fields are accepted and named in the "
+                                       "X-miLLM-Ignored-Fields response header")
     json_schema_format = _obj({
         "type": {"const": "json_schema"},
         "json_schema": _obj({
@@ -582,8 +591,9 @@ def _parameters() -> dict:
 
 # --- paths ----------------------------------------------------------------------------
 
-_INVOICE = {"type": "object", "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}},
-            "required": ["vendor", "total"]}
+_INVOICE = {"type": "object", "properties": {"vendor": {"type": "string", "maxLength": 12},
+                                            "total": {"type": "integer", "minimum": 0, "maximum": 100000}},
+            "required": ["vendor", "total"], "additionalProperties": False}
 _WEATHER = {"name": "get_weather", "description": "The weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
     "additionalProperties": False}}
@@ -594,11 +604,11 @@ _CHAT_EXAMPLES = {
     "streamed": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Tell me a story"}],
                  "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True}},
     "json schema": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Acme Corp billed $1,200"}],
-                    "max_tokens": 48, "seed": 1,
+                    "max_tokens": 64, "seed": 1,
                     "response_format": {"type": "json_schema", "json_schema": {"name": "Invoice", "schema": _INVOICE}}},
     "tool call": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Weather in Lagos?"}],
-                  "max_tokens": 48, "seed": 3, "tools": [{"type": "function", "function": _WEATHER}],
-                  "tool_choice": "required"},
+                  "max_tokens": 64, "seed": 3, "tools": [{"type": "function", "function": _WEATHER}],
+                  "tool_choice": "required", "parallel_tool_calls": False},
     "streamed tool call": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Weather in Lagos?"}],
                            "max_tokens": 48, "seed": 3, "stream": True,
                            "tools": [{"type": "function", "function": _WEATHER}],
@@ -622,7 +632,7 @@ _EMBEDDING_EXAMPLES = {
 }
 _EXTRACT_EXAMPLES = {
     "invoice": {"text": "Invoice from Acme Corp, $1,200.00", "name": "Invoice", "schema": _INVOICE,
-                "max_tokens": 48, "seed": 1},
+                "max_tokens": 64, "seed": 1},
 }
 _COMPLETE_EXAMPLES = {
     "query with tools": {"query": "What is it like in Lagos right now?", "system": "Be brief.",

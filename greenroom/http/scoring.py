@@ -7,15 +7,16 @@ from __future__ import annotations
 import time
 
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params
+from greenroom.http import openai_params, structured
 from greenroom.http.openai_params import new_rid
 from greenroom.protocol import Score, Scores
 
 MAX_LOGPROBS = 20
 # steering and constraints change the distribution a judge reads: never on a scoring request
 _UNSCORABLE = ("profile", "steering_intensity", "steering", "response_format", "return_sae_activations")
-# sampling settings that have nothing to act on when nothing is sampled
-NOT_APPLICABLE = ("top_p", "stop", "frequency_penalty", "presence_penalty")
+# settings that have nothing to act on when nothing is sampled (tools are rendered, not called)
+NOT_APPLICABLE = ("top_p", "stop", "frequency_penalty", "presence_penalty", "tool_choice", "function_call",
+                  "parallel_tool_calls")
 
 
 def is_completion_scoring(body: dict) -> bool:
@@ -33,7 +34,8 @@ SCORING_ONLY = ("return_tokens_as_token_ids",)
 
 def _common(body: dict, stream: bool) -> tuple[float, list[int] | None]:
     for field in _UNSCORABLE:
-        if body.get(field) is not None:
+        value = body.get(field)
+        if value is not None and not (field == "response_format" and value == {"type": "text"}):
             raise GreenroomError("field_not_honoured", f"'{field}' cannot be used on a scoring request: scoring is "
                                  "always unsteered and unconstrained", field)
     if stream:
@@ -82,8 +84,9 @@ def chat_score(body: dict, model: str, stream: bool) -> Score:
                                  "top_logprobs")
     conversations = openai_params.conversations(body)
     candidates = len(set(allowed)) if allowed is not None else MAX_LOGPROBS
+    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}, stream=False).tools
     return Score(new_rid("chatcmpl"), model, temperature, allowed, min(top or 0, candidates),
-                 conversations=conversations, template_kwargs=openai_params.template_kwargs(body))
+                 conversations=conversations, template_kwargs=openai_params.template_kwargs(body), tools=tools)
 
 
 def _key(token: list, as_ids: bool) -> str:

@@ -10,6 +10,7 @@ named function compiles the tool-call syntax with each function's parameters.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import attrs
@@ -37,6 +38,7 @@ class Plan:
     schema: dict | None = None  # json_schema to validate a finished document against
     json_object: bool = False
     header: str | None = None  # X-miLLM-Constrained
+    lenient: bool = False  # an invalid document is returned, not a 500 (/v1/needle/extract decides itself)
 
     @property
     def parses_tools(self) -> bool:
@@ -62,15 +64,16 @@ def plan(body: dict, stream: bool) -> Plan:
     if fmt["type"] == "json_object":
         return Plan({"type": "json_object"}, tools, mode, json_object=True, header="json_object")
     spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
-        raise _unsupported("'response_format.json_schema' must be an object with a 'name'")
+    if not isinstance(spec, dict) or not _valid_name(spec.get("name")):
+        raise _unsupported("'response_format.json_schema' must be an object whose 'name' is 1–64 letters, digits, "
+                           "'_' or '-'")
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
         raise _unsupported("'response_format.json_schema.schema' must be an object")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise _unsupported("'response_format.json_schema.strict' must be a boolean")
     check_schema(schema)
-    header = 'json_schema;name="' + spec["name"].replace("\\", "\\\\").replace('"', '\\"') + '"'
+    header = f'json_schema;name="{spec["name"]}"'  # the name's characters need no escaping
     return Plan({"type": "json_schema", "schema": schema}, tools, mode, schema=schema, header=header)
 
 
@@ -99,7 +102,7 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
             raise GreenroomError("invalid_parameter", f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
                                  "{...}}", f"tools[{i}]")
         name = fn.get("name")
-        if not (isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_OK):
+        if not _valid_name(name):
             raise GreenroomError("invalid_parameter", f"{where.format(i)}.name must be 1–64 letters, digits, "
                                  "'_' or '-'", where.format(i) + ".name")
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
@@ -137,6 +140,11 @@ def _choice(choice, names: list[str]) -> tuple[str, str | None]:
     return "named", name
 
 
+def _valid_name(name) -> bool:
+    """OpenAI's rule for function and response-format names."""
+    return isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_OK
+
+
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -148,8 +156,10 @@ def _openai_call(call: ToolCall) -> dict:
 def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
     """A finished choice as OpenAI's message and finish_reason; a complete constrained
     document that does not validate is a 500, never a 200."""
-    if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls":
-        _validate(p, text)
+    if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls" and not p.lenient:
+        if document(p, text) is INVALID:
+            raise GreenroomError("constrained_output_invalid", "the constrained output is complete but does not "
+                                 f"validate: {_why(p, text)[:300]}")
     if p.parses_tools:
         content, calls = parse(text)
         if calls:
@@ -159,17 +169,34 @@ def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
     return {"role": "assistant", "content": text}, finish
 
 
-def _validate(p: Plan, text: str) -> None:
+INVALID = object()
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # e.g. 1e999: valid JSON syntax, not a representable number
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def document(p: Plan, text: str):
+    """The finished document, parsed, if it is what the plan asked for; else INVALID."""
+    return INVALID if _why(p, text) else json.loads(text, parse_float=_finite)
+
+
+def _why(p: Plan, text: str) -> str:
+    """Why the document does not validate ("" when it does)."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_float=_finite)
         if p.json_object and not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
+            return "not a JSON object"
         if p.schema is not None:
             jsonschema.validate(doc, p.schema, cls=jsonschema.Draft202012Validator)
-    except (ValueError, jsonschema.ValidationError) as exc:
-        msg = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
-        raise GreenroomError("constrained_output_invalid", f"the constrained output is complete but does not "
-                             f"validate: {msg[:300]}") from None
+    except jsonschema.ValidationError as exc:
+        return exc.message
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 class StreamShaper:
