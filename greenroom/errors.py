@@ -19,6 +19,7 @@ NOT_FOUND = "not_found_error"
 class ErrorKind:
     status: int
     type: str
+    ollama_only: bool = False  # raised by the Ollama /api surface alone (its embedding limits)
 
 
 TABLE: dict[str, ErrorKind] = {
@@ -27,6 +28,11 @@ TABLE: dict[str, ErrorKind] = {
     "invalid_parameter": ErrorKind(400, INVALID),
     "missing_parameter": ErrorKind(400, INVALID),
     "context_length_exceeded": ErrorKind(400, INVALID),
+    # embedding input limits (the Ollama surface's validation table)
+    "empty_input": ErrorKind(400, INVALID, ollama_only=True),
+    "embedding_batch_too_large": ErrorKind(413, INVALID, ollama_only=True),
+    "embedding_input_too_large": ErrorKind(413, INVALID, ollama_only=True),
+    "embedding_request_too_large": ErrorKind(413, INVALID, ollama_only=True),
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
     "not_found": ErrorKind(404, NOT_FOUND),

@@ -224,10 +224,15 @@ def default_cache_dir(root: str | Path | None = None) -> Path:
     return Path(base) / "models"
 
 
+def demo_model_dir(cache_dir: Path, size: str = "tiny") -> Path:
+    """Where the demo model of `size` lives (built or not)."""
+    return Path(cache_dir) / f"greenroom-demo-{size}"
+
+
 def ensure_demo_model(cache_dir: Path, size: str = "tiny") -> Path:
     """Return `cache_dir/greenroom-demo-{size}`, (re)building it if missing or stale."""
     cache_dir = Path(cache_dir)
-    out_dir = cache_dir / f"greenroom-demo-{size}"
+    out_dir = demo_model_dir(cache_dir, size)
     if _is_current(out_dir, size):
         return out_dir
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -8,13 +8,23 @@ from pathlib import Path
 from .base import Engine
 
 
+def source_path(source: str, cache_dir: str | None) -> Path:
+    """Where a model source's checkpoint is, or will be once built: `demo:<size>` → the
+    generated demo checkpoint's directory; else the path itself. Builds nothing."""
+    if source.startswith("demo:"):
+        from .demo_model import default_cache_dir, demo_model_dir
+
+        return demo_model_dir(default_cache_dir(cache_dir), source[len("demo:"):])
+    return Path(source).expanduser()
+
+
 def resolve_source(source: str, cache_dir: str | None) -> Path:
-    """`demo:<size>` → the generated demo checkpoint (built on first use); else a path."""
+    """The checkpoint of a model source, building the demo model on first use."""
     if source.startswith("demo:"):
         from .demo_model import default_cache_dir, ensure_demo_model
 
         return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:"):])
-    path = Path(source).expanduser()
+    path = source_path(source, cache_dir)
     if not path.exists():
         raise FileNotFoundError(f"model source {source!r} does not exist")
     return path

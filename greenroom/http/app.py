@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from quart import Quart, jsonify
+from quart import Quart, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_api, openapi
+from greenroom.http import ollama_api, openai_api, openapi
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -26,7 +26,15 @@ ENDPOINTS = [
     ("POST", "/v1/embeddings", "mean-pooled embeddings, float or base64"),
     ("POST", "/v1/needle/extract", "text + JSON schema → an extracted object (constrained decoding)"),
     ("POST", "/v1/needle/complete", "a query or messages, with tools, → the engine's own result"),
-    ("GET", "/openapi.json", "the OpenAPI document of every route"),
+    ("GET", "/openapi.json", "the OpenAPI document of the /v1 routes"),
+    ("POST", "/api/generate", "Ollama: generate, NDJSON streaming or not"),
+    ("POST", "/api/chat", "Ollama: chat, NDJSON streaming or not"),
+    ("POST", "/api/embed", "Ollama: embeddings (current format)"),
+    ("POST", "/api/embeddings", "Ollama: embeddings (legacy format)"),
+    ("GET", "/api/tags", "Ollama: models available"),
+    ("GET", "/api/ps", "Ollama: models loaded"),
+    ("POST", "/api/show", "Ollama: a model's metadata"),
+    ("GET", "/api/version", "Ollama: server version"),
 ]
 
 
@@ -37,7 +45,14 @@ def create_app(tree: Tree) -> Quart:
 
     @app.errorhandler(GreenroomError)
     async def typed_error(err: GreenroomError):
+        if ollama_api.owns(request.path):  # Ollama's flat envelope on its /api surface
+            return jsonify(ollama_api.error_body(err)), err.status
         return jsonify(err.openai_body()), err.status
+
+    @app.after_request
+    async def request_id_header(response):
+        response.headers[ollama_api.REQUEST_ID_HEADER] = ollama_api.request_id()
+        return response
 
     @app.errorhandler(HTTPException)
     async def http_error(err: HTTPException):
@@ -73,4 +88,5 @@ def create_app(tree: Tree) -> Quart:
         return openapi.document()
 
     openai_api.register(app, tree)
+    ollama_api.register(app, tree)
     return app

@@ -124,6 +124,7 @@ def _operation(summary: str, responses: dict, *, body: dict | None = None, examp
 # --- errors ---------------------------------------------------------------------------
 
 # (status, component name, description); the codes of each status are those of errors.TABLE
+# (but the Ollama surface's own, which no route described here raises)
 _ERRORS = (
     (400, "BadRequest", "The request was refused: malformed, invalid, too long, a scoring request or a "
      "JSON schema greenroom cannot honour, or asking for something this endpoint or engine cannot honour"),
@@ -138,7 +139,7 @@ _ERRORS = (
 
 def error_codes(status: int) -> list[str]:
     """The codes greenroom answers with `status`, in the error table's order."""
-    return [code for code, kind in TABLE.items() if kind.status == status]
+    return [code for code, kind in TABLE.items() if kind.status == status and not kind.ollama_only]
 
 
 def _error_schemas() -> dict:

@@ -1,0 +1,224 @@
+"""Ollama's `options` → greenroom's SamplingParams and the request's context window.
+
+ONE table, `OPTIONS`, says for every option Ollama defines (api/types.go's Options and
+Runner) its default, its type and what greenroom does with it. Every request's options
+are the defaults with the sent values merged over them; then
+
+- SAMPLING: renamed onto a SamplingParams field (repeat_penalty → repetition_penalty,
+  stop → stop, …);
+- PENALTY: presence_penalty and frequency_penalty → one repetition penalty with
+  openai_params.repetition_penalty, 1 + (presence + frequency) / 2 — only when sent and
+  repeat_penalty was not (an explicit repeat_penalty wins);
+- LENGTH: num_predict → max_tokens; -1 (infinite) and -2 (fill the context) both mean
+  "until the request's window is full";
+- WINDOW: num_ctx → the request's context window: never past the model's (400), a prompt
+  + num_predict that does not fit it is refused, never truncated;
+- NOT_APPLIED: top_k — greenroom's sampler has no top-k yet: logged, and reported in
+  X-miLLM-Ignored-Fields when sent with a value other than 0 (Ollama's "off");
+- DROPPED: logged at debug and not applied (mirostat*, min_p, typical_p, tfs_z, the
+  load-time knobs); reported when sent with a value other than the no-change one.
+
+Unknown options are logged as a warning and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import attrs
+
+from greenroom.engines.base import SamplingParams
+from greenroom.engines.capabilities import Capabilities
+from greenroom.errors import GreenroomError
+from greenroom.http.openai_params import repetition_penalty
+
+log = logging.getLogger("greenroom.http.ollama")
+
+# what greenroom does with an option
+SAMPLING, PENALTY, LENGTH, WINDOW, NOT_APPLIED, DROPPED = (
+    "sampling", "penalty", "length", "window", "not_applied", "dropped")
+# value types, as Ollama's Options.FromMap accepts them
+FLOAT, INT, BOOL, STRINGS = "float", "int", "bool", "strings"
+
+MAX_SEED = 2**32 - 1  # torch's CPU generator keeps 32 bits
+MAX_INT = 2**31 - 1
+
+
+@attrs.frozen
+class Option:
+    default: Any  # merged when the option is not sent (None: nothing is merged)
+    type: str
+    handling: str
+    target: str | None = None  # the SamplingParams field (SAMPLING)
+    lo: float | None = None  # inclusive bounds, when greenroom needs any
+    hi: float | None = None
+    above: float | None = None  # exclusive lower bound
+    needs: str | None = None  # the engine capability that honours a sent value
+
+
+def _dropped(default: Any, type_: str) -> Option:
+    return Option(default, type_, DROPPED)
+
+
+OPTIONS: dict[str, Option] = {
+    # the spec's table of merged defaults, in its order
+    "temperature": Option(0.8, FLOAT, SAMPLING, "temperature", lo=0.0),
+    "top_k": Option(40, INT, NOT_APPLIED, lo=0),
+    "top_p": Option(0.9, FLOAT, SAMPLING, "top_p", lo=0.0, hi=1.0),
+    "repeat_penalty": Option(1.1, FLOAT, SAMPLING, "repetition_penalty", above=0.0, needs="penalties"),
+    "num_predict": Option(128, INT, LENGTH, lo=-2, hi=MAX_INT),
+    "num_ctx": Option(2048, INT, WINDOW, lo=1, hi=MAX_INT),
+    "num_batch": _dropped(512, INT),
+    "seed": Option(0, INT, SAMPLING, "seed", hi=MAX_SEED, needs="seed"),  # negative: unseeded (Ollama's -1)
+    "stop": Option((), STRINGS, SAMPLING, "stop"),
+    "mirostat": _dropped(0, INT),
+    "mirostat_tau": _dropped(5.0, FLOAT),
+    "mirostat_eta": _dropped(0.1, FLOAT),
+    "min_p": _dropped(0.0, FLOAT),
+    "typical_p": _dropped(1.0, FLOAT),
+    "tfs_z": _dropped(1.0, FLOAT),
+    # approximate: mapped to one repetition penalty (see PENALTY)
+    "presence_penalty": Option(0.0, FLOAT, PENALTY, needs="penalties"),
+    "frequency_penalty": Option(0.0, FLOAT, PENALTY, needs="penalties"),
+    # Ollama's other options: accepted, no effect on greenroom's output
+    "num_keep": _dropped(None, INT),
+    "repeat_last_n": _dropped(None, INT),  # greenroom penalises every token seen
+    "penalize_newline": _dropped(None, BOOL),
+    "numa": _dropped(None, BOOL),
+    "num_gpu": _dropped(None, INT),
+    "main_gpu": _dropped(None, INT),
+    "low_vram": _dropped(None, BOOL),
+    "f16_kv": _dropped(None, BOOL),
+    "logits_all": _dropped(None, BOOL),
+    "vocab_only": _dropped(None, BOOL),
+    "use_mmap": _dropped(None, BOOL),
+    "use_mlock": _dropped(None, BOOL),
+    "num_thread": _dropped(None, INT),
+    "embedding_only": _dropped(None, BOOL),
+}
+
+NO_TOP_K = 0  # Ollama's "top_k off": the one value greenroom already honours
+
+
+@attrs.frozen
+class Resolved:
+    """A request's options, merged and mapped."""
+
+    params: SamplingParams  # max_tokens: num_predict, or None when the answer fills the window
+    fill: bool  # num_predict -1 / -2: until the window is full
+    num_ctx: int | None  # sent explicitly; None: the default window
+    unread: list[str]  # "options.<name>" locations not honoured (X-miLLM-Ignored-Fields)
+
+
+def _where(name: str) -> str:
+    return f"options.{name}"
+
+
+def _value(name: str, value: Any, opt: Option) -> Any:
+    """Check a sent value's type and bounds; ints may be sent as integral floats (Ollama
+    truncates JSON numbers into int options; a fraction is refused here instead)."""
+    where = _where(name)
+    if opt.type == BOOL:
+        if not isinstance(value, bool):
+            raise GreenroomError("invalid_parameter", f"'{where}' must be a boolean", where)
+        return value
+    if opt.type == STRINGS:
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return tuple(value)
+        raise GreenroomError("invalid_parameter", f"'{where}' must be an array of strings", where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be a finite number", where)
+    if opt.type == INT:
+        if value != int(value):
+            raise GreenroomError("invalid_parameter", f"'{where}' must be an integer, got {value}", where)
+        value = int(value)
+    else:
+        value = float(value)
+    if (opt.lo is not None and value < opt.lo) or (opt.hi is not None and value > opt.hi) or (
+            opt.above is not None and value <= opt.above):
+        bounds = " and ".join(b for b in (
+            f"≥ {opt.lo:g}" if opt.lo is not None else "", f"> {opt.above:g}" if opt.above is not None else "",
+            f"≤ {opt.hi:g}" if opt.hi is not None else "") if b)
+        raise GreenroomError("invalid_parameter", f"'{where}' must be {bounds}, got {value}", where)
+    return value
+
+
+def resolve(options: Any, caps: Capabilities) -> Resolved:
+    """Merge the defaults with the sent options, validate, map. Raises a typed 400 naming
+    the option; never reads past the table."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise GreenroomError("invalid_parameter", "'options' must be an object", "options")
+    sent: dict[str, Any] = {}
+    unread: list[str] = []
+    for name, value in options.items():
+        opt = OPTIONS.get(name)
+        if opt is None:
+            log.warning("unknown Ollama option %r ignored", name)
+            unread.append(_where(name))
+            continue
+        if value is None:  # Ollama skips nulls
+            continue
+        sent[name] = _value(name, value, opt)
+        if opt.needs and not getattr(caps, opt.needs) and sent[name] != opt.default:
+            raise GreenroomError("field_not_honoured", f"'{_where(name)}' cannot be honoured by this model's "
+                                 "engine", _where(name))
+    merged = {name: opt.default for name, opt in OPTIONS.items()} | sent
+    if "top_k" not in sent:
+        log.debug("options.top_k=%s (the default) is not applied: greenroom's sampler has no top-k yet",
+                  OPTIONS["top_k"].default)
+    for name, value in sent.items():
+        opt = OPTIONS[name]
+        if opt.handling == NOT_APPLIED:
+            log.info("options.%s=%s is not applied: greenroom's sampler has no top-k yet", name, value)
+            no_change = NO_TOP_K
+        elif opt.handling == DROPPED:
+            log.debug("options.%s=%s accepted and dropped: greenroom does not apply it", name, value)
+            no_change = False if opt.default is None and opt.type == BOOL else opt.default
+        else:
+            continue
+        if value != no_change:
+            unread.append(_where(name))
+
+    if "repeat_penalty" in sent or not ({"presence_penalty", "frequency_penalty"} & sent.keys()):
+        penalty = merged["repeat_penalty"]
+    else:
+        penalty = repetition_penalty(merged["presence_penalty"], merged["frequency_penalty"])
+    seed = merged["seed"]
+    num_predict = merged["num_predict"]
+    params = SamplingParams(
+        max_tokens=None if num_predict < 0 else num_predict,
+        temperature=merged["temperature"],
+        top_p=merged["top_p"],
+        stop=tuple(merged["stop"]),
+        seed=None if seed < 0 else seed,
+        repetition_penalty=penalty,
+    )
+    return Resolved(params, num_predict < 0, sent.get("num_ctx"), unread)
+
+
+def window(resolved: Resolved, context_length: int) -> int:
+    """The request's context window: num_ctx when sent (past the model's window: 400), else
+    the default num_ctx, bounded by the model's window."""
+    if resolved.num_ctx is None:
+        return min(OPTIONS["num_ctx"].default, context_length)
+    if resolved.num_ctx > context_length:
+        raise GreenroomError("invalid_parameter", f"'options.num_ctx' is {resolved.num_ctx}, but this model's context "
+                             f"window is {context_length} tokens; send at most {context_length}", "options.num_ctx")
+    return resolved.num_ctx
+
+
+def parameters_text(context_length: int) -> str:
+    """The defaults this surface applies, in Ollama's Modelfile PARAMETER form (one
+    `name value` per line), as /api/show reports them."""
+    lines = []
+    for name, opt in OPTIONS.items():
+        if opt.handling in (SAMPLING, LENGTH, WINDOW) and opt.default not in (None, ()):
+            value = min(opt.default, context_length) if opt.handling == WINDOW else opt.default
+            lines.append(f"{name:<16}{value}")
+    return "\n".join(lines)

@@ -1,0 +1,305 @@
+"""The Ollama /api surface, driven by the real `ollama` Python client (and raw httpx where
+the exact wire matters): generate and chat streamed and not, embeddings and their
+validation table, tags/show/ps/version, options on the wire, the flat error envelope."""
+
+import datetime
+import json
+import math
+import os
+import signal
+import time
+
+import httpx
+import ollama
+import pytest
+
+from conftest import MODEL
+
+METRICS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
+           "eval_duration")
+
+
+@pytest.fixture
+def oc(server):
+    return ollama.Client(host=server.url, timeout=60)
+
+
+def post(server, path, body, **kw):
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, timeout=60, **kw)
+
+
+def flat(r, status, code, message=None):
+    """Ollama's flat envelope, with the request id the response names."""
+    assert r.status_code == status, r.text
+    rid = r.headers["X-Request-ID"]
+    body = r.json()
+    assert set(body) == {"error", "code"} and body["code"] == code, body
+    assert body["error"].endswith(f" (request id: {rid})"), body
+    if message is not None:
+        assert body["error"] == f"{message} (request id: {rid})"
+    return body["error"]
+
+
+def lines(r) -> list[dict]:
+    return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def rfc3339(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+# --- generate and chat -----------------------------------------------------------------------
+
+def test_generate_streamed_and_not_agree(oc):
+    # the default seed (0, the table's) makes the two runs the same sampling
+    whole = oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12})
+    parts = list(oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12}, stream=True))
+    assert whole.done and whole.done_reason in ("stop", "length") and whole.response
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.response for p in parts) == whole.response
+    last = parts[-1]
+    assert last.done_reason == whole.done_reason and last.eval_count == whole.eval_count <= 12
+    assert whole.prompt_eval_count == last.prompt_eval_count > 0
+    assert whole.total_duration >= whole.eval_duration > 0 and whole.prompt_eval_duration > 0
+    assert abs(rfc3339(whole.created_at) - datetime.datetime.now(datetime.timezone.utc)).total_seconds() < 60
+
+
+def test_chat_streamed_and_not_agree(oc):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    whole = oc.chat(model=MODEL, messages=messages, options={"num_predict": 10})
+    parts = list(oc.chat(model=MODEL, messages=messages, options={"num_predict": 10}, stream=True))
+    assert whole.message.role == "assistant" and whole.message.content and whole.done
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].done and parts[-1].done_reason == whole.done_reason and parts[-1].eval_count <= 10
+
+
+def test_stream_is_the_default_and_ndjson_with_ollama_final_fields(server):
+    with httpx.stream("POST", server.url + "/api/generate", timeout=60, json={
+            "model": MODEL, "prompt": "Hi", "options": {"num_predict": 4}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+        assert r.headers["X-Request-ID"]
+        frames = lines(r)
+    final = frames[-1]
+    assert final["done"] is True and final["done_reason"] in ("stop", "length") and final["response"] == ""
+    assert all(isinstance(final[k], int) for k in METRICS) and final["model"] == MODEL
+    assert all(f["done"] is False and "response" in f for f in frames[:-1])
+
+
+def test_load_requests_answer_done_without_text(oc, server):
+    r = oc.generate(model=MODEL)
+    assert r.done and r.done_reason == "load" and r.response == ""
+    r = post(server, "/api/chat", {"model": MODEL, "messages": []})
+    assert r.json()["done"] is True and r.json()["message"] == {"role": "assistant", "content": ""}
+
+
+def test_raw_and_template_prompts(oc):
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    greedy = {"num_predict": 6, "temperature": 0}
+    raw = oc.generate(model=MODEL, prompt=turn.format("Hi"), raw=True, options=greedy)
+    templated = oc.generate(model=MODEL, prompt="Hi", options=greedy,
+                            template=turn.format("{{ .Prompt }}") + "{{ .Response }}")
+    assert raw.response == templated.response and raw.prompt_eval_count == templated.prompt_eval_count
+
+
+def test_format_json_schema_is_enforced_streamed_and_not(oc):
+    schema = {"type": "object", "properties": {"label": {"enum": ["humor", "not_humor"]}},
+              "required": ["label"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Classify: a joke"}]
+    r = oc.chat(model=MODEL, messages=messages, format=schema, options={"num_predict": 200})
+    assert r.done_reason == "stop" and json.loads(r.message.content)["label"] in ("humor", "not_humor")
+    parts = list(oc.chat(model=MODEL, messages=messages, format=schema, options={"num_predict": 200}, stream=True))
+    assert json.loads("".join(p.message.content for p in parts))["label"] in ("humor", "not_humor")
+
+
+def test_tools_and_tool_results_are_rendered(oc):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    r = oc.chat(model=MODEL, tools=tools, options={"num_predict": 8}, messages=[
+        {"role": "user", "content": "Weather in Lagos?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Lagos"}}}]},
+        {"role": "tool", "content": "31 C, sunny", "tool_name": "get_weather"}])
+    assert r.done and r.message.role == "assistant"
+
+
+# --- options on the wire ---------------------------------------------------------------------
+
+def test_seed_and_temperature(oc):
+    def text(**options):
+        return oc.generate(model=MODEL, prompt="Tell me a story", options={"num_predict": 16, **options}).response
+
+    assert text(seed=7) == text(seed=7) != text(seed=8)
+    assert text(temperature=0, seed=1) == text(temperature=0, seed=2)  # greedy: the seed draws nothing
+
+
+def test_num_predict_is_honoured(oc):
+    r = oc.generate(model=MODEL, prompt="Count", options={"num_predict": 3})
+    assert r.eval_count == 3 and r.done_reason == "length" or r.eval_count < 3 and r.done_reason == "stop"
+
+
+def test_num_predict_minus_one_fills_the_requested_window(oc):
+    r = oc.generate(model=MODEL, prompt="Go", options={"num_predict": -1, "num_ctx": 48})
+    assert r.prompt_eval_count + r.eval_count == 48 or r.done_reason == "stop"
+
+
+def test_num_ctx_past_the_model_is_refused_and_a_small_one_is_a_window(server):
+    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 4096}}),
+               400, "invalid_parameter")
+    assert "2048" in err and "options.num_ctx" in err
+    err = flat(post(server, "/api/chat", {"model": MODEL, "stream": False, "options": {"num_ctx": 16},
+                                          "messages": [{"role": "user", "content": "a long question " * 4}]}),
+               400, "context_length_exceeded")
+    assert "16 tokens" in err and "options.num_predict" in err
+    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_predict": 4000}}),
+               400, "context_length_exceeded")
+    assert "2048" in err
+
+
+def test_unapplied_and_unknown_options_are_reported(server):
+    r = post(server, "/api/generate", {"model": MODEL, "prompt": "x", "stream": False, "options": {
+        "num_predict": 2, "top_k": 5, "mirostat": 0, "min_p": 0.2, "bogus": 1}, "keep_alive": "5m"})
+    assert r.status_code == 200
+    reported = r.headers["X-miLLM-Ignored-Fields"]
+    assert all(f'"{f}"' in reported for f in ("options.top_k", "options.min_p", "options.bogus", "keep_alive"))
+    assert "mirostat" not in reported  # its no-change value
+    r = post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"top_k": 5}},
+             headers={"X-miLLM-Strict": "true"})
+    flat(r, 400, "unused_fields_refused")
+
+
+@pytest.mark.parametrize("options,where", [
+    ({"temperature": "hot"}, "options.temperature"), ({"num_predict": 1.5}, "options.num_predict"),
+    ({"top_p": 2}, "options.top_p"), ({"stop": [1]}, "options.stop"), ({"num_predict": -3}, "options.num_predict"),
+    ({"repeat_penalty": 0}, "options.repeat_penalty"), ({"seed": 2**40}, "options.seed"),
+])
+def test_bad_option_values_are_typed_400(server, options, where):
+    assert where in flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": options}),
+                         400, "invalid_parameter")
+
+
+# --- embeddings ------------------------------------------------------------------------------
+
+def test_embed_and_legacy_embeddings(oc):
+    r = oc.embed(model=MODEL, input=["alpha", "beta", "alpha"])
+    assert len(r.embeddings) == 3 and r.embeddings[0] == r.embeddings[2] != r.embeddings[1]
+    assert all(abs(math.hypot(*v) - 1) < 1e-4 for v in r.embeddings)  # Ollama's /api/embed normalises
+    assert r.prompt_eval_count > 0 and r.total_duration > 0
+    legacy = oc.embeddings(model=MODEL, prompt="alpha").embedding
+    norm = math.hypot(*legacy)
+    assert len(legacy) == 128 and [x / norm for x in legacy] == pytest.approx(r.embeddings[0], abs=1e-5)
+    assert len(oc.embed(model=MODEL, input="alpha", dimensions=16).embeddings[0]) == 16
+
+
+EMBED_ROWS = [  # the validation table: status, code, message, exact
+    ("/api/embed", {"input": []}, 400, "empty_input", "Embedding input must contain at least one item"),
+    ("/api/embed", {"input": ["x"] * 129}, 413, "embedding_batch_too_large", "Embedding input batch is too large"),
+    ("/api/embed", {"input": ["ok", " \n\t"]}, 400, "empty_input", "Embedding input text must not be empty"),
+    ("/api/embed", {"input": ""}, 400, "empty_input", "Embedding input text must not be empty"),
+    ("/api/embed", {"input": "x" * 8193}, 413, "embedding_input_too_large", "Embedding input text is too large"),
+    ("/api/embed", {"input": ["x" * 8000] * 9}, 413, "embedding_request_too_large", "Embedding request is too large"),
+    ("/api/embeddings", {"prompt": "   "}, 400, "empty_input", "Embedding input text must not be empty"),
+    ("/api/embeddings", {"prompt": "x" * 8193}, 413, "embedding_input_too_large", "Embedding input text is too large"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,code,message", EMBED_ROWS)
+def test_embedding_validation_table(server, path, body, status, code, message):
+    before = server.actors()["cpu"]["counters"]["admitted"]
+    r = post(server, path, {"model": MODEL, **body}, headers={"X-Request-ID": "client-id-42"})
+    assert r.headers["X-Request-ID"] == "client-id-42"
+    flat(r, status, code, message)
+    assert server.actors()["cpu"]["counters"]["admitted"] == before  # refused before the engine was asked
+
+
+def test_embedding_batch_limit_is_inclusive(oc):
+    assert len(oc.embed(model=MODEL, input=["x"] * 128).embeddings) == 128
+
+
+# --- models ----------------------------------------------------------------------------------
+
+def test_list_show_ps_version(oc, server):
+    listed = {m.model: m for m in oc.list().models}
+    demo = listed[MODEL]
+    assert demo.size > 0 and len(demo.digest) == 64 and demo.details.family == "llama"
+    assert demo.details.format == "safetensors" and demo.details.quantization_level == "F32"
+    shown = oc.show(MODEL)
+    assert "<|im_start|>" in shown.template and shown.modelfile.startswith("# Modelfile")
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 2048
+    assert shown.modelinfo["llama.embedding_length"] == 128 and shown.modelinfo["general.parameter_count"] > 0
+    assert "temperature" in shown.parameters and "num_ctx" in shown.parameters
+    assert shown.details.parameter_size == demo.details.parameter_size
+    running = {m.model: m for m in oc.ps().models}[MODEL]
+    assert running.context_length == 2048 and running.size == demo.size and running.size_vram == 0
+    assert running.expires_at > datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=365)
+    assert httpx.get(server.url + "/api/version").json()["version"]
+    assert oc.show(MODEL + ":latest").modelinfo == shown.modelinfo  # Ollama's default tag
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+def test_unknown_model_is_404_through_the_client(oc, server):
+    with pytest.raises(ollama.ResponseError) as exc:
+        oc.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert exc.value.status_code == 404 and exc.value.error.startswith("model 'no-such-model' not found")
+    flat(post(server, "/api/show", {"model": "nope"}), 404, "model_not_found")
+
+
+@pytest.mark.parametrize("path,body,status,code", [
+    ("/api/generate", b"{not json", 400, "invalid_json"),
+    ("/api/chat", b"[1]", 400, "invalid_json"),
+    ("/api/generate", {"prompt": "x"}, 400, "missing_parameter"),
+    ("/api/embed", {"model": MODEL}, 400, "missing_parameter"),
+    ("/api/embeddings", {"model": MODEL}, 400, "missing_parameter"),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_parameter"),
+    ("/api/chat", {"model": MODEL, "messages": "hi"}, 400, "invalid_parameter"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "invalid_parameter"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "format": "yaml"}, 400, "invalid_parameter"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "format": {"type": "object", "oneOf": []}}, 400,
+     "response_format_unsupported"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "images": ["aGk="]}, 400, "field_not_honoured"),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400,
+     "field_not_honoured"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "keep_alive": "soon"}, 400, "invalid_parameter"),
+    ("/api/embeddings", {"model": MODEL, "prompt": ["x"]}, 400, "invalid_parameter"),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": "json",
+                   "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "invalid_parameter"),
+    ("/api/generate", {"model": MODEL, "prompt": "x", "template": "{{ if .System }}x{{ end }}{{ .Prompt }}"}, 400,
+     "field_not_honoured"),
+])
+def test_bad_requests_are_typed_in_the_flat_envelope(server, path, body, status, code):
+    flat(post(server, path, body), status, code)
+
+
+def test_unknown_route_and_method_are_flat_and_v1_keeps_openai_envelope(server):
+    flat(httpx.get(server.url + "/api/nothing"), 404, "not_found")
+    flat(httpx.get(server.url + "/api/generate"), 405, "method_not_allowed")
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{bad", timeout=30)
+    assert r.json()["error"]["code"] == "invalid_json" and r.headers["X-Request-ID"]
+
+
+def test_kill_engine_mid_stream_ends_with_the_error_object(own_server):
+    srv = own_server()
+    body = {"model": MODEL, "prompt": "Go", "options": {"num_predict": 1800}}
+    with httpx.stream("POST", srv.url + "/api/generate", json=body, timeout=60) as r:
+        frames = []
+        for line in r.iter_lines():
+            frames.append(json.loads(line))
+            if len(frames) == 2:
+                os.kill(srv.actors()["cpu"]["pid"], signal.SIGKILL)
+    last = frames[-1]
+    assert set(last) == {"error", "code"} and last["code"] == "engine_crashed", last
+    assert last["error"].endswith(f"(request id: {r.headers['X-Request-ID']})")
+    assert not any(f.get("done") for f in frames)
+    # the real client raises it; the restarted engine serves the next request
+    oc = ollama.Client(host=srv.url, timeout=60)
+    with pytest.raises(ollama.ResponseError) as exc:
+        for i, part in enumerate(oc.generate(model=MODEL, prompt="Go", options={"num_predict": 1800}, stream=True)):
+            if i == 1:
+                os.kill(srv.actors()["cpu"]["pid"], signal.SIGKILL)
+    assert "died" in exc.value.error
+    deadline = time.monotonic() + 30
+    while srv.actors()["cpu"]["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert oc.generate(model=MODEL, prompt="Hi", options={"num_predict": 2}).done
