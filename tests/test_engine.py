@@ -54,3 +54,11 @@ def test_chat_template_renders_generation_prompt(engine):
     ids = engine.render_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     text = engine.tokenizer.decode(ids)
     assert text.rstrip().endswith("assistant")
+
+
+def test_top_k(engine):
+    greedy, _ = run(engine, SamplingParams(max_tokens=10, temperature=0))
+    one, _ = run(engine, SamplingParams(max_tokens=10, temperature=1.5, top_k=1, seed=3))
+    assert one == greedy
+    wide, _ = run(engine, SamplingParams(max_tokens=10, temperature=1.5, top_k=50, seed=3))
+    assert wide != greedy

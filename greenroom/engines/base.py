@@ -28,6 +28,7 @@ class SamplingParams:
     max_tokens: int | None = None  # None: the server default, bounded by the context
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off; else sample among the k most probable tokens
     stop: tuple[str, ...] = ()
     seed: int | None = None
     repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens already seen

@@ -35,8 +35,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, s
         scores = logits.gather(0, seen)
         scores = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
         logits = logits.scatter(0, seen, scores)
-    if params.temperature < GREEDY_BELOW:
+    if params.temperature < GREEDY_BELOW or params.top_k == 1:
         return int(torch.argmax(logits))
+    if 0 < params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     # shifted so the largest is 0: a tiny temperature then sends the others to -inf, not inf/inf
     probs = torch.softmax((logits - logits.max()) / params.temperature, dim=-1)
     if params.top_p < 1.0:

@@ -52,7 +52,8 @@ _TOOLS = "tool calling is not available on this engine yet"
 _NOT_YET = "not yet implemented"
 
 _COMMON = {
-    "model": USE, "stream": USE, "stream_options": USE, "temperature": USE, "top_p": USE, "max_tokens": USE,
+    "model": USE, "stream": USE, "stream_options": USE, "temperature": USE, "top_p": USE, "top_k": USE,
+    "max_tokens": USE,
     "max_completion_tokens": USE, "stop": USE, "user": REPORTED,
     "seed": needs("seed", why="this engine's seeds are not measured to reproduce"),
     "frequency_penalty": needs("penalties", 0, 0.0), "presence_penalty": needs("penalties", 0, 0.0),

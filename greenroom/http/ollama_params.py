@@ -13,8 +13,6 @@ are the defaults with the sent values merged over them; then
   "until the request's window is full";
 - WINDOW: num_ctx → the request's context window: never past the model's (400), a prompt
   + num_predict that does not fit it is refused, never truncated;
-- NOT_APPLIED: top_k — greenroom's sampler has no top-k yet: logged, and reported in
-  X-miLLM-Ignored-Fields when sent with a value other than 0 (Ollama's "off");
 - DROPPED: logged at debug and not applied (mirostat*, min_p, typical_p, tfs_z, the
   load-time knobs); reported when sent with a value other than the no-change one.
 
@@ -37,8 +35,7 @@ from greenroom.http.openai_params import repetition_penalty
 log = logging.getLogger("greenroom.http.ollama")
 
 # what greenroom does with an option
-SAMPLING, PENALTY, LENGTH, WINDOW, NOT_APPLIED, DROPPED = (
-    "sampling", "penalty", "length", "window", "not_applied", "dropped")
+SAMPLING, PENALTY, LENGTH, WINDOW, DROPPED = ("sampling", "penalty", "length", "window", "dropped")
 # value types, as Ollama's Options.FromMap accepts them
 FLOAT, INT, BOOL, STRINGS = "float", "int", "bool", "strings"
 
@@ -65,7 +62,7 @@ def _dropped(default: Any, type_: str) -> Option:
 OPTIONS: dict[str, Option] = {
     # the spec's table of merged defaults, in its order
     "temperature": Option(0.8, FLOAT, SAMPLING, "temperature", lo=0.0),
-    "top_k": Option(40, INT, NOT_APPLIED, lo=0),
+    "top_k": Option(40, INT, SAMPLING, "top_k", lo=0),
     "top_p": Option(0.9, FLOAT, SAMPLING, "top_p", lo=0.0, hi=1.0),
     "repeat_penalty": Option(1.1, FLOAT, SAMPLING, "repetition_penalty", above=0.0, needs="penalties"),
     "num_predict": Option(128, INT, LENGTH, lo=-2, hi=MAX_INT),
@@ -98,9 +95,6 @@ OPTIONS: dict[str, Option] = {
     "num_thread": _dropped(None, INT),
     "embedding_only": _dropped(None, BOOL),
 }
-
-NO_TOP_K = 0  # Ollama's "top_k off": the one value greenroom already honours
-
 
 @attrs.frozen
 class Resolved:
@@ -169,21 +163,12 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
             raise GreenroomError("field_not_honoured", f"'{_where(name)}' cannot be honoured by this model's "
                                  "engine", _where(name))
     merged = {name: opt.default for name, opt in OPTIONS.items()} | sent
-    if "top_k" not in sent:
-        log.debug("options.top_k=%s (the default) is not applied: greenroom's sampler has no top-k yet",
-                  OPTIONS["top_k"].default)
     for name, value in sent.items():
         opt = OPTIONS[name]
-        if opt.handling == NOT_APPLIED:
-            log.info("options.%s=%s is not applied: greenroom's sampler has no top-k yet", name, value)
-            no_change = NO_TOP_K
-        elif opt.handling == DROPPED:
+        if opt.handling == DROPPED:
             log.debug("options.%s=%s accepted and dropped: greenroom does not apply it", name, value)
-            no_change = False if opt.default is None and opt.type == BOOL else opt.default
-        else:
-            continue
-        if value != no_change:
-            unread.append(_where(name))
+            if value != (False if opt.default is None and opt.type == BOOL else opt.default):
+                unread.append(_where(name))
 
     if "repeat_penalty" in sent or not ({"presence_penalty", "frequency_penalty"} & sent.keys()):
         penalty = merged["repeat_penalty"]
@@ -195,6 +180,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
         max_tokens=None if num_predict < 0 else num_predict,
         temperature=merged["temperature"],
         top_p=merged["top_p"],
+        top_k=merged["top_k"],
         stop=tuple(merged["stop"]),
         seed=None if seed < 0 else seed,
         repetition_penalty=penalty,

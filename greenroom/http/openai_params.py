@@ -113,6 +113,7 @@ def sampling(body: dict) -> SamplingParams:
         max_tokens=sampling_max_tokens(body),
         temperature=temperature(body),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=max(_int(body, "top_k", -1, 2**31 - 1) or 0, 0),  # vLLM's extension; -1 and 0 mean off
         stop=_stop(body),
         seed=_int(body, "seed", 0, 2**32 - 1),
         repetition_penalty=repetition_penalty(_number(body, "presence_penalty", 0.0, -2.0, 2.0),

@@ -174,6 +174,8 @@ _SAMPLING_FIELDS = {
         _BOOLEAN, "With stream: true, a last chunk with `choices: []` and the usage follows")}),
     "temperature": _number(minimum=0, maximum=2, description="0 is greedy"),
     "top_p": _number(minimum=0, maximum=1),
+    "top_k": _integer(minimum=-1, maximum=INT32_MAX, description="vLLM's extension: the k most probable tokens; "
+                      "0 or -1 is off"),
     "max_tokens": _integer(minimum=0, maximum=INT32_MAX, description="Absent: the server default, bounded by the "
                            "context window (a constrained answer: the whole window)"),
     "max_completion_tokens": _integer(minimum=0, maximum=INT32_MAX, description="max_tokens by its newer name"),
