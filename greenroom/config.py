@@ -25,6 +25,7 @@ class ModelConfig:
 class Config:
     host: str = "127.0.0.1"
     port: int = 8000
+    ollama_port: int = 11434  # also serve on Ollama's port, so its CLI needs no OLLAMA_HOST; 0 = off
     log_level: str = "info"
     default_max_tokens: int = 512
     max_queue: int = 32
@@ -40,7 +41,8 @@ class Config:
 _converter = cattrs.Converter()
 _converter.register_structure_hook(str | list[str], lambda v, _: v if isinstance(v, str) else [str(x) for x in v])
 
-_ENV_FIELDS = {"host": str, "port": int, "log_level": str, "default_max_tokens": int, "max_queue": int}
+_ENV_FIELDS = {"host": str, "port": int, "ollama_port": int, "log_level": str, "default_max_tokens": int,
+               "max_queue": int}
 
 
 def load_config(path: str | Path | None = None, **overrides) -> Config:

@@ -27,7 +27,8 @@ def free_port() -> int:
 class Server:
     """A `greenroom serve` subprocess; `stop()` sends SIGTERM and waits."""
 
-    def __init__(self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180):
+    def __init__(self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180,
+                 extra_env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"server-{self.port}.log"
@@ -36,7 +37,9 @@ class Server:
             cfg = tmp / f"config-{self.port}.toml"
             cfg.write_text(config)
             cmd += ["--config", str(cfg)]
-        env = {**os.environ, "GREENROOM_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+        # servers run side by side: none takes Ollama's fixed port (test_serve_ports.py checks it)
+        env = {**os.environ, "GREENROOM_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "GREENROOM_OLLAMA_PORT": "0",
+               **(extra_env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.wait_healthy(startup_s)
@@ -94,8 +97,8 @@ def own_server(tmp_path, model_cache):
     """A server of the test's own, for tests that kill or stop things."""
     servers = []
 
-    def start(config: str | None = None) -> Server:
-        servers.append(Server(tmp_path, model_cache, config))
+    def start(config: str | None = None, extra_env: dict | None = None) -> Server:
+        servers.append(Server(tmp_path, model_cache, config, extra_env=extra_env))
         return servers[-1]
 
     yield start

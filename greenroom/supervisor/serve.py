@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -22,7 +23,7 @@ async def serve(config: Config) -> None:
         tree = Tree(config)
         app = create_app(tree)
         hc = HypercornConfig()
-        hc.bind = [f"{config.host}:{config.port}"]
+        hc.bind = [f"{config.host}:{config.port}"] + _ollama_bind(config)
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None
         hc.errorlog = logging.getLogger("greenroom.http")
         hc.graceful_timeout = 1.0
@@ -30,7 +31,22 @@ async def serve(config: Config) -> None:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(tree.run)
             await nursery.start(hypercorn_serve, app, hc)
-            log.info("greenroom serving on http://%s:%d", config.host, config.port)
+            log.info("greenroom serving on %s", ", ".join(f"http://{b}" for b in hc.bind))
+
+
+def _ollama_bind(config: Config) -> list[str]:
+    """Ollama's port too, unless it is off, the same, or taken (a real Ollama running):
+    then greenroom serves the Ollama API on its own port only, and says so."""
+    if not config.ollama_port or config.ollama_port == config.port:
+        return []
+    with socket.socket() as s:
+        try:
+            s.bind((config.host, config.ollama_port))
+        except OSError as exc:
+            log.warning("not listening on Ollama's port %d (%s); the Ollama API is on port %d",
+                        config.ollama_port, exc.strerror, config.port)
+            return []
+    return [f"{config.host}:{config.ollama_port}"]
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:
