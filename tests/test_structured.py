@@ -5,7 +5,6 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from conftest import MODEL

@@ -7,11 +7,14 @@ step; detokenisation, stop sequences and finish reasons live once, in
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import attrs
 
 from .capabilities import Capabilities
+
+if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
+    from .scoring import Scored
 
 
 class EngineError(Exception):

@@ -39,6 +39,7 @@ from greenroom.http import ledger, ollama_params, openai_params, structured
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
 from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
+from greenroom.supervisor.engine_client import admit
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -150,15 +151,6 @@ async def _prepare(tree: Tree, table: dict, where: str) -> Prepared:
     unread = ledger.check(table, body, caps, f"{where} with the {placement['engine']} engine")
     unread = [u for u in unread if not re.fullmatch(r"messages\[\d+\]\.images", u)]  # refused when not empty
     return Prepared(body, model, sent_model, caps, unread, strict, started)
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise GreenroomError("invalid_parameter", f"'{name}' must be a boolean", name)
-    return value
 
 
 def _string(body: dict, name: str) -> str | None:
@@ -332,10 +324,7 @@ async def _generate(tree: Tree, job: Job):
     log.debug("request %s → %s (%s)", rid, gen.rid, "chat" if job.chat else "generate")
     stack = contextlib.AsyncExitStack()
     try:
-        events = await stack.enter_async_context(client.submit(gen))
-        first = await events.__anext__()  # Admitted or Failed: refusals come before any byte is sent
-        if isinstance(first, Failed):
-            raise GreenroomError.from_wire(first.error)
+        events, first = await admit(stack, client, gen)
         if first.prompt_tokens + gen.params.max_tokens > window:  # leaving cancels it in the engine
             raise _context_error(window, first.prompt_tokens, gen.params.max_tokens, explicit_ctx)
         timing = _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
@@ -662,10 +651,10 @@ def register(app: Quart, tree: Tree) -> None:
         body = req.body
         options = ollama_params.resolve(body.get("options"), req.caps)
         req = attrs.evolve(req, unread=req.unread + options.unread)
-        stream = _bool(body, "stream", True)
+        stream = openai_params.boolean(body, "stream", True)
         _keep_alive(body)
         prompt, system, template = _string(body, "prompt"), _string(body, "system"), _string(body, "template")
-        raw = _bool(body, "raw", False)
+        raw = openai_params.boolean(body, "raw", False)
         plan = _plan(body, None, options.params.stop)
         if not prompt:
             return await _load(tree, req, chat=False)
@@ -687,7 +676,7 @@ def register(app: Quart, tree: Tree) -> None:
         body = req.body
         options = ollama_params.resolve(body.get("options"), req.caps)
         req = attrs.evolve(req, unread=req.unread + options.unread)
-        stream = _bool(body, "stream", True)
+        stream = openai_params.boolean(body, "stream", True)
         _keep_alive(body)
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
@@ -704,7 +693,7 @@ def register(app: Quart, tree: Tree) -> None:
         req = await _prepare(tree, EMBED, "on /api/embed")
         body = req.body
         texts = _embed_texts(body.get("input"), "input")
-        _bool(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
+        openai_params.boolean(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
         dimensions = body.get("dimensions")
         if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                        or dimensions < 1):

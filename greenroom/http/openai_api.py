@@ -16,6 +16,7 @@ from greenroom.errors import GreenroomError
 from greenroom.http import ledger, needle, openai_params, scoring, sse, structured
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
+from greenroom.supervisor.engine_client import admit
 from greenroom.supervisor.tree import Tree
 
 
@@ -213,7 +214,6 @@ async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared,
                     extras: Extras | None = None):
     """Chat when `plan` is given (its constraint and tools), else a text completion;
     `extras` adds the x_needle block."""
-    chat = plan is not None
     headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(
         req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request")}
     if plan is not None and plan.header:
@@ -221,10 +221,7 @@ async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared,
     client, info = await tree.client_for(gen.model)
     stack = contextlib.AsyncExitStack()
     try:
-        events = await stack.enter_async_context(client.submit(gen))
-        first = await events.__anext__()  # Admitted or Failed: refusals come before any byte is sent
-        if isinstance(first, Failed):
-            raise GreenroomError.from_wire(first.error)
+        events, first = await admit(stack, client, gen)
         if stream.on:
             body = StreamBody(_stream_chunks(gen, events, first, plan, stream.include_usage, extras), stack)
             response = Response(body, content_type="text/event-stream", headers=headers)

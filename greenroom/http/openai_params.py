@@ -68,7 +68,7 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _bool(body: dict, name: str, default: bool) -> bool:
+def boolean(body: dict, name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -128,7 +128,7 @@ class Streaming:
 
 
 def streaming(body: dict) -> Streaming:
-    on = _bool(body, "stream", False)
+    on = boolean(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise GreenroomError("invalid_parameter", "'stream_options' must be an object", "stream_options")
@@ -250,7 +250,7 @@ def completion_request(body: dict, model: str, stream: Streaming) -> Generate:
     if prompt is None:
         raise GreenroomError("missing_parameter", "'prompt' is a required property", "prompt")
     common = dict(rid=new_rid("cmpl"), model=model, params=sampling(body), n=choices_n(body, stream.on),
-                  add_special_tokens=_bool(body, "add_special_tokens", True))
+                  add_special_tokens=boolean(body, "add_special_tokens", True))
     if isinstance(prompt, str):
         return Generate(prompts=[prompt], **common)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator
 
 import trio
 
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    Cancel, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text, from_wire, to_wire,
+    Admitted, Cancel, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text, from_wire,
+    to_wire,
 )
 
 CANCEL_SEND_TIMEOUT_S = 1.0
@@ -115,3 +116,14 @@ class EngineClient:
         """Every request still waiting gets `error` as its last event."""
         for rid, channel in list(self._inbox.items()):
             channel.send_nowait(Failed(rid, error.to_wire()))
+
+
+async def admit(stack: AsyncExitStack, client: EngineClient, request: Generate) -> tuple[RequestEvents, Admitted]:
+    """Submit inside `stack` (closing it cancels the request) and wait for the engine's
+    verdict: Admitted, or its refusal raised as the typed error — before any byte of a
+    response is sent."""
+    events = await stack.enter_async_context(client.submit(request))
+    first = await events.__anext__()
+    if isinstance(first, Failed):
+        raise GreenroomError.from_wire(first.error)
+    return events, first
