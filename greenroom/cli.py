@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ps", help="print the live actor tree of a running server")
     p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
     p.add_argument("--json", action="store_true", help="print GET /api/actors as JSON")
+    p.add_argument("--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or "
+                   "$NEEDLE_API_KEY)")
 
     p = sub.add_parser("demo-model", help="build the demo checkpoint (deterministic, no download)")
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
@@ -49,9 +52,14 @@ def _serve(args) -> int:
 
 def _ps(args) -> int:
     url = (args.url or "http://127.0.0.1:8000").rstrip("/") + "/api/actors"
+    key = args.api_key or os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10) as resp:
             actors = json.load(resp)["actors"]
+    except urllib.error.HTTPError as exc:
+        print(f"greenroom ps: {url} answered {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"greenroom ps: no server answered at {url}: {exc}", file=sys.stderr)
         return 1

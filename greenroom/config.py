@@ -36,6 +36,7 @@ class Config:
     restart_window_s: float = 300.0
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
+    api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
 
 
 _converter = cattrs.Converter()
@@ -51,7 +52,10 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
         value = os.environ.get(f"GREENROOM_{name.upper()}")
         if value is not None:
             raw[name] = cast(value)
-    extras = os.environ.get("GREENROOM_EXPOSE_EXTRAS", os.environ.get("NEEDLE_EXPOSE_EXTRAS"))  # Needle's name too
+    key = os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")  # Needle's name too
+    if key:
+        raw["api_key"] = key
+    extras = os.environ.get("GREENROOM_EXPOSE_EXTRAS", os.environ.get("NEEDLE_EXPOSE_EXTRAS"))
     if extras is not None:
         raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
     raw.update({k: v for k, v in overrides.items() if v is not None})

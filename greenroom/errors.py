@@ -33,6 +33,8 @@ TABLE: dict[str, ErrorKind] = {
     "embedding_batch_too_large": ErrorKind(413, INVALID, ollama_only=True),
     "embedding_input_too_large": ErrorKind(413, INVALID, ollama_only=True),
     "embedding_request_too_large": ErrorKind(413, INVALID, ollama_only=True),
+    # API key (GREENROOM_API_KEY / NEEDLE_API_KEY)
+    "invalid_api_key": ErrorKind(401, INVALID),
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
     "not_found": ErrorKind(404, NOT_FOUND),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 from quart import Quart, jsonify, request
@@ -48,6 +49,18 @@ def create_app(tree: Tree) -> Quart:
         if ollama_api.owns(request.path):  # Ollama's flat envelope on its /api surface
             return jsonify(ollama_api.error_body(err)), err.status
         return jsonify(err.openai_body()), err.status
+
+    open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
+    expected = f"Bearer {tree.config.api_key}".encode() if tree.config.api_key else None
+
+    @app.before_request
+    async def require_api_key():
+        if expected is None or request.path in open_paths:
+            return None
+        sent = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(sent, expected):  # constant time: no timing oracle on the key
+            raise GreenroomError("invalid_api_key", "missing or wrong API key: send Authorization: Bearer <key>")
+        return None
 
     @app.after_request
     async def request_id_header(response):

@@ -128,6 +128,7 @@ def _operation(summary: str, responses: dict, *, body: dict | None = None, examp
 _ERRORS = (
     (400, "BadRequest", "The request was refused: malformed, invalid, too long, a scoring request or a "
      "JSON schema greenroom cannot honour, or asking for something this endpoint or engine cannot honour"),
+    (401, "Unauthorized", "An API key is configured and the request did not send it (Authorization: Bearer <key>)"),
     (404, "NotFound", "Unknown model or route"),
     (405, "MethodNotAllowed", "The route exists but not for this method"),
     (500, "InternalError", "Generation or the server failed (non-finite logits and a complete constrained "

@@ -1,0 +1,89 @@
+"""With an API key configured, every route but /health and / needs it (Ollama's too);
+401 in each surface's envelope."""
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from conftest import MODEL
+
+KEY = "s3cret-key"
+BODIES = {
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+    "/v1/completions": {"model": MODEL, "prompt": "x", "max_tokens": 1},
+    "/v1/embeddings": {"model": MODEL, "input": "x"},
+    "/v1/needle/extract": {"text": "x", "name": "n", "schema": {"type": "object", "properties": {
+        "a": {"enum": [1]}}, "required": ["a"], "additionalProperties": False}},
+    "/v1/needle/complete": {"query": "x", "max_tokens": 1},
+    "/api/generate": {"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 1}},
+    "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": False,
+                  "options": {"num_predict": 1}},
+    "/api/embed": {"model": MODEL, "input": "x"},
+    "/api/embeddings": {"model": MODEL, "prompt": "x"},
+    "/api/show": {"model": MODEL},
+}
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory, model_cache):
+    from conftest import Server
+
+    srv = Server(tmp_path_factory.mktemp("auth"), model_cache, extra_env={"NEEDLE_API_KEY": KEY})
+    yield srv
+    srv.stop()
+
+
+def routes(srv):
+    index = httpx.get(srv.url + "/").json()["endpoints"]
+    return [(e["method"], e["path"].replace("{id}", MODEL)) for e in index]
+
+
+def call(srv, method, path, headers):
+    return httpx.request(method, srv.url + path, json=BODIES.get(path) if method == "POST" else None,
+                         headers=headers, timeout=60)
+
+
+def test_every_route_needs_the_key_but_health_and_index(keyed):
+    for method, path in routes(keyed):
+        open_route = path in ("/", "/health")
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = call(keyed, method, path, headers)
+            if open_route:
+                assert r.status_code == 200, (path, r.text)
+                continue
+            assert r.status_code == 401, (method, path, headers, r.text)
+            body = r.json()
+            if path.startswith("/api/") and path != "/api/actors":
+                assert body["code"] == "invalid_api_key" and "request id" in body["error"]
+            else:
+                assert body["error"]["code"] == "invalid_api_key"
+        r = call(keyed, method, path, {"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200, (method, path, r.text)
+
+
+def test_clients_with_the_key(keyed):
+    good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    assert good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+    client = ollama.Client(host=keyed.url, headers={"Authorization": f"Bearer {KEY}"})
+    assert MODEL in [m.model for m in client.list().models]
+    with pytest.raises(ollama.ResponseError) as exc:
+        ollama.Client(host=keyed.url).list()
+    assert exc.value.status_code == 401
+
+
+def test_ps_with_the_key(keyed):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("GREENROOM_API_KEY", "NEEDLE_API_KEY")}
+    denied = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert denied.returncode == 1
+    ok = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT,
+                        env={**env, "GREENROOM_API_KEY": KEY}, capture_output=True, text=True)
+    assert ok.returncode == 0 and "cpu" in ok.stdout
