@@ -9,7 +9,7 @@ from quart import Quart, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from greenroom import __version__
+from greenroom import __version__, metrics
 from greenroom.errors import GreenroomError
 from greenroom.http import ollama_api, openai_api, openapi
 from greenroom.supervisor.tree import Tree
@@ -20,6 +20,7 @@ ENDPOINTS = [
     ("GET", "/", "this index"),
     ("GET", "/health", "readiness: ok once the tree is up, loading before"),
     ("GET", "/api/actors", "the live actor tree: name, pid, state, models, queue depth, RSS"),
+    ("GET", "/metrics", "Prometheus metrics"),
     ("GET", "/v1/models", "models served"),
     ("GET", "/v1/models/{id}", "one model card"),
     ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
@@ -63,8 +64,10 @@ def create_app(tree: Tree) -> Quart:
         return None
 
     @app.after_request
-    async def request_id_header(response):
+    async def request_id_and_count(response):
         response.headers[ollama_api.REQUEST_ID_HEADER] = ollama_api.request_id()
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        metrics.REQUESTS.labels(rule, request.method, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(HTTPException)
@@ -95,6 +98,13 @@ def create_app(tree: Tree) -> Quart:
     @app.get("/api/actors")
     async def actors():
         return {"actors": await tree.actors()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        for row in await tree.actors():
+            if row["role"] == "engine":
+                metrics.QUEUE_DEPTH.labels(row["name"]).set(row["queue_depth"])
+        return metrics.render(), 200, {"Content-Type": metrics.CONTENT_TYPE_LATEST}
 
     @app.get("/openapi.json")
     async def openapi_document():

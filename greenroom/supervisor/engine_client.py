@@ -14,6 +14,7 @@ from typing import AsyncIterator
 import trio
 
 from greenroom.errors import GreenroomError
+from greenroom.metrics import TokenClock
 from greenroom.protocol import (
     Admitted, Cancel, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text, from_wire,
     to_wire,
@@ -26,9 +27,10 @@ class RequestEvents:
     """The events of one request, ending after a Failed, an Embedded, a Scores, or as
     many finishing Texts (a finish_reason set) as the request has choices."""
 
-    def __init__(self, recv: trio.MemoryReceiveChannel, choices: int):
+    def __init__(self, recv: trio.MemoryReceiveChannel, choices: int, clock: TokenClock | None = None):
         self._recv = recv
         self._unfinished = choices
+        self._clock = clock  # one choice's token timing is what the metrics observe
         self.finished = False
 
     def __aiter__(self):
@@ -51,8 +53,11 @@ class RequestEvents:
         return out
 
     def _track(self, event):
-        if isinstance(event, Text) and event.finish_reason:
-            self._unfinished -= 1
+        if isinstance(event, Text):
+            if self._clock is not None and event.index == 0:
+                self._clock.text(event.completion_tokens)
+            if event.finish_reason:
+                self._unfinished -= 1
         if isinstance(event, (Failed, Embedded, Scores)) or self._unfinished == 0:
             self.finished = True
         return event
@@ -81,7 +86,8 @@ class EngineClient:
         """Send a request; leaving the block before it finished cancels it in the engine."""
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
-        events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1)
+        events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1,
+                               TokenClock(request.model) if isinstance(request, Generate) else None)
         try:
             try:
                 await self._stream.send(to_wire(request))

@@ -17,6 +17,7 @@ import attrs
 import psutil
 import trio
 
+from greenroom import metrics
 from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
@@ -78,6 +79,7 @@ class Tree:
                 reason = f"{type(exc).__name__}: {exc}"
             slot.last_error = reason
             slot.pid = None
+            metrics.ACTOR_EVENTS.labels(slot.name, "stopped").inc()
             now = time.monotonic()
             failures.append(now)
             while failures and now - failures[0] > self.config.restart_window_s:
@@ -87,6 +89,7 @@ class Tree:
                           self.config.restart_window_s, reason)
                 slot.state = "failed"
                 slot.ready.set()  # waiters see the failed state instead of hanging
+                metrics.ACTOR_EVENTS.labels(slot.name, "failed").inc()
                 return
             delay = min(BACKOFF_BASE_S * 2 ** (len(failures) - 1), BACKOFF_MAX_S)
             log.warning("actor %s stopped (%s); restarting in %.1f s", slot.name, reason, delay)
@@ -115,6 +118,7 @@ class Tree:
                     slot.models = first["models"]
                     slot.state = "ready"
                     slot.ready.set()
+                    metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
                     try:
                         await slot.client.run()
                     finally:

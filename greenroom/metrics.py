@@ -1,0 +1,51 @@
+"""Prometheus metrics of one server (prometheus-client), exposed at GET /metrics.
+
+Token timing is observed in one place every surface goes through — the front end's
+end of an engine stream (supervisor/engine_client.py) — so OpenAI, Ollama and Needle
+requests are measured alike. Requests are counted by the app's after-request hook.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry()
+
+REQUESTS = Counter("greenroom_requests", "HTTP requests by route, method and status",
+                   ("route", "method", "status"), registry=REGISTRY)
+TOKENS = Counter("greenroom_tokens_generated", "Tokens generated, by model", ("model",), registry=REGISTRY)
+TTFT = Histogram("greenroom_time_to_first_token_seconds", "From a request's submission to its first token",
+                 ("model",), registry=REGISTRY,
+                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+INTER_TOKEN = Histogram("greenroom_inter_token_seconds", "Time per token after the first", ("model",),
+                        registry=REGISTRY,
+                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+QUEUE_DEPTH = Gauge("greenroom_queue_depth", "Requests queued or running in an engine actor", ("actor",),
+                    registry=REGISTRY)
+ACTOR_EVENTS = Counter("greenroom_actor_events", "Actor lifecycle: started (models loaded), stopped (unloaded), "
+                       "failed", ("actor", "event"), registry=REGISTRY)
+
+
+class TokenClock:
+    """Per request: observes the first token's latency, then the time per later token."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self._start = self._last = time.monotonic()
+        self._tokens = 0
+
+    def text(self, completion_tokens: int) -> None:
+        now = time.monotonic()
+        if self._tokens == 0:
+            TTFT.labels(self.model).observe(now - self._start)
+        elif completion_tokens > self._tokens:
+            INTER_TOKEN.labels(self.model).observe((now - self._last) / (completion_tokens - self._tokens))
+        if completion_tokens > self._tokens:
+            TOKENS.labels(self.model).inc(completion_tokens - self._tokens)
+            self._tokens, self._last = completion_tokens, now
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)
