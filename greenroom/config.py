@@ -37,6 +37,7 @@ class Config:
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
+    request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
 
 
 _converter = cattrs.Converter()
@@ -52,6 +53,9 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
         value = os.environ.get(f"GREENROOM_{name.upper()}")
         if value is not None:
             raw[name] = cast(value)
+    timeout = os.environ.get("GREENROOM_REQUEST_TIMEOUT") or os.environ.get("NEEDLE_REQUEST_TIMEOUT")
+    if timeout:
+        raw["request_timeout_s"] = float(timeout)
     key = os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")  # Needle's name too
     if key:
         raw["api_key"] = key

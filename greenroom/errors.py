@@ -42,6 +42,8 @@ TABLE: dict[str, ErrorKind] = {
     "model_not_loaded": ErrorKind(503, SERVER),
     "model_busy": ErrorKind(503, SERVER),
     "queue_full": ErrorKind(503, SERVER),
+    "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it
+    "request_timeout": ErrorKind(504, SERVER),
     # fields the request path cannot honour or would ignore (http/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),
@@ -56,6 +58,11 @@ TABLE: dict[str, ErrorKind] = {
     "generation_failed": ErrorKind(500, SERVER),
     "internal_error": ErrorKind(500, SERVER),
 }
+
+
+# answered with Retry-After: a retry can succeed once the engine has room again
+RETRYABLE = frozenset({"queue_full", "engine_busy", "model_busy"})
+RETRY_AFTER_S = 1
 
 
 class GreenroomError(Exception):

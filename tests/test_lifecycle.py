@@ -116,3 +116,45 @@ def test_full_queue_answers_503_queue_full(own_server):
     with cf.ThreadPoolExecutor(4) as pool:
         outcomes = list(pool.map(one, range(4)))
     assert 200 in outcomes and "queue_full" in outcomes
+
+
+def test_queue_full_retry_after_and_needle_429(own_server):
+    import concurrent.futures as cf
+
+    import httpx
+
+    srv = own_server(SMALL_QUEUE)
+    long = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1500}
+
+    def occupy(_):
+        return httpx.post(srv.url + "/v1/chat/completions", json=long, timeout=120).status_code
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(occupy, 0)
+        deadline = time.monotonic() + 10
+        while srv.actors()["cpu"]["queue_depth"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        v1 = httpx.post(srv.url + "/v1/chat/completions", json={**long, "max_tokens": 2}, timeout=30)
+        needle = httpx.post(srv.url + "/v1/needle/complete", json={"query": "x", "max_tokens": 2}, timeout=30)
+        api = httpx.post(srv.url + "/api/generate", json={"model": MODEL, "prompt": "x", "stream": False}, timeout=30)
+        assert busy.result() == 200
+    assert v1.status_code == 503 and v1.json()["error"]["code"] == "queue_full" and v1.headers["Retry-After"]
+    assert needle.status_code == 429 and needle.json()["error"]["code"] == "engine_busy"
+    assert needle.headers["Retry-After"]
+    assert api.status_code == 503 and api.json()["code"] == "queue_full" and api.headers["Retry-After"]
+
+
+def test_request_timeout_is_504_and_cancels(own_server):
+    import httpx
+
+    srv = own_server(extra_env={"NEEDLE_REQUEST_TIMEOUT": "0.5"})
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1800})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+    deadline = time.monotonic() + 5
+    while srv.actors()["cpu"]["counters"]["cancelled"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.actors()["cpu"]["counters"]["active"] == 0
+    quick = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    assert quick.status_code == 200

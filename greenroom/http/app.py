@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 
+import trio
 from quart import Quart, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
-from greenroom.errors import GreenroomError
+from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
 from greenroom.http import ollama_api, openai_api, openapi
 from greenroom.supervisor.tree import Tree
 
@@ -47,9 +49,12 @@ def create_app(tree: Tree) -> Quart:
 
     @app.errorhandler(GreenroomError)
     async def typed_error(err: GreenroomError):
+        if err.code == "queue_full" and request.path.startswith("/v1/needle/"):
+            err = GreenroomError("engine_busy", err.message, err.param)  # Needle's 429
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if err.code in RETRYABLE else {}
         if ollama_api.owns(request.path):  # Ollama's flat envelope on its /api surface
-            return jsonify(ollama_api.error_body(err)), err.status
-        return jsonify(err.openai_body()), err.status
+            return jsonify(ollama_api.error_body(err)), err.status, headers
+        return jsonify(err.openai_body()), err.status, headers
 
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
     expected = f"Bearer {tree.config.api_key}".encode() if tree.config.api_key else None
@@ -90,10 +95,13 @@ def create_app(tree: Tree) -> Quart:
     @app.get("/health")
     async def health():
         engines = [s for s in tree.slots.values() if s.role == "engine"]
+        models = [m["id"] for m in tree.models()]
         return {"status": "loading" if tree.loading else "ok",
-                "models": [m["id"] for m in tree.models()],
+                "model": models[0] if models else None,  # Needle's field: the default model
+                "models": models,
                 "queue_depth": sum(s.client.in_flight for s in engines if s.client is not None),
-                "max_queue_depth": tree.config.max_queue * len(engines)}
+                "max_queue_depth": tree.config.max_queue * len(engines),
+                "exact_token_counts": True}  # usage comes from the model's own tokenizer
 
     @app.get("/api/actors")
     async def actors():
@@ -112,4 +120,20 @@ def create_app(tree: Tree) -> Quart:
 
     openai_api.register(app, tree)
     ollama_api.register(app, tree)
+    if tree.config.request_timeout_s:
+        for name, view in app.view_functions.items():
+            app.view_functions[name] = _bounded(view, tree.config.request_timeout_s)
     return app
+
+
+def _bounded(view, seconds: float):
+    """A view that must start answering within `seconds` (a stream: start streaming); past
+    that it is cancelled — its engine request with it — and answers 504."""
+
+    @functools.wraps(view)
+    async def bounded(*args, **kwargs):
+        with trio.move_on_after(seconds):
+            return await view(*args, **kwargs)
+        raise GreenroomError("request_timeout", f"the request took longer than the server's {seconds:g} s timeout")
+
+    return bounded

@@ -131,10 +131,12 @@ _ERRORS = (
     (401, "Unauthorized", "An API key is configured and the request did not send it (Authorization: Bearer <key>)"),
     (404, "NotFound", "Unknown model or route"),
     (405, "MethodNotAllowed", "The route exists but not for this method"),
+    (429, "TooManyRequests", "/v1/needle/*: the engine queue is full (engine_busy); Retry-After says when to retry"),
     (500, "InternalError", "Generation or the server failed (non-finite logits and a complete constrained "
      "document that does not validate included)"),
     (503, "ServiceUnavailable", "No engine can take the request now (not loaded, busy, queue full, or "
-     "crashed during the request); retry later"),
+     "crashed during the request); retry later (Retry-After on queue_full and model_busy)"),
+    (504, "GatewayTimeout", "The request took longer than the server's request timeout and was cancelled"),
 )
 
 
@@ -543,10 +545,12 @@ def _response_schemas() -> dict:
         }, ("name", "version", "endpoints")),
         "Health": _obj({
             "status": {"enum": ["ok", "loading"]},
+            "model": {"type": ["string", "null"], "description": "The default model (Needle's field)"},
             "models": _array(_string()),
             "queue_depth": _COUNT,
             "max_queue_depth": _COUNT,
-        }, ("status", "models", "queue_depth", "max_queue_depth")),
+            "exact_token_counts": {"type": "boolean", "description": "Usage comes from the model's tokenizer"},
+        }, ("status", "model", "models", "queue_depth", "max_queue_depth", "exact_token_counts")),
         "Actor": actor,
         "Actors": _obj({"actors": _array(_ref("Actor"))}, ("actors",)),
         "OpenAPIDocument": _obj({"openapi": _string(), "info": {"type": "object"}, "paths": {"type": "object"}},
