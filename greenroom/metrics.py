@@ -47,5 +47,6 @@ class TokenClock:
             self._tokens, self._last = completion_tokens, now
 
 
-def render() -> bytes:
-    return generate_latest(REGISTRY)
+def render() -> tuple[bytes, str]:
+    """The exposition and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

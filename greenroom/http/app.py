@@ -112,7 +112,8 @@ def create_app(tree: Tree) -> Quart:
         for row in await tree.actors():
             if row["role"] == "engine":
                 metrics.QUEUE_DEPTH.labels(row["name"]).set(row["queue_depth"])
-        return metrics.render(), 200, {"Content-Type": metrics.CONTENT_TYPE_LATEST}
+        body, content_type = metrics.render()
+        return body, 200, {"Content-Type": content_type}
 
     @app.get("/openapi.json")
     async def openapi_document():

@@ -3,6 +3,7 @@ models. Every request goes through the field ledger before anything is loaded.""
 
 from __future__ import annotations
 
+import array
 import base64
 import contextlib
 import json
@@ -122,9 +123,10 @@ def register(app: Quart, tree: Tree) -> None:
     async def needle_extract():
         result, plan = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
         choice = result["choices"][0]
-        data = structured.document(plan, choice["message"]["content"]) if choice["finish_reason"] == "stop" else None
-        matched = data is not None and data is not structured.INVALID
-        return {"object": "needle.extraction", "data": data if matched else None, "matched": matched,
+        doc = structured.document(plan, choice["message"]["content"]) if choice["finish_reason"] == "stop" \
+            else structured.INVALID  # cut by max_tokens: no object came out
+        matched = doc is not structured.INVALID
+        return {"object": "needle.extraction", "data": doc if matched else None, "matched": matched,
                 "x_needle": result["x_needle"]}
 
     @app.post("/v1/needle/complete")
@@ -156,8 +158,6 @@ def _model_card(model_id: str) -> dict:
 
 
 def _floats(raw: bytes) -> list[float]:
-    import array
-
     return array.array("f", raw).tolist()
 
 
