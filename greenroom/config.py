@@ -19,6 +19,7 @@ class ModelConfig:
     engine: str = "transformers"
     actor: str = "auto"
     dtype: str | None = None
+    preload: bool = True  # loaded when its actor starts; else on the first request
 
 
 @attrs.define
@@ -38,6 +39,7 @@ class Config:
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
+    graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
 
 
 _converter = cattrs.Converter()

@@ -41,6 +41,7 @@ TABLE: dict[str, ErrorKind] = {
     "method_not_allowed": ErrorKind(405, INVALID),
     "model_not_loaded": ErrorKind(503, SERVER),
     "model_busy": ErrorKind(503, SERVER),
+    "model_load_failed": ErrorKind(500, SERVER),
     "queue_full": ErrorKind(503, SERVER),
     "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it
     "request_timeout": ErrorKind(504, SERVER),

@@ -24,6 +24,8 @@ INTER_TOKEN = Histogram("greenroom_inter_token_seconds", "Time per token after t
                         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
 QUEUE_DEPTH = Gauge("greenroom_queue_depth", "Requests queued or running in an engine actor", ("actor",),
                     registry=REGISTRY)
+MODEL_EVENTS = Counter("greenroom_model_events", "Model loads and unloads after start-up", ("model", "event"),
+                       registry=REGISTRY)
 ACTOR_EVENTS = Counter("greenroom_actor_events", "Actor lifecycle: started (models loaded), stopped (unloaded), "
                        "failed", ("actor", "event"), registry=REGISTRY)
 

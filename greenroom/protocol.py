@@ -78,6 +78,22 @@ class Score:
 
 
 @attrs.frozen
+class Load:
+    """Load a model into the engine actor (queued behind the requests before it)."""
+
+    rid: str
+    spec: dict  # {"id", "source", "engine", "device", "dtype", "cache_dir"}
+
+
+@attrs.frozen
+class Unload:
+    """Unload a model once every request queued before this has finished."""
+
+    rid: str
+    model: str
+
+
+@attrs.frozen
 class Cancel:
     rid: str
 
@@ -131,6 +147,14 @@ class Scores:
 
 
 @attrs.frozen
+class Done:
+    """A Load (with the model's info) or an Unload (info None) has completed."""
+
+    rid: str
+    info: dict | None = None
+
+
+@attrs.frozen
 class Failed:
     rid: str
     error: dict  # GreenroomError.to_wire()
@@ -144,11 +168,12 @@ class Status:
 
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Scores | Failed | Status]
+    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status]
 
 
 _TAGS: dict[str, type] = {c.__name__: c for c in (
-    Generate, Embed, Score, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Failed, Status)}
+    Generate, Embed, Score, Load, Unload, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Done, Failed,
+    Status)}
 _conv = cattrs.Converter()
 
 

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from conftest import MODEL
+from greenroom.http import ollama_api
 
 KEY = "s3cret-key"
 BODIES = {
@@ -22,6 +23,8 @@ BODIES = {
     "/api/embed": {"model": MODEL, "input": "x"},
     "/api/embeddings": {"model": MODEL, "prompt": "x"},
     "/api/show": {"model": MODEL},
+    "/api/models/load": {"model": MODEL},
+    "/api/models/unload": {"model": "other"},  # a preload=false model that is not loaded: a no-op
 }
 
 
@@ -29,7 +32,9 @@ BODIES = {
 def keyed(tmp_path_factory, model_cache):
     from conftest import Server
 
-    srv = Server(tmp_path_factory.mktemp("auth"), model_cache, extra_env={"NEEDLE_API_KEY": KEY})
+    config = ('[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
+              '[[models]]\nid = "other"\nsource = "demo:tiny"\npreload = false\n')
+    srv = Server(tmp_path_factory.mktemp("auth"), model_cache, config, extra_env={"NEEDLE_API_KEY": KEY})
     yield srv
     srv.stop()
 
@@ -54,7 +59,7 @@ def test_every_route_needs_the_key_but_health_and_index(keyed):
                 continue
             assert r.status_code == 401, (method, path, headers, r.text)
             body = r.json()
-            if path.startswith("/api/") and path != "/api/actors":
+            if ollama_api.owns(path):
                 assert body["code"] == "invalid_api_key" and "request id" in body["error"]
             else:
                 assert body["error"]["code"] == "invalid_api_key"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import collections
+import gc
 import hashlib
 import math
 import os
@@ -26,8 +27,8 @@ from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.engines.base import EngineError
 from greenroom.protocol import (
-    Admitted, Cancel, Embed, Embedded, Events, Failed, Generate, Score, ScoredRow, Scores, Status,
-    StatusQuery, Text, from_wire, to_wire,
+    Admitted, Cancel, Done, Embed, Embedded, Events, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
+    StatusQuery, Text, Unload, from_wire, to_wire,
 )
 
 
@@ -75,7 +76,7 @@ class EngineLoop:
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.counters = Counters()
-        self._queue: collections.deque[Generate | Embed | Score] = collections.deque()
+        self._queue: collections.deque[Generate | Embed | Score | Load | Unload] = collections.deque()
         self._wakeup = threading.Condition()
         self._cancelled: set[str] = set()
         self._active: str | None = None
@@ -113,6 +114,10 @@ class EngineLoop:
             with self._wakeup:
                 self._queue.append(msg)
                 self._enqueued[msg.rid] = time.monotonic()
+                self._wakeup.notify()
+        elif isinstance(msg, (Load, Unload)):  # lifecycle: never refused for a full queue
+            with self._wakeup:
+                self._queue.append(msg)
                 self._wakeup.notify()
         elif isinstance(msg, Cancel):
             self._cancelled.add(msg.rid)
@@ -194,6 +199,9 @@ class EngineLoop:
         if req.rid in self._cancelled:
             self.counters.cancelled += 1
             return
+        if isinstance(req, (Load, Unload)):
+            self._lifecycle(req)
+            return
         engine = self.engines.get(req.model)
         if engine is None:
             raise GreenroomError("model_not_found", f"model {req.model!r} is not served by this engine", "model")
@@ -206,6 +214,22 @@ class EngineLoop:
                 self._generate(engine, req)
         except EngineError as exc:
             raise GreenroomError(exc.code, exc.message, exc.param) from None
+
+    def _lifecycle(self, req: Load | Unload) -> None:
+        """FIFO with requests: an Unload runs once everything queued before it is done."""
+        if isinstance(req, Load):
+            from greenroom.engines.loader import load_engine
+
+            if req.spec["id"] not in self.engines:
+                self.engines[req.spec["id"]] = load_engine(req.spec)
+            self._emit_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
+            return
+        engine = self.engines.pop(req.model, None)
+        if engine is not None:
+            engine.unload()
+            del engine
+            gc.collect()  # the weights go now, not at the next collection
+        self._emit_from_thread(Done(req.rid))
 
     def _score(self, engine, req: Score) -> None:
         if req.conversations is not None and not engine.has_chat_template:

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
-from greenroom.http import ollama_api, openai_api, openapi
+from greenroom.http import manage_api, ollama_api, openai_api, openapi
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -23,6 +23,9 @@ ENDPOINTS = [
     ("GET", "/health", "readiness: ok once the tree is up, loading before"),
     ("GET", "/api/actors", "the live actor tree: name, pid, state, models, queue depth, RSS"),
     ("GET", "/metrics", "Prometheus metrics"),
+    ("GET", "/api/models", "every model with its state (loaded, unloaded, loading, unloading)"),
+    ("POST", "/api/models/load", "load a model: {\"model\": id}"),
+    ("POST", "/api/models/unload", "unload a model gracefully: {\"model\": id}"),
     ("GET", "/v1/models", "models served"),
     ("GET", "/v1/models/{id}", "one model card"),
     ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
@@ -121,6 +124,7 @@ def create_app(tree: Tree) -> Quart:
 
     openai_api.register(app, tree)
     ollama_api.register(app, tree)
+    manage_api.register(app, tree)
     if tree.config.request_timeout_s:
         for name, view in app.view_functions.items():
             app.view_functions[name] = _bounded(view, tree.config.request_timeout_s)

@@ -35,7 +35,7 @@ from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, ollama_params, openai_params, structured
+from greenroom.http import ledger, manage_api, ollama_params, openai_params, structured
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
 from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
@@ -57,7 +57,7 @@ _NOT_YET = "not yet implemented"
 _TEXT_ONLY = "greenroom serves text-only models"
 _FORMAT = ledger.needs("response_format", "", why="structured output is not available on this engine yet")
 _COMMON = {"model": ledger.USE, "stream": ledger.USE, "format": _FORMAT, "options": ledger.USE,
-           "keep_alive": ledger.REPORTED,  # accepted; greenroom keeps every configured model loaded
+           "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
            "think": ledger.refused(False, why="this model does not think"),
            "logprobs": ledger.refused(False, why=_NOT_YET), "top_logprobs": ledger.refused(0, why=_NOT_YET)}
 GENERATE = {
@@ -70,15 +70,15 @@ GENERATE = {
 CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [], why="tool calling is not "
                                                                   "available on this engine yet")}
 EMBED = {"model": ledger.USE, "input": ledger.USE, "truncate": ledger.USE, "dimensions": ledger.USE,
-         "options": ledger.REPORTED, "keep_alive": ledger.REPORTED}
-EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.REPORTED}
+         "options": ledger.REPORTED, "keep_alive": ledger.USE}
+EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.USE}
 
 
 # --- request ids and the flat envelope ---------------------------------------------------
 
 def owns(path: str) -> bool:
     """Whether `path` is the Ollama surface's (its errors use the flat envelope)."""
-    return path.startswith("/api/") and path != "/api/actors"
+    return path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
 
 
 def request_id() -> str:
@@ -163,18 +163,25 @@ def _string(body: dict, name: str) -> str | None:
 _DURATION = re.compile(r"-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*")
 
 
-def _keep_alive(body: dict) -> None:
-    """Validated, then logged: greenroom has no unloading yet, so every configured model stays
-    loaded whatever keep_alive says."""
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def _keep_alive(body: dict) -> float | None:
+    """`keep_alive` in seconds: None when not sent; negative keeps the model loaded; 0
+    unloads it after the request. A number is seconds; a string a Go duration ("5m")."""
     value = body.get("keep_alive")
     if value is None:
-        return
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)) or (
-        isinstance(value, str) and _DURATION.fullmatch(value.strip()))
-    if not ok:
-        raise GreenroomError("invalid_parameter", "'keep_alive' must be a duration such as \"5m\", \"-1\" or \"0\", "
-                             "or a number of seconds", "keep_alive")
-    log.info("keep_alive=%r accepted but not yet honoured: greenroom keeps every configured model loaded", value)
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str) and _DURATION.fullmatch(value.strip()):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        parts = _PART.findall(text.lstrip("-"))
+        return sign * (sum(float(n) * _UNIT_S[u] for n, u in parts) if parts else float(text.lstrip("-")))
+    raise GreenroomError("invalid_parameter", "'keep_alive' must be a duration such as \"5m\", \"-1\" or \"0\", "
+                         "or a number of seconds", "keep_alive")
 
 
 def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.Plan:
@@ -275,6 +282,7 @@ class Job:
     plan: structured.Plan
     options: ollama_params.Resolved
     stream: bool
+    keep_alive: float | None  # seconds; applied once the answer is complete
 
 
 def _context_error(window: int, prompt_tokens: int, completion: int | None, explicit_ctx: bool) -> GreenroomError:
@@ -329,15 +337,26 @@ async def _generate(tree: Tree, job: Job):
             raise _context_error(window, first.prompt_tokens, gen.params.max_tokens, explicit_ctx)
         timing = _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
         if job.stream:
-            body = StreamBody(_frames(job, events, timing, rid), stack)
+            body = StreamBody(_then_keep_alive(tree, job, _frames(job, events, timing, rid)), stack)
             response = Response(body, content_type=NDJSON, headers=headers)
             response.timeout = None
             return response
         async with stack:
-            return await _collect(job, events, timing), 200, headers
+            result = await _collect(job, events, timing)
+        if job.keep_alive is not None:
+            tree.keep_alive(job.req.model, job.keep_alive)
+        return result, 200, headers
     except BaseException:
         await stack.aclose()
         raise
+
+
+async def _then_keep_alive(tree: Tree, job: Job, frames):
+    """The stream's lines, then its keep_alive applied (once the answer is complete)."""
+    async for line in frames:
+        yield line
+    if job.keep_alive is not None:
+        tree.keep_alive(job.req.model, job.keep_alive)
 
 
 @attrs.frozen
@@ -451,13 +470,20 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
         yield _line(error_body(GreenroomError("internal_error", f"internal error: {type(exc).__name__}"), rid))
 
 
-async def _load(tree: Tree, req: Prepared, chat: bool):
-    """No prompt (or no messages): load the model, as Ollama does — greenroom's models are
-    loaded when their actor starts, so this waits for the actor to be ready."""
-    await tree.client_for(req.model)
+async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None):
+    """No prompt (or no messages): load the model, as Ollama does — or, with keep_alive 0,
+    unload it (graceful: running requests finish first)."""
+    if keep_alive == 0:
+        await tree.unload(req.model)
+        reason = "unload"
+    else:
+        await tree.client_for(req.model)
+        if keep_alive is not None:
+            tree.keep_alive(req.model, keep_alive)
+        reason = "load"
     out = {"model": req.sent_model, "created_at": _now()}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    return {**out, "done": True, "done_reason": "load"}, 200, req.headers()
+    return {**out, "done": True, "done_reason": reason}, 200, req.headers()
 
 
 # --- embeddings ------------------------------------------------------------------------------
@@ -568,8 +594,8 @@ class ModelFacts:
 
 
 def _facts(tree: Tree, model: str) -> ModelFacts:
-    slot, placement = tree.placement(model)
-    info = next((m for m in slot.models if m["id"] == model), None) if slot.state == "ready" else None
+    state = tree.state_of(model)
+    placement, info = state.placement, state.info
     path = model_dir(placement, tree.config.cache_dir)
     files = sorted(p for p in path.iterdir() if p.is_file()) if path is not None else []
     config = _read_json(path / "config.json") if path is not None else {}
@@ -637,8 +663,8 @@ def _listed(facts: ModelFacts) -> dict:
             "digest": facts.digest, "details": facts.details}
 
 
-# keep_alive is not honoured yet: a loaded model never expires (as Ollama's keep_alive -1,
-# whose expiry is the largest duration Go has, ~292 years)
+# a loaded model with no keep_alive deadline never expires: shown as Ollama shows keep_alive -1
+# (the largest duration Go has, ~292 years)
 _FOREVER = datetime.timedelta(seconds=(2**63 - 1) // 10**9)
 
 
@@ -652,12 +678,12 @@ def register(app: Quart, tree: Tree) -> None:
         options = ollama_params.resolve(body.get("options"), req.caps)
         req = attrs.evolve(req, unread=req.unread + options.unread)
         stream = openai_params.boolean(body, "stream", True)
-        _keep_alive(body)
+        keep_alive = _keep_alive(body)
         prompt, system, template = _string(body, "prompt"), _string(body, "system"), _string(body, "template")
         raw = openai_params.boolean(body, "raw", False)
         plan = _plan(body, None, options.params.stop)
         if not prompt:
-            return await _load(tree, req, chat=False)
+            return await _load(tree, req, chat=False, keep_alive=keep_alive)
         rid = openai_params.new_rid("gen")
         if raw or template:
             if raw and (system or template):
@@ -668,7 +694,7 @@ def register(app: Quart, tree: Tree) -> None:
             conversation = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}]
             gen = Generate(rid, req.model, options.params, conversations=[conversation], constraint=plan.constraint)
-        return await _generate(tree, Job(False, req, gen, plan, options, stream))
+        return await _generate(tree, Job(False, req, gen, plan, options, stream, keep_alive))
 
     @app.post("/api/chat")
     async def ollama_chat():
@@ -677,16 +703,16 @@ def register(app: Quart, tree: Tree) -> None:
         options = ollama_params.resolve(body.get("options"), req.caps)
         req = attrs.evolve(req, unread=req.unread + options.unread)
         stream = openai_params.boolean(body, "stream", True)
-        _keep_alive(body)
+        keep_alive = _keep_alive(body)
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
             raise GreenroomError("invalid_parameter", "'messages' must be an array", "messages")
         plan = _plan(body, body.get("tools"), options.params.stop)
         if not messages:
-            return await _load(tree, req, chat=True)
+            return await _load(tree, req, chat=True, keep_alive=keep_alive)
         gen = Generate(openai_params.new_rid("chat"), req.model, options.params,
                        conversations=[_conversation(messages)], tools=plan.tools, constraint=plan.constraint)
-        return await _generate(tree, Job(True, req, gen, plan, options, stream))
+        return await _generate(tree, Job(True, req, gen, plan, options, stream, keep_alive))
 
     @app.post("/api/embed")
     async def ollama_embed():
@@ -698,10 +724,12 @@ def register(app: Quart, tree: Tree) -> None:
         if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                        or dimensions < 1):
             raise GreenroomError("invalid_parameter", "'dimensions' must be a positive integer", "dimensions")
-        _keep_alive(body)
+        keep_alive = _keep_alive(body)
         also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
         headers = req.headers(also)
         embedded, load_ns = await _embed(tree, req, texts)
+        if keep_alive is not None:
+            tree.keep_alive(req.model, keep_alive)
         vectors = [_floats(v) for v in embedded.vectors]
         if dimensions is not None:
             if dimensions > len(vectors[0]):
@@ -718,9 +746,11 @@ def register(app: Quart, tree: Tree) -> None:
         if req.body.get("prompt") is not None:
             _string(req.body, "prompt")
         texts = _embed_texts(req.body.get("prompt"), "prompt")
-        _keep_alive(req.body)
+        keep_alive = _keep_alive(req.body)
         headers = req.headers()
         embedded, _ = await _embed(tree, req, texts)
+        if keep_alive is not None:
+            tree.keep_alive(req.model, keep_alive)
         return {"embedding": _floats(embedded.vectors[0])}, 200, headers
 
     @app.get("/api/tags")
@@ -733,8 +763,13 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_ps():
         ids = [m["id"] for m in tree.models() if m["state"] == "loaded"]
         facts = await trio.to_thread.run_sync(lambda: [_facts(tree, m) for m in ids])
-        expires = _rfc3339(time.time() + _FOREVER.total_seconds())
-        return {"models": [{**_listed(f), "expires_at": expires,
+
+        def expires(model: str) -> str:  # the keep_alive deadline, or Ollama's "forever"
+            at = tree.state_of(model).expires_at
+            left = _FOREVER.total_seconds() if at is None else max(0.0, at - trio.current_time())
+            return _rfc3339(time.time() + left)
+
+        return {"models": [{**_listed(f), "expires_at": expires(f.name),
                             "size_vram": f.size if f.device.startswith("cuda") else 0,
                             "context_length": (f.info or {}).get("context_length")} for f in facts]}
 

@@ -16,8 +16,8 @@ import trio
 from greenroom.errors import GreenroomError
 from greenroom.metrics import TokenClock
 from greenroom.protocol import (
-    Admitted, Cancel, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text, from_wire,
-    to_wire,
+    Admitted, Cancel, Done, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Text,
+    from_wire, to_wire,
 )
 
 CANCEL_SEND_TIMEOUT_S = 1.0
@@ -58,7 +58,7 @@ class RequestEvents:
                 self._clock.text(event.completion_tokens)
             if event.finish_reason:
                 self._unfinished -= 1
-        if isinstance(event, (Failed, Embedded, Scores)) or self._unfinished == 0:
+        if isinstance(event, (Failed, Embedded, Scores, Done)) or self._unfinished == 0:
             self.finished = True
         return event
 
@@ -68,6 +68,7 @@ class EngineClient:
         self.name = name
         self._stream = stream
         self._inbox: dict[str, trio.MemorySendChannel] = {}
+        self._model_of: dict[str, str] = {}  # rid → model, for the requests in flight
 
     @property
     def in_flight(self) -> int:
@@ -82,10 +83,12 @@ class EngineClient:
                     channel.send_nowait(event)
 
     @asynccontextmanager
-    async def submit(self, request: Generate | Embed | Score) -> AsyncIterator[RequestEvents]:
+    async def submit(self, request) -> AsyncIterator[RequestEvents]:
         """Send a request; leaving the block before it finished cancels it in the engine."""
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
+        if isinstance(request, (Generate, Embed, Score)):
+            self._model_of[request.rid] = request.model
         events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1,
                                TokenClock(request.model) if isinstance(request, Generate) else None)
         try:
@@ -98,6 +101,7 @@ class EngineClient:
             yield events
         finally:
             del self._inbox[request.rid]
+            self._model_of.pop(request.rid, None)
             if not events.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
                     try:
@@ -117,6 +121,14 @@ class EngineClient:
             return None
         finally:
             del self._inbox[rid]
+
+    async def cancel_model(self, model: str, error: GreenroomError) -> None:
+        """Cancel every request of `model` in flight in the engine and end it with `error`
+        (an unload whose grace period ran out)."""
+        for rid, m in list(self._model_of.items()):
+            if m == model:
+                await self._stream.send(to_wire(Cancel(rid)))
+                self._inbox[rid].send_nowait(Failed(rid, error.to_wire()))
 
     def fail_all(self, error: GreenroomError) -> None:
         """Every request still waiting gets `error` as its last event."""

@@ -12,6 +12,7 @@ import collections
 import logging
 import os
 import time
+import uuid
 
 import attrs
 import psutil
@@ -23,6 +24,7 @@ from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
 from greenroom.config import Config, detect_engine_actors
 from greenroom.errors import GreenroomError
+from greenroom.protocol import Failed, Load, Unload
 from greenroom.supervisor.engine_client import EngineClient
 
 log = logging.getLogger("greenroom.supervisor")
@@ -40,15 +42,32 @@ class ActorSlot:
     pid: int | None = None
     restarts: int = 0
     last_error: str | None = None
-    models: list[dict] = attrs.Factory(list)  # ModelInfo dicts, once loaded
     client: EngineClient | None = None
     ready: trio.Event = attrs.Factory(trio.Event)
+    unloading: int = 0  # unloads running: every request for this actor is refused meanwhile
+
+
+@attrs.define(eq=False)
+class ModelState:
+    """One placed model's lifecycle, owned by the tree: loaded ⇄ unloaded, through
+    loading / unloading. `changed` is set when a transition ends."""
+
+    id: str
+    slot: ActorSlot
+    placement: dict
+    preload: bool
+    state: str = "unloaded"  # unloaded | loading | loaded | unloading
+    info: dict | None = None  # ModelInfo, while loaded
+    changed: trio.Event = attrs.Factory(trio.Event)
+    expires_at: float | None = None  # keep_alive: unload at this trio time
 
 
 class Tree:
     def __init__(self, config: Config):
         self.config = config
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
+        self.model_states: dict[str, ModelState] = {}
+        self._nursery: trio.Nursery | None = None
         self.slots: dict[str, ActorSlot] = {
             "scheduler": ActorSlot("scheduler", "scheduler"),
             "steering": ActorSlot("steering", "steering"),
@@ -59,12 +78,15 @@ class Tree:
             actor = names[0] if model.actor == "auto" else model.actor
             if actor not in self.slots or self.slots[actor].role != "engine":
                 raise ValueError(f"model {model.id!r} is placed on unknown engine actor {actor!r}")
-            self.slots[actor].placements.append({"id": model.id, "source": model.source, "engine": model.engine,
-                                                 "device": _device_of(actor), "dtype": model.dtype})
+            placement = {"id": model.id, "source": model.source, "engine": model.engine,
+                         "device": _device_of(actor), "dtype": model.dtype, "cache_dir": config.cache_dir}
+            self.slots[actor].placements.append(placement)
+            self.model_states[model.id] = ModelState(model.id, self.slots[actor], placement, model.preload)
 
     # lifecycle ----------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # keep-alive timers live here
             for slot in self.slots.values():
                 nursery.start_soon(self._supervise, slot)
             task_status.started()
@@ -101,7 +123,7 @@ class Tree:
         slot.ready = trio.Event()
         if slot.role == "engine":
             fn = engine_session
-            kwargs = {"models": [{**p, "cache_dir": self.config.cache_dir} for p in slot.placements],
+            kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload],
                       "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens}
         else:
             fn, kwargs = service_session, {"role": slot.role}
@@ -115,7 +137,10 @@ class Tree:
                     if not first["ok"]:
                         raise RuntimeError(f"load failed: {first['error']}")
                     slot.client = EngineClient(slot.name, stream)
-                    slot.models = first["models"]
+                    loaded = {info["id"]: info for info in first["models"]}
+                    for m in self._placed(slot):  # a (re)started actor holds its preloaded models only
+                        m.state, m.info, m.expires_at = ("loaded", loaded[m.id], None) if m.id in loaded else (
+                            "unloaded", None, None)
                     slot.state = "ready"
                     slot.ready.set()
                     metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
@@ -144,26 +169,30 @@ class Tree:
         return any(s.state in ("starting",) for s in self.slots.values())
 
     def model_ids(self) -> list[str]:
-        return [p["id"] for s in self.slots.values() for p in s.placements]
+        return list(self.model_states)
+
+    def _placed(self, slot: ActorSlot) -> list[ModelState]:
+        return [m for m in self.model_states.values() if m.slot is slot]
 
     def models(self) -> list[dict]:
-        """The available models (loaded, or loading while their actor starts); a model
+        """The available models — loaded, loading, or ready to load on demand; a model
         whose actor failed is not available and not listed."""
-        return [{"id": p["id"], "actor": slot.name, "state": "loaded" if slot.state == "ready" else "loading"}
-                for slot in self.slots.values() if slot.state != "failed" for p in slot.placements]
+        return [{"id": m.id, "actor": m.slot.name, "engine": m.placement["engine"],
+                 "state": m.state if m.slot.state == "ready" else "loading"}
+                for m in self.model_states.values() if m.slot.state != "failed"]
 
     def placement(self, model: str) -> tuple[ActorSlot, dict]:
         """The actor slot and placement serving `model`, or 404 model_not_found."""
-        for slot in self.slots.values():
-            for p in slot.placements:
-                if p["id"] == model:
-                    return slot, p
-        raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
+        return self.state_of(model).slot, self.state_of(model).placement
 
-    async def client_for(self, model: str) -> tuple[EngineClient, dict]:
-        """The engine client serving `model` and the model's info, waiting while its
-        actor (re)starts."""
-        slot, _ = self.placement(model)
+    def state_of(self, model: str) -> ModelState:
+        m = self.model_states.get(model)
+        if m is None:
+            raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
+        return m
+
+    async def _actor_client(self, slot: ActorSlot, model: str) -> EngineClient:
+        """The actor's client, waiting while it (re)starts."""
         with trio.move_on_after(self.config.ready_timeout_s):
             while slot.client is None and slot.state != "failed":
                 await slot.ready.wait()
@@ -172,7 +201,91 @@ class Tree:
         if slot.client is None:
             raise GreenroomError("model_not_loaded", f"model {model!r} is not loaded: its engine actor "
                                  f"{slot.name!r} is {slot.state} ({slot.last_error or 'not ready'})", "model")
-        return slot.client, next(m for m in slot.models if m["id"] == model)
+        return slot.client
+
+    async def client_for(self, model: str) -> tuple[EngineClient, dict]:
+        """The engine client serving `model` and the model's info: waiting while its actor
+        (re)starts, loading the model first when it is not loaded. While an unload runs on
+        the actor, every request for it is refused with model_busy (retry once it is done)."""
+        m = self.state_of(model)
+        client = await self._actor_client(m.slot, model)
+        while True:
+            if m.slot.unloading:
+                raise GreenroomError("model_busy", f"a model is being unloaded from engine actor {m.slot.name!r}; "
+                                     "retry once the unload finishes", "model")
+            if m.state == "loaded":
+                return client, m.info
+            if m.state == "unloaded":
+                await self.load(model)
+            else:
+                await m.changed.wait()
+
+    async def load(self, model: str) -> dict:
+        """Load `model` into its actor (waiting if a load is under way); its ModelInfo."""
+        m = self.state_of(model)
+        client = await self._actor_client(m.slot, model)
+        while m.state in ("loading", "unloading"):
+            await m.changed.wait()
+        if m.state == "loaded":
+            return m.info
+        m.state, m.changed = "loading", trio.Event()
+        try:
+            async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement)) as events:
+                done = await events.__anext__()
+            if isinstance(done, Failed):
+                raise GreenroomError.from_wire(done.error)
+            m.state, m.info = "loaded", done.info
+            metrics.MODEL_EVENTS.labels(model, "loaded").inc()
+            return m.info
+        finally:
+            if m.state == "loading":
+                m.state = "unloaded"
+            m.changed.set()
+
+    async def unload(self, model: str) -> None:
+        """Unload `model` gracefully: from now on requests for any model of its actor get
+        model_busy; requests already running finish first — for up to
+        graceful_unload_timeout_s, then they are cancelled — before the weights go."""
+        m = self.state_of(model)
+        while m.state in ("loading", "unloading"):
+            await m.changed.wait()
+        if m.state != "loaded" or m.slot.client is None:
+            return
+        client = m.slot.client
+        m.state, m.changed, m.expires_at = "unloading", trio.Event(), None
+        m.slot.unloading += 1
+        try:
+            async with client.submit(Unload(f"unload-{uuid.uuid4().hex[:12]}", model)) as events:
+                with trio.move_on_after(self.config.graceful_unload_timeout_s):
+                    await events.__anext__()
+                    m.state, m.info = "unloaded", None
+                if m.state == "unloading":  # the running requests outlived the grace period
+                    await client.cancel_model(model, GreenroomError(
+                        "model_busy", f"model {model!r} was unloaded before this request finished "
+                        f"(graceful_unload_timeout_s = {self.config.graceful_unload_timeout_s:g})"))
+                    await events.__anext__()
+                    m.state, m.info = "unloaded", None
+            metrics.MODEL_EVENTS.labels(model, "unloaded").inc()
+        finally:
+            m.slot.unloading -= 1
+            if m.state == "unloading":
+                m.state = "loaded"  # the actor went away mid-unload; its restart resets the state
+            m.changed.set()
+
+    def keep_alive(self, model: str, seconds: float | None) -> None:
+        """After a request: unload `model` once it has been idle `seconds` (0: now; None or
+        negative: keep it loaded). A later request's keep_alive replaces this one."""
+        m = self.state_of(model)
+        if seconds is None or seconds < 0 or self._nursery is None:
+            m.expires_at = None
+            return
+        m.expires_at = trio.current_time() + seconds
+        self._nursery.start_soon(self._expire, m, m.expires_at)
+
+    async def _expire(self, m: ModelState, at: float) -> None:
+        await trio.sleep_until(at)
+        if m.expires_at == at and m.state == "loaded":
+            await self.unload(m.id)
 
     async def actors(self) -> list[dict]:
         me = psutil.Process()
@@ -182,7 +295,7 @@ class Tree:
             status = await slot.client.status() if slot.client is not None else None
             rows.append({
                 "name": slot.name, "role": slot.role, "pid": slot.pid, "state": slot.state,
-                "models": [p["id"] for p in slot.placements],
+                "models": [m.id for m in self._placed(slot) if m.state == "loaded"],
                 "queue_depth": (status or {}).get("queue_depth", 0) + (status or {}).get("active", 0),
                 "rss_bytes": _rss(slot.pid), "restarts": slot.restarts, "last_error": slot.last_error,
                 "counters": status,

@@ -1,0 +1,111 @@
+"""Models loaded on demand and unloaded gracefully: the management API, model_busy during
+an unload, the grace period, Ollama's keep_alive."""
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import pytest
+
+from conftest import MODEL
+
+TWO = """
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+[[models]]
+id = "lazy"
+source = "demo:tiny"
+preload = false
+"""
+CHAT = {"messages": [{"role": "user", "content": "x"}]}
+
+
+def states(srv) -> dict:
+    return {m["id"]: m["state"] for m in httpx.get(srv.url + "/api/models", timeout=30).json()["models"]}
+
+
+def chat(srv, model, max_tokens=4, **kw):
+    return httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                      json={"model": model, **CHAT, "max_tokens": max_tokens, **kw})
+
+
+def wait_for(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def srv(own_server):
+    return own_server(TWO)
+
+
+def test_lazy_model_loads_on_first_request_and_unloads_on_demand(srv):
+    assert states(srv) == {"greenroom-demo": "loaded", "lazy": "unloaded"}
+    assert "lazy" in [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
+    assert chat(srv, "lazy").status_code == 200
+    assert states(srv)["lazy"] == "loaded" and "lazy" in srv.actors()["cpu"]["models"]
+    r = httpx.post(srv.url + "/api/models/unload", json={"model": "lazy"}, timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "unloaded"
+    assert "lazy" not in srv.actors()["cpu"]["models"]
+    r = httpx.post(srv.url + "/api/models/load", json={"model": "lazy"}, timeout=60)
+    assert r.json()["state"] == "loaded"
+    assert 'greenroom_model_events_total{event="loaded",model="lazy"} 2.0' in httpx.get(srv.url + "/metrics").text
+
+
+def test_management_api_refusals(srv):
+    for path in ("/api/models/load", "/api/models/unload"):
+        r = httpx.post(srv.url + path, json={"model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = httpx.post(srv.url + path, json={"modle": MODEL})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "modle"
+
+
+def test_unload_under_load(srv):
+    with cf.ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(chat, srv, MODEL, 1200) for _ in range(2)]
+        assert wait_for(lambda: srv.actors()["cpu"]["counters"]["active"] == 1)
+        unloading = pool.submit(httpx.post, srv.url + "/api/models/unload", json={"model": MODEL}, timeout=120)
+        assert wait_for(lambda: states(srv)[MODEL] == "unloading")
+        busy = chat(srv, MODEL)  # the same model, and any other model of the actor: refused, told to retry
+        other = chat(srv, "lazy")
+        streamed = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                              json={"model": MODEL, **CHAT, "max_tokens": 4, "stream": True})
+        for r in (busy, other, streamed):
+            assert r.status_code == 503 and r.json()["error"]["code"] == "model_busy", r.text
+            assert r.headers["Retry-After"]
+        assert [f.result().status_code for f in running] == [200, 200]  # in flight: finished first
+        assert unloading.result().json()["state"] == "unloaded"
+    assert chat(srv, MODEL).status_code == 200  # the next request loads it again
+    assert states(srv)[MODEL] == "loaded"
+
+
+def test_grace_period_then_running_requests_are_ended(own_server):
+    srv = own_server("graceful_unload_timeout_s = 0.3\n" + TWO)
+    with cf.ThreadPoolExecutor(2) as pool:
+        running = pool.submit(chat, srv, MODEL, 1800)
+        assert wait_for(lambda: srv.actors()["cpu"]["counters"]["active"] == 1)
+        started = time.monotonic()
+        r = httpx.post(srv.url + "/api/models/unload", json={"model": MODEL}, timeout=60)
+        assert r.json()["state"] == "unloaded" and time.monotonic() - started < 5
+        ended = running.result()
+    assert ended.status_code == 503 and ended.json()["error"]["code"] == "model_busy"
+    assert srv.actors()["cpu"]["counters"]["active"] == 0
+
+
+def test_ollama_keep_alive(srv):
+    r = httpx.post(srv.url + "/api/generate", timeout=60, json={
+        "model": "lazy", "prompt": "x", "stream": False, "keep_alive": 0, "options": {"num_predict": 2}})
+    assert r.status_code == 200 and "X-miLLM-Ignored-Fields" not in r.headers
+    assert wait_for(lambda: states(srv)["lazy"] == "unloaded")
+    r = httpx.post(srv.url + "/api/generate", timeout=60, json={"model": "lazy", "keep_alive": "1s"})
+    assert r.json()["done_reason"] == "load" and states(srv)["lazy"] == "loaded"
+    ps = {m["name"]: m for m in httpx.get(srv.url + "/api/ps").json()["models"]}
+    assert ps["lazy"]["expires_at"] < ps[MODEL]["expires_at"]
+    assert wait_for(lambda: states(srv)["lazy"] == "unloaded", 8)
+    r = httpx.post(srv.url + "/api/chat", timeout=60, json={"model": MODEL, "messages": [], "keep_alive": 0})
+    assert r.json()["done_reason"] == "unload" and states(srv)[MODEL] == "unloaded"
