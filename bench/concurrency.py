@@ -13,10 +13,7 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,28 +21,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-
-def start_server(size: str, queue: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = Path(tempfile.mkdtemp()) / "bench.toml"
-    cfg.write_text(f'log_level = "warning"\nmax_queue = {queue}\nollama_port = 0\n'
-                   f'[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
-    proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
-                            cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).json()["status"] == "ok":
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not become healthy")
+from bench.server import start_server  # noqa: E402
 
 
 def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
@@ -71,7 +49,8 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    proc, url = start_server(args.size, queue=max(levels))
+    proc, url = start_server(f'log_level = "warning"\nmax_queue = {max(levels)}\nollama_port = 0\n'
+                             f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n')
     try:
         one_stream(url, args.tokens, -1)  # warm
         base = None

@@ -11,11 +11,8 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
 
+from bench.server import start_server  # noqa: E402
 from greenroom.config import detect_engine_actors  # noqa: E402
 from greenroom.engines.base import SamplingParams  # noqa: E402
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
@@ -63,27 +61,6 @@ def over_http(http: httpx.Client, url: str, model: str, tokens: int) -> tuple[fl
     return n / (time.perf_counter() - start), ttft, n
 
 
-def start_server(size: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = Path(tempfile.mkdtemp()) / "bench.toml"
-    cfg.write_text(f'log_level = "warning"\n[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
-    proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
-                            cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).json()["status"] == "ok":
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not become healthy")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="tiny")
@@ -94,7 +71,8 @@ def main() -> None:
     # the same device the server's first engine actor gets: gpu0 → cuda:0, else cpu
     device = "cuda:0" if detect_engine_actors()[0] == "gpu0" else "cpu"
     engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size), device=device)
-    proc, url = start_server(args.size)
+    proc, url = start_server(f'log_level = "warning"\nollama_port = 0\n'
+                             f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n')
     try:
         with httpx.Client(timeout=600) as http:  # one connection, as a real client keeps
             # warm both paths at full length: on CUDA a thread's first generations run
