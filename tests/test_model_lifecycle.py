@@ -107,5 +107,8 @@ def test_ollama_keep_alive(srv):
     ps = {m["name"]: m for m in httpx.get(srv.url + "/api/ps").json()["models"]}
     assert ps["lazy"]["expires_at"] < ps[MODEL]["expires_at"]
     assert wait_for(lambda: states(srv)["lazy"] == "unloaded", 8)
+    httpx.post(srv.url + "/api/generate", timeout=60, json={"model": "lazy", "keep_alive": "1h"})
+    httpx.post(srv.url + "/api/embed", timeout=60, json={"model": "lazy", "input": "x", "keep_alive": 0})
+    assert wait_for(lambda: states(srv)["lazy"] == "unloaded", 5)  # a deadline moved earlier is kept
     r = httpx.post(srv.url + "/api/chat", timeout=60, json={"model": MODEL, "messages": [], "keep_alive": 0})
     assert r.json()["done_reason"] == "unload" and states(srv)[MODEL] == "unloaded"

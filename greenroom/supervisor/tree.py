@@ -60,6 +60,8 @@ class ModelState:
     info: dict | None = None  # ModelInfo, while loaded
     changed: trio.Event = attrs.Factory(trio.Event)
     expires_at: float | None = None  # keep_alive: unload at this trio time
+    timer: bool = False  # a keep-alive timer task is watching expires_at
+    moved: trio.Event = attrs.Factory(trio.Event)  # wakes the timer when expires_at changes
 
 
 class Tree:
@@ -278,14 +280,26 @@ class Tree:
         m = self.state_of(model)
         if seconds is None or seconds < 0 or self._nursery is None:
             m.expires_at = None
+            m.moved.set()
             return
         m.expires_at = trio.current_time() + seconds
-        self._nursery.start_soon(self._expire, m, m.expires_at)
+        m.moved.set()
+        if not m.timer:
+            m.timer = True
+            self._nursery.start_soon(self._expire, m)
 
-    async def _expire(self, m: ModelState, at: float) -> None:
-        await trio.sleep_until(at)
-        if m.expires_at == at and m.state == "loaded":
-            await self.unload(m.id)
+    async def _expire(self, m: ModelState) -> None:
+        """One timer per model, following its deadline as later requests move it (earlier
+        or later)."""
+        try:
+            while m.expires_at is not None and trio.current_time() < m.expires_at:
+                m.moved = trio.Event()
+                with trio.move_on_at(m.expires_at):
+                    await m.moved.wait()
+            if m.expires_at is not None and m.state == "loaded":
+                await self.unload(m.id)
+        finally:
+            m.timer = False
 
     async def actors(self) -> list[dict]:
         me = psutil.Process()
