@@ -112,3 +112,18 @@ def test_ollama_keep_alive(srv):
     assert wait_for(lambda: states(srv)["lazy"] == "unloaded", 5)  # a deadline moved earlier is kept
     r = httpx.post(srv.url + "/api/chat", timeout=60, json={"model": MODEL, "messages": [], "keep_alive": 0})
     assert r.json()["done_reason"] == "unload" and states(srv)[MODEL] == "unloaded"
+
+
+def test_a_model_too_big_for_the_card_is_refused_with_figures(own_server, tmp_path):
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    (huge / "config.json").write_text('{"model_type": "llama", "dtype": "float32"}')
+    with open(huge / "model.safetensors", "wb") as f:
+        f.truncate(2**40)  # sparse: 1 TiB on paper, nothing on disk
+    srv = own_server(TWO + f'[[models]]\nid = "huge"\nsource = "{huge}"\npreload = false\n')
+    r = chat(srv, "huge")
+    err = r.json()["error"]
+    assert r.status_code == 503 and err["code"] == "insufficient_memory" and err["type"] == "invalid_request_error"
+    assert "1024.0 GiB" in err["message"] and "cpu" in err["message"] and "free of" in err["message"]
+    assert states(srv)["huge"] == "unloaded" and srv.actors()["cpu"]["counters"]["memory"]["free_bytes"] > 0
+    assert chat(srv, MODEL).status_code == 200  # nothing else was disturbed

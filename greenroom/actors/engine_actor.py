@@ -36,7 +36,8 @@ SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor; below that rate nothing
 
 
 @tractor.context
-async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int):
+async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int,
+                         device: str):
     """`models`: [{"id", "engine", "path", "device", "dtype"}]. Loads them, reports
     {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
     value, then serves the stream until the front end closes it."""
@@ -50,7 +51,7 @@ async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: in
         await ctx.started({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
     await ctx.started({"ok": True, "models": [attrs.asdict(e.info) for e in engines.values()]})
-    loop = EngineLoop(engines, max_queue, default_max_tokens)
+    loop = EngineLoop(engines, max_queue, default_max_tokens, device)
     async with ctx.open_stream() as stream:
         await loop.serve(stream)
 
@@ -71,8 +72,9 @@ class Counters:
 
 
 class EngineLoop:
-    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int):
+    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int, device: str):
         self.engines = engines
+        self.device = device
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.counters = Counters()
@@ -127,6 +129,7 @@ class EngineLoop:
     def status(self) -> dict:
         return {
             "pid": os.getpid(),
+            "memory": _device_memory(self.device),
             "models": list(self.engines),
             "queue_depth": len(self._queue),
             "active": int(self._active is not None),
@@ -359,6 +362,20 @@ def _check_ids(engine, ids: list[int], where: str, param: str) -> None:
     if bad:
         raise GreenroomError("invalid_parameter", f"{where} has token ids outside the vocabulary "
                              f"(0–{engine.vocab_size - 1}): {bad[:5]}", param)
+
+
+def _device_memory(device: str) -> dict:
+    """Free and total bytes of the actor's card (host memory for the CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+    else:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        free, total = vm.available, vm.total
+    return {"device": device, "free_bytes": int(free), "total_bytes": int(total)}
 
 
 def _peak_rss_mb() -> float:

@@ -9,6 +9,7 @@ slot's in-flight requests with a typed error and restarts it — at most
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
 from greenroom.config import Config, detect_engine_actors
+from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Unload
 from greenroom.supervisor.engine_client import EngineClient
@@ -125,7 +127,7 @@ class Tree:
         slot.ready = trio.Event()
         if slot.role == "engine":
             fn = engine_session
-            kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload],
+            kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload], "device": _device_of(slot.name),
                       "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens}
         else:
             fn, kwargs = service_session, {"role": slot.role}
@@ -230,6 +232,7 @@ class Tree:
             await m.changed.wait()
         if m.state == "loaded":
             return m.info
+        await self._check_memory(m, client)
         m.state, m.changed = "loading", trio.Event()
         try:
             async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement)) as events:
@@ -243,6 +246,18 @@ class Tree:
             if m.state == "loading":
                 m.state = "unloaded"
             m.changed.set()
+
+    async def _check_memory(self, m: ModelState, client: EngineClient) -> None:
+        """Refuse a load that cannot fit the actor's card, with the figures, before any
+        weight moves (503 insufficient_memory)."""
+        need = checkpoint_bytes(m.placement)
+        memory = ((await client.status()) or {}).get("memory")
+        if need is None or memory is None or need <= memory["free_bytes"]:
+            return
+        gib = 2**30
+        raise GreenroomError("insufficient_memory", (
+            f"model {m.id!r} needs about {need / gib:.1f} GiB; {m.slot.name} ({memory['device']}) has "
+            f"{memory['free_bytes'] / gib:.1f} GiB free of {memory['total_bytes'] / gib:.1f} GiB"), "model")
 
     async def unload(self, model: str) -> None:
         """Unload `model` gracefully: from now on requests for any model of its actor get
@@ -315,6 +330,25 @@ class Tree:
                 "counters": status,
             })
         return rows
+
+
+def checkpoint_bytes(placement: dict) -> int | None:
+    """About what a checkpoint takes once loaded: its weight files' size, halved when a
+    float32 checkpoint is loaded in bfloat16 (on CUDA). None when it is not on disk yet (a
+    demo model is built at its first load)."""
+    path = source_path(placement["source"], placement.get("cache_dir"))
+    files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    if not files:
+        return None
+    size = sum(f.stat().st_size for f in files)
+    stored = ""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        stored = str(config.get("dtype") or config.get("torch_dtype") or "")
+    except (OSError, ValueError):
+        pass
+    halved = placement["device"].startswith("cuda") and stored == "float32" and not placement.get("dtype")
+    return size // 2 if halved else size
 
 
 def _device_of(actor: str) -> str:
