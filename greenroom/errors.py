@@ -42,6 +42,7 @@ TABLE: dict[str, ErrorKind] = {
     "model_not_loaded": ErrorKind(503, SERVER),
     "model_busy": ErrorKind(503, SERVER),
     "model_load_failed": ErrorKind(500, SERVER),
+    "unsupported_quantization": ErrorKind(400, INVALID),
     "insufficient_memory": ErrorKind(503, INVALID),  # the spec's type for it: the client asked too much
     "queue_full": ErrorKind(503, SERVER),
     "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it

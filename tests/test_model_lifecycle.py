@@ -127,3 +127,14 @@ def test_a_model_too_big_for_the_card_is_refused_with_figures(own_server, tmp_pa
     assert "1024.0 GiB" in err["message"] and "cpu" in err["message"] and "free of" in err["message"]
     assert states(srv)["huge"] == "unloaded" and srv.actors()["cpu"]["counters"]["memory"]["free_bytes"] > 0
     assert chat(srv, MODEL).status_code == 200  # nothing else was disturbed
+
+
+def test_a_quantization_this_server_cannot_load_is_refused_before_loading(own_server, tmp_path):
+    q2 = tmp_path / "q2"
+    q2.mkdir()
+    (q2 / "config.json").write_text('{"model_type": "llama", "quantization_config": {"quant_method": "q2_k"}}')
+    (q2 / "model.safetensors").write_bytes(b"\0" * 16)
+    srv = own_server(TWO + f'[[models]]\nid = "q2"\nsource = "{q2}"\npreload = false\n')
+    r = chat(srv, "q2")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_quantization", r.text
+    assert "q2_k" in r.json()["error"]["message"] and states(srv)["q2"] == "unloaded"

@@ -9,6 +9,7 @@ slot's in-flight requests with a typed error and restarts it — at most
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import logging
 import os
@@ -232,6 +233,7 @@ class Tree:
             await m.changed.wait()
         if m.state == "loaded":
             return m.info
+        _check_quantization(m)
         await self._check_memory(m, client)
         m.state, m.changed = "loading", trio.Event()
         try:
@@ -332,6 +334,32 @@ class Tree:
         return rows
 
 
+# transformers quantization methods, by the package that must be installed to load them
+QUANTIZATION_PACKAGES = {"bitsandbytes": "bitsandbytes", "gptq": "gptqmodel", "awq": "awq", "hqq": "hqq",
+                         "quanto": "optimum.quanto", "fp8": "torch", "compressed-tensors": "compressed_tensors"}
+
+
+def _check_quantization(m: ModelState) -> None:
+    """Refuse, before any weight moves, a checkpoint whose quantization this server cannot
+    load (400 unsupported_quantization): an unknown method, or one whose package is absent."""
+    config = _checkpoint_config(m.placement)
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return
+    method = str(quant.get("quant_method", "unknown"))
+    package = QUANTIZATION_PACKAGES.get(method)
+    if package is None or importlib.util.find_spec(package.split(".")[0]) is None:
+        raise GreenroomError("unsupported_quantization", f"model {m.id!r} is quantized with {method!r}, which this "
+                             "server cannot load" + (f" (install {package})" if package else ""), "model")
+
+
+def _checkpoint_config(placement: dict) -> dict:
+    try:
+        return json.loads((source_path(placement["source"], placement.get("cache_dir")) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def checkpoint_bytes(placement: dict) -> int | None:
     """About what a checkpoint takes once loaded: its weight files' size, halved when a
     float32 checkpoint is loaded in bfloat16 (on CUDA). None when it is not on disk yet (a
@@ -341,12 +369,8 @@ def checkpoint_bytes(placement: dict) -> int | None:
     if not files:
         return None
     size = sum(f.stat().st_size for f in files)
-    stored = ""
-    try:
-        config = json.loads((path / "config.json").read_text())
-        stored = str(config.get("dtype") or config.get("torch_dtype") or "")
-    except (OSError, ValueError):
-        pass
+    config = _checkpoint_config(placement)
+    stored = str(config.get("dtype") or config.get("torch_dtype") or "")
     halved = placement["device"].startswith("cuda") and stored == "float32" and not placement.get("dtype")
     return size // 2 if halved else size
 
