@@ -187,6 +187,12 @@ def settle(ignored: list[str], strict: bool) -> str | None:
     return ignored_fields_header(ignored)
 
 
+def report_headers(ignored: list[str], strict: bool) -> dict[str, str]:
+    """The response headers of a request's unread fields (or its refusal under strict mode)."""
+    header = settle(ignored, strict)
+    return {"X-miLLM-Ignored-Fields": header} if header else {}
+
+
 def ignored_fields_header(locations: list[str]) -> str:
     """An RFC 8941 list of strings, at most IGNORED_FIELDS_HEADER_MAX_BYTES; when the
     locations do not fit, as many as fit and a last entry "+N more"."""

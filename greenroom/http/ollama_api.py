@@ -121,8 +121,7 @@ class Prepared:
     started_ns: int
 
     def headers(self, also: list[str] = ()) -> dict[str, str]:
-        header = ledger.settle(self.unread + list(also), self.strict)
-        return {"X-miLLM-Ignored-Fields": header} if header else {}
+        return ledger.report_headers(self.unread + list(also), self.strict)
 
 
 def _served(tree: Tree, name) -> str:
@@ -668,17 +667,22 @@ def _listed(facts: ModelFacts) -> dict:
 _FOREVER = datetime.timedelta(seconds=(2**63 - 1) // 10**9)
 
 
+async def _generation_request(tree: Tree, table: dict, where: str):
+    """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
+    (Ollama streams by default) and `keep_alive`."""
+    req = await _prepare(tree, table, where)
+    options = ollama_params.resolve(req.body.get("options"), req.caps)
+    req = attrs.evolve(req, unread=req.unread + options.unread)
+    return req, options, openai_params.boolean(req.body, "stream", True), _keep_alive(req.body)
+
+
 # --- routes ----------------------------------------------------------------------------------
 
 def register(app: Quart, tree: Tree) -> None:
     @app.post("/api/generate")
     async def ollama_generate():
-        req = await _prepare(tree, GENERATE, "on /api/generate")
+        req, options, stream, keep_alive = await _generation_request(tree, GENERATE, "on /api/generate")
         body = req.body
-        options = ollama_params.resolve(body.get("options"), req.caps)
-        req = attrs.evolve(req, unread=req.unread + options.unread)
-        stream = openai_params.boolean(body, "stream", True)
-        keep_alive = _keep_alive(body)
         prompt, system, template = _string(body, "prompt"), _string(body, "system"), _string(body, "template")
         raw = openai_params.boolean(body, "raw", False)
         plan = _plan(body, None, options.params.stop)
@@ -698,12 +702,8 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.post("/api/chat")
     async def ollama_chat():
-        req = await _prepare(tree, CHAT, "on /api/chat")
+        req, options, stream, keep_alive = await _generation_request(tree, CHAT, "on /api/chat")
         body = req.body
-        options = ollama_params.resolve(body.get("options"), req.caps)
-        req = attrs.evolve(req, unread=req.unread + options.unread)
-        stream = openai_params.boolean(body, "stream", True)
-        keep_alive = _keep_alive(body)
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
             raise GreenroomError("invalid_parameter", "'messages' must be an array", "messages")

@@ -34,8 +34,7 @@ class Prepared:
 
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
-        header = ledger.settle(self.unread(also_ignored), self.strict)
-        return {"X-miLLM-Ignored-Fields": header} if header else {}
+        return ledger.report_headers(self.unread(also_ignored), self.strict)
 
 
 @attrs.frozen

@@ -188,7 +188,8 @@ class Tree:
 
     def placement(self, model: str) -> tuple[ActorSlot, dict]:
         """The actor slot and placement serving `model`, or 404 model_not_found."""
-        return self.state_of(model).slot, self.state_of(model).placement
+        m = self.state_of(model)
+        return m.slot, m.placement
 
     def state_of(self, model: str) -> ModelState:
         m = self.model_states.get(model)
