@@ -4,6 +4,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12)
 TORCH  := torch==2.13.0
+# llama-cpp-python ships only an sdist: it is built once (~10 min on 2 cores) into a wheel
+# cached outside the checkout, so later installs and clean clones reuse it.
+LLAMA_CPP   := llama-cpp-python==0.3.36
+WHEELS      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/greenroom/wheels
+LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+               -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 PORT   ?= 8000
 
 .PHONY: install serve test bench clean
@@ -26,7 +32,11 @@ $(STAMP): pyproject.toml overrides.txt
 	else \
 		$(VENV)/bin/pip install --quiet "$(TORCH)" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --override overrides.txt -e '.[test]'
+	@ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || { \
+		echo "building $(LLAMA_CPP) once (about 10 minutes; cached in $(WHEELS))"; \
+		CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+			$(VENV)/bin/pip wheel --quiet --no-deps --no-binary llama-cpp-python "$(LLAMA_CPP)" -w $(WHEELS); }
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --override overrides.txt --find-links $(WHEELS) -e '.[test]'
 	touch $(STAMP)
 
 serve: install

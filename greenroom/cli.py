@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-extras", action="store_true", help="leave the x_needle block out of chat completions")
+    p.add_argument("--continuous-batching", action="store_true", default=None,
+                   help="batch requests that use the fixed sampling parameters (see GET /api/health/inference)")
 
     p = sub.add_parser("ps", help="print the live actor tree of a running server")
     p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or "
                    "$NEEDLE_API_KEY)")
 
-    p = sub.add_parser("demo-model", help="build the demo checkpoint (deterministic, no download)")
+    p = sub.add_parser("demo-model", help="build the demo checkpoint and, for float32 sizes, its GGUF files "
+                       "(deterministic, no download)")
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
@@ -44,7 +47,8 @@ def _serve(args) -> int:
     from greenroom.supervisor.serve import serve
 
     config = load_config(args.config, host=args.host, port=args.port, log_level=args.log_level,
-                         expose_extras=False if args.no_extras else None)
+                         expose_extras=False if args.no_extras else None,
+                         continuous_batching=args.continuous_batching)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve, config)
     return 0
@@ -66,18 +70,24 @@ def _ps(args) -> int:
     if args.json:
         print(json.dumps({"actors": actors}, indent=2))
         return 0
-    print(f"{'NAME':<12} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS")
+    width = max(12, *(len(a["name"]) for a in actors))  # GGUF actors are named after their model
+    print(f"{'NAME':<{width}} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS")
     for a in actors:
         rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
-        print(f"{a['name']:<12} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
+        print(f"{a['name']:<{width}} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
               f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}")
     return 0
 
 
 def _demo_model(args) -> int:
-    from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+    from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
+    from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
 
-    print(ensure_demo_model(default_cache_dir(args.cache_dir), args.size))
+    cache = default_cache_dir(args.cache_dir)
+    print(ensure_demo_model(cache, args.size))
+    if SIZES.get(args.size, {}).get("dtype") == "float32":  # the converter reads float32 weights
+        for quant in QUANTS:
+            print(ensure_demo_gguf(cache, quant, args.size))
     return 0
 
 

@@ -15,11 +15,13 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 @attrs.define
 class ModelConfig:
     id: str
-    source: str  # "demo:<size>" or a checkpoint directory
-    engine: str = "transformers"
+    source: str  # "demo:<size>", "demo-gguf:<QUANT>", a checkpoint directory or a .gguf file
+    engine: str = "transformers"  # or "llama.cpp": one actor of its own, spawned when the model loads
     actor: str = "auto"
     dtype: str | None = None
-    preload: bool = True  # loaded when its actor starts; else on the first request
+    preload: bool = True  # loaded when its actor starts; else on the first request (GGUF: always on demand)
+    n_ctx: int | None = None  # llama.cpp: context window (default: gguf_n_ctx, capped at the model's)
+    threads: int | None = None  # llama.cpp: decode threads (default: gguf_threads)
 
 
 @attrs.define
@@ -32,6 +34,9 @@ class Config:
     max_queue: int = 32
     engine_actors: str | list[str] = "auto"
     models: list[ModelConfig] = attrs.Factory(list)
+    model_dirs: list[str] = attrs.Factory(list)  # *.gguf found below these are served as repo:QUANT
+    gguf_n_ctx: int = 4096  # llama.cpp context window, capped at the model's trained context
+    gguf_threads: int = 0  # llama.cpp decode threads; 0: all cores but one
     cache_dir: str | None = None  # cache root (models/ below it); default $GREENROOM_CACHE or ~/.cache/greenroom
     restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
     restart_window_s: float = 300.0
@@ -40,13 +45,19 @@ class Config:
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
+    continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
 
 
-_converter = cattrs.Converter()
+_converter = cattrs.Converter(forbid_extra_keys=True)  # a misplaced key is an error, not a no-op
 _converter.register_structure_hook(str | list[str], lambda v, _: v if isinstance(v, str) else [str(x) for x in v])
 
+
+def _on(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 _ENV_FIELDS = {"host": str, "port": int, "ollama_port": int, "log_level": str, "default_max_tokens": int,
-               "max_queue": int}
+               "max_queue": int, "continuous_batching": _on}
 
 
 def load_config(path: str | Path | None = None, **overrides) -> Config:

@@ -37,6 +37,7 @@ TABLE: dict[str, ErrorKind] = {
     "invalid_api_key": ErrorKind(401, INVALID),
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
+    "AMBIGUOUS_MODEL_NAME": ErrorKind(400, INVALID),  # a bare GGUF repository name with several quantizations
     "not_found": ErrorKind(404, NOT_FOUND),
     "method_not_allowed": ErrorKind(405, INVALID),
     "model_not_loaded": ErrorKind(503, SERVER),

@@ -7,6 +7,7 @@ step; detokenisation, stop sequences and finish reasons live once, in
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 import attrs
@@ -15,6 +16,17 @@ from .capabilities import Capabilities
 
 if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
     from .scoring import Scored
+
+
+# Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
+GREEDY_BELOW = 1e-5
+
+
+def default_cpu_threads() -> int:
+    """All cores but one, which the front end and the actors' loops need: batch-1
+    decoding gains nothing from a second thread here (measured: tiny 1,413 vs 1,213
+    tok/s, 100M 35 vs 34 tok/s, 1 vs 2 threads on 2 cores)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 class EngineError(Exception):

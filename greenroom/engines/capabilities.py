@@ -23,6 +23,13 @@ class Capabilities:
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
                                  scoring=True, response_format=True, tools=True),
+    # llama.cpp: its repeat penalty honours ours; seeds are not measured to reproduce, there is no
+    # per-token distribution for scoring, no grammar bridge, and the file's template takes no variables
+    "llama.cpp": Capabilities(penalties=True, embeddings=True),
+    # OpenVINO GenAI: rng_seed reproduces (CPU and NPU pipeline alike), its repetition penalty is
+    # HF's rule (measured: greedy ids equal transformers'), the template takes variables; no
+    # per-token distribution (scoring), no grammar bridge, no hooks for steering
+    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True),
 }
 
 

@@ -10,11 +10,23 @@ from .base import Engine
 
 def source_path(source: str, cache_dir: str | None) -> Path:
     """Where a model source's checkpoint is, or will be once built: `demo:<size>` → the
-    generated demo checkpoint's directory; else the path itself. Builds nothing."""
+    generated demo checkpoint's directory, `demo-gguf:<QUANT>` → the demo GGUF file,
+    `demo-openvino:<size>` → the demo OpenVINO model directory; else the path itself.
+    Builds nothing."""
+    from .demo_model import default_cache_dir
+
     if source.startswith("demo:"):
-        from .demo_model import default_cache_dir, demo_model_dir
+        from .demo_model import demo_model_dir
 
         return demo_model_dir(default_cache_dir(cache_dir), source[len("demo:"):])
+    if source.startswith("demo-gguf:"):
+        from .demo_gguf import demo_gguf_path
+
+        return demo_gguf_path(default_cache_dir(cache_dir), source[len("demo-gguf:"):])
+    if source.startswith("demo-openvino:"):
+        from .demo_openvino import demo_openvino_dir
+
+        return demo_openvino_dir(default_cache_dir(cache_dir), source[len("demo-openvino:"):])
     return Path(source).expanduser()
 
 
@@ -24,6 +36,16 @@ def resolve_source(source: str, cache_dir: str | None) -> Path:
         from .demo_model import default_cache_dir, ensure_demo_model
 
         return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:"):])
+    if source.startswith("demo-gguf:"):
+        from .demo_gguf import ensure_demo_gguf
+        from .demo_model import default_cache_dir
+
+        return ensure_demo_gguf(default_cache_dir(cache_dir), source[len("demo-gguf:"):])
+    if source.startswith("demo-openvino:"):
+        from .demo_model import default_cache_dir
+        from .demo_openvino import ensure_demo_openvino
+
+        return ensure_demo_openvino(default_cache_dir(cache_dir), source[len("demo-openvino:"):])
     path = source_path(source, cache_dir)
     if not path.exists():
         raise FileNotFoundError(f"model source {source!r} does not exist")
@@ -31,7 +53,9 @@ def resolve_source(source: str, cache_dir: str | None) -> Path:
 
 
 def load_engine(spec: dict) -> Engine:
-    """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir"}."""
+    """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir"}, and for
+    llama.cpp "n_ctx" and "threads"; for openvino "threads" (CPU device) and, on "npu[:<n>]",
+    "max_prompt_len" and "min_response_len"."""
     path = resolve_source(spec["source"], spec.get("cache_dir"))
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
@@ -41,4 +65,17 @@ def load_engine(spec: dict) -> Engine:
         hf_logging.disable_progress_bar()  # a server's log is no terminal
 
         return TransformersEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"))
+    if spec["engine"] == "llama.cpp":
+        from .llama_cpp_engine import LlamaCppEngine
+
+        return LlamaCppEngine(spec["id"], path, n_ctx=spec.get("n_ctx"), threads=spec.get("threads"))
+    if spec["engine"] == "openvino":
+        from .demo_model import default_cache_dir
+        from .openvino_engine import OpenVINOEngine
+
+        # compiled NPU blobs beside the models, under the same cache root
+        return OpenVINOEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"),
+                              threads=spec.get("threads"), max_prompt_len=spec.get("max_prompt_len"),
+                              min_response_len=spec.get("min_response_len"),
+                              compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache")
     raise ValueError(f"unknown engine {spec['engine']!r}")

@@ -76,9 +76,10 @@ class TransformersEngine:
 
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
                     tools: list[dict] | None = None) -> list[int]:
-        def apply(msgs: list[dict]) -> str:
+        def apply(msgs: list[dict], add_generation_prompt: bool) -> str:
             return self.tokenizer.apply_chat_template(
-                msgs, tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+                msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False,
+                **(template_kwargs or {}))
 
         # A rendered template carries its own BOS: don't add special tokens again.
         return self.tokenizer.encode(render_conversation(apply, messages), add_special_tokens=False)

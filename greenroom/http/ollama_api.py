@@ -130,11 +130,12 @@ def _served(tree: Tree, name) -> str:
         raise GreenroomError("missing_parameter", "model is required", "model")
     if not isinstance(name, str):
         raise GreenroomError("invalid_parameter", "'model' must be a string", "model")
-    ids = tree.model_ids()
-    for candidate in (name, name.removesuffix(":latest")):
-        if candidate in ids:
-            return candidate
-    raise GreenroomError("model_not_found", f"model '{name}' not found", "model")
+    try:
+        return tree.resolve(name)
+    except GreenroomError as exc:
+        if exc.code != "model_not_found" or not name.endswith(":latest"):
+            raise
+    return tree.resolve(name.removesuffix(":latest"))
 
 
 async def _prepare(tree: Tree, table: dict, where: str) -> Prepared:

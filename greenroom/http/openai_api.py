@@ -50,7 +50,7 @@ async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
     any engine is asked for anything."""
     strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
     body = openai_params.parse_json(await request.get_data())
-    model = openai_params.model_name(body)
+    model = tree.resolve(openai_params.model_name(body))
     _, placement = tree.placement(model)
     engine = placement["engine"]
     ignored = ledger.check(table, body, capabilities_of(engine), f"{where} with the {engine} engine")

@@ -25,6 +25,7 @@ from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
 from greenroom.config import Config, detect_engine_actors
+from greenroom.engines import gguf_files
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Unload
@@ -48,6 +49,10 @@ class ActorSlot:
     client: EngineClient | None = None
     ready: trio.Event = attrs.Factory(trio.Event)
     unloading: int = 0  # unloads running: every request for this actor is refused meanwhile
+    # one actor per GGUF model: spawned to load it, stopped once it is unloaded
+    on_demand: bool = False
+    scope: trio.CancelScope | None = None  # cancels its supervising task (on-demand slots)
+    stopped: trio.Event = attrs.Factory(trio.Event)  # set when that task has ended
 
 
 @attrs.define(eq=False)
@@ -77,26 +82,76 @@ class Tree:
             "scheduler": ActorSlot("scheduler", "scheduler"),
             "steering": ActorSlot("steering", "steering"),
         }
+        self._engine_actors = names
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         for model in config.models:
-            actor = names[0] if model.actor == "auto" else model.actor
-            if actor not in self.slots or self.slots[actor].role != "engine":
-                raise ValueError(f"model {model.id!r} is placed on unknown engine actor {actor!r}")
-            placement = {"id": model.id, "source": model.source, "engine": model.engine,
-                         "device": _device_of(actor), "dtype": model.dtype, "cache_dir": config.cache_dir}
-            self.slots[actor].placements.append(placement)
-            self.model_states[model.id] = ModelState(model.id, self.slots[actor], placement, model.preload)
+            self.add_model(model.id, model.source, model.engine, model.actor, model.dtype, model.preload,
+                           n_ctx=model.n_ctx, threads=model.threads)
+        for model_id, path in gguf_files.discover(config.model_dirs):
+            if model_id not in self.model_states:
+                self.add_model(model_id, str(path), "llama.cpp")
+
+    def add_model(self, model_id: str, source: str, engine: str = "transformers", actor: str = "auto",
+                  dtype: str | None = None, preload: bool = False, n_ctx: int | None = None,
+                  threads: int | None = None) -> ModelState:
+        """Place a model: on an engine actor (transformers), or on an actor of its own that
+        is spawned when it loads (llama.cpp). Loaded on demand unless `preload` (which only
+        an actor's start honours)."""
+        if model_id in self.model_states:
+            raise GreenroomError("invalid_parameter", f"model {model_id!r} already exists", "model")
+        placement = {"id": model_id, "source": source, "engine": engine, "dtype": dtype,
+                     "cache_dir": self.config.cache_dir}
+        if engine == "llama.cpp":
+            slot = ActorSlot(f"gguf:{model_id}", "engine", on_demand=True, state="stopped")
+            slot.stopped.set()
+            self.slots[slot.name] = slot
+            placement.update(device="cpu", n_ctx=n_ctx or self.config.gguf_n_ctx,
+                             threads=threads or self.config.gguf_threads or None)
+            preload = False
+        else:
+            actor = self._engine_actors[0] if actor == "auto" else actor
+            if actor not in self.slots or self.slots[actor].role != "engine" or self.slots[actor].on_demand:
+                raise ValueError(f"model {model_id!r} is placed on unknown engine actor {actor!r}")
+            slot = self.slots[actor]
+            placement["device"] = _device_of(actor)
+        slot.placements.append(placement)
+        m = self.model_states[model_id] = ModelState(model_id, slot, placement, preload)
+        return m
+
+    async def remove_model(self, model_id: str) -> None:
+        """Unload (gracefully) and forget a model; its own actor, if it had one, goes too."""
+        m = self.state_of(model_id)
+        await self.unload(model_id)
+        m.slot.placements.remove(m.placement)
+        del self.model_states[model_id]
+        if m.slot.on_demand:
+            del self.slots[m.slot.name]
 
     # lifecycle ----------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery  # keep-alive timers live here
+            self._nursery = nursery  # keep-alive timers and on-demand actors live here
             for slot in self.slots.values():
-                nursery.start_soon(self._supervise, slot)
+                if not slot.on_demand:
+                    nursery.start_soon(self._supervise, slot)
             task_status.started()
 
     async def _supervise(self, slot: ActorSlot) -> None:
+        slot.stopped = trio.Event()
+        try:
+            with trio.CancelScope() as slot.scope:
+                await self._supervise_loop(slot)
+        finally:
+            slot.scope, slot.client, slot.pid = None, None, None
+            if slot.on_demand:
+                slot.state = "stopped"
+                for m in self._placed(slot):
+                    m.state, m.info = "unloaded", None
+            slot.ready.set()  # waiters see the stopped state instead of hanging
+            slot.stopped.set()
+
+    async def _supervise_loop(self, slot: ActorSlot) -> None:
         failures: collections.deque[float] = collections.deque()
         while True:
             try:
@@ -107,6 +162,9 @@ class Tree:
             slot.last_error = reason
             slot.pid = None
             metrics.ACTOR_EVENTS.labels(slot.name, "stopped").inc()
+            if slot.on_demand and slot.state == "starting":
+                log.error("actor %s could not load its model: %s", slot.name, reason)
+                return  # a load that failed is the request's error, not a restart loop
             now = time.monotonic()
             failures.append(now)
             while failures and now - failures[0] > self.config.restart_window_s:
@@ -120,15 +178,15 @@ class Tree:
                 return
             delay = min(BACKOFF_BASE_S * 2 ** (len(failures) - 1), BACKOFF_MAX_S)
             log.warning("actor %s stopped (%s); restarting in %.1f s", slot.name, reason, delay)
-            slot.state = "restarting"
+            slot.state, slot.ready = "restarting", trio.Event()  # `ready` is the current life's
             slot.restarts += 1
             await trio.sleep(delay)
 
     async def _run_once(self, slot: ActorSlot) -> None:
-        slot.ready = trio.Event()
         if slot.role == "engine":
             fn = engine_session
-            kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload], "device": _device_of(slot.name),
+            kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload or slot.on_demand],
+                      "device": slot.placements[0]["device"] if slot.on_demand else _device_of(slot.name),
                       "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens}
         else:
             fn, kwargs = service_session, {"role": slot.role}
@@ -171,7 +229,7 @@ class Tree:
     # queries --------------------------------------------------------------------------
     @property
     def loading(self) -> bool:
-        return any(s.state in ("starting",) for s in self.slots.values())
+        return any(s.state == "starting" and not s.on_demand for s in self.slots.values())
 
     def model_ids(self) -> list[str]:
         return list(self.model_states)
@@ -183,8 +241,23 @@ class Tree:
         """The available models — loaded, loading, or ready to load on demand; a model
         whose actor failed is not available and not listed."""
         return [{"id": m.id, "actor": m.slot.name, "engine": m.placement["engine"],
-                 "state": m.state if m.slot.state == "ready" else "loading"}
+                 "state": m.state if m.slot.state in ("ready", "stopped") else "loading"}
                 for m in self.model_states.values() if m.slot.state != "failed"]
+
+    def resolve(self, name: str) -> str:
+        """The served id for a request's model name: the id itself, or a bare GGUF
+        repository name while only one quantization of it is served (else 400
+        AMBIGUOUS_MODEL_NAME naming the tags; 404 when nothing matches)."""
+        if name in self.model_states:
+            return name
+        tags = [m.id for m in self.model_states.values()
+                if m.placement["engine"] == "llama.cpp" and m.id.rpartition(":")[0] == name]
+        if len(tags) == 1:
+            return tags[0]
+        if tags:
+            raise GreenroomError("AMBIGUOUS_MODEL_NAME", f"model {name!r} names several quantizations: "
+                                 f"{', '.join(tags)}; name one of them", "model")
+        raise GreenroomError("model_not_found", f"The model '{name}' does not exist", "model")
 
     def placement(self, model: str) -> tuple[ActorSlot, dict]:
         """The actor slot and placement serving `model`, or 404 model_not_found."""
@@ -214,6 +287,8 @@ class Tree:
         (re)starts, loading the model first when it is not loaded. While an unload runs on
         the actor, every request for it is refused with model_busy (retry once it is done)."""
         m = self.state_of(model)
+        if m.slot.on_demand and m.state == "unloaded":
+            await self.load(model)
         client = await self._actor_client(m.slot, model)
         while True:
             if m.slot.unloading:
@@ -229,20 +304,23 @@ class Tree:
     async def load(self, model: str) -> dict:
         """Load `model` into its actor (waiting if a load is under way); its ModelInfo."""
         m = self.state_of(model)
-        client = await self._actor_client(m.slot, model)
+        client = None if m.slot.on_demand else await self._actor_client(m.slot, model)
         while m.state in ("loading", "unloading"):
             await m.changed.wait()
         if m.state == "loaded":
             return m.info
         _check_quantization(m)
-        await self._check_memory(m, client)
+        await self._check_memory(m, (await client.status() or {}).get("memory") if client else _host_memory())
         m.state, m.changed = "loading", trio.Event()
         try:
-            async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement)) as events:
-                done = await events.__anext__()
-            if isinstance(done, Failed):
-                raise GreenroomError.from_wire(done.error)
-            m.state, m.info = "loaded", done.info
+            if m.slot.on_demand:
+                await self._spawn_for(m)
+            else:
+                async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement)) as events:
+                    done = await events.__anext__()
+                if isinstance(done, Failed):
+                    raise GreenroomError.from_wire(done.error)
+                m.state, m.info = "loaded", done.info
             metrics.MODEL_EVENTS.labels(model, "loaded").inc()
             return m.info
         finally:
@@ -250,11 +328,25 @@ class Tree:
                 m.state = "unloaded"
             m.changed.set()
 
-    async def _check_memory(self, m: ModelState, client: EngineClient) -> None:
+    async def _spawn_for(self, m: ModelState) -> None:
+        """Start the model's own actor, which loads it as it starts (its session's first
+        answer); a load that fails stops the actor and is the request's error."""
+        slot = m.slot
+        await slot.stopped.wait()  # a previous life is still shutting down
+        slot.state, slot.ready, slot.last_error = "starting", trio.Event(), None
+        self._nursery.start_soon(self._supervise, slot)
+        with trio.move_on_after(self.config.ready_timeout_s):
+            await slot.ready.wait()
+        if slot.state != "ready":
+            if slot.scope is not None:
+                slot.scope.cancel()
+            raise GreenroomError("model_load_failed", f"model {m.id!r} could not be loaded: "
+                                 f"{slot.last_error or 'its actor did not start in time'}", "model")
+
+    async def _check_memory(self, m: ModelState, memory: dict | None) -> None:
         """Refuse a load that cannot fit the actor's card, with the figures, before any
         weight moves (503 insufficient_memory)."""
         need = checkpoint_bytes(m.placement)
-        memory = ((await client.status()) or {}).get("memory")
         if need is None or memory is None or need <= memory["free_bytes"]:
             return
         gib = 2**30
@@ -285,6 +377,9 @@ class Tree:
                         f"(graceful_unload_timeout_s = {self.config.graceful_unload_timeout_s:g})"))
                     await events.__anext__()
                     m.state, m.info = "unloaded", None
+            if m.slot.on_demand:  # its actor goes with it
+                m.slot.scope.cancel()
+                await m.slot.stopped.wait()
             metrics.MODEL_EVENTS.labels(model, "unloaded").inc()
         finally:
             m.slot.unloading -= 1
@@ -324,6 +419,8 @@ class Tree:
         rows = [{"name": "supervisor", "role": "supervisor", "pid": me.pid, "state": "ready", "models": [],
                  "queue_depth": 0, "rss_bytes": me.memory_info().rss, "restarts": 0}]
         for slot in self.slots.values():
+            if slot.on_demand and slot.state == "stopped":
+                continue  # a GGUF model's actor exists while the model is loaded
             status = await slot.client.status() if slot.client is not None else None
             rows.append({
                 "name": slot.name, "role": slot.role, "pid": slot.pid, "state": slot.state,
@@ -366,6 +463,8 @@ def checkpoint_bytes(placement: dict) -> int | None:
     float32 checkpoint is loaded in bfloat16 (on CUDA). None when it is not on disk yet (a
     demo model is built at its first load)."""
     path = source_path(placement["source"], placement.get("cache_dir"))
+    if path.suffix == ".gguf":
+        return path.stat().st_size if path.exists() else None
     files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
     if not files:
         return None
@@ -374,6 +473,11 @@ def checkpoint_bytes(placement: dict) -> int | None:
     stored = str(config.get("dtype") or config.get("torch_dtype") or "")
     halved = placement["device"].startswith("cuda") and stored == "float32" and not placement.get("dtype")
     return size // 2 if halved else size
+
+
+def _host_memory() -> dict:
+    vm = psutil.virtual_memory()
+    return {"device": "cpu", "free_bytes": vm.available, "total_bytes": vm.total}
 
 
 def _device_of(actor: str) -> str:

@@ -1,0 +1,55 @@
+"""GGUF files on disk → model names. A GGUF model is named `repo:QUANT`: the repository
+is the folder holding the file (relative to the model directory, e.g.
+`bartowski/Llama-3.2-1B-Instruct-GGUF`), or the file's stem without its quantization
+suffix when it lies in the model directory itself; QUANT comes from the file's
+`general.file_type`, never from its name. Reads metadata only (the `gguf` package,
+numpy): the front end calls this without loading llama.cpp."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# later parts of a split model are loaded through the first one
+_LATER_SPLIT = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$")
+
+
+def quant_label(path: str | Path) -> str:
+    """`Q4_K_M`, `F16`, … from `general.file_type`; `F32` when the field is absent
+    (llama.cpp's default), `GUESSED` when the value is not one gguf knows."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields.get("general.file_type")
+    if field is None:
+        return "F32"
+    value = int(field.parts[field.data[0]][0])
+    try:
+        name = gguf.LlamaFileType(value).name
+    except ValueError:
+        return "GUESSED"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def repo_name(path: Path, root: Path, quant: str) -> str:
+    rel = path.relative_to(root)
+    if len(rel.parts) > 1:
+        return rel.parent.as_posix()
+    stem = re.sub(r"-0*1-of-\d+$", "", path.stem)
+    return re.sub(rf"[.\-_]{re.escape(quant)}$", "", stem, flags=re.IGNORECASE) or stem
+
+
+def discover(dirs: list[str | Path]) -> list[tuple[str, Path]]:
+    """(`repo:QUANT`, file) for every GGUF model below `dirs`, sorted by name; a file
+    that is not a readable GGUF is skipped (logged by the caller's absence of it)."""
+    found: dict[str, Path] = {}
+    for root in map(lambda d: Path(d).expanduser(), dirs):
+        for path in sorted(root.rglob("*.gguf")) if root.is_dir() else []:
+            if _LATER_SPLIT.search(path.name):
+                continue
+            try:
+                quant = quant_label(path)
+            except (OSError, ValueError, KeyError):
+                continue
+            found.setdefault(f"{repo_name(path, root, quant)}:{quant}", path)
+    return sorted(found.items())

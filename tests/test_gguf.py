@@ -1,0 +1,224 @@
+"""The llama.cpp engine through a live server: two quantizations of the demo GGUF (the
+default configuration's), plus a one-quantization repository found in a model directory."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import psutil
+import pytest
+from openai import BadRequestError, OpenAI
+
+from conftest import Server
+
+Q8, Q4 = "greenroom-demo-gguf:Q8_0", "greenroom-demo-gguf:Q4_0"
+SOLO = "solo-repo:F16"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache):
+    from greenroom.engines.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo_model import default_cache_dir
+
+    dirs = tmp_path_factory.mktemp("ggufs")
+    (dirs / "solo-repo").mkdir()
+    shutil.copy(ensure_demo_gguf(default_cache_dir(model_cache), "F16"), dirs / "solo-repo" / "model-f16.gguf")
+    config = (f'model_dirs = ["{dirs}"]\n'
+              '[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
+              f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+              f'[[models]]\nid = "{Q4}"\nsource = "demo-gguf:Q4_0"\nengine = "llama.cpp"\nn_ctx = 256\n')
+    server = Server(tmp_path_factory.mktemp("gguf-server"), model_cache, config)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(srv):
+    return OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
+
+
+def state(srv, model: str) -> str:
+    return next(m for m in httpx.get(srv.url + "/api/models").json()["models"] if m["id"] == model)["state"]
+
+
+def unload(srv, model: str) -> None:
+    assert httpx.post(srv.url + "/api/models/unload", json={"model": model}, timeout=60).status_code == 200
+    assert state(srv, model) == "unloaded"
+
+
+def error_of(exc) -> dict:
+    return exc.value.response.json()["error"]
+
+
+REFUSED_BEFORE_LOAD = [
+    ("seed", {"seed": 7}),
+    ("logprobs", {"logprobs": True}),
+    ("top_logprobs", {"top_logprobs": 2}),
+    ("allowed_token_ids", {"allowed_token_ids": [5, 6]}),
+    ("response_format", {"response_format": {"type": "json_object"}}),
+    ("profile", {"profile": "calm"}),
+    ("steering_intensity", {"steering_intensity": 1.0}),
+    ("return_sae_activations", {"return_sae_activations": {"features": [1]}}),
+    ("n", {"n": 2}),
+    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+    ("logit_bias", {"logit_bias": {"5": 1}}),
+]
+
+
+@pytest.mark.parametrize("field,extra", REFUSED_BEFORE_LOAD, ids=[f for f, _ in REFUSED_BEFORE_LOAD])
+def test_fields_llama_cpp_cannot_honour_are_refused_before_the_model_loads(srv, field, extra):
+    unload(srv, Q4)
+    body = {"model": Q4, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "field_not_honoured" and err["param"] == field
+    assert "llama.cpp" in err["message"]
+    assert state(srv, Q4) == "unloaded"
+
+
+def test_scoring_and_seeded_completions_are_refused_before_any_load(srv):
+    unload(srv, Q4)
+    for extra, param in (({"logprobs": 1}, "logprobs"), ({"seed": 1}, "seed"),
+                         ({"echo": True, "max_tokens": 0, "logprobs": 0}, "echo")):
+        r = httpx.post(srv.url + "/v1/completions", json={"model": Q4, "prompt": "hi", **extra}, timeout=30)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+    assert state(srv, Q4) == "unloaded"
+
+
+def test_chat_template_kwargs_are_reported_not_refused(oai):
+    raw = oai.chat.completions.with_raw_response.create(
+        model=Q8, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert raw.headers["X-miLLM-Ignored-Fields"] == '"chat_template_kwargs"'
+    assert raw.parse().choices[0].message.content
+
+
+@pytest.mark.parametrize("model", [Q8, Q4])
+def test_chat_and_completions_streamed_and_not(oai, model):
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    whole = oai.chat.completions.create(model=model, messages=msgs, max_tokens=24, temperature=0)
+    assert whole.model == model and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens > 5
+    assert whole.system_fingerprint.endswith(":llama.cpp")
+    chunks = list(oai.chat.completions.create(model=model, messages=msgs, max_tokens=24, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # greedy: the same text either way
+    assert chunks[-1].usage.completion_tokens == 24
+
+    done = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0)
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=16, temperature=0, stream=True))
+    assert streamed == done.choices[0].text and done.usage.completion_tokens == 16
+
+
+def test_quantizations_are_served_side_by_side(oai):
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    a = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=32, temperature=0).choices[0].message.content
+    b = oai.chat.completions.create(model=Q4, messages=msgs, max_tokens=32, temperature=0).choices[0].message.content
+    assert a and b and a != b  # 4-bit weights answer differently from 8-bit ones
+    ids = [m.id for m in oai.models.list().data]
+    assert {Q8, Q4, SOLO} <= set(ids)
+
+
+def test_stop_sequences_through_the_shared_matcher(oai):
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    full = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0).choices[0].message.content
+    stop = full[10:13]
+    cut = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == full[:full.index(stop)]
+
+
+def test_a_bare_repository_name(oai):
+    # one quantization: the bare name serves it
+    assert oai.chat.completions.create(model="solo-repo", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2).model == SOLO
+    # several: 400 naming the tags, on every surface
+    with pytest.raises(BadRequestError) as exc:
+        oai.chat.completions.create(model="greenroom-demo-gguf", messages=[{"role": "user", "content": "hi"}])
+    err = error_of(exc)
+    assert err["code"] == "AMBIGUOUS_MODEL_NAME" and Q8 in err["message"] and Q4 in err["message"]
+
+
+def test_a_bare_repository_name_on_ollama(srv):
+    r = httpx.post(srv.url + "/api/chat", json={"model": "greenroom-demo-gguf", "stream": False,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["code"] == "AMBIGUOUS_MODEL_NAME"
+
+
+def test_an_oversized_prompt_is_a_400_with_counts_streamed_and_not(srv, oai):
+    long = "the sea " * 200  # far past Q4's n_ctx of 256
+    for stream in (False, True):
+        with pytest.raises(BadRequestError) as exc:
+            r = oai.chat.completions.create(model=Q4, messages=[{"role": "user", "content": long}], stream=stream)
+            list(r) if stream else r
+        err = error_of(exc)
+        assert err["code"] == "context_length_exceeded"
+        assert "maximum context length is 256 tokens" in err["message"]
+    with pytest.raises(BadRequestError) as exc:
+        oai.completions.create(model=Q4, prompt="the sea", max_tokens=300)
+    msg = error_of(exc)["message"]
+    assert "256 tokens" in msg and "300 in the completion" in msg
+    # embeddings too
+    r = httpx.post(srv.url + "/v1/embeddings", json={"model": Q4, "input": long})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_embeddings(oai):
+    out = oai.embeddings.create(model=Q8, input=["the sea", "a dog"])
+    a, b = (d.embedding for d in out.data)
+    assert len(a) == 128 and a != b
+    assert out.usage.prompt_tokens > 2
+    assert oai.embeddings.create(model=Q8, input="the sea").data[0].embedding == a  # deterministic
+
+
+def test_continue_completes_a_trailing_assistant_message_mid_sentence(oai, model_cache):
+    """Everything before the partial rendered with a generation prompt, the partial appended
+    raw: the same tokens as the rendered text sent as a plain completion."""
+    from transformers import AutoTokenizer
+
+    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+
+    tok = AutoTokenizer.from_pretrained(demo_model_dir(default_cache_dir(model_cache), "tiny"))
+    user = [{"role": "user", "content": "Tell me about the sea."}]
+    partial = "The sea is wide and"
+    text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) + partial
+    ids = tok.encode(text, add_special_tokens=False)
+    cont = oai.chat.completions.create(model=Q8, messages=user + [{"role": "assistant", "content": partial}],
+                                       max_tokens=12, temperature=0).choices[0].message.content
+    plain = oai.completions.create(model=Q8, prompt=ids, max_tokens=12, temperature=0).choices[0].text
+    fresh = oai.chat.completions.create(model=Q8, messages=user, max_tokens=12, temperature=0)
+    assert cont == plain and cont != fresh.choices[0].message.content
+
+
+def test_the_gguf_actor_comes_and_goes_with_load_and_unload(srv):
+    unload(srv, Q8)
+    assert f"gguf:{Q8}" not in srv.actors()
+    r = httpx.post(srv.url + "/api/models/load", json={"model": Q8}, timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "loaded"
+    actor = srv.actors()[f"gguf:{Q8}"]
+    assert actor["state"] == "ready" and actor["models"] == [Q8]
+    pid = actor["pid"]
+    assert psutil.pid_exists(pid)
+    unload(srv, Q8)
+    assert f"gguf:{Q8}" not in srv.actors()
+    psutil.wait_procs([psutil.Process(pid)] if psutil.pid_exists(pid) else [], timeout=10)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # and a request loads it again, in a new actor
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                   json={"model": Q8, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200 and srv.actors()[f"gguf:{Q8}"]["pid"] != pid
+
+
+def test_ollama_surface_on_gguf(srv):
+    import ollama
+
+    c = ollama.Client(host=srv.url)
+    r = c.chat(model=Q8, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 5})
+    assert r.done and r.eval_count == 5
+    tags = {m.model for m in c.list().models}
+    assert {Q8, Q4, SOLO} <= tags
