@@ -1,4 +1,6 @@
-"""Token ids → text deltas with finish reasons, the same for every engine."""
+"""Token ids → text deltas with finish reasons, the same for every engine and for both
+the serial path (`generate`) and the continuous batch (`batching.py`): one `Decoder`
+per sequence, fed one token per decode step."""
 
 from __future__ import annotations
 
@@ -19,39 +21,56 @@ class Delta:
     logprob: float = 0.0  # of this step's token
 
 
+class Decoder:
+    """One sequence's ids → Deltas: incremental detokenisation, the stop matcher, EOS,
+    a grammar's completion and max_tokens. The last Delta carries finish_reason; a
+    grammar's document completed is a "stop" too, also on the max_tokens-th token."""
+
+    def __init__(self, engine: Engine, params: SamplingParams, matcher=None):
+        self._detok = IncrementalDetokenizer(engine.decode)
+        self._stops = StopMatcher(params.stop)
+        self._eos = engine.eos_token_ids
+        self._max_tokens = params.max_tokens
+        self.matcher = matcher
+        self.n = 0
+
+    def empty(self) -> Delta | None:
+        """The whole answer when no token is asked for: nothing need run."""
+        return Delta("", 0, "length") if self._max_tokens <= 0 else None
+
+    def feed(self, token_id: int, logprob: float) -> Delta:
+        self.n += 1
+        detok, stops, n = self._detok, self._stops, self.n
+        if token_id in self._eos:
+            return Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop", logprob)
+        text = stops.feed(detok.add(token_id))
+        if stops.matched is not None:
+            return Delta(text, n, "stop", logprob)
+        if self.matcher is not None and self.matcher.done():
+            return Delta(text + self._tail(), n, "stop", logprob)
+        if n >= self._max_tokens:
+            return Delta(text + self._tail(), n, stops.matched and "stop" or "length", logprob)
+        return Delta(text, n, logprob=logprob)
+
+    def _tail(self) -> str:
+        text = self._stops.feed(self._detok.flush())
+        return text if self._stops.matched is not None else text + self._stops.flush()
+
+
 def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None) -> Iterator[Delta]:
-    """One Delta per decode step (text may be empty while a character or a possible
-    stop string is incomplete); the last one carries finish_reason. A grammar's document
-    completed is a "stop" too, also when it completes on the max_tokens-th token."""
-    detok = IncrementalDetokenizer(engine.decode)
-    stops = StopMatcher(params.stop)
-    matcher = engine.matcher(grammar) if grammar is not None else None
-    ids = engine.generate_ids(prompt_ids, params, matcher)
-    n = 0
+    """The serial path: one Delta per decode step (text may be empty while a character or
+    a possible stop string is incomplete); the last one carries finish_reason."""
+    decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None)
+    done = decoder.empty()
+    if done is not None:
+        yield done
+        return
+    ids = engine.generate_ids(prompt_ids, params, decoder.matcher)
     try:
-        if params.max_tokens <= 0:
-            yield Delta("", 0, "length")
-            return
         for token_id, logprob in ids:
-            n += 1
-            if token_id in engine.eos_token_ids:
-                yield Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop", logprob)
+            delta = decoder.feed(token_id, logprob)
+            yield delta
+            if delta.finish_reason:
                 return
-            text = stops.feed(detok.add(token_id))
-            if stops.matched is not None:
-                yield Delta(text, n, "stop", logprob)
-                return
-            if matcher is not None and matcher.done():
-                yield Delta(text + _tail(detok, stops), n, "stop", logprob)
-                return
-            if n >= params.max_tokens:
-                yield Delta(text + _tail(detok, stops), n, stops.matched and "stop" or "length", logprob)
-                return
-            yield Delta(text, n, logprob=logprob)
     finally:
         ids.close()
-
-
-def _tail(detok: IncrementalDetokenizer, stops: StopMatcher) -> str:
-    text = stops.feed(detok.flush())
-    return text if stops.matched is not None else text + stops.flush()

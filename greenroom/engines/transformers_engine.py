@@ -49,12 +49,15 @@ class TransformersEngine:
         self.model.requires_grad_(False)
         # transformers 5.2x renamed `past_key_values` to `cache`; the H200 image has 5.17.
         params = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         # the logits' rows past the tokenizer are padding, not tokens
         self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
         self.has_chat_template = bool(self.tokenizer.chat_template)
+        # a sliding-window layer drops its oldest keys by count, which left padding would skew
+        self.batchable = not getattr(cfg, "sliding_window", None) and "sliding_attention" not in (
+            getattr(cfg, "layer_types", None) or ())
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -118,7 +121,7 @@ class TransformersEngine:
             with torch.inference_mode():
                 ids = torch.tensor([prompt_ids], device=self.device)
                 while True:
-                    out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
+                    out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
                     logits = out.logits[0, -1]
                     del out
                     if matcher is not None:
@@ -134,6 +137,12 @@ class TransformersEngine:
                     ids = torch.tensor([[token]], device=self.device)
         finally:
             del cache  # the sequence's KV memory goes with its iterator
+
+    def new_batch(self, sampling: SamplingParams):
+        """A continuous batch of sequences sampled under `sampling` (batching.py)."""
+        from .batching import DecodeBatch
+
+        return DecodeBatch(self, sampling)
 
     def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> Scored:
         with torch.inference_mode():
