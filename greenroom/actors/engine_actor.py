@@ -5,6 +5,11 @@ All blocking compute runs in one worker thread, fed by a queue; the actor's trio
 loop only routes messages, so it always answers status and cancel. The worker
 checks for cancellation between decode steps and closes the sequence's iterator
 (freeing its cache) at the first step boundary after a cancel.
+
+With continuous batching on, the worker interleaves, step by step, one decode step of
+each model's batch (every batchable request that has started: the server's fixed
+sampling parameters, one choice) and one step of the serial request, if any;
+requests start in queue order, a Load/Unload once nothing runs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import trio
 
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
-from greenroom.engines.base import EngineError
+from greenroom.engines.base import EngineError, SamplingParams
 from greenroom.protocol import (
     Admitted, Cancel, Done, Embed, Embedded, Events, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
     StatusQuery, Text, Unload, from_wire, to_wire,
@@ -33,11 +38,15 @@ from greenroom.protocol import (
 
 
 SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor; below that rate nothing waits
+# The server's fixed sampling parameters under continuous batching (the request defaults:
+# temperature 1, top_p 1, no top_k, no penalty): only requests asking for exactly these join
+# the batch, which samples every row alike from one generator.
+FIXED_SAMPLING = SamplingParams()
 
 
 @tractor.context
 async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int,
-                         device: str):
+                         device: str, continuous_batching: bool = False):
     """`models`: [{"id", "engine", "path", "device", "dtype"}]. Loads them, reports
     {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
     value, then serves the stream until the front end closes it."""
@@ -51,7 +60,7 @@ async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: in
         await ctx.started({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
     await ctx.started({"ok": True, "models": [attrs.asdict(e.info) for e in engines.values()]})
-    loop = EngineLoop(engines, max_queue, default_max_tokens, device)
+    loop = EngineLoop(engines, max_queue, default_max_tokens, device, continuous_batching)
     async with ctx.open_stream() as stream:
         await loop.serve(stream)
 
@@ -60,6 +69,19 @@ def _load_engines(models: list[dict]) -> dict:
     from greenroom.engines.loader import load_engine  # torch is imported here, in the child
 
     return {m["id"]: load_engine(m) for m in models}
+
+
+@attrs.define(eq=False)
+class _Choice:
+    """One choice's figures, for its finishing Text event."""
+
+    rid: str
+    index: int
+    started: float  # the request's start of compute
+    queue_wait: float
+    start: float = attrs.Factory(time.monotonic)  # this choice's
+    first_token: float | None = None
+    logprob_sum: float = 0.0
 
 
 @attrs.define
@@ -72,16 +94,21 @@ class Counters:
 
 
 class EngineLoop:
-    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int, device: str):
+    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int, device: str,
+                 continuous_batching: bool = False):
         self.engines = engines
         self.device = device
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
+        self.continuous_batching = continuous_batching
         self.counters = Counters()
         self._queue: collections.deque[Generate | Embed | Score | Load | Unload] = collections.deque()
         self._wakeup = threading.Condition()
         self._cancelled: set[str] = set()
-        self._active: str | None = None
+        self._running: set[str] = set()  # rids taken from the queue and not finished
+        self._serial = None  # (request, its step iterator): the one request on the serial path
+        self._batches: dict = {}  # model id → DecodeBatch, while it has sequences
+        self._choices: dict[str, _Choice] = {}  # rid → a batched request's figures
         self._closing = False
         self._outbox: collections.deque = collections.deque()  # events for the sender, from both threads
         self._enqueued: dict[str, float] = {}  # rid → arrival, for queue-wait figures
@@ -101,14 +128,13 @@ class EngineLoop:
             with self._wakeup:
                 self._closing = True
                 self._cancelled.update(g.rid for g in self._queue)
-                if self._active:
-                    self._cancelled.add(self._active)
+                self._cancelled.update(self._running)
                 self._wakeup.notify()
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
         if isinstance(msg, (Generate, Embed, Score)):
-            if len(self._queue) + (self._active is not None) >= self.max_queue:
+            if len(self._queue) + len(self._running) >= self.max_queue:
                 self._emit(Failed(msg.rid, GreenroomError(
                     "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
                 ).to_wire()))
@@ -132,10 +158,22 @@ class EngineLoop:
             "memory": _device_memory(self.device),
             "models": list(self.engines),
             "queue_depth": len(self._queue),
-            "active": int(self._active is not None),
+            "active": len(self._running),
             "max_queue_depth": self.max_queue,
+            "inference": self.inference(),
             **attrs.asdict(self.counters),
         }
+
+    def inference(self) -> dict:
+        """The active backend, as GET /api/health/inference shows it: continuous batching
+        once it is on and a loaded model's engine batches (`models`)."""
+        models = sorted(m for m, e in self.engines.items() if getattr(e, "batchable", False))
+        if not self.continuous_batching or not models:
+            return {"backend": "serial"}
+        return {"backend": "continuous_batching", "models": models, "batched": len(self._choices),
+                "fixed_sampling": {"temperature": FIXED_SAMPLING.temperature, "top_p": FIXED_SAMPLING.top_p,
+                                   "top_k": FIXED_SAMPLING.top_k,
+                                   "repetition_penalty": FIXED_SAMPLING.repetition_penalty}}
 
     async def _sender(self, stream) -> None:
         """One message per wake-up carrying everything produced since the last one, and
@@ -178,45 +216,112 @@ class EngineLoop:
     def _work(self) -> None:
         while True:
             with self._wakeup:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._running and not self._closing:
                     self._wakeup.wait()
                 if self._closing:
                     return
-                req = self._queue.popleft()
-                self._active = req.rid
-            try:
-                self._run(req)
-            except GreenroomError as exc:
-                self.counters.failed += 1
-                self._emit_from_thread(Failed(req.rid, exc.to_wire()))
-            except Exception as exc:
-                self.counters.failed += 1
-                self._emit_from_thread(Failed(req.rid, GreenroomError(
-                    "generation_failed", f"generation failed: {type(exc).__name__}: {exc}").to_wire()))
-            finally:
-                self._active = None
-                self._cancelled.discard(req.rid)
-                self._enqueued.pop(req.rid, None)
+                starting = self._take()
+            for req in starting:
+                self._start(req)
+            for model, batch in list(self._batches.items()):
+                self._step_batch(model, batch)
+            if self._serial is not None:
+                req, steps = self._serial
+                if self._guard(req.rid, next, steps, None) is None:  # finished, cancelled or failed
+                    self._serial = None
+                    self._finish(req.rid)
 
-    def _run(self, req) -> None:
+    def _take(self) -> list:
+        """The requests that start now, in queue order: every batchable one at the head,
+        and at most one other — a Load/Unload only once nothing runs, anything else
+        only while the serial path is free."""
+        starting = []
+        while self._queue:
+            head = self._queue[0]
+            if not self._batchable(head):
+                lifecycle = isinstance(head, (Load, Unload))
+                if self._serial is not None or (lifecycle and (self._running or starting)):
+                    break
+            starting.append(self._queue.popleft())
+            self._running.add(head.rid)
+            if not self._batchable(head):
+                break
+        return starting
+
+    def _batchable(self, req) -> bool:
+        """The spec's rule: the fixed sampling parameters (no seed, no penalty), one
+        choice of one prompt or conversation, no constraint, on an engine that batches."""
+        if not self.continuous_batching or not isinstance(req, Generate):
+            return False
+        p = req.params
+        return (req.n == 1 and req.rows == 1 and req.constraint is None and p.seed is None
+                and (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (
+                    FIXED_SAMPLING.temperature, FIXED_SAMPLING.top_p, FIXED_SAMPLING.top_k,
+                    FIXED_SAMPLING.repetition_penalty)
+                and getattr(self.engines.get(req.model), "batchable", False))
+
+    def _start(self, req) -> None:
         if req.rid in self._cancelled:
             self.counters.cancelled += 1
+            self._finish(req.rid)
             return
+        if self._batchable(req):
+            self._guard(req.rid, self._join, req)
+            return
+        steps = self._guard(req.rid, self._run, req)
+        if steps is None:  # done at once (or failed)
+            self._finish(req.rid)
+        else:
+            self._serial = (req, steps)
+
+    def _finish(self, rid: str) -> None:
+        self._running.discard(rid)
+        self._cancelled.discard(rid)
+        self._enqueued.pop(rid, None)
+        self._choices.pop(rid, None)
+
+    def _guard(self, rid: str, fn, *args):
+        """fn(*args), with any failure answered as `rid`'s typed error (None then)."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.counters.failed += 1
+            self._emit_from_thread(Failed(rid, self._typed(exc).to_wire()))
+            self._finish(rid)
+            return None
+
+    def _typed(self, exc: Exception) -> GreenroomError:
+        if isinstance(exc, GreenroomError):
+            return exc
+        if isinstance(exc, EngineError):
+            return GreenroomError(exc.code, exc.message, exc.param)
+        if self.device.startswith("cuda"):
+            import torch
+
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()  # what the failed step held goes back to the card now
+                return GreenroomError("insufficient_memory", f"{self.device} ran out of memory during generation "
+                                      "(the prompt and its KV cache do not fit beside the model): "
+                                      f"{str(exc).splitlines()[0]}")
+        return GreenroomError("generation_failed", f"generation failed: {type(exc).__name__}: {exc}")
+
+    def _run(self, req):
+        """Embed, Score, Load and Unload run to the end here; a Generate returns its step
+        iterator (the serial path)."""
         if isinstance(req, (Load, Unload)):
-            self._lifecycle(req)
-            return
+            return self._lifecycle(req)
+        engine = self._engine(req)
+        if isinstance(req, Embed):
+            return self._embed(engine, req)
+        if isinstance(req, Score):
+            return self._score(engine, req)
+        return self._generate(engine, req)
+
+    def _engine(self, req):
         engine = self.engines.get(req.model)
         if engine is None:
             raise GreenroomError("model_not_found", f"model {req.model!r} is not served by this engine", "model")
-        try:
-            if isinstance(req, Embed):
-                self._embed(engine, req)
-            elif isinstance(req, Score):
-                self._score(engine, req)
-            else:
-                self._generate(engine, req)
-        except EngineError as exc:
-            raise GreenroomError(exc.code, exc.message, exc.param) from None
+        return engine
 
     def _lifecycle(self, req: Load | Unload) -> None:
         """FIFO with requests: an Unload runs once everything queued before it is done."""
@@ -260,9 +365,9 @@ class EngineLoop:
         self.counters.completed += 1
         self._emit_from_thread(Scores(req.rid, out))
 
-    def _generate(self, engine, req: Generate) -> None:
-        from greenroom.engines.generation import generate
-
+    def _admit(self, engine, req: Generate) -> tuple[list[list[int]], list]:
+        """Validate and tokenise every row (each row's params, max_tokens resolved), then
+        announce the request: after this a stream may start."""
         rows, names = _rows(engine, req)
         if req.conversations is None:
             for ids, name in zip(rows, names):
@@ -270,34 +375,96 @@ class EngineLoop:
         # a constrained document is ended by its grammar, not cut by the server's default
         params = [self._resolve_max_tokens(engine, ids, req.params, name, whole_room=req.constraint is not None)
                   for ids, name in zip(rows, names)]
-        grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
+        return rows, params
+
+    def _admitted(self, req: Generate, rows: list[list[int]]) -> float:
+        """Count and announce the request; returns when it started computing."""
         self.counters.admitted += 1
         self._emit_from_thread(Admitted(req.rid, sum(len(ids) for ids in rows)))
-        started = time.monotonic()
+        return time.monotonic()
+
+    def _generate(self, engine, req: Generate):
+        """The serial path, one decode step per iteration; every choice in turn."""
+        from greenroom.engines.generation import generate
+
+        rows, params = self._admit(engine, req)
+        grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
+        started = self._admitted(req, rows)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
             for j in range(req.n):
-                index = row * req.n + j
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
-                choice_start, first_token, logprob_sum = time.monotonic(), None, 0.0
+                choice = _Choice(req.rid, row * req.n + j, started, queue_wait)
                 for delta in generate(engine, ids, choice_params, grammar):
                     self.counters.tokens_generated += 1
                     if req.rid in self._cancelled:
                         self.counters.cancelled += 1
                         return  # leaving the loop closes the sequence and frees its cache
-                    first_token = first_token or time.monotonic()
-                    logprob_sum += delta.logprob
-                    stats = None
-                    if delta.finish_reason:
-                        now = time.monotonic()
-                        stats = {"logprob_sum": logprob_sum, "prefill_s": first_token - choice_start,
-                                 "decode_s": now - first_token, "queue_wait_s": queue_wait,
-                                 "compute_s": now - started, "peak_rss_mb": _peak_rss_mb()}
-                    if delta.text or delta.finish_reason:
-                        self._emit_from_thread(Text(req.rid, index, delta.text, delta.completion_tokens,
-                                                    delta.finish_reason, stats))
+                    self._deliver(choice, delta)
+                    yield True
         self.counters.completed += 1
+
+    def _join(self, req: Generate) -> None:
+        """A batchable request joins its model's batch (prefilled now, decoded with the
+        others from the next step)."""
+        engine = self._engine(req)
+        (ids,), (params,) = self._admit(engine, req)
+        started = self._admitted(req, [ids])
+        choice = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started))
+        batch = self._batches.get(req.model)
+        if batch is None:
+            batch = self._batches[req.model] = engine.new_batch(FIXED_SAMPLING)
+        delta = batch.join(req.rid, ids, params)
+        self.counters.tokens_generated += 1
+        self._deliver(choice, delta)
+        if delta.finish_reason:
+            self.counters.completed += 1
+            self._finish(req.rid)
+        else:
+            self._choices[req.rid] = choice
+
+    def _step_batch(self, model: str, batch) -> None:
+        gone = [rid for rid in batch.keys if rid in self._cancelled]
+        if gone:  # cancelled: their rows leave the cache before the step
+            batch.leave(gone)
+            self.counters.cancelled += len(gone)
+            for rid in gone:
+                self._finish(rid)
+        if len(batch):
+            try:
+                out = batch.step()
+            except Exception as exc:  # a failed step fails every sequence in it
+                error = self._typed(exc).to_wire()
+                for rid in batch.keys:
+                    self.counters.failed += 1
+                    self._emit_from_thread(Failed(rid, error))
+                    self._finish(rid)
+                batch.leave(set(batch.keys))
+                out = []
+            for rid, delta in out:
+                self.counters.tokens_generated += 1
+                self._deliver(self._choices[rid], delta)
+                if delta.finish_reason:
+                    self.counters.completed += 1
+                    self._finish(rid)
+        if not len(batch):
+            del self._batches[model]
+
+    def _deliver(self, choice: "_Choice", delta) -> None:
+        """A choice's step as a Text event (none while the text is held back), with the
+        engine's own figures on the finishing one."""
+        now = time.monotonic()
+        choice.first_token = choice.first_token or now
+        choice.logprob_sum += delta.logprob
+        stats = None
+        if delta.finish_reason:
+            stats = {"logprob_sum": choice.logprob_sum, "prefill_s": choice.first_token - choice.start,
+                     "decode_s": now - choice.first_token, "queue_wait_s": choice.queue_wait,
+                     "compute_s": now - choice.started, "peak_rss_mb": _peak_rss_mb()}
+        if delta.text or delta.finish_reason:
+            self._emit_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
+                                        delta.finish_reason, stats))
 
     def _embed(self, engine, req: Embed) -> None:
         rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]

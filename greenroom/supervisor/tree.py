@@ -187,7 +187,8 @@ class Tree:
             fn = engine_session
             kwargs = {"models": [m.placement for m in self._placed(slot) if m.preload or slot.on_demand],
                       "device": slot.placements[0]["device"] if slot.on_demand else _device_of(slot.name),
-                      "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens}
+                      "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens,
+                      "continuous_batching": self.config.continuous_batching}
         else:
             fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
