@@ -33,6 +33,7 @@ PATHS = {
     "/": {"get"},
     "/health": {"get"},
     "/api/actors": {"get"},
+    "/api/health/inference": {"get"},
     "/openapi.json": {"get"},
     "/v1/models": {"get"},
     "/v1/models/{model_id}": {"get"},

@@ -22,6 +22,7 @@ ENDPOINTS = [
     ("GET", "/", "this index"),
     ("GET", "/health", "readiness: ok once the tree is up, loading before"),
     ("GET", "/api/actors", "the live actor tree: name, pid, state, models, queue depth, RSS"),
+    ("GET", "/api/health/inference", "the inference backend of each engine actor: serial or continuous_batching"),
     ("GET", "/metrics", "Prometheus metrics"),
     ("GET", "/api/models", "every model with its state (loaded, unloaded, loading, unloading)"),
     ("POST", "/api/models/load", "load a model: {\"model\": id}"),

@@ -1,6 +1,6 @@
-"""greenroom's management API for models (JSON under /api/models, beside Ollama's routes):
-list with states, load, unload. Errors use OpenAI's envelope, as the rest of greenroom's
-own API does."""
+"""greenroom's management API (JSON beside Ollama's /api routes): models — list with
+states, load, unload — and the inference backend of each engine actor. Errors use
+OpenAI's envelope, as the rest of greenroom's own API does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
 from greenroom.supervisor.tree import Tree
 
-PATHS = frozenset({"/api/models", "/api/models/load", "/api/models/unload"})
+PATHS = frozenset({"/api/models", "/api/models/load", "/api/models/unload", "/api/health/inference"})
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -29,6 +29,17 @@ def register(app: Quart, tree: Tree) -> None:
         model = await _model()
         await tree.unload(model)
         return _row(tree, model)
+
+    @app.get("/api/health/inference")
+    async def inference():
+        """The configured backend, and each engine actor's as it reports it (null while it is not up)."""
+        rows = []
+        for slot in tree.slots.values():
+            if slot.role == "engine":
+                status = await slot.client.status() if slot.client is not None else None
+                rows.append({"name": slot.name, "state": slot.state, "backend": None,
+                             **(status or {}).get("inference", {})})
+        return {"backend": "continuous_batching" if tree.config.continuous_batching else "serial", "actors": rows}
 
 
 async def _model() -> str:

@@ -85,7 +85,7 @@ def register(app: Quart, tree: Tree) -> None:
         stream = openai_params.streaming(req.body)
         if scoring.is_chat_scoring(req.body):
             return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
-        plan = structured.plan(req.body, stream.on)
+        plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
         extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
                         ) if tree.config.expose_extras else None

@@ -553,6 +553,23 @@ def _response_schemas() -> dict:
         }, ("status", "model", "models", "queue_depth", "max_queue_depth", "exact_token_counts")),
         "Actor": actor,
         "Actors": _obj({"actors": _array(_ref("Actor"))}, ("actors",)),
+        "Inference": _obj({
+            "backend": {"enum": ["serial", "continuous_batching"], "description": "The configured backend "
+                        "(continuous batching is opt-in: continuous_batching = true, --continuous-batching)"},
+            "actors": _array(_obj({
+                "name": _string(),
+                "state": _string(),
+                "backend": _described({"enum": ["serial", "continuous_batching", None]}, "continuous_batching "
+                                      "once it is on and a loaded model batches; null while the actor is not up"),
+                "models": _described(_array(_string()), "The loaded models whose requests may be batched"),
+                "batched": _described(_COUNT, "Requests decoding in the batch now"),
+                "fixed_sampling": _described(_obj({
+                    "temperature": _number(), "top_p": _number(), "top_k": _integer(),
+                    "repetition_penalty": _number()}), "What a request must ask for to be batched (no seed, "
+                    "n = 1, one prompt, no response_format or forced tool call); any other request runs on "
+                    "the serial path"),
+            }, ("name", "state", "backend"))),
+        }, ("backend", "actors")),
         "OpenAPIDocument": _obj({"openapi": _string(), "info": {"type": "object"}, "paths": {"type": "object"}},
                                 ("openapi", "info", "paths")),
     }
@@ -676,6 +693,8 @@ def _paths() -> dict:
         "/": get("index", "Endpoint index", "Index", "The routes this server answers"),
         "/health": get("health", "Readiness", "Health", "ok once the tree is up, loading before"),
         "/api/actors": get("actors", "The live actor tree", "Actors", "One row per actor"),
+        "/api/health/inference": get("inference", "The inference backend of each engine actor", "Inference",
+                                     "serial or continuous_batching, per engine actor"),
         "/openapi.json": get("openapi", "This document", "OpenAPIDocument", "The OpenAPI 3.1 document"),
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",

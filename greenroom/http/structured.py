@@ -45,13 +45,17 @@ class Plan:
         return self.tools is not None and self.tool_mode != "none"
 
 
-def plan(body: dict, stream: bool) -> Plan:
+def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
+    """`batching`: the server runs continuous batching, under which the spec refuses
+    response_format (a /v1 chat request's; Needle's and Ollama's formats are served serially)."""
     tools, mode, name, parallel = _tools(body)
     fmt = body.get("response_format")
     if fmt is None or fmt == {"type": "text"}:
         if mode in ("required", "named"):
             return Plan({"type": "tool_calls", "tools": tools, "name": name, "parallel": parallel}, tools, mode)
         return Plan(None, tools, mode)
+    if batching:
+        raise _unsupported("response_format is refused while continuous batching is enabled on this server")
     if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema", "text"):
         raise _unsupported("'response_format.type' must be text, json_object or json_schema")
     if stream:
