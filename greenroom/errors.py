@@ -48,6 +48,14 @@ TABLE: dict[str, ErrorKind] = {
     "queue_full": ErrorKind(503, SERVER),
     "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it
     "request_timeout": ErrorKind(504, SERVER),
+    # Ollama's model management (http/ollama_models.py): pulls from the Hugging Face Hub, names
+    "hub_token_conflict": ErrorKind(400, INVALID, ollama_only=True),  # a Hub token in both places
+    "hub_auth_required": ErrorKind(401, INVALID, ollama_only=True),  # private or gated: no token sent
+    "hub_access_denied": ErrorKind(403, INVALID, ollama_only=True),  # the Hub refused the token sent
+    "unsupported_repository": ErrorKind(400, INVALID, ollama_only=True),  # neither GGUF nor safetensors
+    "hub_unavailable": ErrorKind(502, SERVER, ollama_only=True),  # the Hub unreachable or failing
+    "model_exists": ErrorKind(409, INVALID, ollama_only=True),  # copy/create/pull onto a name in use
+    "model_configured": ErrorKind(409, INVALID, ollama_only=True),  # delete of a model the config defines
     # fields the request path cannot honour or would ignore (http/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
-from greenroom.http import manage_api, ollama_api, openai_api, openapi
+from greenroom.http import manage_api, ollama_api, ollama_models, openai_api, openapi
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -43,6 +43,12 @@ ENDPOINTS = [
     ("GET", "/api/ps", "Ollama: models loaded"),
     ("POST", "/api/show", "Ollama: a model's metadata"),
     ("GET", "/api/version", "Ollama: server version"),
+    ("POST", "/api/pull", "Ollama: pull a Hugging Face repository (NDJSON progress)"),
+    ("DELETE", "/api/delete", "Ollama: delete a pulled, copied or created model"),
+    ("POST", "/api/copy", "Ollama: another name for a model"),
+    ("POST", "/api/create", "Ollama: a model with its own system prompt, template, parameters, messages"),
+    ("GET", "/api/models/known", "the aliases /api/pull understands (NPU proxy extension)"),
+    ("GET", "/api/search", "search the known-model catalogue (NPU proxy extension)"),
 ]
 
 
@@ -126,6 +132,7 @@ def create_app(tree: Tree) -> Quart:
     openai_api.register(app, tree)
     ollama_api.register(app, tree)
     manage_api.register(app, tree)
+    ollama_models.register(app, tree)
     if tree.config.request_timeout_s:
         for name, view in app.view_functions.items():
             app.view_functions[name] = _bounded(view, tree.config.request_timeout_s)

@@ -35,7 +35,7 @@ from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, manage_api, ollama_params, openai_params, structured
+from greenroom.http import ledger, manage_api, ollama_defaults, ollama_params, openai_params, structured
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
 from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
@@ -147,6 +147,8 @@ async def _prepare(tree: Tree, table: dict, where: str) -> Prepared:
         sent_model = body.get("name")
     model = _served(tree, sent_model)
     _, placement = tree.placement(model)
+    if table is GENERATE or table is CHAT:  # a model made by /api/create brings its defaults
+        body = ollama_defaults.apply(body, placement, chat=table is CHAT)
     caps = capabilities_of(placement["engine"])
     unread = ledger.check(table, body, caps, f"{where} with the {placement['engine']} engine")
     unread = [u for u in unread if not re.fullmatch(r"messages\[\d+\]\.images", u)]  # refused when not empty

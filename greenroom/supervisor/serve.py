@@ -13,6 +13,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.http.app import create_app
+from greenroom.store.registry import Registry
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom")
@@ -21,6 +22,7 @@ log = logging.getLogger("greenroom")
 async def serve(config: Config) -> None:
     async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
+        Registry(config.cache_dir).restore(tree)  # models added by /api/pull, /api/copy, /api/create
         app = create_app(tree)
         hc = HypercornConfig()
         hc.bind = [f"{config.host}:{config.port}"] + _ollama_bind(config)

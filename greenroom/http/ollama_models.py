@@ -1,0 +1,361 @@
+"""Ollama's model-management routes: /api/pull (from the Hugging Face Hub), /api/delete,
+/api/copy, /api/create, and the NPU proxy's extensions /api/search and /api/models/known.
+
+Models these routes add are placed on the tree (`Tree.add_model`) and recorded in the
+registry (greenroom/store/registry.py), which places them again when the server starts.
+Errors are the Ollama surface's flat envelope (app.py picks it for every /api/ path).
+
+Hub tokens (spec: "Pull authentication"): a public repository needs none; a private one
+needs the caller's token in exactly one place — the body's `huggingface_token`, or
+`Authorization: Bearer <token>` — both at once is a 400. When the server has an API key
+(GREENROOM_API_KEY), `Authorization` carries that key, so the Hub token can only come from
+the body. The server's own Hugging Face credentials are never used for a pull.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import re
+import threading
+
+import trio
+from quart import Quart, Response, request
+
+from greenroom.engines import gguf_files
+from greenroom.engines.capabilities import Capabilities, capabilities_of
+from greenroom.errors import GreenroomError
+from greenroom.http import ledger, ollama_api, ollama_params, openai_params
+from greenroom.http.openai_api import StreamBody
+from greenroom.store import catalogue, hub
+from greenroom.store.registry import DEFAULTS_KEY, Entry, Registry, place
+from greenroom.supervisor.tree import Tree
+
+log = logging.getLogger("greenroom.http.ollama")
+
+_HUB_TOKEN = re.compile(r"[\x21-\x7e]{1,1024}")  # printable ASCII, no spaces
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
+_NOT_SERVED = "blobs (/api/blobs) are not served by greenroom: create from an existing model with 'from'"
+
+PULL = {"model": ledger.USE, "name": ledger.USE, "stream": ledger.USE, "huggingface_token": ledger.USE,
+        "insecure": ledger.refused(False, why="the Hub is reached as HF_ENDPOINT says")}
+DELETE = {"model": ledger.USE, "name": ledger.USE}
+COPY = {"source": ledger.USE, "destination": ledger.USE}
+CREATE = {"model": ledger.USE, "name": ledger.USE, "from": ledger.USE, "template": ledger.USE, "system": ledger.USE,
+          "parameters": ledger.USE, "messages": ledger.USE, "stream": ledger.USE,
+          "license": ledger.REPORTED,  # accepted, not kept
+          "quantize": ledger.refused(why="greenroom does not quantize models"),
+          "files": ledger.refused({}, why=_NOT_SERVED), "adapters": ledger.refused({}, why=_NOT_SERVED)}
+SEARCH = ("q", "sort", "limit", "offset", "type", "quantization", "min_downloads")
+MAX_SEARCH_LIMIT = 100
+POLL_S = 0.25  # how often a pull's progress is read from its download thread
+
+
+async def _body(table: dict, where: str) -> tuple[dict, dict[str, str]]:
+    """The JSON body, checked against `table` (refusals raised; unread fields reported)."""
+    strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+    body = openai_params.parse_json(await request.get_data())
+    unread = ledger.check(table, body, Capabilities(), where)
+    return body, ledger.report_headers(unread, strict)
+
+
+def _new_name(value, param: str) -> str:
+    """A name for a new model, as Ollama writes them (`namespace/model:tag`; `:latest` is
+    the bare name)."""
+    if value is None or value == "":
+        raise GreenroomError("missing_parameter", f"'{param}' is required", param)
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
+        raise GreenroomError("invalid_parameter", f"'{param}' must be a model name: letters, digits and . _ - : / "
+                             "(at most 200 characters)", param)
+    return value.removesuffix(":latest")
+
+
+def _required(body: dict, name: str) -> str:
+    """A model named by `name` (its own param in the error, not `model`)."""
+    value = body.get(name)
+    if value is None or value == "":
+        raise GreenroomError("missing_parameter", f"'{name}' is required", name)
+    if not isinstance(value, str):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be a string", name)
+    return value
+
+
+def _string(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be a string", name)
+    return value
+
+
+def _ndjson(frames, headers: dict) -> Response:
+    """Status frames as an NDJSON stream; a failure after the stream started is its last
+    line, in the flat envelope."""
+    rid = ollama_api.request_id()
+
+    async def lines():
+        try:
+            async for frame in frames:
+                yield json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+        except GreenroomError as exc:
+            yield json.dumps(ollama_api.error_body(exc, rid)).encode() + b"\n"
+
+    response = Response(StreamBody(lines(), contextlib.AsyncExitStack()), content_type=ollama_api.NDJSON,
+                        headers=headers)
+    response.timeout = None
+    return response
+
+
+async def _last(frames) -> dict:
+    """`stream: false`: only the last frame (a failure is the response's error status)."""
+    last = None
+    async for last in frames:
+        pass
+    return last
+
+
+def _spec(tree: Tree, model: str) -> dict:
+    """Tree.add_model's arguments that place another name on `model`'s source."""
+    m = tree.state_of(model)
+    p = m.placement
+    return {"source": p["source"], "engine": p["engine"],
+            "actor": m.slot.name if p["engine"] == "transformers" else "auto",
+            "dtype": p.get("dtype"), "n_ctx": p.get("n_ctx"), "threads": p.get("threads")}
+
+
+def register(app: Quart, tree: Tree) -> None:
+    registry = Registry(tree.config.cache_dir)
+    pulling: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)  # one pull per repository at a time
+
+    def hub_token(body: dict) -> str | None:
+        sent = body.get("huggingface_token")
+        if sent is not None and not (isinstance(sent, str) and _HUB_TOKEN.fullmatch(sent)):
+            raise GreenroomError("invalid_parameter", "'huggingface_token' must be a token: printable characters, "
+                                 "no spaces", "huggingface_token")
+        header = None
+        auth = request.headers.get("Authorization")
+        if tree.config.api_key is None and auth is not None:  # with an API key, Authorization is the server's
+            scheme, _, value = auth.strip().partition(" ")
+            if scheme.lower() != "bearer" or not _HUB_TOKEN.fullmatch(value.strip()):
+                raise GreenroomError("invalid_parameter", "the Authorization header must be 'Bearer <Hugging Face "
+                                     "token>'", "Authorization")
+            header = value.strip()
+        if sent is not None and header is not None:
+            raise GreenroomError("hub_token_conflict", "a Hugging Face token was sent both in huggingface_token and "
+                                 "in Authorization: Bearer; send it in exactly one of them", "huggingface_token")
+        return sent if sent is not None else header
+
+    def pulled_entries(t: hub.Target, lst: hub.Listing, dest) -> list[Entry]:
+        """The names a pulled repository is served as: the pulled name (a checkpoint), or
+        `<name>:<QUANT>` per GGUF model, QUANT read from the file."""
+        if lst.engine == "transformers":
+            return [Entry(t.name, "pulled", {"source": str(dest), "engine": "transformers", "actor": "auto"},
+                          None, lst.repo)]
+        wanted = {(dest / f.name).resolve() for f in lst.files}
+        names = {}
+        for label, path in gguf_files.discover([dest]):
+            if path.resolve() in wanted:
+                names.setdefault(f"{t.name}:{label.rpartition(':')[2]}", path)
+        return [Entry(n, "pulled", {"source": str(p), "engine": "llama.cpp"}, None, lst.repo)
+                for n, p in sorted(names.items())]
+
+    def check_free(entries: list[Entry], repo: str) -> None:
+        """A pulled name may replace only the same repository's earlier pull."""
+        for e in entries:
+            if e.name in tree.model_states:
+                known = registry.get(e.name)
+                if known is None or known.kind != "pulled" or known.repo != repo:
+                    raise GreenroomError("model_exists", f"a model named '{e.name}' already exists; delete it first "
+                                         "(DELETE /api/delete) or pull under another name", "model")
+
+    async def pull_frames(t: hub.Target, lst: hub.Listing, token: str | None):
+        yield {"status": "pulling manifest"}
+        dest = registry.repo_dir(lst.repo)
+        async with pulling[lst.repo]:
+            progress = hub.Progress()
+            failure: list[BaseException] = []
+
+            def work():
+                try:
+                    hub.download(lst, dest, token, progress)
+                except BaseException as exc:  # handed to the stream, which raises it
+                    failure.append(exc)
+
+            worker = threading.Thread(target=work, name=f"pull {lst.repo}", daemon=True)
+            worker.start()
+            sent: dict[str, int] = {}
+            try:
+                while True:
+                    finished = not worker.is_alive()
+                    for f in lst.files:
+                        done = progress.done.get(f.name)
+                        if done is not None and sent.get(f.name) != done:
+                            sent[f.name] = done
+                            yield {"status": f"pulling {f.digest.partition(':')[2][:12]}", "digest": f.digest,
+                                   "total": f.size, "completed": done}
+                    if finished:
+                        break
+                    await trio.sleep(POLL_S)
+            finally:
+                progress.cancelled.set()  # a client that went away stops the download at its next chunk
+            if failure:
+                if isinstance(failure[0], GreenroomError):
+                    raise failure[0]
+                log.error("pull of %s failed: %s", lst.repo, type(failure[0]).__name__)
+                raise GreenroomError("hub_unavailable", f"downloading '{lst.repo}' failed "
+                                     f"({type(failure[0]).__name__})", "model")
+            yield {"status": "writing manifest"}
+            entries = await trio.to_thread.run_sync(pulled_entries, t, lst, dest)
+            if not entries:
+                raise GreenroomError("unsupported_repository", f"no GGUF file of '{lst.repo}' could be read",
+                                     "model")
+            check_free(entries, lst.repo)
+            for e in entries:
+                if e.name not in tree.model_states:
+                    place(tree, e)
+            registry.record_pull(lst.repo, lst.revision, dest, token is not None, entries)
+            log.info("pulled %s (%s) as %s", lst.repo, lst.revision[:12], ", ".join(e.name for e in entries))
+        yield {"status": "success"}
+
+    @app.post("/api/pull")
+    async def ollama_pull():
+        body, headers = await _body(PULL, "on /api/pull")
+        stream = openai_params.boolean(body, "stream", True)
+        t = hub.target(body.get("model") if body.get("model") is not None else body.get("name"))
+        token = hub_token(body)
+        # every pull asks the Hub with the caller's token (or none): files already here are never
+        # an answer to a caller the Hub refuses, whoever pulled them before
+        lst = await trio.to_thread.run_sync(hub.listing, t, token)
+        if lst.engine == "transformers":
+            check_free([Entry(t.name, "pulled", {}, None, lst.repo)], lst.repo)
+        frames = pull_frames(t, lst, token)
+        return _ndjson(frames, headers) if stream else (await _last(frames), 200, headers)
+
+    @app.delete("/api/delete")
+    async def ollama_delete():
+        body, headers = await _body(DELETE, "on /api/delete")
+        model = ollama_api._served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
+        if registry.get(model) is None:
+            raise GreenroomError("model_configured", f"model '{model}' comes from the server's configuration, not "
+                                 "from /api/pull, /api/copy or /api/create: remove it there", "model")
+        await tree.remove_model(model)
+        files = registry.remove(model)
+        if files is not None:
+            await trio.to_thread.run_sync(registry.delete_files, files)
+        log.info("deleted model %s%s", model, f" and its files {files}" if files else "")
+        return {}, 200, headers
+
+    @app.post("/api/copy")
+    async def ollama_copy():
+        body, headers = await _body(COPY, "on /api/copy")
+        source = ollama_api._served(tree, _required(body, "source"))
+        destination = _new_name(body.get("destination"), "destination")
+        if destination in tree.model_states:
+            raise GreenroomError("model_exists", f"a model named '{destination}' already exists", "destination")
+        m = tree.state_of(source)
+        of = registry.get(source)
+        entry = Entry(destination, "copy", _spec(tree, source), m.placement.get(DEFAULTS_KEY),
+                      of.repo if of else None)
+        place(tree, entry)
+        registry.add(entry)
+        return {}, 200, headers
+
+    @app.post("/api/create")
+    async def ollama_create():
+        body, headers = await _body(CREATE, "on /api/create")
+        stream = openai_params.boolean(body, "stream", True)
+        name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
+        base = ollama_api._served(tree, _required(body, "from"))
+        defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement["engine"]))
+        parent = dict(tree.state_of(base).placement.get(DEFAULTS_KEY) or {})
+        merged = {**parent, **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
+                  "parameters": {**parent.get("parameters", {}), **defaults["parameters"]}}
+        existing = registry.get(name) if name in tree.model_states else None
+        if name in tree.model_states and (existing is None or existing.kind != "created"):
+            raise GreenroomError("model_exists", f"a model named '{name}' already exists (only a model made by "
+                                 "/api/create is replaced by creating it again)", "model")
+        of = registry.get(base)
+        entry = Entry(name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v}, of.repo if of else None)
+        if existing is not None:
+            await tree.remove_model(name)
+        place(tree, entry)
+        registry.add(entry)
+
+        async def frames():
+            yield {"status": f"using base model {base}"}
+            for field in ("system", "template", "parameters", "messages"):
+                if defaults.get(field):
+                    yield {"status": f"creating {field} layer"}
+            yield {"status": "writing manifest"}
+            yield {"status": "success"}
+
+        return _ndjson(frames(), headers) if stream else (await _last(frames()), 200, headers)
+
+    @app.get("/api/models/known")
+    async def ollama_known():
+        return {"models": [catalogue.row(k) for k in catalogue.CATALOGUE]}
+
+    @app.get("/api/search")
+    async def ollama_search():
+        args = request.args
+        strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+        headers = ledger.report_headers([k for k in args if k not in SEARCH], strict)
+        sort = _choice(args, "sort", catalogue.SORTS, "popular")
+        if sort in ("downloads", "likes"):
+            raise GreenroomError("field_not_honoured", f"'sort={sort}' cannot be honoured: the catalogue is answered "
+                                 "offline and records no download or like counts; use popular or newest", "sort")
+        if _count(args, "min_downloads", 0, None) > 0:
+            raise GreenroomError("field_not_honoured", "'min_downloads' cannot be honoured: the catalogue is answered "
+                                 "offline and records no download counts", "min_downloads")
+        limit = _count(args, "limit", 20, MAX_SEARCH_LIMIT, lo=1)
+        offset = _count(args, "offset", 0, None)
+        found = catalogue.search(args.get("q", ""), sort, _choice(args, "type", catalogue.TYPES, "all"),
+                                 args.get("quantization", ""))
+        return {"models": [catalogue.row(k) for k in found[offset:offset + limit]], "total": len(found),
+                "limit": limit, "offset": offset}, 200, headers
+
+
+def _choice(args, name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = args.get(name, default)
+    if value not in allowed:
+        raise GreenroomError("invalid_parameter", f"'{name}' must be one of {', '.join(allowed)}", name)
+    return value
+
+
+def _count(args, name: str, default: int, hi: int | None, lo: int = 0) -> int:
+    value = args.get(name)
+    if value is None:
+        return default
+    if not re.fullmatch(r"\d{1,9}", value) or int(value) < lo or (hi is not None and int(value) > hi):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be an integer from {lo}"
+                             + (f" to {hi}" if hi is not None else ""), name)
+    return int(value)
+
+
+def _create_defaults(body: dict, caps: Capabilities) -> dict:
+    """A created model's system, template, parameters and messages, validated as a request
+    carrying them would be."""
+    system, template = _string(body, "system"), _string(body, "template")
+    if template:
+        ollama_api._apply_template(template, system, "")  # refuses what greenroom cannot render
+    parameters = body.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise GreenroomError("invalid_parameter", "'parameters' must be an object", "parameters")
+        unknown = sorted(set(parameters) - set(ollama_params.OPTIONS))
+        if unknown:
+            raise GreenroomError("invalid_parameter", f"unknown parameter(s): {', '.join(unknown)}",
+                                 f"parameters.{unknown[0]}")
+        try:
+            ollama_params.resolve(parameters, caps)
+        except GreenroomError as exc:
+            raise GreenroomError(exc.code, exc.message.replace("options.", "parameters."),
+                                 (exc.param or "").replace("options", "parameters", 1)) from None
+    messages = body.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list):
+            raise GreenroomError("invalid_parameter", "'messages' must be an array", "messages")
+        ollama_api._conversation(messages)
+        messages = [{k: m[k] for k in ("role", "content", "tool_calls") if k in m} for m in messages]
+    return {"system": system, "template": template, "parameters": parameters or {}, "messages": messages}
