@@ -44,6 +44,7 @@ class Config:
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
+    idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
 

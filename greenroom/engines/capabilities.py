@@ -35,3 +35,10 @@ ENGINES: dict[str, Capabilities] = {
 
 def capabilities_of(engine: str) -> Capabilities:
     return ENGINES[engine]
+
+
+def common(engines: list[str]) -> Capabilities:
+    """What every one of these engines honours: a model placed on several engines is
+    routed to any of them, so a field is honoured only where all of them honour it."""
+    caps = [ENGINES[e] for e in engines]
+    return Capabilities(**{f.name: all(getattr(c, f.name) for c in caps) for f in attrs.fields(Capabilities)})

@@ -31,7 +31,7 @@ import trio
 from quart import Quart, Response, g, request
 
 from greenroom import __version__
-from greenroom.engines.capabilities import Capabilities, capabilities_of
+from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
@@ -149,8 +149,8 @@ async def _prepare(tree: Tree, table: dict, where: str) -> Prepared:
     _, placement = tree.placement(model)
     if table is GENERATE or table is CHAT:  # a model made by /api/create brings its defaults
         body = ollama_defaults.apply(body, placement, chat=table is CHAT)
-    caps = capabilities_of(placement["engine"])
-    unread = ledger.check(table, body, caps, f"{where} with the {placement['engine']} engine")
+    engine, caps = tree.capabilities(model)
+    unread = ledger.check(table, body, caps, f"{where} with the {engine} engine")
     unread = [u for u in unread if not re.fullmatch(r"messages\[\d+\]\.images", u)]  # refused when not empty
     return Prepared(body, model, sent_model, caps, unread, strict, started)
 
@@ -338,6 +338,7 @@ async def _generate(tree: Tree, job: Job):
         if first.prompt_tokens + gen.params.max_tokens > window:  # leaving cancels it in the engine
             raise _context_error(window, first.prompt_tokens, gen.params.max_tokens, explicit_ctx)
         timing = _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
+        headers.update(routing_headers(info, first.prompt_tokens))
         if job.stream:
             body = StreamBody(_then_keep_alive(tree, job, _frames(job, events, timing, rid)), stack)
             response = Response(body, content_type=NDJSON, headers=headers)
@@ -351,6 +352,13 @@ async def _generate(tree: Tree, job: Job):
     except BaseException:
         await stack.aclose()
         raise
+
+
+def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
+    """Where the request ran (the NPU proxy's headers): the serving placement's device, why
+    the router chose it (tree.route), and the prompt's token count it classifies by."""
+    return {"X-NPU-Proxy-Device": info["device"], "X-NPU-Proxy-Route-Reason": info["route_reason"],
+            "X-NPU-Proxy-Token-Count": str(prompt_tokens)}
 
 
 async def _then_keep_alive(tree: Tree, job: Job, frames):

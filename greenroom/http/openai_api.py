@@ -12,7 +12,6 @@ import time
 import attrs
 from quart import Quart, Response, request
 
-from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.http import ledger, needle, openai_params, scoring, sse, structured
 from greenroom.http.openai_params import Streaming
@@ -51,9 +50,8 @@ async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
     strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
     body = openai_params.parse_json(await request.get_data())
     model = tree.resolve(openai_params.model_name(body))
-    _, placement = tree.placement(model)
-    engine = placement["engine"]
-    ignored = ledger.check(table, body, capabilities_of(engine), f"{where} with the {engine} engine")
+    engine, caps = tree.capabilities(model)
+    ignored = ledger.check(table, body, caps, f"{where} with the {engine} engine")
     return Prepared(body, model, ignored, strict)
 
 

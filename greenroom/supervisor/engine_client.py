@@ -74,6 +74,10 @@ class EngineClient:
     def in_flight(self) -> int:
         return len(self._inbox)
 
+    def serving(self, model: str) -> bool:
+        """Whether a request for `model` is in flight on this actor."""
+        return model in self._model_of.values()
+
     async def run(self) -> None:
         """Route events until the stream ends."""
         async for raw in self._stream:

@@ -26,6 +26,7 @@ from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
 from greenroom.config import Config, detect_engine_actors
 from greenroom.engines import gguf_files
+from greenroom.engines.capabilities import Capabilities, common
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Unload
@@ -69,6 +70,7 @@ class ModelState:
     changed: trio.Event = attrs.Factory(trio.Event)
     expires_at: float | None = None  # keep_alive: unload at this trio time
     timer: bool = False  # a keep-alive timer task is watching expires_at
+    keep_alive_s: float = 0.0  # the idle time expires_at was last set from
     moved: trio.Event = attrs.Factory(trio.Event)  # wakes the timer when expires_at changes
 
 
@@ -76,7 +78,8 @@ class Tree:
     def __init__(self, config: Config):
         self.config = config
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
-        self.model_states: dict[str, ModelState] = {}
+        self.model_states: dict[str, ModelState] = {}  # each model's preferred placement
+        self.replicas: dict[str, list[ModelState]] = {}  # each model's placements, preferred first
         self._nursery: trio.Nursery | None = None
         self.slots: dict[str, ActorSlot] = {
             "scheduler": ActorSlot("scheduler", "scheduler"),
@@ -85,25 +88,28 @@ class Tree:
         self._engine_actors = names
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
-        for model in config.models:
+        for model in config.models:  # the same id on several actors: replicas, preferred first
             self.add_model(model.id, model.source, model.engine, model.actor, model.dtype, model.preload,
-                           n_ctx=model.n_ctx, threads=model.threads)
+                           n_ctx=model.n_ctx, threads=model.threads, replica=model.id in self.model_states)
         for model_id, path in gguf_files.discover(config.model_dirs):
             if model_id not in self.model_states:
                 self.add_model(model_id, str(path), "llama.cpp")
 
     def add_model(self, model_id: str, source: str, engine: str = "transformers", actor: str = "auto",
                   dtype: str | None = None, preload: bool = False, n_ctx: int | None = None,
-                  threads: int | None = None) -> ModelState:
+                  threads: int | None = None, replica: bool = False) -> ModelState:
         """Place a model: on an engine actor (transformers), or on an actor of its own that
         is spawned when it loads (llama.cpp). Loaded on demand unless `preload` (which only
-        an actor's start honours)."""
-        if model_id in self.model_states:
-            raise GreenroomError("invalid_parameter", f"model {model_id!r} already exists", "model")
+        an actor's start honours). `replica`: one more placement of a placed model, on
+        another actor; requests are routed among them (`route`)."""
+        if (model_id in self.model_states) != replica:
+            raise GreenroomError("invalid_parameter", f"model {model_id!r} already exists" if not replica
+                                 else f"model {model_id!r} has no first placement", "model")
         placement = {"id": model_id, "source": source, "engine": engine, "dtype": dtype,
                      "cache_dir": self.config.cache_dir}
         if engine == "llama.cpp":
-            slot = ActorSlot(f"gguf:{model_id}", "engine", on_demand=True, state="stopped")
+            name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
+            slot = ActorSlot(name, "engine", on_demand=True, state="stopped")
             slot.stopped.set()
             self.slots[slot.name] = slot
             placement.update(device="cpu", n_ctx=n_ctx or self.config.gguf_n_ctx,
@@ -114,19 +120,23 @@ class Tree:
             if actor not in self.slots or self.slots[actor].role != "engine" or self.slots[actor].on_demand:
                 raise ValueError(f"model {model_id!r} is placed on unknown engine actor {actor!r}")
             slot = self.slots[actor]
+            if any(r.slot is slot for r in self.replicas.get(model_id, ())):
+                raise ValueError(f"model {model_id!r} is placed twice on engine actor {actor!r}")
             placement["device"] = _device_of(actor)
         slot.placements.append(placement)
-        m = self.model_states[model_id] = ModelState(model_id, slot, placement, preload)
+        m = ModelState(model_id, slot, placement, preload)
+        self.replicas.setdefault(model_id, []).append(m)
+        self.model_states.setdefault(model_id, m)
         return m
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (gracefully) and forget a model; its own actor, if it had one, goes too."""
-        m = self.state_of(model_id)
         await self.unload(model_id)
-        m.slot.placements.remove(m.placement)
+        for m in self.replicas.pop(model_id):
+            m.slot.placements.remove(m.placement)
+            if m.slot.on_demand:
+                del self.slots[m.slot.name]
         del self.model_states[model_id]
-        if m.slot.on_demand:
-            del self.slots[m.slot.name]
 
     # lifecycle ----------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -203,8 +213,10 @@ class Tree:
                     slot.client = EngineClient(slot.name, stream)
                     loaded = {info["id"]: info for info in first["models"]}
                     for m in self._placed(slot):  # a (re)started actor holds its preloaded models only
-                        m.state, m.info, m.expires_at = ("loaded", loaded[m.id], None) if m.id in loaded else (
-                            "unloaded", None, None)
+                        m.state, m.info = ("loaded", loaded[m.id]) if m.id in loaded else ("unloaded", None)
+                        # a model loaded at start is idle from now on
+                        self._set_deadline(m, self.config.idle_unload_s if m.id in loaded and
+                                           self.config.idle_unload_s > 0 else None)
                     slot.state = "ready"
                     slot.ready.set()
                     metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
@@ -236,14 +248,47 @@ class Tree:
         return list(self.model_states)
 
     def _placed(self, slot: ActorSlot) -> list[ModelState]:
-        return [m for m in self.model_states.values() if m.slot is slot]
+        return [m for ms in self.replicas.values() for m in ms if m.slot is slot]
 
     def models(self) -> list[dict]:
-        """The available models — loaded, loading, or ready to load on demand; a model
-        whose actor failed is not available and not listed."""
-        return [{"id": m.id, "actor": m.slot.name, "engine": m.placement["engine"],
-                 "state": m.state if m.slot.state in ("ready", "stopped") else "loading"}
-                for m in self.model_states.values() if m.slot.state != "failed"]
+        """The available models — loaded, loading, or ready to load on demand — with the
+        preferred placement's actor and state; a model none of whose actors is running or
+        able to start is not listed. `replicas` lists every placement when there are several."""
+        out = []
+        for model_id, replicas in self.replicas.items():
+            rows = [{"actor": m.slot.name, "engine": m.placement["engine"], "device": m.placement["device"],
+                     "state": m.state if m.slot.state in ("ready", "stopped") else "loading"}
+                    for m in replicas if m.slot.state != "failed"]
+            if rows:
+                out.append({"id": model_id, **rows[0], **({"replicas": rows} if len(replicas) > 1 else {})})
+        return out
+
+    def route(self, model: str) -> tuple[ModelState, str]:
+        """The placement the next request for `model` goes to, and why: the preferred one
+        (the first configured) while it is idle; else the first idle one, else the least
+        loaded — so a busy or missing device falls back to another that holds the model.
+        Decided here, in the front end's process: an extra actor hop per request would cost
+        a tractor round trip (~4 ms measured)."""
+        replicas = self.replicas_of(model)
+        if len(replicas) == 1:
+            return replicas[0], "single_engine_runtime"
+        up = [m for m in replicas if m.slot.state == "ready" or (m.slot.on_demand and m.slot.state == "stopped")]
+        if not up:
+            return replicas[0], "preferred_device"  # nothing else to try: wait for it, or its error
+        load = [m.slot.client.in_flight if m.slot.client is not None else 0 for m in up]
+        chosen = up[load.index(0)] if 0 in load else up[load.index(min(load))]
+        if chosen is replicas[0]:
+            return chosen, "preferred_device"
+        return chosen, "fallback_unavailable" if replicas[0] not in up else "fallback_busy"
+
+    def capabilities(self, model: str) -> tuple[str, Capabilities]:
+        """The engine(s) `model` is placed on (`a/b` for several) and what all of them honour."""
+        engines = list(dict.fromkeys(m.placement["engine"] for m in self.replicas_of(model)))
+        return "/".join(engines), common(engines)
+
+    def replicas_of(self, model: str) -> list[ModelState]:
+        self.state_of(model)  # 404 for an unknown name
+        return self.replicas[model]
 
     def resolve(self, name: str) -> str:
         """The served id for a request's model name: the id itself, or a bare GGUF
@@ -284,27 +329,33 @@ class Tree:
         return slot.client
 
     async def client_for(self, model: str) -> tuple[EngineClient, dict]:
-        """The engine client serving `model` and the model's info: waiting while its actor
-        (re)starts, loading the model first when it is not loaded. While an unload runs on
-        the actor, every request for it is refused with model_busy (retry once it is done)."""
-        m = self.state_of(model)
+        """The engine client serving `model` (routed among its placements) and the model's
+        info, with `actor` and `route_reason` added: waiting while its actor (re)starts,
+        loading the model first when it is not loaded. While an unload runs on the actor,
+        every request for it is refused with model_busy (retry once it is done)."""
+        m, reason = self.route(model)
+        if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
+            self.keep_alive(model, self.config.idle_unload_s)
         if m.slot.on_demand and m.state == "unloaded":
-            await self.load(model)
+            await self._load(m)
         client = await self._actor_client(m.slot, model)
         while True:
             if m.slot.unloading:
                 raise GreenroomError("model_busy", f"a model is being unloaded from engine actor {m.slot.name!r}; "
                                      "retry once the unload finishes", "model")
             if m.state == "loaded":
-                return client, m.info
+                return client, {**m.info, "actor": m.slot.name, "route_reason": reason}
             if m.state == "unloaded":
-                await self.load(model)
+                await self._load(m)
             else:
                 await m.changed.wait()
 
     async def load(self, model: str) -> dict:
-        """Load `model` into its actor (waiting if a load is under way); its ModelInfo."""
-        m = self.state_of(model)
+        """Load `model`'s preferred placement (waiting if a load is under way); its ModelInfo."""
+        return await self._load(self.replicas_of(model)[0])
+
+    async def _load(self, m: ModelState) -> dict:
+        model = m.id
         client = None if m.slot.on_demand else await self._actor_client(m.slot, model)
         while m.state in ("loading", "unloading"):
             await m.changed.wait()
@@ -356,10 +407,14 @@ class Tree:
             f"{memory['free_bytes'] / gib:.1f} GiB free of {memory['total_bytes'] / gib:.1f} GiB"), "model")
 
     async def unload(self, model: str) -> None:
-        """Unload `model` gracefully: from now on requests for any model of its actor get
-        model_busy; requests already running finish first — for up to
+        """Unload every placement of `model` gracefully: from now on requests for any model
+        of its actor get model_busy; requests already running finish first — for up to
         graceful_unload_timeout_s, then they are cancelled — before the weights go."""
-        m = self.state_of(model)
+        for m in self.replicas_of(model):
+            await self._unload(m)
+
+    async def _unload(self, m: ModelState) -> None:
+        model = m.id
         while m.state in ("loading", "unloading"):
             await m.changed.wait()
         if m.state != "loaded" or m.slot.client is None:
@@ -391,27 +446,37 @@ class Tree:
     def keep_alive(self, model: str, seconds: float | None) -> None:
         """After a request: unload `model` once it has been idle `seconds` (0: now; None or
         negative: keep it loaded). A later request's keep_alive replaces this one."""
-        m = self.state_of(model)
+        for m in self.replicas_of(model):
+            self._set_deadline(m, seconds)
+
+    def _set_deadline(self, m: ModelState, seconds: float | None) -> None:
         if seconds is None or seconds < 0 or self._nursery is None:
             m.expires_at = None
             m.moved.set()
             return
-        m.expires_at = trio.current_time() + seconds
+        m.expires_at, m.keep_alive_s = trio.current_time() + seconds, seconds
         m.moved.set()
         if not m.timer:
             m.timer = True
             self._nursery.start_soon(self._expire, m)
 
     async def _expire(self, m: ModelState) -> None:
-        """One timer per model, following its deadline as later requests move it (earlier
-        or later)."""
+        """One timer per placement, following its deadline as later requests move it
+        (earlier or later). A model still answering a request is not idle: its deadline
+        moves past the request's end."""
         try:
-            while m.expires_at is not None and trio.current_time() < m.expires_at:
-                m.moved = trio.Event()
-                with trio.move_on_at(m.expires_at):
-                    await m.moved.wait()
-            if m.expires_at is not None and m.state == "loaded":
-                await self.unload(m.id)
+            while True:
+                while m.expires_at is not None and trio.current_time() < m.expires_at:
+                    m.moved = trio.Event()
+                    with trio.move_on_at(m.expires_at):
+                        await m.moved.wait()
+                if m.expires_at is None or m.state != "loaded":
+                    return
+                if m.slot.client is not None and m.slot.client.serving(m.id):
+                    m.expires_at = trio.current_time() + max(m.keep_alive_s, 0.5)
+                    continue
+                await self._unload(m)
+                return
         finally:
             m.timer = False
 

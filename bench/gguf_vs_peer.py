@@ -1,0 +1,154 @@
+"""GGUF serving: greenroom versus llama-cpp-python's own server on the same file, same
+thread count, same greedy requests; the in-process `llama_cpp.Llama` is the limit.
+
+Streams N completions at 1 and at 4 concurrent clients against each server and prints
+aggregate tokens/s, median time-to-first-token, and the ratios greenroom / peer.
+
+    .venv/bin/uv pip install --python .venv/bin/python --override overrides.txt \\
+        --find-links ~/.cache/greenroom/wheels 'llama-cpp-python[server]==0.3.36'   # the peer
+    .venv/bin/python bench/gguf_vs_peer.py [--size 100m|tiny] [--quant Q8_0] [--tokens 128] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as greenroom's actors run
+
+from bench.server import start_server  # noqa: E402
+from greenroom.engines.base import default_cpu_threads  # noqa: E402
+from greenroom.engines.demo_gguf import ensure_demo_gguf  # noqa: E402
+from greenroom.engines.demo_model import default_cache_dir  # noqa: E402
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+MODEL = "bench-gguf"
+
+
+def in_process(path: Path, tokens: int, threads: int) -> tuple[float, float]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    ids = llm.tokenize(PROMPT.encode())
+    rates, ttfts = [], []
+    for _ in range(3):
+        start, first, n = time.perf_counter(), None, 0
+        for _token in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+            first = first or time.perf_counter() - start
+            n += 1
+            if n == tokens:
+                break
+        rates.append(n / (time.perf_counter() - start))
+        ttfts.append(first)
+    llm.close()
+    return statistics.median(rates), statistics.median(ttfts)
+
+
+def one_stream(url: str, model: str, tokens: int) -> tuple[int, float]:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
+    start, first, text_chunks, finish = time.perf_counter(), None, 0, None
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choice = json.loads(line[6:])["choices"]
+            if choice and choice[0].get("text"):
+                first = first or time.perf_counter() - start
+                text_chunks += 1
+            if choice and choice[0].get("finish_reason"):
+                finish = choice[0]["finish_reason"]
+    if finish != "length":
+        raise SystemExit(f"a stream ended with {finish!r} before {tokens} tokens: the figures would not compare")
+    return tokens, first
+
+
+def load(url: str, model: str, tokens: int, clients: int, rounds: int) -> tuple[float, float]:
+    """Aggregate tokens/s and median TTFT of `rounds` × `clients` concurrent streams."""
+    one_stream(url, model, 8)  # warm: model loaded, caches touched
+    ttfts, total, start = [], 0, time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        for n, ttft in pool.map(lambda _: one_stream(url, model, tokens), range(clients * rounds)):
+            total += n
+            ttfts.append(ttft)
+    return total / (time.perf_counter() - start), statistics.median(ttfts)
+
+
+def start_peer(path: Path, threads: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--model_alias", MODEL,
+                             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
+                             "--host", "127.0.0.1", "--port", str(port), "--verbose", "false",
+                             "--interrupt_requests", "false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("llama_cpp.server did not start: install it with the command in this file's docstring")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="100m")
+    ap.add_argument("--quant", default="Q8_0")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    threads = default_cpu_threads()
+    path = ensure_demo_gguf(default_cache_dir(), args.quant, args.size)
+    print(f"model {path.name} ({path.stat().st_size / 2**20:.0f} MiB), {threads} thread(s), "
+          f"{args.tokens} tokens per stream, greedy")
+
+    rate, ttft = in_process(path, args.tokens, threads)
+    print(f"in-process llama_cpp.Llama: {rate:8.1f} tok/s  TTFT {ttft * 1000:6.1f} ms  (the limit)")
+
+    results = {}
+    peer, peer_url = start_peer(path, threads)
+    try:
+        for clients in (1, 4):
+            results["peer", clients] = load(peer_url, MODEL, args.tokens, clients, args.rounds)
+    finally:
+        peer.send_signal(signal.SIGINT)
+        peer.wait(30)
+
+    config = (f'[[models]]\nid = "{MODEL}"\nsource = "{path}"\nengine = "llama.cpp"\n'
+              f'n_ctx = 2048\nthreads = {threads}\n')
+    proc, url = start_server(config)
+    try:
+        for clients in (1, 4):
+            results["greenroom", clients] = load(url, MODEL, args.tokens, clients, args.rounds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+    print(f"{'streams':>7} {'server':>10} {'tok/s':>9} {'TTFT ms':>8} {'vs in-process':>14}")
+    for clients in (1, 4):
+        for name in ("peer", "greenroom"):
+            r, t = results[name, clients]
+            print(f"{clients:>7} {name:>10} {r:9.1f} {t * 1000:8.1f} {r / rate:14.2f}")
+        (g, gt), (p, pt) = results["greenroom", clients], results["peer", clients]
+        print(f"{clients:>7} {'ratio':>10} {g / p:9.2f} {gt / pt:8.2f}   (greenroom / peer; TTFT lower is better)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Routing among placements of one model (Tree.route): the preferred placement serves
+while it is idle; a busy or missing one falls back to another actor holding the model —
+reported in the NPU proxy's headers — and the idle timer unloads what is not used."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import MODEL, Server
+
+CONFIG = """
+engine_actors = ["cpu", "cpu2"]
+idle_unload_s = 3
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+actor = "cpu"
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+actor = "cpu2"
+"""
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache):
+    server = Server(tmp_path_factory.mktemp("routing"), model_cache, CONFIG)
+    yield server
+    server.stop()
+
+
+def generate(srv, **extra) -> httpx.Response:
+    r = httpx.post(srv.url + "/api/generate", timeout=60, json={
+        "model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 4}, **extra})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def served_by(srv) -> dict[str, int]:
+    return {name: a["counters"]["completed"] for name, a in srv.actors().items() if name.startswith("cpu")}
+
+
+def test_the_preferred_placement_serves_while_idle(srv):
+    before = served_by(srv)
+    r = generate(srv)
+    assert r.headers["X-NPU-Proxy-Route-Reason"] == "preferred_device"
+    assert r.headers["X-NPU-Proxy-Device"] == "cpu"
+    assert int(r.headers["X-NPU-Proxy-Token-Count"]) == r.json()["prompt_eval_count"]
+    after = served_by(srv)
+    assert after["cpu"] == before["cpu"] + 1 and after["cpu2"] == before["cpu2"]
+
+
+def test_a_busy_placement_falls_back_to_another(srv):
+    started = threading.Event()
+
+    def long_stream():
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
+                "model": MODEL, "prompt": "Once", "max_tokens": 1500, "stream": True}) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(30)
+    before = served_by(srv)
+    r = generate(srv)
+    assert r.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
+    assert served_by(srv)["cpu2"] == before["cpu2"] + 1
+    t.join(120)
+
+
+def test_a_missing_placement_falls_back_to_another(srv):
+    generate(srv)
+    os.kill(srv.actors()["cpu"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while srv.actors()["cpu"]["state"] == "ready" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = generate(srv)
+    assert r.headers["X-NPU-Proxy-Route-Reason"] == "fallback_unavailable"
+    models = {m["id"]: m for m in httpx.get(srv.url + "/api/models").json()["models"]}
+    assert [p["actor"] for p in models[MODEL]["replicas"]] == ["cpu", "cpu2"]
+
+
+def test_an_idle_model_is_unloaded_by_the_idle_timer(srv):
+    generate(srv)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        replicas = httpx.get(srv.url + "/api/models").json()["models"][0]["replicas"]
+        if all(p["state"] == "unloaded" for p in replicas):
+            break
+        time.sleep(0.5)
+    assert all(p["state"] == "unloaded" for p in replicas), replicas
+    assert generate(srv).json()["done"]  # and the next request loads it again
