@@ -92,6 +92,14 @@ def test_pulled_files_go_with_the_last_name_that_uses_them(oc, server, cache):
     assert "tiny-copy" not in names(oc) and not files.exists()
     assert not any(m["model"] in (PUBLIC, "tiny-copy") for m in httpx.get(server.url + "/api/ps", timeout=10)
                    .json()["models"])
+    # a created model that used them, replaced by one made from another model, lets them go too
+    oc.pull(PUBLIC)
+    oc.create(model="swap", from_=PUBLIC, system="Hi.")
+    oc.delete(PUBLIC)
+    assert (files / "model.safetensors").is_file()
+    oc.create(model="swap", from_=MODEL, system="Hi.")
+    assert not files.exists()
+    oc.delete("swap")
 
 
 # --- create ------------------------------------------------------------------------------------------

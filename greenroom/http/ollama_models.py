@@ -146,6 +146,13 @@ def register(app: Quart, tree: Tree) -> None:
                                  "in Authorization: Bearer; send it in exactly one of them", "huggingface_token")
         return sent if sent is not None else header
 
+    async def delete_unused(repo: str) -> None:
+        """A pulled repository's files go with the last name that uses them."""
+        files = registry.prune(repo)
+        if files is not None:
+            await trio.to_thread.run_sync(registry.delete_files, files)
+            log.info("deleted the files of %s (%s): no model uses them", repo, files)
+
     def pulled_entries(t: hub.Target, lst: hub.Listing, dest) -> list[Entry]:
         """The names a pulled repository is served as: the pulled name (a checkpoint), or
         `<name>:<QUANT>` per GGUF model, QUANT read from the file."""
@@ -236,14 +243,15 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_delete():
         body, headers = await _body(DELETE, "on /api/delete")
         model = ollama_api._served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
-        if registry.get(model) is None:
+        entry = registry.get(model)
+        if entry is None:
             raise GreenroomError("model_configured", f"model '{model}' comes from the server's configuration, not "
                                  "from /api/pull, /api/copy or /api/create: remove it there", "model")
         await tree.remove_model(model)
-        files = registry.remove(model)
-        if files is not None:
-            await trio.to_thread.run_sync(registry.delete_files, files)
-        log.info("deleted model %s%s", model, f" and its files {files}" if files else "")
+        registry.remove(model)
+        if entry.repo is not None:
+            await delete_unused(entry.repo)
+        log.info("deleted model %s", model)
         return {}, 200, headers
 
     @app.post("/api/copy")
@@ -276,11 +284,14 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("model_exists", f"a model named '{name}' already exists (only a model made by "
                                  "/api/create is replaced by creating it again)", "model")
         of = registry.get(base)
-        entry = Entry(name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v}, of.repo if of else None)
+        entry = Entry(name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v},
+                      of.repo if of else None)
         if existing is not None:
             await tree.remove_model(name)
         place(tree, entry)
         registry.add(entry)
+        if existing is not None and existing.repo not in (None, entry.repo):  # the replaced model's files
+            await delete_unused(existing.repo)
 
         async def frames():
             yield {"status": f"using base model {base}"}

@@ -62,9 +62,10 @@ def target(name) -> Target:
     """What an Ollama pull name means: a catalogue alias, or a repository id (`owner/name`,
     optionally as `hf.co/owner/name`), each optionally `:TAG` — `latest`, or the GGUF
     quantization to pull."""
-    if not isinstance(name, str) or not name:
-        raise GreenroomError("missing_parameter" if not name else "invalid_parameter",
-                             "'model' must name a model to pull", "model")
+    if name is None or name == "":
+        raise GreenroomError("missing_parameter", "'model' is required: the model to pull", "model")
+    if not isinstance(name, str):
+        raise GreenroomError("invalid_parameter", "'model' must be a string", "model")
     bare = _PREFIXES.sub("", name)
     head, _, tag = bare.rpartition(":") if ":" in bare.rpartition("/")[2] else (bare, "", "")
     if tag and not _TAG.fullmatch(tag):

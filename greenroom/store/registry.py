@@ -113,18 +113,20 @@ class Registry:
             rows = db.execute("SELECT name, kind, spec, defaults, repo FROM models ORDER BY created_at").fetchall()
         return [_entry(r) for r in rows]
 
-    def remove(self, name: str) -> Path | None:
-        """Forget `name`; when it was the last name using a pulled repository, forget the
-        repository too and return its directory (the caller deletes the files)."""
+    def remove(self, name: str) -> None:
+        """Forget `name` (its repository's files stay until `prune` finds them unused)."""
         with self._db() as db:
-            row = db.execute("SELECT repo FROM models WHERE name = ?", (name,)).fetchone()
             db.execute("DELETE FROM models WHERE name = ?", (name,))
-            repo = row[0] if row else None
-            if repo is None or db.execute("SELECT 1 FROM models WHERE repo = ?", (repo,)).fetchone():
+
+    def prune(self, repo: str) -> Path | None:
+        """Forget a pulled repository no name uses any more, returning its directory (the
+        caller deletes the files); None while a name still uses it."""
+        with self._db() as db:
+            if db.execute("SELECT 1 FROM models WHERE repo = ?", (repo,)).fetchone():
                 return None
-            path = db.execute("SELECT path FROM repos WHERE repo = ?", (repo,)).fetchone()[0]
+            row = db.execute("SELECT path FROM repos WHERE repo = ?", (repo,)).fetchone()
             db.execute("DELETE FROM repos WHERE repo = ?", (repo,))
-        return Path(path)
+        return Path(row[0]) if row else None
 
     def delete_files(self, path: Path) -> None:
         """Remove a pulled repository's directory, and its owner's when that is now empty;
