@@ -7,10 +7,11 @@ part of the Hub's file API huggingface_hub uses to list and download a model rep
   huggingface_hub reads: X-Repo-Commit, ETag, Content-Length, and for LFS files
   X-Linked-Etag and X-Linked-Size.
 
-A file can be made to fail its download (500). A private repository answers 401 (X-Error-Code: RepoNotFound, as the Hub does for a
-private repository) unless the request carries `Authorization: Bearer <its token>`.
-Every request's path and Authorization header are recorded in `requests`. The server
-runs in a daemon thread and stops when its `with` block ends.
+A file can be made to fail its download (500). A private repository answers 401
+(X-Error-Code: RepoNotFound, as the Hub does for a private repository) unless the request
+carries `Authorization: Bearer <its token>`. Every request's path and Authorization header
+are recorded in `requests`. The server runs in a daemon thread and stops when its `with`
+block ends.
 """
 
 from __future__ import annotations
