@@ -222,3 +222,24 @@ def test_ollama_surface_on_gguf(srv):
     assert r.done and r.eval_count == 5
     tags = {m.model for m in c.list().models}
     assert {Q8, Q4, SOLO} <= tags
+
+
+def test_concurrent_requests_decode_together_each_with_its_own_sampling(srv, oai):
+    """llama.cpp's own batching: more concurrent requests than sequence slots (4), greedy
+    and penalised mixed; each answers exactly what it answers alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+
+    def ask(penalty: float) -> str:
+        return oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0,
+                                           frequency_penalty=penalty).choices[0].message.content
+
+    alone = {p: ask(p) for p in (0.0, 1.0)}
+    assert alone[0.0] != alone[1.0]
+    penalties = [0.0, 1.0] * 5
+    with ThreadPoolExecutor(len(penalties)) as pool:
+        together = list(pool.map(ask, penalties))
+    assert together == [alone[p] for p in penalties]
+    backends = {a["name"]: a for a in httpx.get(srv.url + "/api/health/inference").json()["actors"]}
+    assert backends[f"gguf:{Q8}"]["backend"] == "llama.cpp_parallel"

@@ -167,6 +167,10 @@ class EngineLoop:
     def inference(self) -> dict:
         """The active backend, as GET /api/health/inference shows it: continuous batching
         once it is on and a loaded model's engine batches (`models`)."""
+        native = {m: e.parallel for m, e in self.engines.items() if getattr(e, "batches_any_sampling", False)}
+        if native:  # llama.cpp decodes its sequences together whatever the flag, each sampling alone
+            return {"backend": "llama.cpp_parallel", "models": sorted(native), "parallel": max(native.values()),
+                    "batched": len(self._choices)}
         models = sorted(m for m, e in self.engines.items() if getattr(e, "batchable", False))
         if not self.continuous_batching or not models:
             return {"backend": "serial"}
@@ -242,6 +246,8 @@ class EngineLoop:
                 lifecycle = isinstance(head, (Load, Unload))
                 if self._serial is not None or (lifecycle and (self._running or starting)):
                     break
+            elif not self._room(head.model, starting):
+                break  # the batch is full: FIFO, so nothing behind it starts either
             starting.append(self._queue.popleft())
             self._running.add(head.rid)
             if not self._batchable(head):
@@ -249,16 +255,27 @@ class EngineLoop:
         return starting
 
     def _batchable(self, req) -> bool:
-        """The spec's rule: the fixed sampling parameters (no seed, no penalty), one
-        choice of one prompt or conversation, no constraint, on an engine that batches."""
-        if not self.continuous_batching or not isinstance(req, Generate):
+        """One choice of one prompt or conversation, no constraint, on an engine that
+        batches; and — the spec's rule for the continuous-batching backend — with it on, the
+        fixed sampling parameters (no seed, no penalty). An engine whose sequences each
+        sample alone (llama.cpp's own batching) takes any sampling, always."""
+        engine = self.engines.get(req.model) if isinstance(req, Generate) else None
+        if not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None:
             return False
+        if getattr(engine, "batches_any_sampling", False):
+            return True
         p = req.params
-        return (req.n == 1 and req.rows == 1 and req.constraint is None and p.seed is None
-                and (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (
-                    FIXED_SAMPLING.temperature, FIXED_SAMPLING.top_p, FIXED_SAMPLING.top_k,
-                    FIXED_SAMPLING.repetition_penalty)
-                and getattr(self.engines.get(req.model), "batchable", False))
+        return self.continuous_batching and p.seed is None and (
+            p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (
+            FIXED_SAMPLING.temperature, FIXED_SAMPLING.top_p, FIXED_SAMPLING.top_k, FIXED_SAMPLING.repetition_penalty)
+
+    def _room(self, model: str, starting: list) -> bool:
+        """Whether another sequence fits the model's batch (an engine may hold a fixed number)."""
+        limit = getattr(self.engines.get(model), "parallel", None)
+        if limit is None:
+            return True
+        batch = self._batches.get(model)
+        return (len(batch) if batch else 0) + sum(r.model == model for r in starting) < limit
 
     def _start(self, req) -> None:
         if req.rid in self._cancelled:

@@ -1,16 +1,16 @@
-"""The llama.cpp engine: one GGUF file through llama-cpp-python, on the CPU.
+"""The llama.cpp engine: one GGUF file through llama-cpp-python's bindings, on the CPU.
 
 Like every engine it only turns prompt ids into token ids, one per step; stops,
-detokenisation and finish reasons are generation.py's. A `Llama` is not
-thread-safe: the engine actor's single worker thread is its only caller.
+detokenisation and finish reasons are generation.py's (`Decoder`). The high-level
+`Llama` class decodes one sequence at a time, so the engine drives llama.cpp's
+model, context and sampler chains itself. A context is not thread-safe: the engine
+actor's single worker thread is its only caller.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import datetime
-import io
 import json
 import logging
 from pathlib import Path
@@ -19,11 +19,13 @@ from typing import Iterator
 import jinja2
 import jinja2.sandbox
 import llama_cpp
+import llama_cpp._internals as _internals
 import numpy as np
 
 from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import render_conversation
+from .generation import Decoder, Delta
 from .gguf_files import quant_label
 
 log = logging.getLogger("greenroom.llama_cpp")
@@ -48,36 +50,35 @@ def _log_callback(level: int, text: bytes, user_data) -> None:
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
-class _LogWriter(io.TextIOBase):
-    """llama-cpp-python's own prints during a load (metadata, template choice), to the log."""
-
-    def write(self, text: str) -> int:
-        if text.strip():
-            log.debug("%s", text.rstrip("\n"))
-        return len(text)
-
-
 class LlamaCppEngine:
-    capabilities = ENGINES["llama.cpp"]
+    """One model, one generation context holding up to `parallel` sequences: every
+    sequence — a serial request's or a batch's — takes a sequence slot of it, so requests
+    decode together, one llama_decode per step for all of them (llama.cpp's own
+    batching; each sequence samples with its own sampler chain)."""
 
-    def __init__(self, model_id: str, path: str | Path, n_ctx: int | None = None, threads: int | None = None):
+    capabilities = ENGINES["llama.cpp"]
+    batchable = True
+    batches_any_sampling = True  # per-sequence samplers: no fixed sampling parameters needed
+
+    def __init__(self, model_id: str, path: str | Path, n_ctx: int | None = None, threads: int | None = None,
+                 parallel: int = 4):
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
-        # verbose=False would dup2 the process's stdout/stderr away during the load: our
-        # callback owns llama.cpp's logging, and the Python-side prints go to the log.
-        with contextlib.redirect_stdout(_LogWriter()), contextlib.redirect_stderr(_LogWriter()):
-            probe = llama_cpp.Llama(str(self.path), vocab_only=True, verbose=True)
-            trained = int(probe.metadata.get(f"{probe.metadata['general.architecture']}.context_length", 0)) or None
-            probe.close()
-            self.n_ctx = min(n_ctx or trained or 4096, trained or n_ctx or 4096)
-            self.llm = llama_cpp.Llama(str(self.path), n_ctx=self.n_ctx, n_batch=min(self.n_ctx, 512),
-                                       n_threads=self.threads, n_threads_batch=self.threads, verbose=True)
-        self.llm.verbose = False  # no per-call prints from generate()
-        self._embedder: llama_cpp.Llama | None = None  # an embeddings context, made on first use
-        meta = self.llm.metadata
-        self.vocab_size = self.scoring_vocab = self.llm.n_vocab()
-        self._bos = _token_text(self.llm, meta.get("tokenizer.ggml.bos_token_id"))
-        self._eos = _token_text(self.llm, meta.get("tokenizer.ggml.eos_token_id"))
+        # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
+        # the load: our callback owns llama.cpp's logging.
+        self.model = _internals.LlamaModel(path_model=str(self.path), params=llama_cpp.llama_model_default_params(),
+                                           verbose=True)
+        trained = self.model.n_ctx_train()
+        self.n_ctx = min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
+        self.parallel = max(1, parallel)
+        # every sequence may fill its whole window: the shared cache holds `parallel` of them
+        self.ctx = self._context(self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel)
+        self._free_slots = list(range(self.parallel))
+        self._embedder: _internals.LlamaContext | None = None  # an embeddings context, made on first use
+        meta = self.model.metadata()
+        self.vocab_size = self.scoring_vocab = self.model.n_vocab()
+        self._bos = _token_text(self.model, meta.get("tokenizer.ggml.bos_token_id"))
+        self._eos = _token_text(self.model, meta.get("tokenizer.ggml.eos_token_id"))
         self.eos_token_ids = frozenset(
             int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                    "tokenizer.ggml.eom_token_id") if k in meta)
@@ -86,21 +87,23 @@ class LlamaCppEngine:
         self.has_chat_template = self._template is not None
         self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") != "false"
         quant = quant_label(self.path)
-        self.info = ModelInfo(
-            id=model_id,
-            engine="llama.cpp",
-            context_length=self.n_ctx,
-            dtype=quant,
-            device="cpu",
-            parameters=int(self.llm.n_params() if hasattr(self.llm, "n_params") else
-                           llama_cpp.llama_model_n_params(self.llm.model)),
-            revision=meta.get("general.name"),
-            quantization=quant,
-        )
+        self.info = ModelInfo(id=model_id, engine="llama.cpp", context_length=self.n_ctx, dtype=quant, device="cpu",
+                              parameters=self.model.n_params(), revision=meta.get("general.name"),
+                              quantization=quant)
+
+    def _context(self, n_ctx: int, n_batch: int, n_seq: int, embeddings: bool = False) -> _internals.LlamaContext:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
+        params.n_threads = params.n_threads_batch = self.threads
+        params.kv_unified = True  # one cache the sequences share, as they grow unevenly
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # "auto" picked it on CPU: slower here
+        if embeddings:
+            params.embeddings, params.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        return _internals.LlamaContext(model=self.model, params=params, verbose=True)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # as transformers does: special tokens written in the text are parsed as such
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special_tokens and self._add_bos, special=True)
+        return self.model.tokenize(text.encode("utf-8"), add_bos=add_special_tokens and self._add_bos, special=True)
 
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
                     tools: list[dict] | None = None) -> list[int]:
@@ -116,48 +119,88 @@ class LlamaCppEngine:
         return self.tokenize(render_conversation(apply, messages), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self.llm.detokenize(ids).decode("utf-8", errors="replace")
+        return self.model.detokenize(ids).decode("utf-8", errors="replace")
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
                      matcher=None) -> Iterator[tuple[int, float]]:
+        """The serial path: one sequence slot of the shared context, decoded alone."""
         if matcher is not None:  # the ledger refuses response_format and tools before this
             raise EngineError("field_not_honoured", "constrained decoding is not available on llama.cpp",
                               "response_format")
-        greedy = params.temperature < GREEDY_BELOW
-        # min_p off: OpenAI's sampling has only temperature, top_p and top_k
-        steps = self.llm.generate(prompt_ids, top_k=params.top_k, top_p=params.top_p, min_p=0.0,
-                                  temp=0.0 if greedy else params.temperature,
-                                  repeat_penalty=params.repetition_penalty, reset=True)
+        seq = self._open(prompt_ids, params)
         try:
-            for token in steps:
-                yield token, self._logprob(token)
+            while True:
+                yield seq.next_id, seq.logprob
+                self._decode([seq])
+                seq.sample(self, 0)
         finally:
-            steps.close()
+            self._close(seq)
 
-    def _logprob(self, token: int) -> float:
-        """The model's log-probability of `token` at temperature 1, from the last position's
-        logits (still in the context: the next eval runs when the next token is asked for)."""
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.vocab_size,))
+    def new_batch(self, sampling: SamplingParams) -> "LlamaCppBatch":
+        """Sequences decoded together; each keeps its own sampling parameters."""
+        return LlamaCppBatch(self)
+
+    # sequences ---------------------------------------------------------------------
+    def _open(self, prompt_ids: list[int], params: SamplingParams) -> "_Sequence":
+        """Take a slot, prefill the prompt (in n_batch chunks) and sample the first token."""
+        if not self._free_slots:
+            raise EngineError("queue_full", f"all {self.parallel} sequence slots of the model are in use")
+        seq = _Sequence(self._free_slots.pop(0), _sampler(self.vocab_size, self.n_ctx, params, prompt_ids))
+        try:
+            chunk = self.ctx.params.n_batch
+            for start in range(0, len(prompt_ids), chunk):
+                part = prompt_ids[start:start + chunk]
+                batch = _internals.LlamaBatch(n_tokens=len(part), embd=0, n_seq_max=1, verbose=False)
+                for i, token in enumerate(part):
+                    _put(batch, i, token, start + i, seq.slot, start + i == len(prompt_ids) - 1)
+                batch.batch.n_tokens = len(part)
+                self._run(batch)
+            seq.length = len(prompt_ids)
+            seq.sample(self, len(prompt_ids) - 1 - (len(prompt_ids) - 1) // chunk * chunk)
+        except BaseException:
+            self._close(seq)
+            raise
+        return seq
+
+    def _decode(self, seqs: list["_Sequence"]) -> None:
+        """One step: each sequence's last sampled token, at its next position."""
+        batch = _internals.LlamaBatch(n_tokens=len(seqs), embd=0, n_seq_max=1, verbose=False)
+        for i, seq in enumerate(seqs):
+            _put(batch, i, seq.next_id, seq.length, seq.slot, True)
+            seq.length += 1
+        batch.batch.n_tokens = len(seqs)
+        self._run(batch)
+
+    def _run(self, batch) -> None:
+        code = llama_cpp.llama_decode(self.ctx.ctx, batch.batch)
+        if code != 0:
+            raise EngineError("generation_failed", f"llama_decode failed (code {code})")
+
+    def _close(self, seq: "_Sequence") -> None:
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq.slot, -1, -1)
+        llama_cpp.llama_sampler_free(seq.sampler)
+        self._free_slots.append(seq.slot)
+
+    def logprob(self, idx: int, token: int) -> float:
+        """The model's log-probability of `token` at temperature 1, from batch row `idx`."""
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, idx), shape=(self.vocab_size,))
         top = float(row.max())
         return float(row[token] - top - np.log(np.exp(row - top, dtype=np.float64).sum()))
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """Mean-pooled final hidden states (after the output norm), one per input, from a
-        second context in embeddings mode (the weights are memory-mapped once)."""
+        second context in embeddings mode (the weights are shared)."""
         if self._embedder is None:
-            with contextlib.redirect_stdout(_LogWriter()), contextlib.redirect_stderr(_LogWriter()):
-                self._embedder = llama_cpp.Llama(
-                    str(self.path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                    n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_threads=self.threads,
-                    n_threads_batch=self.threads, verbose=True)
-            self._embedder.verbose = False
-        emb, width, out = self._embedder, self._embedder.n_embd(), []
+            self._embedder = self._context(self.n_ctx, self.n_ctx, 1, embeddings=True)
+        width, out = self.model.n_embd(), []
         for ids in inputs:
-            emb._ctx.kv_cache_clear()
-            emb._batch.reset()
-            emb._batch.add_sequence(ids, 0, True)
-            emb._ctx.decode(emb._batch)
-            out.append(llama_cpp.llama_get_embeddings_seq(emb.ctx, 0)[:width])
+            llama_cpp.llama_memory_clear(self._embedder.memory, True)
+            batch = _internals.LlamaBatch(n_tokens=len(ids), embd=0, n_seq_max=1, verbose=False)
+            batch.add_sequence(ids, 0, True)
+            code = llama_cpp.llama_decode(self._embedder.ctx, batch.batch)
+            if code != 0:
+                raise EngineError("generation_failed", f"llama_decode failed (code {code})")
+            out.append(llama_cpp.llama_get_embeddings_seq(self._embedder.ctx, 0)[:width])
         return out
 
     def score(self, prompt_ids, temperature, allowed, report):
@@ -172,13 +215,99 @@ class LlamaCppEngine:
                           "response_format")
 
     def unload(self) -> None:
-        for llm in (self.llm, self._embedder):
-            if llm is not None:
-                llm.close()
+        for ctx in (self._embedder, self.ctx):
+            if ctx is not None:
+                ctx.close()
+        self.model.close()
 
 
-def _token_text(llm: llama_cpp.Llama, token_id) -> str:
-    return "" if token_id is None else llm.detokenize([int(token_id)], special=True).decode("utf-8", errors="replace")
+class _Sequence:
+    """One sequence in a slot of the context: where it is, and its sampled next token."""
+
+    def __init__(self, slot: int, sampler):
+        self.slot, self.sampler = slot, sampler
+        self.length = 0  # tokens in the cache: the next one's position
+        self.next_id, self.logprob = -1, 0.0
+
+    def sample(self, engine: LlamaCppEngine, idx: int) -> None:
+        self.next_id = llama_cpp.llama_sampler_sample(self.sampler, engine.ctx.ctx, idx)  # also accepts it
+        self.logprob = engine.logprob(idx, self.next_id)
+
+
+class LlamaCppBatch:
+    """The continuous batch (the engine actor's interface, as batching.DecodeBatch): sequences
+    join at step boundaries, prefilled on their own, and leave when they finish."""
+
+    def __init__(self, engine: LlamaCppEngine):
+        self._engine = engine
+        self._seqs: dict[object, tuple[_Sequence, Decoder]] = {}
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def keys(self) -> list:
+        return list(self._seqs)
+
+    def join(self, key, prompt_ids: list[int], params: SamplingParams) -> Delta:
+        decoder = Decoder(self._engine, params)
+        done = decoder.empty()
+        if done is not None:
+            return done
+        seq = self._engine._open(prompt_ids, params)
+        delta = decoder.feed(seq.next_id, seq.logprob)
+        if delta.finish_reason is None:
+            self._seqs[key] = (seq, decoder)
+        else:
+            self._engine._close(seq)
+        return delta
+
+    def step(self) -> list[tuple[object, Delta]]:
+        seqs = [seq for seq, _ in self._seqs.values()]
+        self._engine._decode(seqs)
+        out = []
+        for i, (key, (seq, decoder)) in enumerate(list(self._seqs.items())):
+            seq.sample(self._engine, i)
+            out.append((key, decoder.feed(seq.next_id, seq.logprob)))
+        self.leave([key for key, delta in out if delta.finish_reason])
+        return out
+
+    def leave(self, keys) -> None:
+        for key in keys:
+            seq, _ = self._seqs.pop(key, (None, None))
+            if seq is not None:
+                self._engine._close(seq)
+
+
+def _put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+    b = batch.batch
+    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+    b.seq_id[i][0] = seq_id
+
+
+def _sampler(n_vocab: int, window: int, params: SamplingParams, prompt_ids: list[int]):
+    """The sequence's sampler chain, in the order our transformers sampling applies them
+    (sampling.py): repetition penalty over everything seen, top-k, temperature, top-p."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+    if params.repetition_penalty != 1.0:
+        add(llama_cpp.llama_sampler_init_penalties(n_vocab, window, params.repetition_penalty, 0.0, 0.0))
+        for token in prompt_ids:  # as HF's penalty counts the prompt
+            llama_cpp.llama_sampler_accept(chain, token)
+    if params.temperature < GREEDY_BELOW or params.top_k == 1:
+        add(llama_cpp.llama_sampler_init_greedy())
+        return chain
+    if params.top_k > 0:
+        add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+    add(llama_cpp.llama_sampler_init_temp(params.temperature))
+    if params.top_p < 1.0:
+        add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+    add(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED))
+    return chain
+
+
+def _token_text(model: _internals.LlamaModel, token_id) -> str:
+    return "" if token_id is None else model.detokenize([int(token_id)], special=True).decode("utf-8", errors="replace")
 
 
 def _environment() -> jinja2.Environment:

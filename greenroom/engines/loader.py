@@ -68,7 +68,8 @@ def load_engine(spec: dict) -> Engine:
     if spec["engine"] == "llama.cpp":
         from .llama_cpp_engine import LlamaCppEngine
 
-        return LlamaCppEngine(spec["id"], path, n_ctx=spec.get("n_ctx"), threads=spec.get("threads"))
+        return LlamaCppEngine(spec["id"], path, n_ctx=spec.get("n_ctx"), threads=spec.get("threads"),
+                              parallel=spec.get("parallel", 4))
     if spec["engine"] == "openvino":
         from .demo_model import default_cache_dir
         from .openvino_engine import OpenVINOEngine

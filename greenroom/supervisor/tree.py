@@ -113,7 +113,7 @@ class Tree:
             slot.stopped.set()
             self.slots[slot.name] = slot
             placement.update(device="cpu", n_ctx=n_ctx or self.config.gguf_n_ctx,
-                             threads=threads or self.config.gguf_threads or None)
+                             threads=threads or self.config.gguf_threads or None, parallel=self.config.gguf_parallel)
             preload = False
         else:
             actor = self._engine_actors[0] if actor == "auto" else actor
