@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import SamplingParams
-
-
-# Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
-GREEDY_BELOW = 1e-5
+from .base import GREEDY_BELOW, SamplingParams
 
 
 def new_generator(seed: int | None, device: torch.device) -> torch.Generator:

@@ -12,24 +12,16 @@ from typing import Iterator
 
 import inspect
 import json
-import os
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .base import EngineError, ModelInfo, SamplingParams
+from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .constraints import Constraints, GrammarError
 from .chat import render_conversation
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
-
-
-def default_cpu_threads() -> int:
-    """All cores but one, which the front end and the actors' loops need: batch-1
-    decoding gains nothing from a second thread here (measured: tiny 1,413 vs 1,213
-    tok/s, 100M 35 vs 34 tok/s, 1 vs 2 threads on 2 cores)."""
-    return max(1, (os.cpu_count() or 1) - 1)
 
 
 class TransformersEngine:
