@@ -130,12 +130,13 @@ def _served(tree: Tree, name) -> str:
         raise GreenroomError("missing_parameter", "model is required", "model")
     if not isinstance(name, str):
         raise GreenroomError("invalid_parameter", "'model' must be a string", "model")
-    try:
-        return tree.resolve(name)
-    except GreenroomError as exc:
-        if exc.code != "model_not_found" or not name.endswith(":latest"):
-            raise
-    return tree.resolve(name.removesuffix(":latest"))
+    for candidate in (name, name.removesuffix(":latest")):
+        try:
+            return tree.resolve(candidate)
+        except GreenroomError as exc:
+            if exc.code != "model_not_found":
+                raise
+    raise GreenroomError("model_not_found", f"model '{name}' not found", "model")  # Ollama's words
 
 
 async def _prepare(tree: Tree, table: dict, where: str) -> Prepared:
