@@ -110,12 +110,11 @@ def test_greedy_batched_equals_greedy_serial(model_cache):
     batch = engine.new_batch(SamplingParams(temperature=0))
     texts, reasons = {}, {}
 
-    def join(i):
-        delta = batch.join(i, prompts[i], params[i])
-        texts[i] = delta.text
+    def join(*rows):  # prefilled together, left-padded
+        for i, delta in zip(rows, batch.join([(i, prompts[i], params[i]) for i in rows])):
+            texts[i] = delta.text
 
-    join(0)
-    join(1)
+    join(0, 1)
     steps = 0
     while len(batch):
         for i, delta in batch.step():
@@ -125,8 +124,7 @@ def test_greedy_batched_equals_greedy_serial(model_cache):
         if steps == 3:
             join(4)
         if steps == 5:
-            join(2)
-            join(3)
+            join(2, 3)
     assert texts == dict(enumerate(serial))
     assert reasons[2] == "stop" and reasons[0] == "length"
 

@@ -225,8 +225,10 @@ class EngineLoop:
                 if self._closing:
                     return
                 starting = self._take()
+            self._join([req for req in starting if self._batchable(req)])
             for req in starting:
-                self._start(req)
+                if not self._batchable(req):  # at most one, after the batchable ones (queue order)
+                    self._start(req)
             for model, batch in list(self._batches.items()):
                 self._step_batch(model, batch)
             if self._serial is not None:
@@ -278,18 +280,21 @@ class EngineLoop:
         return (len(batch) if batch else 0) + sum(r.model == model for r in starting) < limit
 
     def _start(self, req) -> None:
-        if req.rid in self._cancelled:
-            self.counters.cancelled += 1
-            self._finish(req.rid)
-            return
-        if self._batchable(req):
-            self._guard(req.rid, self._join, req)
+        if self._dropped(req):
             return
         steps = self._guard(req.rid, self._run, req)
         if steps is None:  # done at once (or failed)
             self._finish(req.rid)
         else:
             self._serial = (req, steps)
+
+    def _dropped(self, req) -> bool:
+        """A request cancelled before it started ends here."""
+        if req.rid not in self._cancelled:
+            return False
+        self.counters.cancelled += 1
+        self._finish(req.rid)
+        return True
 
     def _finish(self, rid: str) -> None:
         self._running.discard(rid)
@@ -302,10 +307,15 @@ class EngineLoop:
         try:
             return fn(*args)
         except Exception as exc:
-            self.counters.failed += 1
-            self._emit_from_thread(Failed(rid, self._typed(exc).to_wire()))
-            self._finish(rid)
+            self._fail([rid], exc)
             return None
+
+    def _fail(self, rids: list[str], exc: Exception) -> None:
+        error = self._typed(exc).to_wire()
+        for rid in rids:
+            self.counters.failed += 1
+            self._emit_from_thread(Failed(rid, error))
+            self._finish(rid)
 
     def _typed(self, exc: Exception) -> GreenroomError:
         if isinstance(exc, GreenroomError):
@@ -422,24 +432,36 @@ class EngineLoop:
                     yield True
         self.counters.completed += 1
 
-    def _join(self, req: Generate) -> None:
-        """A batchable request joins its model's batch (prefilled now, decoded with the
-        others from the next step)."""
-        engine = self._engine(req)
-        (ids,), (params,) = self._admit(engine, req)
+    def _join(self, reqs: list[Generate]) -> None:
+        """Batchable requests join their model's batch, prefilled together now and decoded
+        with the others from the next step."""
+        joining: dict[str, list] = {}
+        for req in reqs:
+            if not self._dropped(req):
+                row = self._guard(req.rid, self._admit_row, req)
+                if row is not None:
+                    joining.setdefault(req.model, []).append(row)
+        for model, rows in joining.items():
+            batch = self._batches.get(model)
+            if batch is None:
+                batch = self._batches[model] = self.engines[model].new_batch(FIXED_SAMPLING)
+            try:
+                deltas = batch.join(rows)
+            except Exception as exc:  # the prefill failed: these requests, not the running ones
+                self._fail([rid for rid, _, _ in rows], exc)
+                continue
+            for (rid, _, _), delta in zip(rows, deltas):
+                self.counters.tokens_generated += 1
+                self._deliver(self._choices[rid], delta)
+                if delta.finish_reason:
+                    self.counters.completed += 1
+                    self._finish(rid)
+
+    def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
+        (ids,), (params,) = self._admit(self._engine(req), req)
         started = self._admitted(req, [ids])
-        choice = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started))
-        batch = self._batches.get(req.model)
-        if batch is None:
-            batch = self._batches[req.model] = engine.new_batch(FIXED_SAMPLING)
-        delta = batch.join(req.rid, ids, params)
-        self.counters.tokens_generated += 1
-        self._deliver(choice, delta)
-        if delta.finish_reason:
-            self.counters.completed += 1
-            self._finish(req.rid)
-        else:
-            self._choices[req.rid] = choice
+        self._choices[req.rid] = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started))
+        return req.rid, ids, params
 
     def _step_batch(self, model: str, batch) -> None:
         gone = [rid for rid in batch.keys if rid in self._cancelled]
@@ -452,11 +474,7 @@ class EngineLoop:
             try:
                 out = batch.step()
             except Exception as exc:  # a failed step fails every sequence in it
-                error = self._typed(exc).to_wire()
-                for rid in batch.keys:
-                    self.counters.failed += 1
-                    self._emit_from_thread(Failed(rid, error))
-                    self._finish(rid)
+                self._fail(batch.keys, exc)
                 batch.leave(set(batch.keys))
                 out = []
             for rid, delta in out:

@@ -6,7 +6,7 @@ transformers' own manager (`generate_batch`) decoded 64 sequences of the tiny de
 against 89 (this batch: 75); on the H200, 745 against 5,200 at 64 (DESIGN.md). Its paged
 scheduler's per-step Python costs most where a step is short, so the batch is held here:
 the running sequences share one left-padded DynamicCache, one forward per step decodes
-them all, and sequences join (prefilled on their own, then merged) and leave at step
+them all, and sequences join (prefilled together, then merged) and leave at step
 boundaries. Each sequence keeps its own `Decoder` (detokeniser, stop matcher, finish
 reasons), the one the serial path uses.
 """
@@ -53,21 +53,31 @@ class DecodeBatch:
     def keys(self) -> list:
         return [s.key for s in self._seqs]
 
-    def join(self, key, prompt_ids: list[int], params: SamplingParams) -> Delta:
-        """Prefill `prompt_ids` alone and sample its first token; the sequence joins the
-        batch unless that token already finished it. `params` gives max_tokens and stop."""
-        decoder = Decoder(self._engine, params)
-        done = decoder.empty()
-        if done is not None:
-            return done
+    def join(self, joining: list[tuple[object, list[int], SamplingParams]]) -> list[Delta]:
+        """Prefill these (key, prompt ids, params) together, left-padded, and sample each
+        one's first token; each joins the batch unless that token already finished it.
+        The params give max_tokens and stop. Returns each one's first Delta."""
+        decoders = [Decoder(self._engine, params) for _, _, params in joining]
+        out = [decoder.empty() for decoder in decoders]
+        todo = [i for i, delta in enumerate(out) if delta is None]
+        if not todo:
+            return out
+        device = self._engine.device
+        prompts = [joining[i][1] for i in todo]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         cache = DynamicCache()
         with torch.inference_mode():
-            logits = self._forward(torch.tensor([prompt_ids], device=self._engine.device), cache)
-            (token,), (logprob,) = self._sample(logits)
-        delta = decoder.feed(token, logprob)
-        if delta.finish_reason is None:
-            self._merge(_Seq(key, decoder, len(prompt_ids), token), cache)
-        return delta
+            logits = self._forward(ids, cache, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+            tokens, logprobs = self._sample(logits)
+        seqs = []
+        for i, prompt, token, logprob in zip(todo, prompts, tokens, logprobs):
+            out[i] = decoders[i].feed(token, logprob)
+            seqs.append(_Seq(joining[i][0], decoders[i], len(prompt), token))
+        self._merge(seqs, cache, mask)
+        self.leave({seq.key for seq, i in zip(seqs, todo) if out[i].finish_reason})
+        return out
 
     def step(self) -> list[tuple[object, Delta]]:
         """One forward for every sequence; the ones that finish leave the batch."""
@@ -114,17 +124,18 @@ class DecodeBatch:
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
         return tokens.tolist(), logprobs.tolist()
 
-    def _merge(self, seq: _Seq, cache: DynamicCache) -> None:
-        ones = torch.ones((1, seq.length), dtype=torch.long, device=self._engine.device)
+    def _merge(self, seqs: list[_Seq], cache: DynamicCache, mask: torch.Tensor) -> None:
         if self._cache is None:
-            self._cache, self._mask = cache, ones
-        else:
-            width = max(self._mask.shape[1], seq.length)
-            for mine, theirs in zip(self._cache.layers, cache.layers):
-                mine.keys = torch.cat([_pad_kv(mine.keys, width), _pad_kv(theirs.keys, width)])
-                mine.values = torch.cat([_pad_kv(mine.values, width), _pad_kv(theirs.values, width)])
-            self._mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for m in (self._mask, ones)])
-        self._seqs.append(seq)
+            self._cache, self._mask = cache, mask
+        else:  # every tensor built before any is replaced: a failure (out of memory) leaves the batch whole
+            width = max(self._mask.shape[1], mask.shape[1])
+            merged = [(torch.cat([_pad_kv(mine.keys, width), _pad_kv(theirs.keys, width)]),
+                       torch.cat([_pad_kv(mine.values, width), _pad_kv(theirs.values, width)]))
+                      for mine, theirs in zip(self._cache.layers, cache.layers)]
+            self._mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for m in (self._mask, mask)])
+            for layer, (keys, values) in zip(self._cache.layers, merged):
+                layer.keys, layer.values = keys, values
+        self._seqs.extend(seqs)
 
 
 def _pad_kv(t: torch.Tensor, width: int) -> torch.Tensor:

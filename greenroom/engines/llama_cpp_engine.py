@@ -249,7 +249,10 @@ class LlamaCppBatch:
     def keys(self) -> list:
         return list(self._seqs)
 
-    def join(self, key, prompt_ids: list[int], params: SamplingParams) -> Delta:
+    def join(self, joining: list[tuple[object, list[int], SamplingParams]]) -> list[Delta]:
+        return [self._join(*row) for row in joining]
+
+    def _join(self, key, prompt_ids: list[int], params: SamplingParams) -> Delta:
         decoder = Decoder(self._engine, params)
         done = decoder.empty()
         if done is not None:
