@@ -1,7 +1,7 @@
 """In-process decode throughput of N sequences, four ways: one after another (the serial
 engine path), transformers' continuous batching manager (`generate_batch`), a static batch
 (`generate` on N left-padded prompts, every sequence the same length: the ceiling), and
-greenroom's decode-step batch (`engines/batching.py`, sequences joining as they arrive).
+greenroom's decode-step batch (`engines/batching.py`, every sequence joining at once).
 The measurement that chose greenroom's own batch over transformers' manager.
 
     .venv/bin/python bench/batching.py [--size tiny|100m|1b] [--n 16] [--tokens 64] [--device cpu|cuda:0] [--repeat 3]
@@ -84,8 +84,7 @@ def main() -> None:
 
     def greenroom():
         batch = engine.new_batch(GREEDY)
-        for i, p in enumerate(prompts):
-            batch.join(i, p, params)
+        batch.join([(i, p, params) for i, p in enumerate(prompts)])
         while len(batch):
             batch.step()
 

@@ -1,10 +1,12 @@
 """Aggregate throughput under concurrency: N streams at once against `greenroom serve`
-(N = 1, 4, 16, 64), tokens/s summed over all of them, printed as a ratio to one stream.
-Also the time to first token seen by the slowest stream. Today every engine actor
-decodes one sequence at a time (the serial path), so the ratio shows what queueing
-alone gives; continuous batching (issue 8) is to be measured against this baseline.
+(N = 1, 4, 16, 64), tokens/s summed over all of them, printed as a ratio to one stream,
+for the serial engine path and for continuous batching (`continuous_batching = true`).
+Also the time to first token seen by the slowest stream. Every stream asks for the
+server's fixed sampling parameters (no temperature, top_p, seed or penalty), so under
+continuous batching all of them are batchable; the serial server runs the same bodies.
 
     .venv/bin/python bench/concurrency.py [--size tiny|100m] [--tokens N] [--levels 1,4,16,64]
+                                          [--modes serial,batching]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from bench.server import start_server  # noqa: E402
 
 def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
     body = {"model": "bench", "messages": [{"role": "user", "content": f"Story number {i}"}],
-            "max_tokens": tokens, "temperature": 0, "stream": True}
+            "max_tokens": tokens, "stream": True}
     start, ttft, n = time.perf_counter(), None, 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
@@ -41,32 +43,42 @@ def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
     return n, ttft or 0.0
 
 
+def run(mode: str, size: str, tokens: int, levels: list[int]) -> list[float]:
+    proc, url = start_server(f'log_level = "warning"\nmax_queue = {max(levels)}\nollama_port = 0\n'
+                             f'continuous_batching = {"true" if mode == "batching" else "false"}\n'
+                             f'[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
+    rates = []
+    try:
+        backend = httpx.get(url + "/api/health/inference", timeout=10).json()["backend"]
+        one_stream(url, tokens, -1)  # warm
+        print(f"demo:{size}, {tokens} tokens per stream, backend {backend}")
+        print(f"{'streams':>8} {'agg tok/s':>10} {'ratio':>7} {'worst TTFT s':>13}")
+        for n in levels:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                results = list(pool.map(lambda i: one_stream(url, tokens, i), range(n)))
+            wall = time.perf_counter() - start
+            rates.append(sum(r[0] for r in results) / wall)
+            print(f"{n:>8} {rates[-1]:>10.1f} {rates[-1] / rates[0]:>7.2f} {max(r[1] for r in results):>13.2f}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    return rates
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--modes", default="serial,batching")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    proc, url = start_server(f'log_level = "warning"\nmax_queue = {max(levels)}\nollama_port = 0\n'
-                             f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n')
-    try:
-        one_stream(url, args.tokens, -1)  # warm
-        base = None
-        print(f"demo:{args.size}, {args.tokens} tokens per stream, serial engine path")
-        print(f"{'streams':>8} {'agg tok/s':>10} {'ratio':>7} {'worst TTFT s':>13}")
-        for n in levels:
-            start = time.perf_counter()
-            with ThreadPoolExecutor(n) as pool:
-                results = list(pool.map(lambda i: one_stream(url, args.tokens, i), range(n)))
-            wall = time.perf_counter() - start
-            agg = sum(r[0] for r in results) / wall
-            base = base or agg
-            print(f"{n:>8} {agg:>10.1f} {agg / base:>7.2f} {max(r[1] for r in results):>13.2f}")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    rates = {mode: run(mode, args.size, args.tokens, levels) for mode in args.modes.split(",")}
+    if len(rates) == 2:
+        (a, ra), (b, rb) = rates.items()
+        print(f"{b} / {a}: " + ", ".join(f"{n} streams {y / x:.2f}×" for n, x, y in zip(levels, ra, rb)))
 
 
 if __name__ == "__main__":
