@@ -45,6 +45,7 @@ class DecodeBatch:
         self._seqs: list[_Seq] = []
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # [rows, cache length], 0 = padding
+        self._padded = False  # without padding the model needs no mask (building one costs ~6 % per step)
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -85,7 +86,8 @@ class DecodeBatch:
         with torch.inference_mode():
             self._mask = F.pad(self._mask, (0, 1), value=1)
             logits = self._forward(torch.tensor([[s.next_id] for s in self._seqs], device=device), self._cache,
-                                   self._mask, torch.tensor([[s.length] for s in self._seqs], device=device))
+                                   self._mask if self._padded else None,
+                                   torch.tensor([[s.length] for s in self._seqs], device=device))
             tokens, logprobs = self._sample(logits)
         out, finished = [], set()
         for seq, token, logprob in zip(self._seqs, tokens, logprobs):
@@ -111,6 +113,7 @@ class DecodeBatch:
         mask = self._mask[rows]
         start = int(mask.any(dim=0).int().argmax())  # the first column some row uses
         self._mask = mask[:, start:]
+        self._padded = not bool(self._mask.all())
         for layer in self._cache.layers:
             layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
 
@@ -136,6 +139,7 @@ class DecodeBatch:
             for layer, (keys, values) in zip(self._cache.layers, merged):
                 layer.keys, layer.values = keys, values
         self._seqs.extend(seqs)
+        self._padded = not bool(self._mask.all())
 
 
 def _pad_kv(t: torch.Tensor, width: int) -> torch.Tensor:
