@@ -177,6 +177,7 @@ def llama_graph(config: dict, weights: dict, kv_cache: bool):
     causal = op.less_equal(op.unsqueeze(key_at, i64(0)), op.unsqueeze(query_at, i64(1)))
     visible = op.logical_and(op.unsqueeze(causal, i64([0, 1])),
                              op.unsqueeze(op.greater(attention_mask, i64(0)), i64([1, 2])))
+    # float16's lowest, not float32's: with float32's the NPU pipeline answered token 0 forever
     mask = op.select(visible, f32(0.0), f32(-65504.0))
 
     x = op.gather(f32(weights["model.embed_tokens.weight"]), input_ids, i64(0))
