@@ -1,6 +1,7 @@
-"""The OpenVINO GenAI engine in-process (no server): the demo model's IR on the CPU device
-and through the NPU pipeline, which runs on the CPU here (NPUW_DEVICES=CPU) — generating,
-streaming, cancelling, seeds, embeddings and the NPU pipeline's prompt limit."""
+"""The OpenVINO GenAI engine in-process: the demo model's IR on the CPU device and through
+the NPU pipeline, which runs on the CPU here (NPUW_DEVICES=CPU) — generating, streaming,
+cancelling, seeds, embeddings and the NPU pipeline's prompt limit; then the same model placed
+on the `cpu` engine actor of a live server (engine "openvino")."""
 
 import threading
 import time
@@ -194,3 +195,67 @@ def test_no_embedding_graph_is_a_typed_refusal(model_cache, tmp_path):
     with pytest.raises(EngineError) as refused:
         engine.embed([engine.tokenize(PROMPT)])
     assert (refused.value.code, refused.value.param) == ("field_not_honoured", "model")
+
+
+# --- through a live server: the demo IR placed on the `cpu` engine actor with engine "openvino"
+
+OV_MODEL = "greenroom-demo-openvino"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache):
+    from conftest import Server
+
+    config = f'[[models]]\nid = "{OV_MODEL}"\nsource = "demo-openvino:tiny"\nengine = "openvino"\n'
+    server = Server(tmp_path_factory.mktemp("openvino-server"), model_cache, config)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(srv):
+    from openai import OpenAI
+
+    return OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
+
+
+def test_served_chat_streamed_and_not(oai):
+    chat = dict(model=OV_MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, seed=3)
+    whole = oai.chat.completions.create(**chat)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    assert whole.system_fingerprint.endswith(":openvino")
+    again = oai.chat.completions.create(**chat)
+    assert again.choices[0].message.content == whole.choices[0].message.content
+    pieces = [c.choices[0].delta.content or "" for c in oai.chat.completions.create(**chat, stream=True) if c.choices]
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_served_embeddings_and_refusals(oai):
+    from openai import BadRequestError
+
+    vectors = oai.embeddings.create(model=OV_MODEL, input=[PROMPT, "hi"]).data
+    assert [len(v.embedding) for v in vectors] == [128, 128]
+    with pytest.raises(BadRequestError) as refused:
+        oai.completions.create(model=OV_MODEL, prompt=PROMPT, max_tokens=1, logprobs=2)
+    assert refused.value.body["code"] == "field_not_honoured"
+
+
+def test_served_disconnect_stops_generation(srv):
+    import httpx
+
+    before = srv.actors()["cpu"]["counters"]
+    body = {"model": OV_MODEL, "messages": [{"role": "user", "content": "Talk"}], "max_tokens": 1800, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 6:
+                break  # leaving the block closes the connection
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counters = srv.actors()["cpu"]["counters"]
+        if counters["cancelled"] > before["cancelled"] and counters["active"] == 0:
+            break
+        time.sleep(0.05)
+    assert counters["cancelled"] == before["cancelled"] + 1 and counters["active"] == 0
+    assert counters["tokens_generated"] - before["tokens_generated"] < 200
