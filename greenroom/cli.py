@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                    "$NEEDLE_API_KEY)")
 
     p = sub.add_parser("demo-model", help="build the demo checkpoint and, for float32 sizes, its GGUF files "
-                       "(deterministic, no download)")
+                       "and OpenVINO IR (deterministic, no download)")
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
@@ -82,12 +82,14 @@ def _ps(args) -> int:
 def _demo_model(args) -> int:
     from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
     from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
+    from greenroom.engines.demo_openvino import ensure_demo_openvino
 
     cache = default_cache_dir(args.cache_dir)
     print(ensure_demo_model(cache, args.size))
     if SIZES.get(args.size, {}).get("dtype") == "float32":  # the converter reads float32 weights
         for quant in QUANTS:
             print(ensure_demo_gguf(cache, quant, args.size))
+        print(ensure_demo_openvino(cache, args.size))
     return 0
 
 
