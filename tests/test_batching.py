@@ -182,3 +182,19 @@ def test_cancelled_batched_stream_leaves_the_batch(batching):
     assert counters["active"] == 0 and counters["queue_depth"] == 0 and cpu(batching.url)["batched"] == 0
     generated = counters["tokens_generated"] - before["tokens_generated"]
     assert generated < 400 + 400, f"{generated} tokens generated: the cancelled stream kept decoding"
+
+
+def test_cuda_out_of_memory_during_generation_is_insufficient_memory_naming_the_card():
+    """The mapping every failed step or prefill goes through (torch's real exception; no card
+    is needed to raise it). A stream then ends with this error event, as any Failed does."""
+    import torch
+
+    from greenroom.actors.engine_actor import EngineLoop
+
+    error = EngineLoop({}, 1, 1, "cuda:0")._typed(torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail"))
+    assert (error.code, error.status) == ("insufficient_memory", 503)
+    assert error.message.startswith("cuda:0 ran out of memory") and "Tried to allocate 2.00 GiB" in error.message
+    assert "more detail" not in error.message
+    other = EngineLoop({}, 1, 1, "cpu")._typed(RuntimeError("boom"))
+    assert other.code == "generation_failed"

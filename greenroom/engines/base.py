@@ -15,6 +15,7 @@ import attrs
 from .capabilities import Capabilities
 
 if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
+    from .generation import Delta
     from .scoring import Scored
 
 
@@ -103,3 +104,29 @@ class Engine(Protocol):
         ...
 
     def unload(self) -> None: ...
+
+    # An engine that decodes sequences together also has `batchable: bool` (True when it can
+    # batch its model now) and `new_batch(sampling) -> Batch`; the engine actor reads both
+    # with getattr, so the others need neither.
+
+
+class Batch(Protocol):
+    """Sequences decoded together, one step for all of them (batching.DecodeBatch,
+    llama_cpp_engine.LlamaCppBatch). Keys are the caller's (request ids)."""
+
+    keys: list
+
+    def __len__(self) -> int: ...
+
+    def join(self, joining: list[tuple[object, list[int], SamplingParams]]) -> list["Delta"]:
+        """Prefill each (key, prompt ids, params) and return its first Delta; a sequence whose
+        first Delta finishes it does not stay."""
+        ...
+
+    def step(self) -> list[tuple[object, "Delta"]]:
+        """One decode step of every sequence; the ones that finish leave."""
+        ...
+
+    def leave(self, keys) -> None:
+        """Drop these sequences (cancelled or failed) and free what they held."""
+        ...
