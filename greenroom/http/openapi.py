@@ -559,9 +559,12 @@ def _response_schemas() -> dict:
             "actors": _array(_obj({
                 "name": _string(),
                 "state": _string(),
-                "backend": _described({"enum": ["serial", "continuous_batching", None]}, "continuous_batching "
-                                      "once it is on and a loaded model batches; null while the actor is not up"),
+                "backend": _described({"enum": ["serial", "continuous_batching", "llama.cpp_parallel", None]},
+                                      "continuous_batching once it is on and a loaded model batches; "
+                                      "llama.cpp_parallel for a GGUF model (llama.cpp batches its sequences, "
+                                      "whatever their sampling); null while the actor is not up"),
                 "models": _described(_array(_string()), "The loaded models whose requests may be batched"),
+                "parallel": _described(_COUNT, "llama.cpp_parallel: sequences decoded together at most"),
                 "batched": _described(_COUNT, "Requests decoding in the batch now"),
                 "fixed_sampling": _described(_obj({
                     "temperature": _number(), "top_p": _number(), "top_k": _integer(),
