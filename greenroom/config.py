@@ -33,6 +33,7 @@ class Config:
     default_max_tokens: int = 512
     max_queue: int = 32
     engine_actors: str | list[str] = "auto"
+    npu_actors: str | list[str] = "auto"  # npu0…npuN for OpenVINO; "auto": one per NPU, else npu0 on the CPU
     models: list[ModelConfig] = attrs.Factory(list)
     model_dirs: list[str] = attrs.Factory(list)  # *.gguf found below these are served as repo:QUANT
     gguf_n_ctx: int = 4096  # llama.cpp context window, capped at the model's trained context
@@ -93,3 +94,10 @@ def detect_engine_actors() -> list[str]:
         cards = sorted(gpus.iterdir()) if gpus.is_dir() else [
             d for d in Path("/dev").glob("nvidia*") if d.name[len("nvidia"):].isdigit()]
     return [f"gpu{i}" for i in range(len(cards))] or ["cpu"]
+
+
+def detect_npu_actors() -> list[str]:
+    """npu0…npuN per NPU the kernel's accel driver lists (Intel's intel_vpu), else ["npu0"]:
+    OpenVINO's NPU pipeline then runs on the CPU (NPUW_DEVICES=CPU), the same code path."""
+    accel = sorted(Path("/dev/accel").glob("accel*")) if Path("/dev/accel").is_dir() else []
+    return [f"npu{i}" for i in range(len(accel))] or ["npu0"]

@@ -97,3 +97,54 @@ def test_an_idle_model_is_unloaded_by_the_idle_timer(srv):
         time.sleep(0.5)
     assert all(p["state"] == "unloaded" for p in replicas), replicas
     assert generate(srv).json()["done"]  # and the next request loads it again
+
+
+MIXED = """
+engine_actors = ["cpu"]
+npu_actors = ["npu0"]
+[[models]]
+id = "mixed"
+source = "demo-openvino:tiny"
+engine = "openvino"
+actor = "npu0"
+[[models]]
+id = "mixed"
+source = "demo:tiny"
+actor = "cpu"
+"""
+
+
+def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
+    """The NPU proxy's case: OpenVINO's NPU pipeline (on the CPU here) preferred, the
+    transformers engine taking over while it is busy; fields only both honour are accepted."""
+    import ollama
+
+    srv = own_server(MIXED)
+    client = ollama.Client(host=srv.url)
+    raw = httpx.post(srv.url + "/api/generate", timeout=60, json={
+        "model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}})
+    assert raw.headers["X-NPU-Proxy-Route-Reason"] == "preferred_device"
+    assert raw.headers["X-NPU-Proxy-Device"] == "CPU"  # what computed: OpenVINO's CPU standing in
+    assert client.chat(model="mixed", messages=[{"role": "user", "content": "hi"}],
+                       options={"num_predict": 4}).done
+
+    started = threading.Event()
+
+    def long_stream():
+        with httpx.stream("POST", srv.url + "/api/generate", timeout=120, json={
+                "model": "mixed", "prompt": "Once", "options": {"num_predict": 1000}}) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(30)
+    raw = httpx.post(srv.url + "/api/generate", timeout=60, json={
+        "model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}})
+    assert raw.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
+    assert raw.headers["X-NPU-Proxy-Device"] == "cpu"  # the transformers engine
+    t.join(120)
+
+    r = httpx.post(srv.url + "/v1/completions", json={"model": "mixed", "prompt": "x", "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
+    assert "openvino/transformers" in r.json()["error"]["message"]

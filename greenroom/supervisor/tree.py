@@ -24,7 +24,7 @@ from greenroom import metrics
 from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
-from greenroom.config import Config, detect_engine_actors
+from greenroom.config import Config, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, common
 from greenroom.engines.loader import source_path
@@ -78,6 +78,7 @@ class Tree:
     def __init__(self, config: Config):
         self.config = config
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
+        names += detect_npu_actors() if config.npu_actors == "auto" else list(config.npu_actors)
         self.model_states: dict[str, ModelState] = {}  # each model's preferred placement
         self.replicas: dict[str, list[ModelState]] = {}  # each model's placements, preferred first
         self._nursery: trio.Nursery | None = None
@@ -547,7 +548,11 @@ def _host_memory() -> dict:
 
 
 def _device_of(actor: str) -> str:
-    return f"cuda:{actor[3:]}" if actor.startswith("gpu") else "cpu"
+    """gpuN → cuda:N, npuN → npu:N (OpenVINO's NPU pipeline), anything else → cpu."""
+    for prefix, device in (("gpu", "cuda"), ("npu", "npu")):
+        if actor.startswith(prefix) and actor[len(prefix):].isdigit():
+            return f"{device}:{actor[len(prefix):]}"
+    return "cpu"
 
 
 def _rss(pid: int | None) -> int | None:
