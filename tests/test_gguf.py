@@ -243,3 +243,31 @@ def test_concurrent_requests_decode_together_each_with_its_own_sampling(srv, oai
     assert together == [alone[p] for p in penalties]
     backends = {a["name"]: a for a in httpx.get(srv.url + "/api/health/inference").json()["actors"]}
     assert backends[f"gguf:{Q8}"]["backend"] == "llama.cpp_parallel"
+
+
+def test_a_disconnected_stream_is_cancelled_and_frees_its_sequence(srv):
+    import time
+
+    name = f"gguf:{Q8}"
+    httpx.post(srv.url + "/api/models/load", json={"model": Q8}, timeout=60)
+    before = srv.actors()[name]["counters"]
+    body = {"model": Q8, "prompt": "Once", "max_tokens": 1800, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: {"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counters = srv.actors()[name]["counters"]
+        if counters["cancelled"] > before["cancelled"] and counters["active"] == 0:
+            break
+        time.sleep(0.05)
+    assert counters["cancelled"] == before["cancelled"] + 1 and counters["active"] == 0
+    assert counters["tokens_generated"] - before["tokens_generated"] < 1800
+    # every sequence slot is free again: a full batch still runs
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(_):
+        return httpx.post(srv.url + "/v1/completions", timeout=60,
+                          json={"model": Q8, "prompt": "hi", "max_tokens": 8}).json()["usage"]["completion_tokens"]
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(ask, range(4))) == [8] * 4
