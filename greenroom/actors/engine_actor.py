@@ -167,10 +167,12 @@ class EngineLoop:
     def inference(self) -> dict:
         """The active backend, as GET /api/health/inference shows it: continuous batching
         once it is on and a loaded model's engine batches (`models`)."""
-        native = {m: e.parallel for m, e in self.engines.items() if getattr(e, "batches_any_sampling", False)}
+        native = {m: e for m, e in self.engines.items() if getattr(e, "batches_any_sampling", False)}
         if native:  # llama.cpp decodes its sequences together whatever the flag, each sampling alone
-            return {"backend": "llama.cpp_parallel", "models": sorted(native), "parallel": max(native.values()),
-                    "batched": len(self._choices)}
+            return {"backend": "llama.cpp_parallel", "models": sorted(native),
+                    "parallel": max(e.parallel for e in native.values()), "batched": len(self._choices),
+                    # one llama_decode for all, or in turns where that measured faster at load
+                    "decode": "together" if all(e.decode_together for e in native.values()) else "in_turns"}
         models = sorted(m for m, e in self.engines.items() if getattr(e, "batchable", False))
         if not self.continuous_batching or not models:
             return {"backend": "serial"}

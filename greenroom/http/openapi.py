@@ -565,6 +565,8 @@ def _response_schemas() -> dict:
                                       "whatever their sampling); null while the actor is not up"),
                 "models": _described(_array(_string()), "The loaded models whose requests may be batched"),
                 "parallel": _described(_COUNT, "llama.cpp_parallel: sequences decoded together at most"),
+                "decode": _described({"enum": ["together", "in_turns"]}, "llama.cpp_parallel: one llama_decode "
+                                     "for every sequence, or one each in turn where that measured faster at load"),
                 "batched": _described(_COUNT, "Requests decoding in the batch now"),
                 "fixed_sampling": _described(_obj({
                     "temperature": _number(), "top_p": _number(), "top_k": _integer(),
