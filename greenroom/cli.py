@@ -1,4 +1,4 @@
-"""greenroom's command line: serve, ps, demo-model."""
+"""greenroom's command line: serve, ps, demo-model, convert."""
 
 from __future__ import annotations
 
@@ -32,13 +32,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or "
                    "$NEEDLE_API_KEY)")
 
-    p = sub.add_parser("demo-model", help="build the demo checkpoint and, for float32 sizes, its GGUF files "
-                       "and OpenVINO IR (deterministic, no download)")
+    p = sub.add_parser("demo-model", help="build the demo checkpoint, its two SAEs and, for float32 sizes, its "
+                       "GGUF files and OpenVINO IR (deterministic, no download)")
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
+    p = sub.add_parser("convert", help="export a Hugging Face checkpoint directory to an OpenVINO model "
+                       "directory (source of an engine = \"openvino\" model)")
+    p.add_argument("checkpoint", help="a Hugging Face checkpoint directory")
+    p.add_argument("out", help="the OpenVINO model directory to write")
+
     args = parser.parse_args(argv)
-    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model}[args.command](args)
+    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[args.command](args)
 
 
 def _serve(args) -> int:
@@ -79,13 +84,44 @@ def _ps(args) -> int:
     return 0
 
 
+def _convert(args) -> int:
+    """optimum-cli when it is installed (any architecture it knows; keep it in an environment
+    of its own: it pins transformers below 5.6); else greenroom's own Llama exporter."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    src, out = Path(args.checkpoint).expanduser(), Path(args.out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        print(f"greenroom convert: {out} exists and is not empty", file=sys.stderr)
+        return 2
+    optimum = shutil.which("optimum-cli")
+    if optimum:
+        print(f"exporting with {optimum}")
+        return subprocess.call([optimum, "export", "openvino", "--model", str(src), "--task",
+                                "text-generation-with-past", str(out)])
+    from greenroom.engines.demo_openvino import export_llama
+
+    print("optimum-cli is not installed: exporting with greenroom's Llama exporter (LlamaForCausalLM only)")
+    try:
+        export_llama(src, out)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"greenroom convert: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
 def _demo_model(args) -> int:
     from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
     from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
     from greenroom.engines.demo_openvino import ensure_demo_openvino
+    from greenroom.engines.demo_sae import demo_sae_layers, ensure_demo_sae
 
     cache = default_cache_dir(args.cache_dir)
     print(ensure_demo_model(cache, args.size))
+    for layer in demo_sae_layers(args.size):
+        print(ensure_demo_sae(cache, args.size, layer))
     if SIZES.get(args.size, {}).get("dtype") == "float32":  # the converter reads float32 weights
         for quant in QUANTS:
             print(ensure_demo_gguf(cache, quant, args.size))

@@ -79,16 +79,20 @@ def _build(checkpoint: Path, out_dir: Path, size: str, marker: dict) -> None:
 
 
 def export_llama(checkpoint: Path, out: Path) -> Path:
-    """Export a float32 Llama checkpoint directory (the demo's) to an OpenVINO model directory:
-    the stateful LLM, its tokenizer and detokenizer, the HF configs LLMPipeline reads, and the
-    embedding graph with its tokenizer in `embedding/`."""
+    """Export a Llama checkpoint directory (the demo's, or any LlamaForCausalLM in safetensors)
+    to an OpenVINO model directory: the stateful LLM, its tokenizer and detokenizer, the HF
+    configs LLMPipeline reads, and the embedding graph with its tokenizer in `embedding/`."""
     import openvino as ov
     from openvino_tokenizers import convert_tokenizer
-    from safetensors.numpy import load_file
     from transformers import AutoTokenizer
 
     config = json.loads((checkpoint / "config.json").read_text())
-    weights = load_file(checkpoint / "model.safetensors")
+    if config.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
+        raise ValueError(f"{checkpoint} is {config.get('architectures')}, not LlamaForCausalLM: "
+                         "export it with optimum-cli (greenroom convert uses it when it is installed)")
+    weights = _float32_weights(checkpoint)
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     tokenizer, detokenizer = convert_tokenizer(AutoTokenizer.from_pretrained(checkpoint), with_detokenizer=True)
     embedding = out / EMBEDDING_SUBDIR
     embedding.mkdir(parents=True)
@@ -104,6 +108,21 @@ def export_llama(checkpoint: Path, out: Path) -> Path:
     for path in out.rglob("*"):
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     return out
+
+
+def _float32_weights(checkpoint: Path) -> dict:
+    """Every tensor of the checkpoint's safetensors shards as float32 numpy (the graph is
+    built in float32; bfloat16, which numpy lacks, is widened through torch)."""
+    from safetensors import safe_open
+
+    weights = {}
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                weights[name] = f.get_tensor(name).float().numpy()
+    if not weights:
+        raise ValueError(f"{checkpoint} has no .safetensors weights")
+    return weights
 
 
 def llama_graph(config: dict, weights: dict, kv_cache: bool):
