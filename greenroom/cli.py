@@ -1,4 +1,4 @@
-"""greenroom's command line: serve, ps, demo-model."""
+"""greenroom's command line: serve, ps, demo-model, convert."""
 
 from __future__ import annotations
 
@@ -37,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
+    p = sub.add_parser("convert", help="export a Hugging Face checkpoint directory to an OpenVINO model "
+                       "directory (source of an engine = \"openvino\" model)")
+    p.add_argument("checkpoint", help="a Hugging Face checkpoint directory")
+    p.add_argument("out", help="the OpenVINO model directory to write")
+
     args = parser.parse_args(argv)
-    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model}[args.command](args)
+    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[args.command](args)
 
 
 def _serve(args) -> int:
@@ -76,6 +81,34 @@ def _ps(args) -> int:
         rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
         print(f"{a['name']:<{width}} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
               f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}")
+    return 0
+
+
+def _convert(args) -> int:
+    """optimum-cli when it is installed (any architecture it knows; keep it in an environment
+    of its own: it pins transformers below 5.6); else greenroom's own Llama exporter."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    src, out = Path(args.checkpoint).expanduser(), Path(args.out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        print(f"greenroom convert: {out} exists and is not empty", file=sys.stderr)
+        return 2
+    optimum = shutil.which("optimum-cli")
+    if optimum:
+        print(f"exporting with {optimum}")
+        return subprocess.call([optimum, "export", "openvino", "--model", str(src), "--task",
+                                "text-generation-with-past", str(out)])
+    from greenroom.engines.demo_openvino import export_llama
+
+    print("optimum-cli is not installed: exporting with greenroom's Llama exporter (LlamaForCausalLM only)")
+    try:
+        export_llama(src, out)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"greenroom convert: {exc}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 
