@@ -22,6 +22,7 @@ from .constraints import Constraints, GrammarError
 from .chat import render_conversation
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
+from .steering import Readout, Steering
 
 
 class TransformersEngine:
@@ -65,6 +66,7 @@ class TransformersEngine:
             revision=_revision(path),
             quantization=_quantization(cfg),
         )
+        self.steering = Steering(self)  # SAE hooks: steering, readouts, suppression (steering.py)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -101,9 +103,10 @@ class TransformersEngine:
         return self._constraints.matcher(grammar)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None) -> Iterator[tuple[int, float]]:
+                     matcher=None, readout: Readout | None = None) -> Iterator[tuple[int, float]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
-        stops once the grammar is complete)."""
+        stops once the grammar is complete); with a `readout` (steering.readout), every
+        forward records its SAE activations."""
         gen = new_generator(params.seed, self.device)
         cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
@@ -113,7 +116,8 @@ class TransformersEngine:
             with torch.inference_mode():
                 ids = torch.tensor([prompt_ids], device=self.device)
                 while True:
-                    out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+                    with self.steering.reading(readout):
+                        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
                     logits = out.logits[0, -1]
                     del out
                     if matcher is not None:
@@ -137,13 +141,13 @@ class TransformersEngine:
         return DecodeBatch(self, sampling)
 
     def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> Scored:
-        with torch.inference_mode():
+        with torch.inference_mode(), self.steering.suppressed():  # scoring is never steered
             out = self.model(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
         return score_logits(out.logits[0, -1].cpu(), self.scoring_vocab, temperature, allowed, report)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         out = []
-        with torch.inference_mode():
+        with torch.inference_mode(), self.steering.suppressed():  # embeddings are never steered
             for ids in inputs:
                 hidden = self.model.model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state
                 out.append(hidden[0].float().mean(dim=0).tolist())

@@ -1,0 +1,350 @@
+"""SAE hooks on a loaded transformers model: steering, feature readouts, suppression.
+
+An attached SAE owns one forward hook on the decoder block whose output its hook point
+names (`model.model.layers[block]`: the residual stream after that block, sae.py); several
+SAEs attach at once, one per block.
+
+**Steering formula.** For every forward pass that is not suppressed, at each attached
+block L, at every position t (prompt and generated alike):
+
+    h_L[t] ← h_L[t] + (ρ_L / 100) · Σ_i s_i · W_dec[i] / ‖W_dec[i]‖
+
+- s_i is feature i's strength, in miLLM's range [−200, 200] (clamped there at apply time);
+- ρ_L is the layer's *typical residual norm*: the median ‖h_L[t]‖ of the unsteered model
+  over a fixed calibration text (CALIBRATION_TEXT, the first position left out: a BOS
+  attention sink has an outsized norm in real models), measured once at attach.
+
+So a strength is **a percentage of the residual norm at that layer**, added along the
+feature's unit decoder direction: ±1 nudges by 1 % of a typical residual, ±100 adds a
+vector as long as the residual itself (the feature then dominates that position's
+direction), and ±200, the range's end, twice that — past where text stays fluent.
+The unit direction makes strengths comparable across SAEs whether or not their training
+folded the decoder norms; ρ_L makes them comparable across layers and models, whose
+residual norms differ by orders of magnitude (≈11 in the tiny demo, hundreds in a 2B).
+
+**State.** The steering coordinator (an actor, later) is the only writer: it pushes a
+`SteeringState` (per attached SAE, feature → strength; enabled; a version that increases
+with every change), and `Steering.apply` installs it if it is newer than the one held.
+The delta vectors are computed once per apply, so a steered forward pays one add per
+attached block.
+
+**Which forwards are steered.** All of them — the serial decode loop and every
+`DecodeBatch` forward (prefill and steps, every row: global steering is a property of
+the model) — except those run inside `suppressed()`: embeddings and scoring, which the
+spec keeps unsteered. Suppression is per thread and per `with` block, so it covers
+exactly that pass. Per-request steering (a profile) must not share a batch: such
+requests take the serial path (the engine actor's batchable rule).
+
+**Readouts.** `Steering.readout(...)` makes a `Readout` for one sequence; forwards run
+inside `reading(readout)` record the top-k activations of its SAE at its positions, read
+before this block's delta (`pre_steering`) or after it (`post_steering`). A readout
+assumes one row per forward: readout requests run on the serial path.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Mapping
+
+import attrs
+import torch
+
+from .base import EngineError
+from .sae import SAE
+
+STRENGTH_MAX = 200.0
+READ_POINTS = ("pre_steering", "post_steering")
+POSITION_MODES = ("last", "prompt", "completion", "all")
+CALIBRATION_TEXT = (
+    "The river winds through the valley, past orchards and under old stone bridges, until it reaches "
+    "the harbour. Children played in the park while their parents talked on the benches nearby."
+)
+
+
+@attrs.frozen
+class SteeringState:
+    """Steering as the coordinator resolved it: per SAE id, feature index → strength."""
+
+    version: int
+    enabled: bool = True
+    strengths: Mapping[str, Mapping[int, float]] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class AttachedSAE:
+    """What is reported of an attached SAE."""
+
+    sae_id: str
+    layer: int  # the SAE's layer, as its hook name numbers it
+    block: int  # the decoder block whose output is hooked
+    hook_point: str  # SAELens' hook name, e.g. blocks.1.hook_resid_post
+    width: int
+    d_in: int
+    architecture: str
+    residual_norm: float  # ρ_L: what a strength of 100 adds
+
+
+@attrs.define(eq=False)
+class _Hooked:
+    info: AttachedSAE
+    sae: SAE
+    handle: object = None
+    delta: torch.Tensor | None = None  # [d_in] in the model's dtype, None when unsteered
+
+
+class _Local(threading.local):
+    suppressed = 0
+    readout: "Readout | None" = None
+
+
+class Readout:
+    """One sequence's top-k activations of one SAE, position by position (absolute over
+    prompt-then-generated tokens). Made by `Steering.readout`; filled by forwards run in
+    `Steering.reading(readout)`."""
+
+    def __init__(self, sae_id: str, prompt_tokens: int, top_k: int, positions, features, read_point: str):
+        self.sae_id, self.prompt_tokens, self.top_k = sae_id, prompt_tokens, top_k
+        self.positions, self.read_point = positions, read_point
+        self.pre = read_point == "pre_steering"
+        self.features = None if features is None else torch.tensor(sorted(set(features)))
+        self._fed = 0  # tokens the model has been fed for this sequence
+        self._read: dict[int, list[tuple[int, float]]] = {}
+
+    def _wanted(self, start: int, count: int) -> range:
+        end, mode = start + count, self.positions
+        if mode == "last":
+            return range(end - 1, end)
+        if mode == "prompt":
+            return range(start, min(end, self.prompt_tokens))
+        if mode == "completion":
+            return range(max(start, self.prompt_tokens), end)
+        if mode == "all":
+            return range(start, end)
+        return range(max(start, mode["start"]), min(end, mode["end"]))
+
+    def observe(self, sae: SAE, hidden: torch.Tensor) -> None:
+        if hidden.shape[0] != 1:
+            raise RuntimeError("an SAE readout reads one sequence per forward (serve it on the serial path)")
+        start, count = self._fed, hidden.shape[1]
+        self._fed += count
+        wanted = self._wanted(start, count)
+        if not wanted:
+            return
+        acts = sae.encode(hidden[0, wanted.start - start:wanted.stop - start])
+        if self.features is not None:
+            acts = acts[:, self.features.to(acts.device)]
+        values, index = acts.topk(min(self.top_k, acts.shape[1]), dim=1)
+        if self.features is not None:
+            index = self.features.to(acts.device)[index]
+        if self.positions == "last":
+            self._read.clear()
+        for pos, vals, idx in zip(wanted, values.tolist(), index.tolist()):
+            # without a feature list, inactive features are not news: only positive values are listed
+            self._read[pos] = [(i, v) for i, v in zip(idx, vals) if v > 0 or self.features is not None]
+
+    def result(self, token_ids: list[int]) -> list[dict]:
+        """The positions read, in order: {"position", "token_id", "features": [{"index", "value"}]};
+        `token_ids` is the sequence fed (prompt then generated)."""
+        return [{"position": pos, "token_id": token_ids[pos] if pos < len(token_ids) else None,
+                 "features": [{"index": i, "value": v} for i, v in feats]}
+                for pos, feats in sorted(self._read.items())]
+
+
+class _Reading:
+    """The context of `Steering.reading`: a class, not a generator, because it wraps every decode step."""
+
+    __slots__ = ("local", "readout", "previous")
+
+    def __init__(self, local: _Local, readout: Readout | None):
+        self.local, self.readout = local, readout
+
+    def __enter__(self):
+        self.previous, self.local.readout = self.local.readout, self.readout
+
+    def __exit__(self, *exc):
+        self.local.readout = self.previous
+
+
+class _Suppressed:
+    __slots__ = ("local",)
+
+    def __init__(self, local: _Local):
+        self.local = local
+
+    def __enter__(self):
+        self.local.suppressed += 1
+
+    def __exit__(self, *exc):
+        self.local.suppressed -= 1
+
+
+class Steering:
+    """The SAEs attached to one engine's model, the steering state it applies, readouts and
+    suppression. `engine` gives `model`, `device` and `tokenize`."""
+
+    def __init__(self, engine):
+        self._engine = engine  # not its layers: holding them would keep an unloaded model's weights alive
+        self._dtype = next(engine.model.parameters()).dtype
+        self._hooked: dict[str, _Hooked] = {}
+        self._local = _Local()
+        self.state = SteeringState(version=0)
+
+    @property
+    def _blocks(self):
+        return self._engine.model.model.layers
+
+    # -- SAEs ---------------------------------------------------------------------------
+
+    def attach(self, sae_id: str, sae: SAE) -> AttachedSAE:
+        """Hook `sae` on its block; it starts unsteered (the next `apply` may steer it)."""
+        if sae_id in self._hooked:
+            raise ValueError(f"an SAE named {sae_id!r} is already attached")
+        if not 0 <= sae.block < len(self._blocks):
+            raise ValueError(f"SAE hook {sae.hook_name} reads block {sae.block}; the model has {len(self._blocks)}")
+        d_model = self._engine.model.config.hidden_size
+        if sae.d_in != d_model:
+            raise ValueError(f"the SAE reads {sae.d_in}-wide vectors; this model's residual stream is {d_model} wide")
+        for other in self._hooked.values():
+            if other.info.block == sae.block:
+                raise ValueError(f"block {sae.block} already has SAE {other.info.sae_id!r} attached")
+        sae = sae.to(self._engine.device)
+        info = AttachedSAE(sae_id, sae.layer, sae.block, sae.hook_name, sae.d_sae, sae.d_in, sae.architecture,
+                           self._residual_norm(sae.block))
+        entry = _Hooked(info, sae)
+        entry.handle = self._blocks[sae.block].register_forward_hook(self._hook(entry))
+        self._hooked[sae_id] = entry
+        return info
+
+    def detach(self, sae_id: str) -> None:
+        """Remove the SAE's hook: its block computes exactly what it did before the attach."""
+        entry = self._hooked.pop(sae_id, None)
+        if entry is None:
+            raise KeyError(f"no SAE named {sae_id!r} is attached")
+        entry.handle.remove()
+
+    def attached(self) -> list[AttachedSAE]:
+        return [entry.info for entry in self._hooked.values()]
+
+    # -- steering ------------------------------------------------------------------------
+
+    def apply(self, state: SteeringState) -> bool:
+        """Install `state` if it is newer than the one held (False: a stale push, ignored).
+        Every SAE it names must be attached and every feature inside its width; strengths are
+        clamped to ±STRENGTH_MAX. Nothing changes unless the whole state is valid."""
+        if state.version <= self.state.version:
+            return False
+        deltas = {}
+        for sae_id, strengths in state.strengths.items():
+            entry = self._hooked.get(sae_id)
+            if entry is None:
+                raise EngineError("invalid_parameter", f"steering names SAE {sae_id!r}, which is not attached "
+                                  f"(attached: {sorted(self._hooked)})")
+            deltas[sae_id] = self._delta(entry, strengths) if state.enabled else None
+        for sae_id, entry in self._hooked.items():
+            entry.delta = deltas.get(sae_id)
+        self.state = state
+        return True
+
+    def _delta(self, entry: _Hooked, strengths: Mapping[int, float]) -> torch.Tensor | None:
+        width = entry.info.width
+        bad = [i for i in strengths if not (isinstance(i, int) and 0 <= i < width)]
+        if bad:
+            raise EngineError("invalid_feature_index", f"feature {bad[0]} is outside SAE {entry.info.sae_id!r} "
+                              f"(width {width})")
+        if any(not math.isfinite(s) for s in strengths.values()):
+            raise EngineError("invalid_parameter", "a steering strength is not a finite number")
+        live = {i: max(-STRENGTH_MAX, min(STRENGTH_MAX, float(s))) for i, s in strengths.items() if s}
+        if not live:
+            return None
+        index = torch.tensor(list(live), device=self._engine.device)
+        rows = entry.sae.W_dec[index]
+        weights = torch.tensor(list(live.values()), device=self._engine.device, dtype=rows.dtype)
+        direction = (weights[:, None] * rows / rows.norm(dim=1, keepdim=True)).sum(dim=0)
+        return (direction * (entry.info.residual_norm / 100.0)).to(self._dtype)
+
+    # -- readouts and suppression ------------------------------------------------------------
+
+    def readout(self, prompt_tokens: int, *, sae_id: str | None = None, top_k: int = 8, positions="last",
+                features: list[int] | None = None, read_point: str = "post_steering") -> Readout:
+        """A readout for one sequence whose prompt has `prompt_tokens` tokens. `positions`:
+        last | prompt | completion | all | {"start", "end"} (half-open); `features` restricts
+        the candidates (then zero activations are listed too); `sae_id` may be left out while
+        exactly one SAE is attached."""
+        if sae_id is None:
+            if len(self._hooked) != 1:
+                raise EngineError("invalid_parameter", "several SAEs are attached; name one with sae_id: "
+                                  f"{sorted(self._hooked)}" if self._hooked else "no SAE is attached",
+                                  "return_sae_activations.sae_id")
+            sae_id = next(iter(self._hooked))
+        entry = self._hooked.get(sae_id)
+        if entry is None:
+            raise EngineError("invalid_parameter", f"no SAE named {sae_id!r} is attached "
+                              f"(attached: {sorted(self._hooked)})", "return_sae_activations.sae_id")
+        if read_point not in READ_POINTS:
+            raise EngineError("invalid_parameter", f"read_point must be one of {list(READ_POINTS)}",
+                              "return_sae_activations.read_point")
+        if not (positions in POSITION_MODES or isinstance(positions, dict) and positions.keys() == {"start", "end"}
+                and all(isinstance(positions[k], int) and positions[k] >= 0 for k in positions)
+                and positions["start"] < positions["end"]):
+            raise EngineError("invalid_parameter", f"positions must be one of {list(POSITION_MODES)} or "
+                              "{start, end} with 0 ≤ start < end", "return_sae_activations.positions")
+        if not (isinstance(top_k, int) and top_k >= 1):
+            raise EngineError("invalid_parameter", "top_k must be a positive integer", "return_sae_activations.top_k")
+        width = entry.info.width
+        for i in features or ():
+            if not (isinstance(i, int) and 0 <= i < width):
+                raise EngineError("invalid_feature_index", f"feature {i} is outside SAE {sae_id!r} (width {width})",
+                                  "return_sae_activations.features")
+        return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
+
+    def reading(self, readout: Readout | None) -> _Reading:
+        """Forwards inside this record into `readout` (None: nothing is read)."""
+        return _Reading(self._local, readout)
+
+    def suppressed(self) -> _Suppressed:
+        """Forwards inside this, on this thread, run with every attached SAE's hook off: no
+        steering, nothing read. A forward on another thread (or after the block) is steered."""
+        return _Suppressed(self._local)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _hook(self, entry: _Hooked):
+        local, sae_id = self._local, entry.info.sae_id
+
+        def hook(module, args, output):
+            if local.suppressed:
+                return None
+            readout = local.readout
+            if readout is not None and readout.sae_id != sae_id:
+                readout = None
+            delta = entry.delta
+            if delta is None and readout is None:
+                return None
+            # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
+            hidden = output[0] if isinstance(output, tuple) else output
+            if readout is not None and readout.pre:
+                readout.observe(entry.sae, hidden)
+            if delta is not None:
+                hidden = hidden + delta
+            if readout is not None and not readout.pre:
+                readout.observe(entry.sae, hidden)
+            if delta is None:
+                return None
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        return hook
+
+    def _residual_norm(self, block: int) -> float:
+        """ρ_L: the median residual norm after `block` over CALIBRATION_TEXT, unsteered."""
+        seen = []
+        handle = self._blocks[block].register_forward_hook(
+            lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output))
+        try:
+            ids = self._engine.tokenize(CALIBRATION_TEXT)
+            with self.suppressed(), torch.inference_mode():
+                self._engine.model(input_ids=torch.tensor([ids], device=self._engine.device), logits_to_keep=1)
+        finally:
+            handle.remove()
+        norms = seen[0][0].float().norm(dim=-1)
+        return float(norms[1:].median() if len(norms) > 1 else norms[0])
