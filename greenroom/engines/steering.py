@@ -17,10 +17,11 @@ block L, at every position t (prompt and generated alike):
 So a strength is **a percentage of the residual norm at that layer**, added along the
 feature's unit decoder direction: ±1 nudges by 1 % of a typical residual, ±100 adds a
 vector as long as the residual itself (the feature then dominates that position's
-direction), and ±200, the range's end, twice that — past where text stays fluent.
+direction), and ±200, the range's end, twice that: the end of the range is where the
+feature swamps everything else the model computed there.
 The unit direction makes strengths comparable across SAEs whether or not their training
 folded the decoder norms; ρ_L makes them comparable across layers and models, whose
-residual norms differ by orders of magnitude (≈11 in the tiny demo, hundreds in a 2B).
+residual norms differ widely (≈12 at the tiny demo's layer 1, ≈30 at the 100m demo's layer 7).
 
 **State.** The steering coordinator (an actor, later) is the only writer: it pushes a
 `SteeringState` (per attached SAE, feature → strength; enabled; a version that increases
