@@ -3,6 +3,7 @@ demo SAEs, steering through decoder directions, readouts, suppression, detach.""
 
 import json
 import shutil
+import threading
 from itertools import count
 
 import pytest
@@ -273,6 +274,29 @@ def test_embeddings_and_scoring_are_unsteered_while_generation_stays_steered(eng
     assert engine.embed([ids]) == embedding
     assert engine.score(ids, 1.0, None, 5) == scored
     assert torch.equal(logits(engine, ids), steered)  # the next forward is steered again
+
+
+def test_suppression_is_for_its_own_thread_only(engine, attach):
+    """An embedding or scoring pass on one thread leaves a generation on another steered."""
+    name = attach(0)
+    ids = engine.tokenize(PROMPT)
+    steer(engine, {name: {3: 120}})
+    steered = logits(engine, ids)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        with engine.steering.suppressed():
+            inside.set()
+            release.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    try:
+        assert inside.wait(10)
+        assert torch.equal(logits(engine, ids), steered)
+    finally:
+        release.set()
+        other.join()
 
 
 def test_batched_forwards_are_steered_as_serial_ones(engine, attach):
