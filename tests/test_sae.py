@@ -100,6 +100,10 @@ def test_demo_saes_load_in_saelens_format(sae_paths, tmp_path):
     x = torch.randn(3, d) * 2
     pre = (x - second.b_dec) @ second.W_enc + second.b_enc
     assert torch.equal(second.encode(x), torch.relu(pre) * (pre > second.threshold))
+    # decoding one active feature gives its decoder row, offset by b_dec
+    one = torch.zeros(second.d_sae)
+    one[5] = 2.0
+    assert torch.allclose(second.decode(one), 2 * second.W_dec[5] + second.b_dec)
 
 
 def copy_of(path, tmp_path):
