@@ -259,7 +259,7 @@ def generate(engine, lib, compiled, seed: int, max_tokens: int, timings: dict | 
         for _ in range(max_tokens):
             t0 = time.perf_counter()
             logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                  **{engine._cache_arg: cache}).logits[0, -1].float()
+                                  **{engine.cache_arg: cache}).logits[0, -1].float()
             t1 = time.perf_counter()
             mask(logits)
             t2 = time.perf_counter()

@@ -41,6 +41,9 @@ def keyed(tmp_path_factory, model_cache):
               '[[models]]\nid = "other"\nsource = "demo:tiny"\npreload = false\n')
     srv = Server(tmp_path_factory.mktemp("auth"), model_cache, config, extra_env={"NEEDLE_API_KEY": KEY})
     yield srv
+    for name in ("auth-copy", "auth-made"):  # the registry is the session's cache's: leave nothing to others
+        httpx.request("DELETE", srv.url + "/api/delete", json={"model": name},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     srv.stop()
 
 

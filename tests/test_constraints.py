@@ -80,7 +80,7 @@ def run(engine, constraints, grammar, seed: int, max_tokens: int = 200, prompt: 
     with torch.inference_mode():
         for _ in range(max_tokens):
             logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                  **{engine._cache_arg: cache}).logits[0, -1]
+                                  **{engine.cache_arg: cache}).logits[0, -1]
             matcher.mask(logits)
             token = sample(logits, params, gen, torch.tensor(out, dtype=torch.long))
             matcher.consume(token)
