@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_gguf import QUANTS, _build, ensure_demo_gguf
+from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf, write_all
 from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
 from greenroom.engines.generation import generate
 from greenroom.engines.gguf_files import discover, quant_label
@@ -21,7 +21,8 @@ def test_every_quantization_is_built_deterministically(model_cache, tmp_path):
     cache = default_cache_dir(model_cache)
     files = {q: ensure_demo_gguf(cache, q) for q in QUANTS}
     assert {q: quant_label(p) for q, p in files.items()} == {q: q for q in QUANTS}
-    _build(demo_model_dir(cache, "tiny"), tmp_path / "again", "tiny")
+    (tmp_path / "again").mkdir()
+    write_all(demo_model_dir(cache, "tiny"), tmp_path / "again", "tiny")
     assert all(digest(p) == digest(tmp_path / "again" / p.name) for p in files.values())
     assert [name for name, _ in discover([tmp_path])] == [f"again:{q}" for q in sorted(QUANTS)]
 

@@ -6,13 +6,11 @@ a second. Both engines therefore tokenise identically and, at F16, answer alike.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from .built_dirs import ensure_built
 from .demo_model import DEMO_MODEL_NAME, GENERATOR_VERSION, SIZES, TOOL_CALL_TAGS, ensure_demo_model
 
 DEMO_GGUF_REPO = f"{DEMO_MODEL_NAME}-gguf"
@@ -35,43 +33,18 @@ def ensure_demo_gguf(cache_dir: Path, quant: str, size: str = "tiny") -> Path:
     converted from) on first use."""
     if quant not in QUANTS:
         raise ValueError(f"unknown demo GGUF quantization {quant!r}; choose from {list(QUANTS)}")
-    cache_dir = Path(cache_dir)
-    out_dir = demo_gguf_dir(cache_dir, size)
-    if not _is_current(out_dir, size):
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(cache_dir / f".{out_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _is_current(out_dir, size):
-                _build(ensure_demo_model(cache_dir, size), out_dir, size)
+    if SIZES[size]["dtype"] != "float32":  # numpy has no bfloat16
+        raise ValueError(f"the {size} demo model is stored in {SIZES[size]['dtype']}; GGUF conversion reads float32")
+    marker = {"generator_version": GENERATOR_VERSION, "converter_version": CONVERTER_VERSION, "size": size}
+    ensure_built(demo_gguf_dir(cache_dir, size), marker,
+                 lambda out: write_all(ensure_demo_model(Path(cache_dir), size), out, size))
     return demo_gguf_path(cache_dir, quant, size)
 
 
-def _marker(size: str) -> dict:
-    return {"generator_version": GENERATOR_VERSION, "converter_version": CONVERTER_VERSION, "size": size}
-
-
-def _is_current(out_dir: Path, size: str) -> bool:
-    try:
-        return json.loads((out_dir / "greenroom.json").read_text()) == _marker(size)
-    except (OSError, ValueError):
-        return False
-
-
-def _build(checkpoint: Path, out_dir: Path, size: str) -> None:
-    if SIZES[size]["dtype"] != "float32":  # numpy has no bfloat16
-        raise ValueError(f"the {size} demo model is stored in {SIZES[size]['dtype']}; GGUF conversion reads float32")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        for quant in QUANTS:
-            write_gguf(checkpoint, tmp / demo_gguf_path(out_dir.parent, quant, size).name, quant)
-        (tmp / "greenroom.json").write_text(json.dumps(_marker(size)) + "\n")
-        os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def write_all(checkpoint: Path, out_dir: Path, size: str) -> None:
+    """Every quantization of the demo GGUF of `size` into `out_dir`."""
+    for quant in QUANTS:
+        write_gguf(checkpoint, out_dir / demo_gguf_path(out_dir.parent, quant, size).name, quant)
 
 
 def write_gguf(checkpoint: Path, out: Path, quant: str) -> Path:

@@ -15,14 +15,13 @@ norm (`last_hidden_state`) lies in `embedding/` for `TextEmbeddingPipeline`.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from .demo_model import DEMO_MODEL_NAME, SIZES, ensure_demo_model
+from .built_dirs import ensure_built
+from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
 
 # bump when the export writes different files (the checkpoint's own version is in the marker too)
 CONVERTER_VERSION = 1
@@ -38,44 +37,9 @@ def demo_openvino_dir(cache_dir: Path, size: str = "tiny") -> Path:
 def ensure_demo_openvino(cache_dir: Path, size: str = "tiny") -> Path:
     """The demo model's OpenVINO directory, exporting it (and building the checkpoint it is
     exported from) on first use."""
-    cache_dir = Path(cache_dir)
-    out_dir = demo_openvino_dir(cache_dir, size)
-    checkpoint = ensure_demo_model(cache_dir, size)
-    marker = _marker(checkpoint)
-    if not _is_current(out_dir, marker):
-        with open(cache_dir / f".{out_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _is_current(out_dir, marker):
-                _build(checkpoint, out_dir, size, marker)
-    return out_dir
-
-
-def _marker(checkpoint: Path) -> dict:
-    return {**json.loads((checkpoint / "greenroom.json").read_text()), "converter_version": CONVERTER_VERSION}
-
-
-def _is_current(out_dir: Path, marker: dict) -> bool:
-    try:
-        return json.loads((out_dir / "greenroom.json").read_text()) == marker
-    except (OSError, ValueError):
-        return False
-
-
-def _build(checkpoint: Path, out_dir: Path, size: str, marker: dict) -> None:
-    if SIZES[size]["dtype"] != "float32":  # numpy has no bfloat16
-        raise ValueError(f"the {size} demo model is stored in {SIZES[size]['dtype']}; the export reads float32")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        export_llama(checkpoint, tmp)
-        (tmp / "greenroom.json").write_text(json.dumps(marker) + "\n")
-        for path in [tmp, tmp / EMBEDDING_SUBDIR]:
-            os.chmod(path, 0o755)  # mkdtemp makes it 0700
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    checkpoint = ensure_demo_model(Path(cache_dir), size)
+    marker = {**json.loads((checkpoint / "greenroom.json").read_text()), "converter_version": CONVERTER_VERSION}
+    return ensure_built(demo_openvino_dir(cache_dir, size), marker, lambda out: export_llama(checkpoint, out))
 
 
 def export_llama(checkpoint: Path, out: Path) -> Path:

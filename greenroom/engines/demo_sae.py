@@ -18,13 +18,9 @@ up raises that feature's own activation:
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from .built_dirs import ensure_built
 from .demo_model import DEMO_MODEL_NAME, GENERATOR_VERSION, SIZES
 
 DEMO_SAE_NAME = f"{DEMO_MODEL_NAME}-sae"
@@ -56,33 +52,17 @@ def ensure_demo_sae(cache_dir: Path, size: str = "tiny", layer: int | None = Non
     if not 0 <= layer < SIZES[size]["num_hidden_layers"]:
         raise ValueError(f"the {size} demo model has no layer {layer}")
     width = width or _default_width(size)
-    out_dir = demo_sae_dir(cache_dir, size, layer, width)
-    if not _is_current(out_dir, size, layer, width):
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _is_current(out_dir, size, layer, width):
-                _build(out_dir, size, layer, width)
-    return out_dir
+    marker = {"generator_version": GENERATOR_VERSION, "sae_generator_version": SAE_GENERATOR_VERSION,
+              "size": size, "layer": layer, "width": width}
+    return ensure_built(demo_sae_dir(cache_dir, size, layer, width), marker,
+                        lambda out: _write(out, size, layer, width))
 
 
 def _default_width(size: str) -> int:
     return WIDTH_PER_DIM * SIZES[size]["hidden_size"]
 
 
-def _marker(size: str, layer: int, width: int) -> dict:
-    return {"generator_version": GENERATOR_VERSION, "sae_generator_version": SAE_GENERATOR_VERSION,
-            "size": size, "layer": layer, "width": width}
-
-
-def _is_current(out_dir: Path, size: str, layer: int, width: int) -> bool:
-    try:
-        return json.loads((out_dir / "greenroom.json").read_text()) == _marker(size, layer, width)
-    except (OSError, ValueError):
-        return False
-
-
-def _build(out_dir: Path, size: str, layer: int, width: int) -> None:
+def _write(out_dir: Path, size: str, layer: int, width: int) -> None:
     import torch
 
     from .sae import SAE, save_sae
@@ -102,15 +82,5 @@ def _build(out_dir: Path, size: str, layer: int, width: int) -> None:
         weights["b_enc"] = torch.zeros(width)
         weights["threshold"] = torch.full((width,), CUT)
     sae = SAE(weights, architecture=architecture, hook_name=f"blocks.{layer}.hook_resid_post")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        save_sae(tmp, sae, {"model_name": f"{DEMO_MODEL_NAME}-{size}", "prepend_bos": True,
+    save_sae(out_dir, sae, {"model_name": f"{DEMO_MODEL_NAME}-{size}", "prepend_bos": True,
                             "context_size": SIZES[size]["max_position_embeddings"]})
-        (tmp / "greenroom.json").write_text(json.dumps(_marker(size, layer, width)) + "\n")
-        os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
