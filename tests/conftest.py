@@ -60,6 +60,16 @@ class Server:
     def actors(self) -> dict[str, dict]:
         return {a["name"]: a for a in httpx.get(self.url + "/api/actors", timeout=10).json()["actors"]}
 
+    def after_cancel(self, actor: str, before: dict, timeout_s: float = 10) -> dict:
+        """The actor's counters once a cancel since `before` has landed and it is idle
+        (or as they are after `timeout_s`): what disconnect tests assert on."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            counters = self.actors()[actor]["counters"]
+            if counters["cancelled"] > before["cancelled"] and counters["active"] == 0 or time.monotonic() > deadline:
+                return counters
+            time.sleep(0.05)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
 
@@ -104,6 +114,24 @@ def own_server(tmp_path, model_cache):
     yield start
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(model_cache):
+    """A fake Hugging Face Hub on loopback serving the demo repositories (tests/fake_hub.py)."""
+    from fake_hub import FakeHub, demo_repos
+
+    with FakeHub(demo_repos(model_cache)) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, model_cache):
+    """A cache root of the module's own (pulls and the registry land there) holding the
+    session's demo models."""
+    from fake_hub import server_cache
+
+    return server_cache(tmp_path_factory.mktemp("models"), model_cache)
 
 
 @pytest.fixture

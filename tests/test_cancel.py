@@ -16,12 +16,7 @@ def test_disconnect_stops_generation(server):
             seen += line.startswith("data: ")
             if seen == 6:
                 break  # leaving the block closes the connection
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        counters = server.actors()["cpu"]["counters"]
-        if counters["cancelled"] > before["cancelled"] and counters["active"] == 0:
-            break
-        time.sleep(0.05)
+    counters = server.after_cancel("cpu", before)
     assert counters["cancelled"] == before["cancelled"] + 1
     assert counters["active"] == 0 and counters["queue_depth"] == 0
     generated = counters["tokens_generated"] - before["tokens_generated"]

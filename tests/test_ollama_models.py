@@ -10,21 +10,10 @@ import ollama
 import pytest
 
 from conftest import MODEL, Server
-from fake_hub import CONFIG, PUBLIC, FakeHub, demo_repos, server_cache
+from fake_hub import CONFIG, PUBLIC
 from greenroom.engines.demo_model import default_cache_dir
 
 GREEDY = {"num_predict": 8, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def hub(model_cache):
-    with FakeHub(demo_repos(model_cache)) as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory, model_cache):
-    return server_cache(tmp_path_factory.mktemp("models"), model_cache)
 
 
 @pytest.fixture(scope="module")

@@ -15,23 +15,12 @@ import openai
 import pytest
 
 from conftest import Server
-from fake_hub import BARE, BROKEN, CONFIG, GGUF, PRIVATE, PRIVATE_TOKEN, PUBLIC, FakeHub, demo_repos, server_cache
+from fake_hub import BARE, BROKEN, CONFIG, GGUF, PRIVATE, PRIVATE_TOKEN, PUBLIC
 
 # the server's ambient Hugging Face credential: the private repository's own token, which
 # a pull must never use on a caller's behalf
 AMBIENT = {"HF_TOKEN": PRIVATE_TOKEN}
 API_KEY = "server-key-for-pull-tests"
-
-
-@pytest.fixture(scope="module")
-def hub(model_cache):
-    with FakeHub(demo_repos(model_cache)) as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory, model_cache):
-    return server_cache(tmp_path_factory.mktemp("pull"), model_cache)
 
 
 @pytest.fixture(scope="module")
