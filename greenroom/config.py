@@ -22,6 +22,9 @@ class ModelConfig:
     preload: bool = True  # loaded when its actor starts; else on the first request (GGUF: always on demand)
     n_ctx: int | None = None  # llama.cpp: context window (default: gguf_n_ctx, capped at the model's)
     threads: int | None = None  # llama.cpp: decode threads (default: gguf_threads)
+    # an SAE attached on the model's first start ("demo:<size>[:<layer>]" or an SAELens directory);
+    # after that the steering store (store/steering.py) holds what is attached
+    sae: str | None = None
 
 
 @attrs.define

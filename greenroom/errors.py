@@ -65,6 +65,11 @@ TABLE: dict[str, ErrorKind] = {
     "non_finite_logits": ErrorKind(500, SERVER),
     "response_format_unsupported": ErrorKind(400, INVALID),
     "constrained_output_invalid": ErrorKind(500, SERVER),
+    # steering (management API, http/steering_api.py)
+    "invalid_feature_index": ErrorKind(400, INVALID),  # a feature past the SAE's width (the spec's code)
+    "sae_not_attached": ErrorKind(400, INVALID),  # an sae_id no SAE attached to the model has
+    "invalid_sae": ErrorKind(400, INVALID),  # not a loadable SAE, or not one this model can take
+    "steering_unsupported": ErrorKind(400, INVALID),  # GGUF and OpenVINO models have no SAE hooks
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),

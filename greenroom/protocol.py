@@ -99,6 +99,34 @@ class Cancel:
 
 
 @attrs.frozen
+class SteerUpdate:
+    """A model's steering as the coordinator resolved it, pushed to the engine actor holding
+    the model: the SAEs to have attached ({"sae_id", "path"}), per SAE feature → strength
+    (features as decimal strings), enabled. Applied between decode steps; a version not
+    newer than the one applied is ignored. Answered with `Steered`."""
+
+    rid: str
+    model: str
+    version: int
+    enabled: bool
+    saes: list[dict]
+    strengths: dict[str, dict[str, float]]
+
+
+# front end → steering coordinator
+@attrs.frozen
+class SteeringCommand:
+    """get | attach {sae, layer?, sae_id?, placement} | detach {sae_id} |
+    set {enabled?, strengths?} | default {sae, placement}: attach `sae` only if nothing was
+    ever set for the model. Answered with `SteeringSnapshot` or `Failed`."""
+
+    rid: str
+    op: str
+    model: str
+    args: dict = attrs.Factory(dict)
+
+
+@attrs.frozen
 class StatusQuery:
     rid: str
 
@@ -167,13 +195,33 @@ class Status:
 
 
 @attrs.frozen
+class Steered:
+    """The engine's answer to a SteerUpdate: the version it now holds (older than the
+    update's when it could not apply it) and its attached SAEs (steering.AttachedSAE)."""
+
+    rid: str
+    version: int
+    attached: list[dict]
+
+
+# steering coordinator → front end
+@attrs.frozen
+class SteeringSnapshot:
+    """A model's steering state after a command: {"model", "version", "enabled", "saes",
+    "strengths"} (store/steering.py's ModelSteering)."""
+
+    rid: str
+    state: dict
+
+
+@attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status]
+    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status | Steered | SteeringSnapshot]
 
 
 _TAGS: dict[str, type] = {c.__name__: c for c in (
     Generate, Embed, Score, Load, Unload, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Done, Failed,
-    Status)}
+    Status, SteerUpdate, SteeringCommand, Steered, SteeringSnapshot)}
 _conv = cattrs.Converter()
 
 

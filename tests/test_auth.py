@@ -28,6 +28,10 @@ BODIES = {
     "/api/copy": {"source": MODEL, "destination": "auth-copy"},
     "/api/create": {"model": "auth-made", "from": MODEL, "system": "Be brief.", "stream": False},
     "/api/delete": {"model": "auth-made"},
+    # steering of "other" (nothing else uses it): attached, then detached, so nothing is left behind
+    "/api/saes/attach": {"model": "other", "sae": "demo:tiny:2", "sae_id": "auth_sae"},
+    "/api/saes/detach": {"model": "other", "sae_id": "auth_sae"},
+    "/api/steering": {"model": "other", "strengths": {}},
 }
 # past the key, these need the Hugging Face Hub, which tests never reach: any answer but 401 will do
 NEEDS_THE_HUB = {"/api/pull": {"model": "someone/some-repo", "stream": False}}
@@ -54,7 +58,7 @@ def routes(srv):
 
 def call(srv, method, path, headers):
     body = BODIES.get(path) or NEEDS_THE_HUB.get(path)
-    return httpx.request(method, srv.url + path, json=body if method in ("POST", "DELETE") else None,
+    return httpx.request(method, srv.url + path, json=body if method in ("POST", "PUT", "DELETE") else None,
                          headers=headers, timeout=60)
 
 

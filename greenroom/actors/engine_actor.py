@@ -33,7 +33,7 @@ from greenroom.errors import GreenroomError
 from greenroom.engines.base import EngineError, SamplingParams
 from greenroom.protocol import (
     Admitted, Cancel, Done, Embed, Embedded, Events, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
-    StatusQuery, Text, Unload, from_wire, to_wire,
+    StatusQuery, Steered, SteerUpdate, Text, Unload, from_wire, to_wire,
 )
 
 
@@ -112,6 +112,8 @@ class EngineLoop:
         self._closing = False
         self._outbox: collections.deque = collections.deque()  # events for the sender, from both threads
         self._enqueued: dict[str, float] = {}  # rid → arrival, for queue-wait figures
+        self._steers: collections.deque[SteerUpdate] = collections.deque()  # applied between steps, in order
+        self._applied: dict[str, dict] = {}  # model → what _steer left applied, read by status()
         self._wake_pending = False
 
     async def serve(self, stream) -> None:
@@ -147,6 +149,10 @@ class EngineLoop:
             with self._wakeup:
                 self._queue.append(msg)
                 self._wakeup.notify()
+        elif isinstance(msg, SteerUpdate):  # not queued behind requests: it lands at the next step
+            with self._wakeup:
+                self._steers.append(msg)
+                self._wakeup.notify()
         elif isinstance(msg, Cancel):
             self._cancelled.add(msg.rid)
         elif isinstance(msg, StatusQuery):
@@ -161,6 +167,9 @@ class EngineLoop:
             "active": len(self._running),
             "max_queue_depth": self.max_queue,
             "inference": self.inference(),
+            # each steerable model's applied steering version and attached SAEs (the front end's "live")
+            "steering": {m: self._applied.get(m, {"version": 0, "saes": []})
+                         for m, e in list(self.engines.items()) if hasattr(e, "steering")},
             **attrs.asdict(self.counters),
         }
 
@@ -222,11 +231,15 @@ class EngineLoop:
     def _work(self) -> None:
         while True:
             with self._wakeup:
-                while not self._queue and not self._running and not self._closing:
+                while not self._queue and not self._running and not self._steers and not self._closing:
                     self._wakeup.wait()
                 if self._closing:
                     return
+                steers = list(self._steers)
+                self._steers.clear()
                 starting = self._take()
+            for update in steers:  # between steps: a forward never sees half a change
+                self._guard(update.rid, self._steer, update)
             self._join([req for req in starting if self._batchable(req)])
             for req in starting:
                 if not self._batchable(req):  # at most one, after the batchable ones (queue order)
@@ -362,11 +375,37 @@ class EngineLoop:
             self._emit_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
             return
         engine = self.engines.pop(req.model, None)
+        self._applied.pop(req.model, None)  # a reload starts unsteered, at version 0
         if engine is not None:
             engine.unload()
             del engine
             gc.collect()  # the weights go now, not at the next collection
         self._emit_from_thread(Done(req.rid))
+
+    def _steer(self, update: SteerUpdate) -> None:
+        """Make the model's attached SAEs and steering what `update` says, unless the
+        version held is as new (a stale push). Answered with the version now held."""
+        steering = getattr(self.engines.get(update.model), "steering", None)
+        if steering is None:
+            raise GreenroomError("steering_unsupported", f"model {update.model!r} is not loaded here with an engine "
+                                 "that steers", "model")
+        if update.version > steering.state.version:
+            from greenroom.engines.sae import load_sae
+            from greenroom.engines.steering import SteeringState
+
+            wanted = {s["sae_id"]: s["path"] for s in update.saes}
+            for info in steering.attached():
+                if info.sae_id not in wanted:
+                    steering.detach(info.sae_id)
+            held = {info.sae_id for info in steering.attached()}
+            for sae_id, path in wanted.items():
+                if sae_id not in held:
+                    steering.attach(sae_id, load_sae(path))
+            steering.apply(SteeringState(update.version, update.enabled, {
+                sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()}))
+        attached = steering.attached()
+        self._applied[update.model] = {"version": steering.state.version, "saes": [i.sae_id for i in attached]}
+        self._emit_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
 
     def _score(self, engine, req: Score) -> None:
         if req.conversations is not None and not engine.has_chat_template:

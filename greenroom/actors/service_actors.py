@@ -1,7 +1,7 @@
-"""The scheduler and steering actors. Real processes in the tree from the start; their
-work (admission and routing across replicas; the steering state in SQLite) lands
-in them as those features are built. Today each serves a session that answers
-status queries, so supervision, restart and `greenroom ps` treat them like any actor."""
+"""The scheduler actor. A real process in the tree from the start; its work (admission
+and routing across replicas) lands in it as that is built. Today it serves a session that
+answers status queries, so supervision, restart and `greenroom ps` treat it like any
+actor. (The steering coordinator has its own session: steering_actor.py.)"""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
-from greenroom.http import manage_api, ollama_api, ollama_models, openai_api, openapi
+from greenroom.http import manage_api, ollama_api, ollama_models, openai_api, openapi, steering_api
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -27,6 +27,11 @@ ENDPOINTS = [
     ("GET", "/api/models", "every model with its state (loaded, unloaded, loading, unloading)"),
     ("POST", "/api/models/load", "load a model: {\"model\": id}"),
     ("POST", "/api/models/unload", "unload a model gracefully: {\"model\": id}"),
+    ("GET", "/api/saes", "the SAEs attached to each steerable model (width, layer, hook point) and the demo SAEs"),
+    ("POST", "/api/saes/attach", "attach an SAE: {\"model\", \"sae\": a directory or demo:<size>[:<layer>]}"),
+    ("POST", "/api/saes/detach", "detach an SAE: {\"model\", \"sae_id\"}"),
+    ("GET", "/api/steering", "each steerable model's steering: strengths, enabled, version, live"),
+    ("PUT", "/api/steering", "set steering: {\"model\", \"enabled\"?, \"strengths\"?: {sae_id: {feature: ±200}}}"),
     ("GET", "/v1/models", "models served"),
     ("GET", "/v1/models/{id}", "one model card"),
     ("POST", "/v1/chat/completions", "chat completion, streaming (SSE) or not"),
@@ -132,6 +137,7 @@ def create_app(tree: Tree) -> Quart:
     openai_api.register(app, tree)
     ollama_api.register(app, tree)
     manage_api.register(app, tree)
+    steering_api.register(app, tree)
     ollama_models.register(app, tree)
     if tree.config.request_timeout_s:
         for name, view in app.view_functions.items():

@@ -35,7 +35,7 @@ from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, manage_api, ollama_defaults, ollama_params, openai_params, structured
+from greenroom.http import ledger, manage_api, ollama_defaults, ollama_params, openai_params, steering_api, structured
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
 from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
@@ -78,7 +78,8 @@ EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPOR
 
 def owns(path: str) -> bool:
     """Whether `path` is the Ollama surface's (its errors use the flat envelope)."""
-    return path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
+    return (path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
+            and path not in steering_api.PATHS)
 
 
 def request_id() -> str:

@@ -580,6 +580,64 @@ def _response_schemas() -> dict:
     }
 
 
+# --- steering management (http/steering_api.py) ----------------------------------------
+
+_SAE_ID = _string(pattern="^[A-Za-z0-9_.-]{1,64}$")
+_STRENGTHS = _described(
+    {"type": "object", "additionalProperties": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                                                "additionalProperties": _number(minimum=-200, maximum=200)}},
+    "Per attached SAE (by sae_id), feature index → strength in ±200: a percentage of the layer's typical "
+    "residual norm added along the feature's unit decoder direction (docs/architecture.md)")
+
+
+def _steering_schemas() -> dict:
+    sae = _obj({
+        "sae_id": _string(),
+        "source": _described(_string(), "As attached: a directory, or demo:<size>[:<layer>]"),
+        "path": _string(),
+        "layer": _COUNT,
+        "block": _described(_COUNT, "The decoder block whose output the SAE's hook point reads"),
+        "hook_point": _string(),
+        "width": _described(_COUNT, "Features (d_sae)"),
+        "d_in": _COUNT,
+        "architecture": _string(),
+    }, ("sae_id", "source", "layer", "hook_point", "width", "d_in"))
+    state = _obj({
+        "model": _string(),
+        "version": _described(_COUNT, "Grows with every change to this model's steering (0: never set)"),
+        "enabled": _BOOLEAN,
+        "saes": _array(_ref("AttachedSAE")),
+        "strengths": _STRENGTHS,
+        "live": _described(_BOOLEAN, "Whether every loaded placement of the model holds this version"),
+    }, ("model", "version", "enabled", "saes", "strengths", "live"))
+    return {
+        "AttachedSAE": sae,
+        "ModelSteering": state,
+        "SteeringList": _obj({"models": _array(_ref("ModelSteering"))}, ("models",)),
+        "SAEList": _obj({
+            "models": _array(_ref("ModelSteering")),
+            "available": _described(_array(_obj({"sae": _string(), "model_size": _string(), "layer": _COUNT},
+                                                ("sae", "model_size", "layer"))),
+                                    "The demo SAEs attach builds on first use (for the demo model of that size)"),
+        }, ("models", "available")),
+        "SAEAttachRequest": _obj({
+            "model": _MODEL,
+            "sae": _described(_string(minLength=1), "A directory holding an SAELens SAE (cfg.json + "
+                              "sae_weights.safetensors), or demo:<size>[:<layer>]"),
+            "layer": _described(_integer(minimum=0), "The layer the SAE must read (a demo SAE: which one)"),
+            "sae_id": _described(_SAE_ID, "Its name (default: derived from the source)"),
+        }, ("model", "sae"), additionalProperties=False),
+        "SAEDetachRequest": _obj({"model": _MODEL, "sae_id": _SAE_ID}, ("model", "sae_id"),
+                                 additionalProperties=False),
+        "SteeringRequest": _obj({
+            "model": _MODEL,
+            "enabled": _BOOLEAN,
+            "strengths": _described(_STRENGTHS, "Replaces every strength of the model ({} clears them); zeros "
+                                    "are dropped. Left out: the strengths stay"),
+        }, ("model",), additionalProperties=False),
+    }
+
+
 # --- headers and parameters -----------------------------------------------------------
 
 _RFC8941_STRING = r'"(?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"'
@@ -670,6 +728,11 @@ _COMPLETE_EXAMPLES = {
     "messages": {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8},
 }
 
+# a demo SAE already attached by default (a 400: one SAE per block), and a harmless write, so the
+# examples leave a shared server's steering as it was
+_ATTACH_EXAMPLES = {"demo SAE": {"model": DEMO_MODEL, "sae": "demo:tiny"}}
+_STEERING_EXAMPLES = {"enable": {"model": DEMO_MODEL, "enabled": True}}
+
 
 def _paths() -> dict:
     strict = _ref("Strict", "parameters")
@@ -690,6 +753,11 @@ def _paths() -> dict:
             body=_ref(request), examples=examples, parameters=(strict,), operation_id=operation_id,
             description=description)}
 
+    def steer(method: str, operation_id: str, summary: str, request: str, examples: dict) -> dict:
+        return {method: _operation(summary, {"200": _json(_ref("ModelSteering"), "The model's resulting steering "
+                                                          "state, its version, and whether it is live")},
+                                   body=_ref(request), examples=examples, operation_id=operation_id)}
+
     def needle(operation_id: str, summary: str, request: str, name: str, examples: dict, description: str):
         return {"post": _operation(summary, {"200": _json(_ref(name), description)}, body=_ref(request),
                                    examples=examples, operation_id=operation_id)}
@@ -701,6 +769,16 @@ def _paths() -> dict:
         "/api/health/inference": get("inference", "The inference backend of each engine actor", "Inference",
                                      "serial or continuous_batching, per engine actor"),
         "/openapi.json": get("openapi", "This document", "OpenAPIDocument", "The OpenAPI 3.1 document"),
+        "/api/saes": get("listSAEs", "The SAEs attached to each steerable model", "SAEList",
+                         "Per model: its steering state with each SAE's width, layer and hook point; the demo SAEs"),
+        "/api/saes/attach": steer("post", "attachSAE", "Attach an SAE to a transformers model",
+                                  "SAEAttachRequest", _ATTACH_EXAMPLES),
+        "/api/saes/detach": steer("post", "detachSAE", "Detach an SAE (its strengths go with it)",
+                                  "SAEDetachRequest", {"detach": {"model": DEMO_MODEL, "sae_id": "sae_example"}}),
+        "/api/steering": {**get("getSteering", "Each steerable model's steering", "SteeringList",
+                                "Strengths, enabled, version and whether it is live"),
+                          **steer("put", "setSteering", "Set a model's steering", "SteeringRequest",
+                                  _STEERING_EXAMPLES)},
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
                                      parameters=(_ref("ModelId", "parameters"),)),
@@ -741,7 +819,7 @@ def document() -> dict:
         },
         "paths": _paths(),
         "components": {
-            "schemas": {**_error_schemas(), **_request_schemas(), **_response_schemas()},
+            "schemas": {**_error_schemas(), **_request_schemas(), **_response_schemas(), **_steering_schemas()},
             "responses": _error_response_components(),
             "parameters": _parameters(),
             "headers": _headers(),

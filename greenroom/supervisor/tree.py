@@ -24,12 +24,13 @@ from greenroom import metrics
 from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
+from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, common
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Failed, Load, Unload
+from greenroom.protocol import Failed, Load, SteeringCommand, SteerUpdate, Unload
 from greenroom.supervisor.engine_client import EngineClient
 
 log = logging.getLogger("greenroom.supervisor")
@@ -87,6 +88,7 @@ class Tree:
             "steering": ActorSlot("steering", "steering"),
         }
         self._engine_actors = names
+        self._default_saes = {model.id: model.sae for model in config.models if model.sae}
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         for model in config.models:  # the same id on several actors: replicas, preferred first
@@ -146,6 +148,7 @@ class Tree:
             for slot in self.slots.values():
                 if not slot.on_demand:
                     nursery.start_soon(self._supervise, slot)
+            nursery.start_soon(self._attach_default_saes)
             task_status.started()
 
     async def _supervise(self, slot: ActorSlot) -> None:
@@ -200,6 +203,8 @@ class Tree:
                       "device": slot.placements[0]["device"] if slot.on_demand else _device_of(slot.name),
                       "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens,
                       "continuous_batching": self.config.continuous_batching}
+        elif slot.role == "steering":
+            fn, kwargs = steering_session, {"cache_dir": self.config.cache_dir}
         else:
             fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
@@ -221,6 +226,9 @@ class Tree:
                     slot.state = "ready"
                     slot.ready.set()
                     metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
+                    for m in self._placed(slot):  # a (re)started engine holds no steering until pushed
+                        if m.state == "loaded":
+                            nursery.start_soon(self._push_steering_quietly, m)
                     try:
                         await slot.client.run()
                     finally:
@@ -374,6 +382,7 @@ class Tree:
                 if isinstance(done, Failed):
                     raise GreenroomError.from_wire(done.error)
                 m.state, m.info = "loaded", done.info
+                await self._push_steering_quietly(m)
             metrics.MODEL_EVENTS.labels(model, "loaded").inc()
             return m.info
         finally:
@@ -443,6 +452,71 @@ class Tree:
             if m.state == "unloading":
                 m.state = "loaded"  # the actor went away mid-unload; its restart resets the state
             m.changed.set()
+
+    # steering -------------------------------------------------------------------------
+    async def steering(self, op: str, model: str, **args) -> dict:
+        """Run a command on the steering coordinator (the only writer of steering state) and
+        return the model's resulting state; writes refuse a model whose engine cannot steer."""
+        replicas = self.replicas_of(model)
+        if op != "get":
+            engines = {m.placement["engine"] for m in replicas}
+            if engines != {"transformers"}:
+                raise GreenroomError("steering_unsupported", f"model {model!r} runs on {'/'.join(sorted(engines))}, "
+                                     "which has no SAE hooks: only transformers models are steered", "model")
+            args["placement"] = replicas[0].placement  # the SAE must fit the model (the coordinator checks)
+        client = await self._actor_client(self.slots["steering"], model)
+        async with client.submit(SteeringCommand(f"steer-{uuid.uuid4().hex[:12]}", op, model, args)) as events:
+            reply = await events.__anext__()
+        if isinstance(reply, Failed):
+            raise GreenroomError.from_wire(reply.error)
+        return reply.state
+
+    async def push_steering(self, m: ModelState, state: dict) -> bool:
+        """Send `state` to the engine actor holding placement `m`; whether it is live there
+        (a placement not loaded, or not steerable, holds none)."""
+        if m.placement["engine"] != "transformers" or m.state != "loaded" or m.slot.client is None:
+            return False
+        if state["version"] == 0:
+            return True  # nothing was ever set: the engine's unsteered start is the state
+        update = SteerUpdate(f"steer-{uuid.uuid4().hex[:12]}", m.id, state["version"], state["enabled"],
+                             [{"sae_id": s["sae_id"], "path": s["path"]} for s in state["saes"]], state["strengths"])
+        async with m.slot.client.submit(update) as events:
+            reply = await events.__anext__()
+        if isinstance(reply, Failed):
+            log.warning("steering of %s (version %d) not applied on %s: %s", m.id, state["version"], m.slot.name,
+                        reply.error["message"])
+            return False
+        return reply.version >= state["version"]
+
+    async def steering_live(self, model: str, state: dict) -> bool:
+        """Whether every loaded placement of `model` holds `state`'s version (from the actors' status)."""
+        for m in self.replicas_of(model):
+            status = await m.slot.client.status() if m.state == "loaded" and m.slot.client is not None else None
+            held = ((status or {}).get("steering") or {}).get(model)
+            if held is None or held["version"] < state["version"]:
+                return False
+        return True
+
+    async def _push_steering_quietly(self, m: ModelState) -> None:
+        """After an engine (re)start or a load: the model's current state. A failure is
+        logged, never the load's or the actor's: the model then runs as the engine holds it."""
+        if m.placement["engine"] != "transformers":
+            return
+        try:
+            await self.push_steering(m, await self.steering("get", m.id))
+        except Exception as exc:
+            log.warning("steering of %s not pushed to %s: %s", m.id, m.slot.name, exc)
+
+    async def _attach_default_saes(self) -> None:
+        """A model's configured `sae`, attached on its first start (while nothing was ever set
+        for it): later starts restore what the store holds, detached or not."""
+        for model, sae in self._default_saes.items():
+            try:
+                state = await self.steering("default", model, sae=sae)
+                for m in self.replicas_of(model):
+                    await self.push_steering(m, state)
+            except Exception as exc:
+                log.error("default SAE %r of model %s not attached: %s", sae, model, exc)
 
     def keep_alive(self, model: str, seconds: float | None) -> None:
         """After a request: unload `model` once it has been idle `seconds` (0: now; None or

@@ -1,0 +1,72 @@
+"""The steering state, in SQLite (WAL) under the cache root, so it survives a restart.
+
+One row per model: the SAEs attached to it (what each is and where its files are), the
+live per-feature strengths, whether steering is enabled, and the state's version, which
+grows with every change. The steering coordinator actor (actors/steering_actor.py) is the
+only writer; engine actors receive the state it resolves, never this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+
+import attrs
+
+from greenroom.engines.demo_model import default_cache_dir
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS steering (
+    model TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    enabled INTEGER NOT NULL,
+    saes TEXT NOT NULL,       -- JSON: [{sae_id, source, path, layer, block, hook_point, width, d_in, architecture}]
+    strengths TEXT NOT NULL   -- JSON: {sae_id: {feature: strength}}, features as decimal strings
+);
+"""
+
+
+@attrs.define
+class ModelSteering:
+    model: str
+    version: int = 0  # 0: nothing was ever set for this model
+    enabled: bool = True
+    saes: list[dict] = attrs.Factory(list)
+    strengths: dict[str, dict[str, float]] = attrs.Factory(dict)
+
+
+class SteeringStore:
+    def __init__(self, cache_dir: str | None):
+        self.root = default_cache_dir(cache_dir)
+        self.path = self.root / "steering.sqlite3"
+
+    @contextlib.contextmanager
+    def _db(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(SCHEMA)
+            with conn:  # one transaction
+                yield conn
+        finally:
+            conn.close()
+
+    def get(self, model: str) -> ModelSteering:
+        with self._db() as db:
+            row = db.execute("SELECT version, enabled, saes, strengths FROM steering WHERE model = ?",
+                             (model,)).fetchone()
+        if row is None:
+            return ModelSteering(model)
+        return ModelSteering(model, row[0], bool(row[1]), json.loads(row[2]), json.loads(row[3]))
+
+    def put(self, state: ModelSteering) -> ModelSteering:
+        """Store `state` as the next version of its model's steering; returns it versioned."""
+        with self._db() as db:
+            row = db.execute("SELECT version FROM steering WHERE model = ?", (state.model,)).fetchone()
+            state = attrs.evolve(state, version=(row[0] if row else 0) + 1)
+            db.execute("INSERT OR REPLACE INTO steering VALUES (?, ?, ?, ?, ?)",
+                       (state.model, state.version, int(state.enabled), json.dumps(state.saes),
+                        json.dumps(state.strengths)))
+        return state
