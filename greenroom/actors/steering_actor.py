@@ -25,7 +25,6 @@ from greenroom.protocol import (
 )
 from greenroom.store.steering import ModelSteering, SteeringStore
 
-STRENGTH_MAX = 200.0  # engines/steering.py's; not imported from there, which imports torch
 
 
 @tractor.context
@@ -84,7 +83,8 @@ def _attached(state: ModelSteering, sae_id: str, param: str) -> dict:
 
 
 def _strengths(state: ModelSteering, strengths: dict) -> dict[str, dict[str, float]]:
-    """The new strengths, checked against the attached SAEs' widths; zeros are dropped (a
+    """The new strengths (their values checked by the front end, http/steering_api.py), checked
+    against the attached SAEs' widths; zeros are dropped (a
     zero steers nothing), so clearing a feature and never setting it read the same."""
     out = {}
     for sae_id, features in strengths.items():
@@ -93,9 +93,6 @@ def _strengths(state: ModelSteering, strengths: dict) -> dict[str, dict[str, flo
             if not (feature.isdigit() and int(feature) < width):
                 raise GreenroomError("invalid_feature_index", f"feature {feature!r} is outside SAE {sae_id!r} "
                                      f"(width {width}: features 0–{width - 1})", f"strengths.{sae_id}.{feature}")
-            if abs(strength) > STRENGTH_MAX:
-                raise GreenroomError("invalid_parameter", f"strength {strength} of feature {feature} is outside "
-                                     f"±{STRENGTH_MAX:g}", f"strengths.{sae_id}.{feature}")
         live = {str(int(f)): float(s) for f, s in features.items() if s}
         if live:
             out[sae_id] = live

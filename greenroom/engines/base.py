@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
     from .scoring import Scored
 
 
+# miLLM's steering range: a feature's strength is within ±STRENGTH_MAX (engines/steering.py)
+STRENGTH_MAX = 200.0
+
 # Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
 GREEDY_BELOW = 1e-5
 

@@ -51,10 +51,9 @@ from typing import Mapping
 import attrs
 import torch
 
-from .base import EngineError
+from .base import STRENGTH_MAX, EngineError
 from .sae import SAE
 
-STRENGTH_MAX = 200.0
 READ_POINTS = ("pre_steering", "post_steering")
 POSITION_MODES = ("last", "prompt", "completion", "all")
 CALIBRATION_TEXT = (

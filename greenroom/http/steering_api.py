@@ -16,6 +16,7 @@ import re
 
 from quart import Quart, request
 
+from greenroom.engines.base import STRENGTH_MAX
 from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
@@ -23,7 +24,6 @@ from greenroom.http import openai_params
 from greenroom.supervisor.tree import Tree
 
 PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering"})
-STRENGTH_MAX = 200  # miLLM's steering range: ±200 (engines/steering.py's STRENGTH_MAX)
 SAE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -123,5 +123,5 @@ def _strengths(value) -> dict | None:
                 raise GreenroomError("invalid_parameter", f"the strength of {where} must be a number", where)
             if abs(strength) > STRENGTH_MAX:
                 raise GreenroomError("invalid_parameter", f"the strength of {where} is {strength}: strengths are "
-                                     f"in ±{STRENGTH_MAX}", where)
+                                     f"in ±{STRENGTH_MAX:g}", where)
     return value
