@@ -118,7 +118,12 @@ class SteerUpdate:
 class SteeringCommand:
     """get | attach {sae, layer?, sae_id?, placement} | detach {sae_id} |
     set {enabled?, strengths?} | default {sae, placement}: attach `sae` only if nothing was
-    ever set for the model. Answered with `SteeringSnapshot` or `Failed`."""
+    ever set for the model. Profiles (by name; `model` only where one is created):
+    profile_list | profile_get {name} | profile_delete {name} | profile_create {name,
+    description, strengths} | profile_import {the same, saes: the identities to match} |
+    profile_update {name, description?, strengths?} | profile_activate {name}: its strengths
+    as the live state. Answered with `SteeringSnapshot` (the model's state; for the other
+    profile ops, the profile, {"profiles"} or {"name", "deleted"}) or `Failed`."""
 
     rid: str
     op: str

@@ -32,6 +32,12 @@ BODIES = {
     "/api/saes/attach": {"model": "other", "sae": "demo:tiny:2", "sae_id": "auth_sae"},
     "/api/saes/detach": {"model": "other", "sae_id": "auth_sae"},
     "/api/steering": {"model": "other", "strengths": {}},
+    # a profile of "other" made, read, updated, activated, exported and deleted; the import's is
+    # deleted by the fixture
+    "/api/profiles": {"name": "auth-profile", "model": "other"},
+    "/api/profiles/auth-profile": {"description": "updated"},
+    "/api/profiles/import": {"format": "greenroom.steering_profile.v1", "saes": [],
+                             "profile": {"name": "auth-imported", "model": "other"}},
 }
 # past the key, these need the Hugging Face Hub, which tests never reach: any answer but 401 will do
 NEEDS_THE_HUB = {"/api/pull": {"model": "someone/some-repo", "stream": False}}
@@ -48,12 +54,13 @@ def keyed(tmp_path_factory, model_cache):
     for name in ("auth-copy", "auth-made"):  # the registry is the session's cache's: leave nothing to others
         httpx.request("DELETE", srv.url + "/api/delete", json={"model": name},
                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    httpx.delete(srv.url + "/api/profiles/auth-imported", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     srv.stop()
 
 
 def routes(srv):
     index = httpx.get(srv.url + "/").json()["endpoints"]
-    return [(e["method"], e["path"].replace("{id}", MODEL)) for e in index]
+    return [(e["method"], e["path"].replace("{id}", MODEL).replace("{name}", "auth-profile")) for e in index]
 
 
 def call(srv, method, path, headers):

@@ -38,6 +38,11 @@ PATHS = {
     "/api/saes/attach": {"post"},
     "/api/saes/detach": {"post"},
     "/api/steering": {"get", "put"},
+    "/api/profiles": {"get", "post"},
+    "/api/profiles/{name}": {"get", "put", "delete"},
+    "/api/profiles/{name}/activate": {"post"},
+    "/api/profiles/{name}/export": {"get"},
+    "/api/profiles/import": {"post"},
     "/openapi.json": {"get"},
     "/v1/models": {"get"},
     "/v1/models/{model_id}": {"get"},
@@ -120,6 +125,8 @@ def _served_model_often(context, strategy):
 
 
 def _served_model_id_often(context, strategy):
+    if context.operation.path != "/v1/models/{model_id}":  # a profile's name is not a model's id
+        return strategy
     return st.one_of(st.just({"model_id": MODEL}), strategy)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import attrs
@@ -41,13 +42,15 @@ async def steering_session(ctx, parent_pid: int, cache_dir: str | None):
             elif isinstance(msg, SteeringCommand):
                 try:  # SQLite and SAE files are blocking: off the loop, which keeps answering status
                     state = await trio.to_thread.run_sync(run_command, store, cache_dir, msg)
-                    reply = SteeringSnapshot(msg.rid, attrs.asdict(state))
+                    reply = SteeringSnapshot(msg.rid, state if isinstance(state, dict) else attrs.asdict(state))
                 except GreenroomError as exc:
                     reply = Failed(msg.rid, exc.to_wire())
                 await stream.send(to_wire(Events([reply])))
 
 
-def run_command(store: SteeringStore, cache_dir: str | None, cmd: SteeringCommand) -> ModelSteering:
+def run_command(store: SteeringStore, cache_dir: str | None, cmd: SteeringCommand) -> ModelSteering | dict:
+    if cmd.op.startswith("profile_"):
+        return _profile_command(store, cmd.op, cmd.model, cmd.args)
     state = store.get(cmd.model)
     args = cmd.args
     if cmd.op == "get" or (cmd.op == "default" and state.version > 0):
@@ -74,6 +77,60 @@ def run_command(store: SteeringStore, cache_dir: str | None, cmd: SteeringComman
     raise GreenroomError("invalid_parameter", f"unknown steering command {cmd.op!r}")
 
 
+# what names an SAE wherever it is attached: an imported profile's SAEs must match on these
+SAE_IDENTITY = ("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture")
+_SAME_SAE = ("layer", "hook_point", "width", "d_in", "architecture")  # the source's path may differ per machine
+
+
+def _profile_command(store: SteeringStore, op: str, model: str, args: dict) -> ModelSteering | dict:
+    """The profile ops; the model a profile steers is the one it was created (or imported) for."""
+    if op == "profile_list":
+        return {"profiles": store.profiles()}
+    name = args["name"]
+    if op in ("profile_create", "profile_import"):
+        if store.profile(name) is not None:
+            raise GreenroomError("profile_exists", f"a profile named {name!r} exists; update or delete it", "name")
+        state = store.get(model)
+        for i, sae in enumerate(args.get("saes", ())):  # an import: the SAEs it was made with must be attached
+            held = _attached(state, sae["sae_id"], f"saes[{i}]")
+            differs = [k for k in _SAME_SAE if sae[k] != held[k]]
+            if differs:
+                raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not "
+                                     f"the document's: its {', '.join(differs)} differ", f"saes[{i}]")
+        now = int(time.time())
+        profile = {"name": name, "model": state.model, "description": args["description"], "created_at": now}
+        return _put_profile(store, state, profile, args["strengths"])
+    profile = store.profile(name)
+    if profile is None:
+        raise GreenroomError("profile_not_found", f"no steering profile named {name!r}", "name")
+    if op == "profile_get":
+        return profile
+    if op == "profile_delete":
+        store.delete_profile(name)
+        return {"name": name, "deleted": True}
+    state = store.get(profile["model"])
+    if op == "profile_update":
+        if args.get("description") is not None:
+            profile["description"] = args["description"]
+        if args.get("strengths") is None:  # kept as stored, even if an SAE it names was detached since
+            profile["updated_at"] = int(time.time())
+            store.put_profile(profile)
+            return profile
+        return _put_profile(store, state, profile, args["strengths"])
+    if op == "profile_activate":  # the profile's strengths as the model's live state: a steering write
+        return store.put(attrs.evolve(state, strengths=_strengths(state, profile["strengths"], "strengths")))
+    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
+
+
+def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict) -> dict:
+    """Store `profile` with `strengths` checked against the SAEs attached now, and their identities."""
+    strengths = _strengths(state, strengths)
+    saes = [{k: sae[k] for k in SAE_IDENTITY} for sae in state.saes if sae["sae_id"] in strengths]
+    profile = {**profile, "strengths": strengths, "saes": saes, "updated_at": int(time.time())}
+    store.put_profile(profile)
+    return profile
+
+
 def _attached(state: ModelSteering, sae_id: str, param: str) -> dict:
     for sae in state.saes:
         if sae["sae_id"] == sae_id:
@@ -82,17 +139,19 @@ def _attached(state: ModelSteering, sae_id: str, param: str) -> dict:
                          f"{[s['sae_id'] for s in state.saes]})", param)
 
 
-def _strengths(state: ModelSteering, strengths: dict) -> dict[str, dict[str, float]]:
+def _strengths(state: ModelSteering, strengths: dict, param: str | None = None) -> dict[str, dict[str, float]]:
     """The new strengths (their values checked by the front end, http/steering_api.py), checked
     against the attached SAEs' widths; zeros are dropped (a
-    zero steers nothing), so clearing a feature and never setting it read the same."""
+    zero steers nothing), so clearing a feature and never setting it read the same. `param`:
+    what a refusal names instead of the request's strengths (a stored profile's are not sent)."""
     out = {}
     for sae_id, features in strengths.items():
-        width = _attached(state, sae_id, f"strengths.{sae_id}")["width"]
+        width = _attached(state, sae_id, param or f"strengths.{sae_id}")["width"]
         for feature, strength in features.items():
             if not (feature.isdigit() and int(feature) < width):
                 raise GreenroomError("invalid_feature_index", f"feature {feature!r} is outside SAE {sae_id!r} "
-                                     f"(width {width}: features 0–{width - 1})", f"strengths.{sae_id}.{feature}")
+                                     f"(width {width}: features 0–{width - 1})",
+                                     param or f"strengths.{sae_id}.{feature}")
         live = {str(int(f)): float(s) for f, s in features.items() if s}
         if live:
             out[sae_id] = live

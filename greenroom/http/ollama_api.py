@@ -79,7 +79,7 @@ EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPOR
 def owns(path: str) -> bool:
     """Whether `path` is the Ollama surface's (its errors use the flat envelope)."""
     return (path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
-            and path not in steering_api.PATHS)
+            and not steering_api.owns(path))
 
 
 def request_id() -> str:

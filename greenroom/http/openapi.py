@@ -131,6 +131,7 @@ _ERRORS = (
     (401, "Unauthorized", "An API key is configured and the request did not send it (Authorization: Bearer <key>)"),
     (404, "NotFound", "Unknown model or route"),
     (405, "MethodNotAllowed", "The route exists but not for this method"),
+    (409, "Conflict", "The name is in use (a steering profile of that name exists)"),
     (429, "TooManyRequests", "/v1/needle/*: the engine queue is full (engine_busy); Retry-After says when to retry"),
     (500, "InternalError", "Generation or the server failed (non-finite logits and a complete constrained "
      "document that does not validate included)"),
@@ -590,6 +591,10 @@ _STRENGTHS = _described(
     "residual norm added along the feature's unit decoder direction (docs/architecture.md)")
 
 
+_PROFILE_NAME = _string(pattern="^[A-Za-z0-9_.-]{1,64}$")
+_DESCRIPTION = _string(maxLength=4096)
+
+
 def _steering_schemas() -> dict:
     sae = _obj({
         "sae_id": _string(),
@@ -629,6 +634,40 @@ def _steering_schemas() -> dict:
         }, ("model", "sae"), additionalProperties=False),
         "SAEDetachRequest": _obj({"model": _MODEL, "sae_id": _SAE_ID}, ("model", "sae_id"),
                                  additionalProperties=False),
+        "Profile": _obj({
+            "name": _PROFILE_NAME,
+            "model": _string(),
+            "description": _string(),
+            "strengths": _STRENGTHS,
+            "saes": _described(_array(_ref("ProfileSAE")), "The SAEs its strengths refer to, as attached when "
+                               "they were set"),
+            "created_at": _COUNT,
+            "updated_at": _COUNT,
+        }, ("name", "model", "description", "strengths", "saes", "created_at", "updated_at")),
+        "ProfileSAE": _obj({"sae_id": _string(), "source": _string(), "layer": _COUNT, "hook_point": _string(),
+                            "width": _COUNT, "d_in": _COUNT, "architecture": _string()},
+                           ("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture"),
+                           additionalProperties=False),
+        "ProfileList": _obj({"profiles": _array(_ref("Profile"))}, ("profiles",)),
+        "ProfileDeleted": _obj({"name": _string(), "deleted": _BOOLEAN}, ("name", "deleted")),
+        "ProfileCreateRequest": _obj({
+            "name": _PROFILE_NAME,
+            "model": _MODEL,
+            "description": _DESCRIPTION,
+            "strengths": _described(_STRENGTHS, "Checked against the SAEs attached to the model now (default {})"),
+        }, ("name", "model"), additionalProperties=False),
+        "ProfileUpdateRequest": _obj({
+            "description": _DESCRIPTION,
+            "strengths": _described(_STRENGTHS, "Replaces the profile's strengths; left out: they stay"),
+        }, additionalProperties=False),
+        "ProfileDocument": _obj({
+            "format": {"const": "greenroom.steering_profile.v1"},
+            "profile": _obj({"name": _PROFILE_NAME, "model": _MODEL, "description": _DESCRIPTION,
+                             "strengths": _STRENGTHS}, ("name", "model"), additionalProperties=False),
+            "saes": _described(_array(_ref("ProfileSAE")), "The identities of the SAEs the strengths refer to: "
+                               "an import needs each attached to the model (same layer, hook point, width, d_in, "
+                               "architecture)"),
+        }, ("format", "profile", "saes"), additionalProperties=False),
         "SteeringRequest": _obj({
             "model": _MODEL,
             "enabled": _BOOLEAN,
@@ -674,6 +713,7 @@ def _parameters() -> dict:
             "schema": {"enum": ["true", "1", "false", "0"]},
         },
         "ModelId": {"name": "model_id", "in": "path", "required": True, "schema": _MODEL},
+        "ProfileName": {"name": "name", "in": "path", "required": True, "schema": _PROFILE_NAME},
     }
 
 
@@ -758,6 +798,12 @@ def _paths() -> dict:
                                                           "state, its version, and whether it is live")},
                                    body=_ref(request), examples=examples, operation_id=operation_id)}
 
+    def profile(method: str, operation_id: str, summary: str, schema: str, description: str, request=None,
+                named: bool = True) -> dict:
+        return {method: _operation(summary, {"200": _json(_ref(schema), description)},
+                                   body=_ref(request) if request else None, operation_id=operation_id,
+                                   parameters=(_ref("ProfileName", "parameters"),) if named else ())}
+
     def needle(operation_id: str, summary: str, request: str, name: str, examples: dict, description: str):
         return {"post": _operation(summary, {"200": _json(_ref(name), description)}, body=_ref(request),
                                    examples=examples, operation_id=operation_id)}
@@ -779,6 +825,23 @@ def _paths() -> dict:
                                 "Strengths, enabled, version and whether it is live"),
                           **steer("put", "setSteering", "Set a model's steering", "SteeringRequest",
                                   _STEERING_EXAMPLES)},
+        "/api/profiles": {
+            **profile("get", "listProfiles", "Steering profiles", "ProfileList", "Every profile", named=False),
+            **profile("post", "createProfile", "Create a steering profile for a model", "Profile",
+                      "The profile (409 profile_exists when the name is taken)", "ProfileCreateRequest",
+                      named=False)},
+        "/api/profiles/{name}": {
+            **profile("get", "getProfile", "One steering profile", "Profile", "The profile"),
+            **profile("put", "updateProfile", "Update a steering profile", "Profile", "The updated profile",
+                      "ProfileUpdateRequest"),
+            **profile("delete", "deleteProfile", "Delete a steering profile", "ProfileDeleted", "Deleted")},
+        "/api/profiles/{name}/activate": profile(
+            "post", "activateProfile", "A profile's strengths as its model's live steering (as PUT /api/steering)",
+            "ModelSteering", "The model's resulting steering state, its version, and whether it is live"),
+        "/api/profiles/{name}/export": profile("get", "exportProfile", "A profile as a self-contained document",
+                                               "ProfileDocument", "The document POST /api/profiles/import takes"),
+        "/api/profiles/import": profile("post", "importProfile", "Import an exported profile", "Profile",
+                                        "The imported profile", "ProfileDocument", named=False),
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
                                      parameters=(_ref("ModelId", "parameters"),)),

@@ -1,6 +1,7 @@
-"""The steering management API: SAEs attached per model (list, attach, detach) and the live
-steering values (read, replace). JSON under /api/, beside Ollama's routes, with OpenAI's
-error envelope like the rest of greenroom's own API.
+"""The steering management API: SAEs attached per model (list, attach, detach), the live
+steering values (read, replace) and profiles (named strengths for one model: create, read,
+update, delete, activate, export, import). JSON under /api/, beside Ollama's routes, with
+OpenAI's error envelope like the rest of greenroom's own API.
 
 Every write goes to the steering coordinator (the only writer, which persists it and
 versions it); the state it answers is then pushed to each engine actor holding the model.
@@ -24,7 +25,19 @@ from greenroom.http import openai_params
 from greenroom.supervisor.tree import Tree
 
 PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering"})
+PROFILES = "/api/profiles"
 SAE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+PROFILE_NAME = SAE_ID
+DESCRIPTION_MAX = 4096
+EXPORT_FORMAT = "greenroom.steering_profile.v1"
+# the SAE identity fields an export carries (steering_actor.SAE_IDENTITY), with their JSON types
+_SAE_FIELDS = {"sae_id": str, "source": str, "layer": int, "hook_point": str, "width": int, "d_in": int,
+               "architecture": str}
+
+
+def owns(path: str) -> bool:
+    """Whether `path` is one of these routes (OpenAI's error envelope, not Ollama's)."""
+    return path in PATHS or path == PROFILES or path.startswith(PROFILES + "/")
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -68,6 +81,79 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
         return await _write(tree, "set", model, enabled=enabled, strengths=_strengths(body.get("strengths")))
 
+    @app.get(PROFILES)
+    async def profiles():
+        return await tree.steering("profile_list", None)
+
+    @app.post(PROFILES)
+    async def create_profile():
+        body = await _body({"name", "model", "description", "strengths"})
+        model = tree.resolve(openai_params.model_name(body))
+        return await tree.steering("profile_create", model, name=_profile_name(body.get("name")),
+                                   description=_description(body.get("description")) or "",
+                                   strengths=_strengths(body.get("strengths")) or {})
+
+    @app.get(PROFILES + "/<name>")
+    async def profile(name: str):
+        return await tree.steering("profile_get", None, name=name)
+
+    @app.put(PROFILES + "/<name>")
+    async def update_profile(name: str):
+        body = await _body({"description", "strengths"})
+        description, strengths = _description(body.get("description")), _strengths(body.get("strengths"))
+        model = (await tree.steering("profile_get", None, name=name))["model"]
+        return await tree.steering("profile_update", model, name=name, description=description, strengths=strengths)
+
+    @app.delete(PROFILES + "/<name>")
+    async def delete_profile(name: str):
+        return await tree.steering("profile_delete", None, name=name)
+
+    @app.post(PROFILES + "/<name>/activate")
+    async def activate_profile(name: str):
+        """The profile's strengths become the model's live steering, as PUT /api/steering writes them."""
+        model = (await tree.steering("profile_get", None, name=name))["model"]
+        return await _write(tree, "profile_activate", model, name=name)
+
+    @app.get(PROFILES + "/<name>/export")
+    async def export_profile(name: str):
+        profile = await tree.steering("profile_get", None, name=name)
+        return {"format": EXPORT_FORMAT,
+                "profile": {k: profile[k] for k in ("name", "model", "description", "strengths")},
+                "saes": profile["saes"]}
+
+    @app.post(PROFILES + "/import")
+    async def import_profile():
+        """A document GET …/export wrote; refused unless its SAEs are attached to the model as
+        they were (the coordinator compares identities and checks widths)."""
+        body = await _body({"format", "profile", "saes"})
+        if body.get("format") != EXPORT_FORMAT:
+            raise GreenroomError("invalid_parameter", f"'format' must be {EXPORT_FORMAT!r} (an exported profile)",
+                                 "format")
+        profile, saes = body.get("profile"), body.get("saes")
+        if not isinstance(profile, dict):
+            raise GreenroomError("missing_parameter" if profile is None else "invalid_parameter",
+                                 "'profile' must be an object {name, model, description, strengths}", "profile")
+        unknown = sorted(set(profile) - {"name", "model", "description", "strengths"})
+        if unknown:
+            raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", f"profile.{unknown[0]}")
+        if not isinstance(saes, list) or not all(
+                isinstance(sae, dict) and set(sae) == set(_SAE_FIELDS)
+                and all(isinstance(sae[k], t) and not isinstance(sae[k], bool) for k, t in _SAE_FIELDS.items())
+                for sae in saes):
+            raise GreenroomError("missing_parameter" if saes is None else "invalid_parameter",
+                                 f"'saes' must list the SAEs the profile refers to, each {{{', '.join(_SAE_FIELDS)}}}",
+                                 "saes")
+        model = tree.resolve(openai_params.model_name(profile))
+        strengths = _strengths(profile.get("strengths")) or {}
+        listed = {sae["sae_id"] for sae in saes}
+        for sae_id in strengths:
+            if sae_id not in listed:
+                raise GreenroomError("invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'",
+                                     f"strengths.{sae_id}")
+        return await tree.steering("profile_import", model, name=_profile_name(profile.get("name")),
+                                   description=_description(profile.get("description")) or "",
+                                   strengths=strengths, saes=saes)
+
 
 def _steerable(tree: Tree) -> list[str]:
     return [model for model, replicas in tree.replicas.items()
@@ -103,6 +189,21 @@ def _sae_id(body: dict, required: bool) -> str | None:
     if not isinstance(sae_id, str) or not SAE_ID.match(sae_id):
         raise GreenroomError("invalid_parameter", "'sae_id' must be 1–64 letters, digits, '_', '.' or '-'", "sae_id")
     return sae_id
+
+
+def _profile_name(name) -> str:
+    if name is None:
+        raise GreenroomError("missing_parameter", "you must provide name", "name")
+    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+        raise GreenroomError("invalid_parameter", "'name' must be 1–64 letters, digits, '_', '.' or '-'", "name")
+    return name
+
+
+def _description(value) -> str | None:
+    if value is not None and (not isinstance(value, str) or len(value) > DESCRIPTION_MAX):
+        raise GreenroomError("invalid_parameter", f"'description' must be a string of at most {DESCRIPTION_MAX} "
+                             "characters", "description")
+    return value
 
 
 def _strengths(value) -> dict | None:

@@ -454,18 +454,19 @@ class Tree:
             m.changed.set()
 
     # steering -------------------------------------------------------------------------
-    async def steering(self, op: str, model: str, **args) -> dict:
+    async def steering(self, op: str, model: str | None, **args) -> dict:
         """Run a command on the steering coordinator (the only writer of steering state) and
-        return the model's resulting state; writes refuse a model whose engine cannot steer."""
-        replicas = self.replicas_of(model)
-        if op != "get":
+        return the model's resulting state; writes refuse a model whose engine cannot steer.
+        `model` None: a profile command by name, which concerns no model's state."""
+        replicas = self.replicas_of(model) if model is not None else []
+        if model is not None and op != "get":
             engines = {m.placement["engine"] for m in replicas}
             if engines != {"transformers"}:
                 raise GreenroomError("steering_unsupported", f"model {model!r} runs on {'/'.join(sorted(engines))}, "
                                      "which has no SAE hooks: only transformers models are steered", "model")
             args["placement"] = replicas[0].placement  # the SAE must fit the model (the coordinator checks)
-        client = await self._actor_client(self.slots["steering"], model)
-        async with client.submit(SteeringCommand(f"steer-{uuid.uuid4().hex[:12]}", op, model, args)) as events:
+        client = await self._actor_client(self.slots["steering"], model or "steering")
+        async with client.submit(SteeringCommand(f"steer-{uuid.uuid4().hex[:12]}", op, model or "", args)) as events:
             reply = await events.__anext__()
         if isinstance(reply, Failed):
             raise GreenroomError.from_wire(reply.error)
