@@ -38,6 +38,9 @@ class Generate:
     # constrained decoding, one matcher per choice: {"type": "json_schema", "schema"} |
     # {"type": "json_object"} | {"type": "tool_calls", "tools", "name"?, "parallel"}
     constraint: dict | None = None
+    # return_sae_activations, validated by the front end (one row, n = 1): {"sae_id", "features"
+    # (None: every feature), "top_k", "positions", "read_point"}; served on the serial path
+    sae_activations: dict | None = None
 
     @property
     def rows(self) -> int:
@@ -155,6 +158,9 @@ class Text:
     # on the finishing event: {"logprob_sum", "prefill_s", "decode_s", "queue_wait_s",
     # "compute_s", "peak_rss_mb"} — the engine's own figures for x_needle
     stats: dict | None = None
+    # on the finishing event of a request with sae_activations: {"sae_id", "layer", "read_point",
+    # "positions": [{"position", "token_id", "features": [{"index", "value"}]}]}
+    sae_activations: dict | None = None
 
 
 @attrs.frozen

@@ -277,7 +277,8 @@ class EngineLoop:
         fixed sampling parameters (no seed, no penalty). An engine whose sequences each
         sample alone (llama.cpp's own batching) takes any sampling, always."""
         engine = self.engines.get(req.model) if isinstance(req, Generate) else None
-        if not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None:
+        if (not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None
+                or req.sae_activations is not None):  # a readout hooks one sequence per forward
             return False
         if getattr(engine, "batches_any_sampling", False):
             return True
@@ -457,6 +458,7 @@ class EngineLoop:
 
         rows, params = self._admit(engine, req)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
+        readout, read = self._readout(engine, req, rows, params) if req.sae_activations is not None else (None, None)
         started = self._admitted(req, rows)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
@@ -464,14 +466,30 @@ class EngineLoop:
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
                 choice = _Choice(req.rid, row * req.n + j, started, queue_wait)
-                for delta in generate(engine, ids, choice_params, grammar):
+                for delta in generate(engine, ids, choice_params, grammar, readout):
                     self.counters.tokens_generated += 1
                     if req.rid in self._cancelled:
                         self.counters.cancelled += 1
                         return  # leaving the loop closes the sequence and frees its cache
-                    self._deliver(choice, delta)
+                    self._deliver(choice, delta, read)
                     yield True
         self.counters.completed += 1
+
+    def _readout(self, engine, req: Generate, rows: list[list[int]], params: list) -> tuple:
+        """The readout of the request's one sequence (validated against the SAEs attached now,
+        and its worst case against the cap: a refusal comes before Admitted), and what the
+        finishing event says of it."""
+        steering = getattr(engine, "steering", None)
+        if steering is None:
+            raise GreenroomError("field_not_honoured", f"model {req.model!r} has no SAE hooks on this engine",
+                                 "return_sae_activations")
+        (ids,), (row_params,) = rows, params
+        spec = req.sae_activations
+        readout = steering.readout(len(ids), sae_id=spec["sae_id"], top_k=spec["top_k"], positions=spec["positions"],
+                                   features=spec["features"], read_point=spec["read_point"],
+                                   max_tokens=row_params.max_tokens)
+        layer = next(info.layer for info in steering.attached() if info.sae_id == readout.sae_id)
+        return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 
     def _join(self, reqs: list[Generate]) -> None:
         """Batchable requests join their model's batch, prefilled together now and decoded
@@ -527,9 +545,9 @@ class EngineLoop:
         if not len(batch):
             del self._batches[model]
 
-    def _deliver(self, choice: "_Choice", delta) -> None:
+    def _deliver(self, choice: "_Choice", delta, read: dict | None = None) -> None:
         """A choice's step as a Text event (none while the text is held back), with the
-        engine's own figures on the finishing one."""
+        engine's own figures on the finishing one, and the activations read (`read`: which)."""
         now = time.monotonic()
         choice.first_token = choice.first_token or now
         choice.logprob_sum += delta.logprob
@@ -539,8 +557,9 @@ class EngineLoop:
                      "decode_s": now - choice.first_token, "queue_wait_s": choice.queue_wait,
                      "compute_s": now - choice.started, "peak_rss_mb": _peak_rss_mb()}
         if delta.text or delta.finish_reason:
+            activations = {**read, "positions": delta.sae_activations} if read and delta.finish_reason else None
             self._emit_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
-                                        delta.finish_reason, stats))
+                                        delta.finish_reason, stats, activations))
 
     def _embed(self, engine, req: Embed) -> None:
         rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]

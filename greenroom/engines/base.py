@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
 
 # miLLM's steering range: a feature's strength is within ±STRENGTH_MAX (engines/steering.py)
 STRENGTH_MAX = 200.0
+# return_sae_activations' caps: top-k per position, and positions × top_k in the worst case
+SAE_ACTIVATIONS_MAX_TOP_K = 64
+SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 
 # Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
 GREEDY_BELOW = 1e-5

@@ -19,6 +19,7 @@ class Delta:
     completion_tokens: int
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length"
     logprob: float = 0.0  # of this step's token
+    sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
 
 
 class Decoder:
@@ -57,18 +58,27 @@ class Decoder:
         return text if self._stops.matched is not None else text + self._stops.flush()
 
 
-def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None) -> Iterator[Delta]:
+def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None,
+             readout=None) -> Iterator[Delta]:
     """The serial path: one Delta per decode step (text may be empty while a character or
-    a possible stop string is incomplete); the last one carries finish_reason."""
+    a possible stop string is incomplete); the last one carries finish_reason, and with a
+    `readout` (steering.Readout, transformers only) the activations read."""
     decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None)
     done = decoder.empty()
     if done is not None:
-        yield done
+        yield done if readout is None else attrs.evolve(done, sae_activations=[])
         return
-    ids = engine.generate_ids(prompt_ids, params, decoder.matcher)
+    if readout is None:
+        ids = engine.generate_ids(prompt_ids, params, decoder.matcher)
+    else:
+        ids = engine.generate_ids(prompt_ids, params, decoder.matcher, readout=readout)
+    fed = list(prompt_ids)  # the token at each position read
     try:
         for token_id, logprob in ids:
             delta = decoder.feed(token_id, logprob)
+            if delta.finish_reason and readout is not None:
+                delta = attrs.evolve(delta, sae_activations=readout.result(fed))
+            fed.append(token_id)
             yield delta
             if delta.finish_reason:
                 return

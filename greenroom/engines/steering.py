@@ -51,7 +51,7 @@ from typing import Mapping
 import attrs
 import torch
 
-from .base import STRENGTH_MAX, EngineError
+from .base import SAE_ACTIVATIONS_MAX_ENTRIES, STRENGTH_MAX, EngineError
 from .sae import SAE
 
 READ_POINTS = ("pre_steering", "post_steering")
@@ -149,6 +149,19 @@ class Readout:
         return [{"position": pos, "token_id": token_ids[pos] if pos < len(token_ids) else None,
                  "features": [{"index": i, "value": v} for i, v in feats]}
                 for pos, feats in sorted(self._read.items())]
+
+
+def _worst_positions(positions, prompt_tokens: int, max_tokens: int) -> int:
+    """The most positions a readout can list: the whole completion counted, as if no stop came."""
+    if positions == "last":
+        return 1
+    if positions == "prompt":
+        return prompt_tokens
+    if positions == "completion":
+        return max_tokens
+    if positions == "all":
+        return prompt_tokens + max_tokens
+    return max(0, min(positions["end"], prompt_tokens + max_tokens) - positions["start"])
 
 
 class _Reading:
@@ -266,11 +279,13 @@ class Steering:
     # -- readouts and suppression ------------------------------------------------------------
 
     def readout(self, prompt_tokens: int, *, sae_id: str | None = None, top_k: int = 8, positions="last",
-                features: list[int] | None = None, read_point: str = "post_steering") -> Readout:
+                features: list[int] | None = None, read_point: str = "post_steering",
+                max_tokens: int | None = None) -> Readout:
         """A readout for one sequence whose prompt has `prompt_tokens` tokens. `positions`:
         last | prompt | completion | all | {"start", "end"} (half-open); `features` restricts
         the candidates (then zero activations are listed too); `sae_id` may be left out while
-        exactly one SAE is attached."""
+        exactly one SAE is attached. With `max_tokens`, the worst case (positions × top_k,
+        max_tokens counted in full) must be within SAE_ACTIVATIONS_MAX_ENTRIES."""
         if sae_id is None:
             if len(self._hooked) != 1:
                 raise EngineError("invalid_parameter", "several SAEs are attached; name one with sae_id: "
@@ -296,6 +311,13 @@ class Steering:
             if not (isinstance(i, int) and 0 <= i < width):
                 raise EngineError("invalid_feature_index", f"feature {i} is outside SAE {sae_id!r} (width {width})",
                                   "return_sae_activations.features")
+        if max_tokens is not None:
+            worst = top_k * _worst_positions(positions, prompt_tokens, max_tokens)
+            if worst > SAE_ACTIVATIONS_MAX_ENTRIES:
+                raise EngineError("invalid_parameter", f"return_sae_activations could list {worst} activations "
+                                  f"(positions × top_k, with the {prompt_tokens} prompt tokens and max_tokens "
+                                  f"{max_tokens}); at most {SAE_ACTIVATIONS_MAX_ENTRIES}: narrow positions or "
+                                  "lower top_k or max_tokens", "return_sae_activations")
         return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
 
     def reading(self, readout: Readout | None) -> _Reading:

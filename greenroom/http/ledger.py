@@ -48,6 +48,7 @@ def refused(*noop, why: str) -> Rule:
 
 _SCORING = "scoring mode is not available on this engine yet"
 _STEERING = "steering is not available on this engine yet"
+_SAE = "this engine has no SAE hooks (only transformers models read SAE activations)"
 _TOOLS = "tool calling is not available on this engine yet"
 _NOT_YET = "not yet implemented"
 
@@ -73,7 +74,7 @@ CHAT = {
     "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
     "extra_messages": USE,
     "profile": needs("steering", why=_STEERING), "steering_intensity": needs("steering", why=_STEERING),
-    "return_sae_activations": needs("steering", why=_STEERING),
+    "return_sae_activations": needs("sae_activations", why=_SAE),
     "functions": needs("tools", [], why=_TOOLS), "function_call": needs("tools", why=_TOOLS),
     "parallel_tool_calls": needs("tools", why=_TOOLS),
 }
@@ -86,7 +87,7 @@ COMPLETIONS = {
     "top_logprobs": refused(why="use logprobs"),
     "profile": refused(why="per-request steering is served on chat completions"),
     "steering_intensity": refused(why="per-request steering is served on chat completions"),
-    "return_sae_activations": needs("steering", why=_STEERING),
+    "return_sae_activations": needs("sae_activations", why=_SAE),
     "echo": refused(False, why=_NOT_YET), "best_of": refused(1, why=_NOT_YET),
     "suffix": refused(why=_NOT_YET),
     "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),

@@ -13,7 +13,7 @@ import attrs
 from quart import Quart, Response, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, needle, openai_params, scoring, sse, structured
+from greenroom.http import ledger, needle, openai_params, sae_activations, scoring, sse, structured
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
 from greenroom.supervisor.engine_client import admit
@@ -85,6 +85,7 @@ def register(app: Quart, tree: Tree) -> None:
             return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
         plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
+        gen = await sae_activations.attach(tree, req.body, gen)
         extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
                         ) if tree.config.expose_extras else None
         return await _complete(tree, gen, stream, req, plan, extras)
@@ -97,6 +98,7 @@ def register(app: Quart, tree: Tree) -> None:
             score = scoring.completion_score(req.body, req.model, stream.on)
             return await _score(tree, score, req, scoring.completion_response)
         gen = openai_params.completion_request(req.body, req.model, stream)
+        gen = await sae_activations.attach(tree, req.body, gen)
         return await _complete(tree, gen, stream, req, None)
 
     @app.post("/v1/embeddings")
@@ -197,7 +199,8 @@ def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
 
 async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     headers = {**req.headers(scoring.NOT_APPLICABLE), **_seed_header(
-        req.body, "batch-shape" if req.body.get("extra_messages") else "request")}
+        req.body, "batch-shape" if req.body.get("extra_messages") else "request"),
+        "X-miLLM-Steering": "none"}  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, info = await tree.client_for(score.model)
     async with client.submit(score) as events:
@@ -257,6 +260,8 @@ async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.P
     }
     if extras is not None:
         response["x_needle"] = _x_needle(choices[0]["message"], finished[0], admitted, extras)
+    if finished[0].sae_activations is not None:
+        response["millm"] = sae_activations.millm(finished[0].sae_activations)
     return response
 
 
@@ -275,6 +280,7 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
             "created": int(time.time()), "model": gen.model}
     completion_tokens = 0
     unfinished = gen.choices
+    read = None  # the finishing event's SAE activations
     shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
 
     def chunk(index: int, delta: dict | str | None, finish: str | None = None, **extra) -> bytes:
@@ -312,6 +318,7 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
                     yield c
                 completion_tokens += event.completion_tokens
                 unfinished -= 1
+                read = read or event.sae_activations
                 reason = event.finish_reason
                 if chat and shapers[event.index].called and reason == "stop":
                     reason = "tool_calls"
@@ -324,6 +331,8 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
                 yield c
     if include_usage:  # OpenAI's usage-only chunk
         yield sse.frame({**head, "choices": [], "usage": _usage(admitted, completion_tokens)})
+    if read is not None:  # the spec: one last chunk with no choices, before [DONE]
+        yield sse.frame({**head, "choices": [], "millm": sae_activations.millm(read)})
     yield sse.DONE
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 
 from greenroom import __version__
+from greenroom.engines.base import SAE_ACTIVATIONS_MAX_ENTRIES, SAE_ACTIVATIONS_MAX_TOP_K
 from greenroom.errors import TABLE
 
 UINT32_MAX = 2**32 - 1
@@ -198,7 +199,6 @@ _REFUSED_FIELDS = {
     "steering": _described({}, _NOT_HONOURED),
     "dimensions": _described({}, _NOT_HONOURED + ": only /v1/embeddings could use it"),
     "logit_bias": _described(_ANY_OBJECT, _NOT_HONOURED + " or {}"),
-    "return_sae_activations": _described({}, _STEERING),
 }
 
 _SCORING_ONLY = ("Scoring mode (with max_tokens: 1, unstreamed, n: 1; never with response_format or "
@@ -227,6 +227,7 @@ _CHAT_FIELDS = {
     "return_tokens_as_token_ids": _described(_BOOLEAN, "Scoring: tokens written \"token_id:<id>\""),
     "profile": _described(_string(), _STEERING),
     "steering_intensity": _described({"type": ["number", "string"]}, _STEERING),
+    "return_sae_activations": _ref("SAEActivationsRequest"),
 }
 
 # Legacy completions: accepted only at OpenAI's defaults, plus the scoring fields.
@@ -246,6 +247,7 @@ _COMPLETION_FIELDS = {
     "tool_choice": _described({}, _NOT_HONOURED + ": served on chat completions"),
     "profile": _described({}, _NOT_HONOURED + ": steering is served on chat completions"),
     "steering_intensity": _described({}, _NOT_HONOURED + ": steering is served on chat completions"),
+    "return_sae_activations": _ref("SAEActivationsRequest"),
 }
 
 # Generation and scoring fields the embeddings route knows, to refuse them.
@@ -359,6 +361,21 @@ def _request_schemas() -> dict:
         "FunctionDefinition": function,
         "Tool": _obj({"type": {"const": "function"}, "function": _ref("FunctionDefinition")}, ("type", "function")),
         "ToolChoice": tool_choice,
+        "SAEActivationsRequest": _obj({
+            "sae_id": _described(_string(), "An attached SAE; may be left out while exactly one is attached"),
+            "features": _array(_integer(minimum=0), minItems=1, description="Restricts the candidates (then zero "
+                               "values are listed too); each inside the SAE's width"),
+            "top_k": _integer(minimum=1, maximum=SAE_ACTIVATIONS_MAX_TOP_K, description="The largest activations "
+                              "per position (default 8)"),
+            "positions": {"anyOf": [{"enum": ["last", "prompt", "completion", "all"]}, _obj(
+                {"start": _COUNT, "end": _integer(minimum=1)}, ("start", "end"), additionalProperties=False)],
+                "description": "Absolute over prompt-then-generated tokens ({start, end} half-open); default last"},
+            "read_point": {"enum": ["post_steering", "pre_steering"], "description": "Default post_steering"},
+        }, additionalProperties=False, description=(
+            "miLLM extension (transformers models only, refused on GGUF before any load): this request's "
+            "activations of an attached SAE, returned under millm. Refused with 400 with n > 1, extra_messages "
+            f"or several prompts, and when positions × top_k could exceed {SAE_ACTIVATIONS_MAX_ENTRIES} "
+            "(max_tokens counted in full for completion and all). Served on the serial path.")),
         "ChatCompletionRequest": chat,
         "CompletionRequest": completion,
         "EmbeddingRequest": embeddings,
@@ -392,6 +409,9 @@ def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle:
             description="millm:<model>@<revision>:<dtype>/<quantization>:<engine>", pattern="^millm:")
         properties["usage"] = _ref("Usage")
         required += ("system_fingerprint", "usage")
+    properties["millm"] = _described(_ref("Millm"), (
+        "On the last chunk (choices: [], before [DONE])" if chunk else "Only when the request sent")
+        + " return_sae_activations")
     if x_needle:
         properties["x_needle"] = _described(_ref("XNeedle"), (
             "On the chunk that finishes choice 0" if chunk else "Generated answers only (not scoring)")
@@ -500,6 +520,18 @@ def _response_schemas() -> dict:
         "embedding": {"anyOf": [_array(_number()), _string(contentEncoding="base64")]},
     }, ("object", "index", "embedding"))
     return {
+        "Millm": _closed({"sae_activations": _closed({
+            "sae_id": _string(),
+            "layer": _COUNT,
+            "read_point": {"enum": ["post_steering", "pre_steering"]},
+            "positions": _array(_closed({
+                "position": _COUNT,
+                "token_id": _COUNT,
+                "features": _array(_closed({"index": _COUNT, "value": _number()}, ("index", "value"))),
+            }, ("position", "token_id", "features")), description="The positions actually read (the last "
+                "sampled token is never fed back, so it has none)"),
+            "note": _string(),
+        }, ("sae_id", "layer", "read_point", "positions", "note"))}, ("sae_activations",)),
         "Usage": _closed({"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "total_tokens": _COUNT},
                          ("prompt_tokens", "completion_tokens", "total_tokens")),
         "ChatLogprobs": chat_logprobs,
@@ -695,6 +727,11 @@ def _headers() -> dict:
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape|best-effort)"$'),
             "example": '7;scope="request"',
         },
+        "Steering": {
+            "description": "none on a scoring response: scoring runs with every attached SAE's hook "
+                           "suppressed (unsteered)",
+            "schema": {"const": "none"},
+        },
         "Constrained": {
             "description": "The constraint the answer was decoded under, when response_format asked for one: "
                            "json_object, or json_schema with the schema's name as an RFC 8941 string",
@@ -777,7 +814,7 @@ _STEERING_EXAMPLES = {"enable": {"model": DEMO_MODEL, "enabled": True}}
 def _paths() -> dict:
     strict = _ref("Strict", "parameters")
     ignored = {"X-miLLM-Ignored-Fields": _ref("IgnoredFields", "headers")}
-    seeded = {**ignored, "X-miLLM-Seed": _ref("Seed", "headers")}
+    seeded = {**ignored, "X-miLLM-Seed": _ref("Seed", "headers"), "X-miLLM-Steering": _ref("Steering", "headers")}
     constrained = {**seeded, "X-miLLM-Constrained": _ref("Constrained", "headers")}
 
     def get(operation_id: str, summary: str, schema: str, description: str, **kw) -> dict:

@@ -1,0 +1,132 @@
+"""return_sae_activations on chat and text completions (spec: "Per-request SAE
+activations"): the field's values, its refusals before anything is generated, and the
+response's `millm` object.
+
+Which SAEs are attached, and how wide they are, is the steering coordinator's state. The
+worst-case cap (positions × top_k, max_tokens counted in full) needs the prompt's token
+count, so the engine actor checks it when it admits the request: still a 400 before any
+token is generated (engines/steering.py, `Steering.readout`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K
+from greenroom.errors import GreenroomError
+from greenroom.protocol import Generate
+from greenroom.supervisor.tree import Tree
+
+FIELD = "return_sae_activations"
+KEYS = ("sae_id", "features", "top_k", "positions", "read_point")
+POSITIONS = ("last", "prompt", "completion", "all")
+READ_POINTS = ("post_steering", "pre_steering")
+DEFAULT_TOP_K = 8
+DEFAULT_POSITIONS = "last"
+NOTES = {
+    "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
+                     "unsteered counterfactual: steering at earlier layers, and tokens generated under steering, "
+                     "still shape the residual at this layer.",
+    "pre_steering": "pre_steering removes only this layer's own steering delta; it is not an unsteered "
+                    "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
+                    "the residual at this layer.",
+}
+
+
+async def attach(tree: Tree, body: dict, gen: Generate) -> Generate:
+    """`gen` carrying the validated field (unchanged without it); every refusal a typed 400."""
+    value = body.get(FIELD)
+    if value is None:
+        return gen
+    if not isinstance(value, dict):
+        raise GreenroomError("invalid_parameter", f"'{FIELD}' must be an object with {', '.join(KEYS)}", FIELD)
+    unknown = [k for k in value if k not in KEYS]
+    if unknown:
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.{unknown[0]}' is not a field of {FIELD} "
+                             f"({', '.join(KEYS)})", f"{FIELD}.{unknown[0]}")
+    # one position axis: one prompt or conversation, one choice
+    if body.get("extra_messages") is not None:
+        _refuse("extra_messages", "extra_messages gives several conversations")
+    if gen.rows > 1:
+        _refuse("prompt", "several prompts have no single position axis")
+    if gen.n > 1:
+        _refuse("n", "n > 1 gives several sequences")
+    top_k = _top_k(value.get("top_k"))
+    positions = _positions(value.get("positions"))
+    read_point = value.get("read_point", "post_steering")
+    if read_point not in READ_POINTS:
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.read_point' must be one of {', '.join(READ_POINTS)}",
+                             f"{FIELD}.read_point")
+    sae = await _sae(tree, gen.model, value.get("sae_id"))
+    features = _features(value.get("features"), sae)
+    return attrs.evolve(gen, sae_activations={"sae_id": sae["sae_id"], "features": features, "top_k": top_k,
+                                              "positions": positions, "read_point": read_point})
+
+
+def millm(activations: dict) -> dict:
+    """The response's `millm` object from the engine's readout."""
+    return {"sae_activations": {**activations, "note": NOTES[activations["read_point"]]}}
+
+
+def _refuse(param: str, why: str) -> None:
+    raise GreenroomError("field_not_honoured", f"'{FIELD}' reads one sequence: {why}; send one prompt or "
+                         "conversation and n: 1", param)
+
+
+def _top_k(value) -> int:
+    if value is None:
+        return DEFAULT_TOP_K
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.top_k' must be a positive integer", f"{FIELD}.top_k")
+    if value > SAE_ACTIVATIONS_MAX_TOP_K:
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.top_k' is at most SAE_ACTIVATIONS_MAX_TOP_K "
+                             f"({SAE_ACTIVATIONS_MAX_TOP_K}), got {value}", f"{FIELD}.top_k")
+    return value
+
+
+def _positions(value):
+    if value is None:
+        return DEFAULT_POSITIONS
+    if value in POSITIONS:
+        return value
+    if isinstance(value, dict) and value.keys() == {"start", "end"} and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()) and 0 <= value["start"] < value["end"]:
+        return {"start": value["start"], "end": value["end"]}
+    raise GreenroomError("invalid_parameter", f"'{FIELD}.positions' must be one of {', '.join(POSITIONS)} or "
+                         "{\"start\": int, \"end\": int} with 0 ≤ start < end (half-open)", f"{FIELD}.positions")
+
+
+async def _sae(tree: Tree, model: str, sae_id) -> dict:
+    """The attached SAE the request reads: the one named, or the only one."""
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.sae_id' must be a string", f"{FIELD}.sae_id")
+    attached = (await tree.steering("get", model))["saes"]
+    names = [s["sae_id"] for s in attached]
+    if sae_id is None:
+        if len(attached) == 1:
+            return attached[0]
+        if attached:
+            raise GreenroomError("invalid_parameter", f"several SAEs are attached to model {model!r}; name one "
+                                 f"with '{FIELD}.sae_id': {', '.join(names)}", f"{FIELD}.sae_id")
+        raise GreenroomError("sae_not_attached", f"no SAE is attached to model {model!r} (POST /api/saes/attach)",
+                             f"{FIELD}.sae_id")
+    for sae in attached:
+        if sae["sae_id"] == sae_id:
+            return sae
+    raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to model {model!r} "
+                         f"(attached: {', '.join(names) or 'none'})", f"{FIELD}.sae_id")
+
+
+def _features(value, sae: dict) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise GreenroomError("invalid_parameter", f"'{FIELD}.features' must be a non-empty array of feature "
+                             "indices", f"{FIELD}.features")
+    width = sae["width"]
+    for i in value:
+        if not 0 <= i < width:
+            raise GreenroomError("invalid_feature_index", f"feature {i} is outside SAE {sae['sae_id']!r} "
+                                 f"(width {width}: 0–{width - 1})", f"{FIELD}.features")
+    return sorted(set(value))
