@@ -175,15 +175,17 @@ def demo_repos(model_cache: Path) -> dict[str, Repo]:
 
 
 def server_cache(tmp: Path, model_cache: Path) -> Path:
-    """A cache root of a test's own (its registry and pulled files stay out of the session's),
-    holding the session's demo checkpoint through a link instead of building it again."""
-    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+    """A cache root of a test's own (its registry, steering state and pulled files stay out of
+    the session's), holding the session's generated demo models through links instead of
+    building them again."""
+    from greenroom.engines.demo_model import default_cache_dir
 
     root = tmp / "cache"
     models = default_cache_dir(root)
     models.mkdir(parents=True)
-    shared = demo_model_dir(default_cache_dir(model_cache), "tiny")
-    (models / shared.name).symlink_to(shared, target_is_directory=True)
+    for shared in default_cache_dir(model_cache).iterdir():
+        if shared.is_dir() and not shared.name.startswith(".") and shared.name != "hub":
+            (models / shared.name).symlink_to(shared, target_is_directory=True)
     return root
 
 

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from conftest import MODEL
+from conftest import MODEL, Server
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import TABLE
 from greenroom.http import ledger
@@ -139,6 +139,15 @@ schema.config.update(request_timeout=60)
 schema.config.output.sanitization.update(enabled=False)  # it masks every field named *token*
 schema.hook("before_generate_body")(_served_model_often)
 schema.hook("before_generate_path_parameters")(_served_model_id_often)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, cache):
+    """The fuzzer's own server on a cache of its own: generated requests attach SAEs, write
+    steering state and profiles, copy models — state the session's servers must not inherit."""
+    srv = Server(tmp_path_factory.mktemp("openapi"), cache)
+    yield srv
+    srv.stop()
 
 
 @schema.parametrize()
