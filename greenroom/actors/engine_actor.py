@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import gc
 import hashlib
 import math
@@ -278,7 +279,8 @@ class EngineLoop:
         sample alone (llama.cpp's own batching) takes any sampling, always."""
         engine = self.engines.get(req.model) if isinstance(req, Generate) else None
         if (not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None
-                or req.sae_activations is not None):  # a readout hooks one sequence per forward
+                or req.sae_activations is not None  # a readout hooks one sequence per forward
+                or req.profile_strengths is not None):  # the spec: a profile request is served serially
             return False
         if getattr(engine, "batches_any_sampling", False):
             return True
@@ -459,6 +461,11 @@ class EngineLoop:
         rows, params = self._admit(engine, req)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
         readout, read = self._readout(engine, req, rows, params) if req.sae_activations is not None else (None, None)
+        # a profile steers this request's forwards only (engines/steering.py: the live state is
+        # never changed, so there is nothing to restore, and a newer state applied meanwhile wins)
+        scope = contextlib.nullcontext() if req.profile_strengths is None else engine.steering.steered(
+            engine.steering.for_request({sae_id: {int(f): s for f, s in features.items()}
+                                         for sae_id, features in req.profile_strengths.items()}))
         started = self._admitted(req, rows)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
@@ -466,7 +473,12 @@ class EngineLoop:
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
                 choice = _Choice(req.rid, row * req.n + j, started, queue_wait)
-                for delta in generate(engine, ids, choice_params, grammar, readout):
+                deltas = generate(engine, ids, choice_params, grammar, readout)
+                while True:
+                    with scope:  # around each step, never across a yield: a batch's steps run in between
+                        delta = next(deltas, None)
+                    if delta is None:
+                        break
                     self.counters.tokens_generated += 1
                     if req.rid in self._cancelled:
                         self.counters.cancelled += 1

@@ -102,9 +102,12 @@ def _profile_command(store: SteeringStore, op: str, model: str, args: dict) -> M
         return _put_profile(store, state, profile, args["strengths"])
     profile = store.profile(name)
     if profile is None:
-        raise GreenroomError("profile_not_found", f"no steering profile named {name!r}", "name")
+        raise GreenroomError("profile_not_found", f"no steering profile named {name!r}",
+                             "profile" if op == "profile_request" else "name")
     if op == "profile_get":
         return profile
+    if op == "profile_request":  # a chat request's profile, for that request only: nothing is written
+        return {"strengths": _request_strengths(store.get(model), profile)}
     if op == "profile_delete":
         store.delete_profile(name)
         return {"name": name, "deleted": True}
@@ -120,6 +123,24 @@ def _profile_command(store: SteeringStore, op: str, model: str, args: dict) -> M
     if op == "profile_activate":  # the profile's strengths as the model's live state: a steering write
         return store.put(attrs.evolve(state, strengths=_strengths(state, profile["strengths"], "strengths")))
     raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
+
+
+def _request_strengths(state: ModelSteering, profile: dict) -> dict[str, dict[str, float]]:
+    """The profile's strengths checked against the SAEs attached to the request's model now
+    (the spec: no SAE attached → the request runs unsteered; a profile invalid for them → 400)."""
+    if not state.saes:
+        return {}
+    if profile["model"] != state.model:
+        raise GreenroomError("invalid_parameter", f"profile {profile['name']!r} steers model {profile['model']!r}, "
+                             f"not {state.model!r}", "profile")
+    for sae in profile["saes"]:
+        held = _attached(state, sae["sae_id"], "profile")
+        differs = [k for k in _SAME_SAE if sae[k] != held[k]]
+        if differs:
+            raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not the "
+                                 f"one profile {profile['name']!r} was made with: its {', '.join(differs)} differ",
+                                 "profile")
+    return _strengths(state, profile["strengths"], "profile")
 
 
 def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict) -> dict:

@@ -17,13 +17,15 @@ class Capabilities:
     scoring: bool = False  # logprobs / allowed_token_ids scoring mode
     response_format: bool = False  # constrained decoding
     tools: bool = False
-    steering: bool = False  # profile, steering_intensity (per-request steering)
+    steering: bool = False  # steering_intensity (per-request dial)
+    profile: bool = False  # a per-request steering profile: SAE hooks steering one request's forwards
     sae_activations: bool = False  # return_sae_activations: SAE hooks on the model's residual stream
 
 
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
-                                 scoring=True, response_format=True, tools=True, sae_activations=True),
+                                 scoring=True, response_format=True, tools=True, sae_activations=True,
+                                 profile=True),
     # llama.cpp: its repeat penalty honours ours; seeds are not measured to reproduce, there is no
     # per-token distribution for scoring, no grammar bridge, and the file's template takes no variables
     "llama.cpp": Capabilities(penalties=True, embeddings=True),

@@ -33,8 +33,10 @@ attached block.
 `DecodeBatch` forward (prefill and steps, every row: global steering is a property of
 the model) — except those run inside `suppressed()`: embeddings and scoring, which the
 spec keeps unsteered. Suppression is per thread and per `with` block, so it covers
-exactly that pass. Per-request steering (a profile) must not share a batch: such
-requests take the serial path (the engine actor's batchable rule).
+exactly that pass. Per-request steering (a profile, `for_request`) replaces the live state
+only for forwards run inside `steered(...)`: the serial path wraps that request's steps in it,
+so a batch's rows decoded between them keep the live state, and the live state never needs
+restoring. It lapses once a newer state is applied mid-request (the operator's write wins).
 
 **Readouts.** `Steering.readout(...)` makes a `Readout` for one sequence; forwards run
 inside `reading(readout)` record the top-k activations of its SAE at its positions, read
@@ -91,11 +93,21 @@ class _Hooked:
     sae: SAE
     handle: object = None
     delta: torch.Tensor | None = None  # [d_in] in the model's dtype, None when unsteered
+    version: int = 0  # of the state `delta` came from (a request's steering lapses once it is newer)
 
 
 class _Local(threading.local):
     suppressed = 0
     readout: "Readout | None" = None
+    request: "RequestSteering | None" = None
+
+
+@attrs.frozen
+class RequestSteering:
+    """One request's steering (a profile's), made against the live state of `version`."""
+
+    version: int
+    deltas: Mapping[str, torch.Tensor | None]  # per attached SAE; one not named is unsteered
 
 
 class Readout:
@@ -164,19 +176,21 @@ def _worst_positions(positions, prompt_tokens: int, max_tokens: int) -> int:
     return max(0, min(positions["end"], prompt_tokens + max_tokens) - positions["start"])
 
 
-class _Reading:
-    """The context of `Steering.reading`: a class, not a generator, because it wraps every decode step."""
+class _Scoped:
+    """`local.<name> = value` for a block (`Steering.reading`, `Steering.steered`): a class, not
+    a generator, because it wraps every decode step."""
 
-    __slots__ = ("local", "readout", "previous")
+    __slots__ = ("local", "name", "value", "previous")
 
-    def __init__(self, local: _Local, readout: Readout | None):
-        self.local, self.readout = local, readout
+    def __init__(self, local: _Local, name: str, value):
+        self.local, self.name, self.value = local, name, value
 
     def __enter__(self):
-        self.previous, self.local.readout = self.local.readout, self.readout
+        self.previous = getattr(self.local, self.name)
+        setattr(self.local, self.name, self.value)
 
     def __exit__(self, *exc):
-        self.local.readout = self.previous
+        setattr(self.local, self.name, self.previous)
 
 
 class _Suppressed:
@@ -255,7 +269,7 @@ class Steering:
                                   f"(attached: {sorted(self._hooked)})")
             deltas[sae_id] = self._delta(entry, strengths) if state.enabled else None
         for sae_id, entry in self._hooked.items():
-            entry.delta = deltas.get(sae_id)
+            entry.delta, entry.version = deltas.get(sae_id), state.version
         self.state = state
         return True
 
@@ -320,9 +334,25 @@ class Steering:
                                   "lower top_k or max_tokens", "return_sae_activations")
         return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
 
-    def reading(self, readout: Readout | None) -> _Reading:
+    def reading(self, readout: Readout | None) -> _Scoped:
         """Forwards inside this record into `readout` (None: nothing is read)."""
-        return _Reading(self._local, readout)
+        return _Scoped(self._local, "readout", readout)
+
+    def for_request(self, strengths: Mapping[str, Mapping[int, float]]) -> RequestSteering:
+        """A profile's steering for one request, in place of the live state (enabled; an attached
+        SAE it does not name is unsteered), checked as `apply` checks a state."""
+        for sae_id in strengths:
+            if sae_id not in self._hooked:
+                raise EngineError("sae_not_attached", f"the profile steers SAE {sae_id!r}, which is not attached "
+                                  f"(attached: {sorted(self._hooked)})", "profile")
+        return RequestSteering(self.state.version, {
+            sae_id: self._delta(self._hooked[sae_id], s) for sae_id, s in strengths.items()})
+
+    def steered(self, request: RequestSteering) -> _Scoped:
+        """Forwards inside this are steered by `request` instead of the live state — until a
+        newer state is applied (an operator's write mid-request wins, for the rest of it too).
+        The live state itself never changes, so a batch's rows and later requests keep it."""
+        return _Scoped(self._local, "request", request)
 
     def suppressed(self) -> _Suppressed:
         """Forwards inside this, on this thread, run with every attached SAE's hook off: no
@@ -340,7 +370,9 @@ class Steering:
             readout = local.readout
             if readout is not None and readout.sae_id != sae_id:
                 readout = None
-            delta = entry.delta
+            request = local.request
+            delta = request.deltas.get(sae_id) if request is not None and request.version == entry.version \
+                else entry.delta
             if delta is None and readout is None:
                 return None
             # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple

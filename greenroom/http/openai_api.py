@@ -13,7 +13,7 @@ import attrs
 from quart import Quart, Response, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, needle, openai_params, sae_activations, scoring, sse, structured
+from greenroom.http import ledger, needle, openai_params, sae_activations, scoring, sse, steering_api, structured
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
 from greenroom.supervisor.engine_client import admit
@@ -86,6 +86,7 @@ def register(app: Quart, tree: Tree) -> None:
         plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
         gen = await sae_activations.attach(tree, req.body, gen)
+        gen = await steering_api.request_profile(tree, req.body, gen)
         extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
                         ) if tree.config.expose_extras else None
         return await _complete(tree, gen, stream, req, plan, extras)

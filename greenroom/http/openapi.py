@@ -225,7 +225,10 @@ _CHAT_FIELDS = {
                              "needs logprobs: true"),
     "allowed_token_ids": _described(_ref("AllowedTokenIds"), _SCORING_ONLY + ", normalised over these tokens"),
     "return_tokens_as_token_ids": _described(_BOOLEAN, "Scoring: tokens written \"token_id:<id>\""),
-    "profile": _described(_string(), _STEERING),
+    "profile": _described(_string(), "A steering profile (/api/profiles) steering this request only, on the "
+                          "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid "
+                          "for the attached SAEs; no SAE attached: unsteered. GGUF/OpenVINO and scoring: "
+                          + _NOT_HONOURED.lower()),
     "steering_intensity": _described({"type": ["number", "string"]}, _STEERING),
     "return_sae_activations": _ref("SAEActivationsRequest"),
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 
+import attrs
 from quart import Quart, request
 
 from greenroom.engines.base import STRENGTH_MAX
@@ -22,6 +23,7 @@ from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
+from greenroom.protocol import Generate
 from greenroom.supervisor.tree import Tree
 
 PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering"})
@@ -153,6 +155,19 @@ def register(app: Quart, tree: Tree) -> None:
         return await tree.steering("profile_import", model, name=_profile_name(profile.get("name")),
                                    description=_description(profile.get("description")) or "",
                                    strengths=strengths, saes=saes)
+
+
+async def request_profile(tree: Tree, body: dict, gen: Generate) -> Generate:
+    """`gen` with the strengths of the chat request's `profile` (spec: "Per-request steering
+    with profile"), resolved and checked by the coordinator: 404 profile_not_found, 400 when
+    invalid for the attached SAEs; with no SAE attached, none (the request runs unsteered)."""
+    name = body.get("profile")
+    if name is None:
+        return gen
+    if not isinstance(name, str) or not name:
+        raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
+    resolved = await tree.steering("profile_request", gen.model, name=name)
+    return attrs.evolve(gen, profile_strengths=resolved["strengths"])
 
 
 def _steerable(tree: Tree) -> list[str]:
