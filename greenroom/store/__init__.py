@@ -1,1 +1,1 @@
-"""SQLite persistence (steering profiles, clusters, circuits, pulled models)."""
+"""SQLite persistence: the registry of pulled, copied and created models; the steering state and profiles."""

@@ -25,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from greenroom.engines.demo_model import default_cache_dir
+from greenroom.store.database import Database
 
 log = logging.getLogger("greenroom.store.registry")
 
@@ -63,19 +64,7 @@ class Registry:
         self.root = default_cache_dir(cache_dir)
         self.path = self.root / "registry.sqlite3"
         self.hub_dir = self.root / "hub"
-
-    @contextlib.contextmanager
-    def _db(self):
-        self.root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(SCHEMA)
-            with conn:  # one transaction
-                yield conn
-        finally:
-            conn.close()
+        self._db = Database(self.path, SCHEMA, foreign_keys=True).transaction
 
     def repo_dir(self, repo: str) -> Path:
         return self.hub_dir.joinpath(*repo.split("/"))

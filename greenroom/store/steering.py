@@ -9,13 +9,12 @@ only writer; engine actors receive the state it resolves, never this file.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 
 import attrs
 
 from greenroom.engines.demo_model import default_cache_dir
+from greenroom.store.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS steering (
@@ -50,18 +49,7 @@ class SteeringStore:
     def __init__(self, cache_dir: str | None):
         self.root = default_cache_dir(cache_dir)
         self.path = self.root / "steering.sqlite3"
-
-    @contextlib.contextmanager
-    def _db(self):
-        self.root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-            with conn:  # one transaction
-                yield conn
-        finally:
-            conn.close()
+        self._db = Database(self.path, SCHEMA).transaction
 
     def get(self, model: str) -> ModelSteering:
         with self._db() as db:
