@@ -122,24 +122,18 @@ def main() -> None:
     rate, ttft = in_process(path, args.tokens, threads)
     print(f"in-process llama_cpp.Llama: {rate:8.1f} tok/s  TTFT {ttft * 1000:6.1f} ms  (the limit)")
 
-    results = {}
-    peer, peer_url = start_peer(path, threads)
-    try:
-        for clients in (1, 4):
-            results["peer", clients] = load(peer_url, MODEL, args.tokens, clients, args.rounds)
-    finally:
-        peer.send_signal(signal.SIGINT)
-        peer.wait(30)
-
     config = (f'[[models]]\nid = "{MODEL}"\nsource = "{path}"\nengine = "llama.cpp"\n'
               f'n_ctx = 2048\nthreads = {threads}\n')
-    proc, url = start_server(config)
-    try:
-        for clients in (1, 4):
-            results["greenroom", clients] = load(url, MODEL, args.tokens, clients, args.rounds)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    results = {}
+    for name, start, stop in (("peer", lambda: start_peer(path, threads), signal.SIGINT),
+                              ("greenroom", lambda: start_server(config), signal.SIGTERM)):
+        proc, url = start()
+        try:
+            for clients in (1, 4):
+                results[name, clients] = load(url, MODEL, args.tokens, clients, args.rounds)
+        finally:
+            proc.send_signal(stop)
+            proc.wait(60)
 
     print(f"{'streams':>7} {'server':>10} {'tok/s':>9} {'TTFT ms':>8} {'vs in-process':>14}")
     for clients in (1, 4):
