@@ -41,10 +41,11 @@ class Generate:
     # return_sae_activations, validated by the front end (one row, n = 1): {"sae_id", "features"
     # (None: every feature), "top_k", "positions", "read_point"}; served on the serial path
     sae_activations: dict | None = None
-    # a steering profile's strengths for this request only (sae_id → feature → strength, features
-    # as decimal strings; the coordinator checked them): served on the serial path, in place of
-    # the live steering, which it never changes
-    profile_strengths: dict[str, dict[str, float]] | None = None
+    # this request's own steering — a profile's strengths and/or a steering_intensity dial,
+    # resolved and checked by the coordinator (sae_id → feature → strength, features as decimal
+    # strings; {} = unsteered): served on the serial path, in place of the live steering, which
+    # it never changes
+    request_strengths: dict[str, dict[str, float]] | None = None
 
     @property
     def rows(self) -> int:

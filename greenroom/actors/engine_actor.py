@@ -280,7 +280,7 @@ class EngineLoop:
         engine = self.engines.get(req.model) if isinstance(req, Generate) else None
         if (not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None
                 or req.sae_activations is not None  # a readout hooks one sequence per forward
-                or req.profile_strengths is not None):  # the spec: a profile request is served serially
+                or req.request_strengths is not None):  # the spec: a profile request is served serially
             return False
         if getattr(engine, "batches_any_sampling", False):
             return True
@@ -463,9 +463,9 @@ class EngineLoop:
         readout, read = self._readout(engine, req, rows, params) if req.sae_activations is not None else (None, None)
         # a profile steers this request's forwards only (engines/steering.py: the live state is
         # never changed, so there is nothing to restore, and a newer state applied meanwhile wins)
-        scope = contextlib.nullcontext() if req.profile_strengths is None else engine.steering.steered(
+        scope = contextlib.nullcontext() if req.request_strengths is None else engine.steering.steered(
             engine.steering.for_request({sae_id: {int(f): s for f, s in features.items()}
-                                         for sae_id, features in req.profile_strengths.items()}))
+                                         for sae_id, features in req.request_strengths.items()}))
         started = self._admitted(req, rows)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):

@@ -167,7 +167,7 @@ async def request_profile(tree: Tree, body: dict, gen: Generate) -> Generate:
     if not isinstance(name, str) or not name:
         raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
     resolved = await tree.steering("profile_request", gen.model, name=name)
-    return attrs.evolve(gen, profile_strengths=resolved["strengths"])
+    return attrs.evolve(gen, request_strengths=resolved["strengths"])
 
 
 def _steerable(tree: Tree) -> list[str]:
