@@ -46,6 +46,9 @@ class Generate:
     # strings; {} = unsteered): served on the serial path, in place of the live steering, which
     # it never changes
     request_strengths: dict[str, dict[str, float]] | None = None
+    # monitoring (the operator's, per model): {"sae_id", "top_k"}; each choice's top-k features
+    # pre-steering come back on its finishing Text. Served on the serial path
+    monitor: dict | None = None
 
     @property
     def rows(self) -> int:
@@ -166,6 +169,9 @@ class Text:
     # on the finishing event of a request with sae_activations: {"sae_id", "layer", "read_point",
     # "positions": [{"position", "token_id", "features": [{"index", "value"}]}]}
     sae_activations: dict | None = None
+    # on the finishing event of a monitored choice: {"sae_id", "layer", "positions" (a count),
+    # "features": [{"index", "max", "mean"}]} (engines/steering.py, Monitor.result)
+    monitor: dict | None = None
 
 
 @attrs.frozen

@@ -279,7 +279,7 @@ class EngineLoop:
         sample alone (llama.cpp's own batching) takes any sampling, always."""
         engine = self.engines.get(req.model) if isinstance(req, Generate) else None
         if (not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None
-                or req.sae_activations is not None  # a readout hooks one sequence per forward
+                or req.sae_activations is not None or req.monitor is not None  # they read one sequence per forward
                 or req.request_strengths is not None):  # the spec: a profile request is served serially
             return False
         if getattr(engine, "batches_any_sampling", False):
@@ -473,7 +473,7 @@ class EngineLoop:
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
                 choice = _Choice(req.rid, row * req.n + j, started, queue_wait)
-                deltas = generate(engine, ids, choice_params, grammar, readout)
+                deltas = generate(engine, ids, choice_params, grammar, readout, self._monitor(engine, req))
                 while True:
                     with scope:  # around each step, never across a yield: a batch's steps run in between
                         delta = next(deltas, None)
@@ -486,6 +486,14 @@ class EngineLoop:
                     self._deliver(choice, delta, read)
                     yield True
         self.counters.completed += 1
+
+    def _monitor(self, engine, req: Generate):
+        """A monitor for one choice of a monitored request; None without one, or when its SAE
+        is not attached here (any more): monitoring never fails the request it watches."""
+        steering = getattr(engine, "steering", None)
+        if req.monitor is None or steering is None:
+            return None
+        return steering.monitor(req.monitor["sae_id"], req.monitor["top_k"])
 
     def _readout(self, engine, req: Generate, rows: list[list[int]], params: list) -> tuple:
         """The readout of the request's one sequence (validated against the SAEs attached now,
@@ -559,7 +567,8 @@ class EngineLoop:
 
     def _deliver(self, choice: "_Choice", delta, read: dict | None = None) -> None:
         """A choice's step as a Text event (none while the text is held back), with the
-        engine's own figures on the finishing one, and the activations read (`read`: which)."""
+        engine's own figures on the finishing one, the activations read (`read`: which) and
+        the monitor's record."""
         now = time.monotonic()
         choice.first_token = choice.first_token or now
         choice.logprob_sum += delta.logprob
@@ -571,7 +580,7 @@ class EngineLoop:
         if delta.text or delta.finish_reason:
             activations = {**read, "positions": delta.sae_activations} if read and delta.finish_reason else None
             self._emit_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
-                                        delta.finish_reason, stats, activations))
+                                        delta.finish_reason, stats, activations, delta.monitor))
 
     def _embed(self, engine, req: Embed) -> None:
         rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]

@@ -20,6 +20,7 @@ class Delta:
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length"
     logprob: float = 0.0  # of this step's token
     sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
+    monitor: dict | None = None  # on the last Delta of a monitored sequence: Monitor.result
 
 
 class Decoder:
@@ -59,25 +60,30 @@ class Decoder:
 
 
 def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None,
-             readout=None) -> Iterator[Delta]:
+             readout=None, monitor=None) -> Iterator[Delta]:
     """The serial path: one Delta per decode step (text may be empty while a character or
     a possible stop string is incomplete); the last one carries finish_reason, and with a
-    `readout` (steering.Readout, transformers only) the activations read."""
+    `readout` (steering.Readout) the activations read, with a `monitor` (steering.Monitor)
+    its record — transformers only."""
     decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None)
+
+    def last(delta: Delta) -> Delta:
+        return attrs.evolve(delta, sae_activations=None if readout is None else readout.result(fed),
+                            monitor=None if monitor is None else monitor.result())
+
+    fed = list(prompt_ids)  # the token at each position read
     done = decoder.empty()
     if done is not None:
-        yield done if readout is None else attrs.evolve(done, sae_activations=[])
+        yield last(done)
         return
-    if readout is None:
-        ids = engine.generate_ids(prompt_ids, params, decoder.matcher)
-    else:
-        ids = engine.generate_ids(prompt_ids, params, decoder.matcher, readout=readout)
-    fed = list(prompt_ids)  # the token at each position read
+    # only the engines with SAE hooks take observers
+    observers = {k: v for k, v in (("readout", readout), ("monitor", monitor)) if v is not None}
+    ids = engine.generate_ids(prompt_ids, params, decoder.matcher, **observers)
     try:
         for token_id, logprob in ids:
             delta = decoder.feed(token_id, logprob)
-            if delta.finish_reason and readout is not None:
-                delta = attrs.evolve(delta, sae_activations=readout.result(fed))
+            if delta.finish_reason:
+                delta = last(delta)
             fed.append(token_id)
             yield delta
             if delta.finish_reason:

@@ -1,4 +1,4 @@
-"""SAE hooks on a loaded transformers model: steering, feature readouts, suppression.
+"""SAE hooks on a loaded transformers model: steering, feature readouts, monitors, suppression.
 
 An attached SAE owns one forward hook on the decoder block whose output its hook point
 names (`model.model.layers[block]`: the residual stream after that block, sae.py); several
@@ -42,6 +42,13 @@ restoring. It lapses once a newer state is applied mid-request (the operator's w
 inside `reading(readout)` record the top-k activations of its SAE at its positions, read
 before this block's delta (`pre_steering`) or after it (`post_steering`). A readout
 assumes one row per forward: readout requests run on the serial path.
+
+**Monitors.** `Steering.monitor(...)` makes a `Monitor` for one sequence: the operator's side
+channel. It reads every position fed (prompt and generated), always before this block's
+delta, and keeps per feature the running max and sum; `result()` lists the top-k by max.
+`reading(readout, monitor)` runs forwards with both (they may name different SAEs); like a
+readout, a monitor is one row per forward, so a monitored request runs on the serial path.
+Inside `suppressed()` nothing is read, so embeddings and scoring record nothing.
 """
 
 from __future__ import annotations
@@ -98,7 +105,7 @@ class _Hooked:
 
 class _Local(threading.local):
     suppressed = 0
-    readout: "Readout | None" = None
+    observers: tuple = ()  # the Readout and/or Monitor the forwards on this thread feed
     request: "RequestSteering | None" = None
 
 
@@ -161,6 +168,42 @@ class Readout:
         return [{"position": pos, "token_id": token_ids[pos] if pos < len(token_ids) else None,
                  "features": [{"index": i, "value": v} for i, v in feats]}
                 for pos, feats in sorted(self._read.items())]
+
+
+class Monitor:
+    """One sequence's activations of one SAE, pre-steering, summarised over every position
+    fed: per feature the max and the sum (one width-sized tensor each, one encode per forward).
+    Made by `Steering.monitor`; filled by forwards run in `Steering.reading(..., monitor)`."""
+
+    pre = True  # what a monitor records is what the model computed before this layer's steering
+
+    def __init__(self, sae_id: str, layer: int, top_k: int):
+        self.sae_id, self.layer, self.top_k = sae_id, layer, top_k
+        self.positions = 0
+        self._max: torch.Tensor | None = None
+        self._sum: torch.Tensor | None = None
+
+    def observe(self, sae: SAE, hidden: torch.Tensor) -> None:
+        if hidden.shape[0] != 1:
+            raise RuntimeError("an SAE monitor reads one sequence per forward (serve it on the serial path)")
+        acts = sae.encode(hidden[0])
+        if self._max is None:
+            self._max, self._sum = acts.max(dim=0).values, acts.sum(dim=0)
+        else:
+            self._max = torch.maximum(self._max, acts.max(dim=0).values)
+            self._sum = self._sum + acts.sum(dim=0)
+        self.positions += hidden.shape[1]
+
+    def result(self) -> dict:
+        """{"sae_id", "layer", "positions", "features": [{"index", "max", "mean"}]}: the top-k
+        features by max, those that never fired left out."""
+        features = []
+        if self._max is not None:
+            values, index = self._max.topk(min(self.top_k, self._max.shape[0]))
+            sums = self._sum[index]
+            features = [{"index": i, "max": v, "mean": s / self.positions}
+                        for i, v, s in zip(index.tolist(), values.tolist(), sums.tolist()) if v > 0]
+        return {"sae_id": self.sae_id, "layer": self.layer, "positions": self.positions, "features": features}
 
 
 def _worst_positions(positions, prompt_tokens: int, max_tokens: int) -> int:
@@ -334,9 +377,15 @@ class Steering:
                                   "lower top_k or max_tokens", "return_sae_activations")
         return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
 
-    def reading(self, readout: Readout | None) -> _Scoped:
-        """Forwards inside this record into `readout` (None: nothing is read)."""
-        return _Scoped(self._local, "readout", readout)
+    def monitor(self, sae_id: str, top_k: int) -> Monitor | None:
+        """A monitor of SAE `sae_id` for one sequence; None when it is not attached (any more):
+        monitoring is a side channel, it never fails the request it watches."""
+        entry = self._hooked.get(sae_id)
+        return None if entry is None else Monitor(sae_id, entry.info.layer, top_k)
+
+    def reading(self, *observers: Readout | Monitor | None) -> _Scoped:
+        """Forwards inside this record into each observer given (None: not read)."""
+        return _Scoped(self._local, "observers", tuple(o for o in observers if o is not None))
 
     def for_request(self, strengths: Mapping[str, Mapping[int, float]]) -> RequestSteering:
         """A profile's steering for one request, in place of the live state (enabled; an attached
@@ -367,22 +416,24 @@ class Steering:
         def hook(module, args, output):
             if local.suppressed:
                 return None
-            readout = local.readout
-            if readout is not None and readout.sae_id != sae_id:
-                readout = None
+            observers = local.observers
+            if observers:
+                observers = [o for o in observers if o.sae_id == sae_id]
             request = local.request
             delta = request.deltas.get(sae_id) if request is not None and request.version == entry.version \
                 else entry.delta
-            if delta is None and readout is None:
+            if delta is None and not observers:
                 return None
             # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
             hidden = output[0] if isinstance(output, tuple) else output
-            if readout is not None and readout.pre:
-                readout.observe(entry.sae, hidden)
+            for observer in observers:
+                if observer.pre:
+                    observer.observe(entry.sae, hidden)
             if delta is not None:
                 hidden = hidden + delta
-            if readout is not None and not readout.pre:
-                readout.observe(entry.sae, hidden)
+            for observer in observers:
+                if not observer.pre:
+                    observer.observe(entry.sae, hidden)
             if delta is None:
                 return None
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden

@@ -22,7 +22,7 @@ from .constraints import Constraints, GrammarError
 from .chat import render_conversation
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
-from .steering import Readout, Steering
+from .steering import Monitor, Readout, Steering
 
 
 class TransformersEngine:
@@ -103,10 +103,11 @@ class TransformersEngine:
         return self._constraints.matcher(grammar)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None, readout: Readout | None = None) -> Iterator[tuple[int, float]]:
+                     matcher=None, readout: Readout | None = None,
+                     monitor: Monitor | None = None) -> Iterator[tuple[int, float]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
-        stops once the grammar is complete); with a `readout` (steering.readout), every
-        forward records its SAE activations."""
+        stops once the grammar is complete); with a `readout` (steering.readout) and/or a
+        `monitor` (steering.monitor), every forward records its SAE activations."""
         gen = new_generator(params.seed, self.device)
         cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
@@ -116,7 +117,7 @@ class TransformersEngine:
             with torch.inference_mode():
                 ids = torch.tensor([prompt_ids], device=self.device)
                 while True:
-                    with self.steering.reading(readout):
+                    with self.steering.reading(readout, monitor):
                         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
                     logits = out.logits[0, -1]
                     del out

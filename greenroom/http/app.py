@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
-from greenroom.http import manage_api, ollama_api, ollama_models, openai_api, openapi, steering_api
+from greenroom.http import manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -146,6 +146,7 @@ def create_app(tree: Tree) -> Quart:
     ollama_api.register(app, tree)
     manage_api.register(app, tree)
     steering_api.register(app, tree)
+    monitoring_api.register(app, tree)
     ollama_models.register(app, tree)
     if tree.config.request_timeout_s:
         for name, view in app.view_functions.items():

@@ -35,7 +35,9 @@ from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, manage_api, ollama_defaults, ollama_params, openai_params, steering_api, structured
+from greenroom.http import (
+    ledger, manage_api, monitoring_api, ollama_defaults, ollama_params, openai_params, steering_api, structured,
+)
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
 from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
@@ -79,7 +81,7 @@ EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPOR
 def owns(path: str) -> bool:
     """Whether `path` is the Ollama surface's (its errors use the flat envelope)."""
     return (path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
-            and not steering_api.owns(path))
+            and not steering_api.owns(path) and not monitoring_api.owns(path))
 
 
 def request_id() -> str:
@@ -334,9 +336,11 @@ async def _generate(tree: Tree, job: Job):
             raise _context_error(window, prompt_tokens, None, explicit_ctx)
         gen = attrs.evolve(gen, params=attrs.evolve(gen.params, max_tokens=window - prompt_tokens))
     log.debug("request %s → %s (%s)", rid, gen.rid, "chat" if job.chat else "generate")
+    gen = monitoring_api.monitored(tree, gen)
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
+        events = monitoring_api.recorded(tree, gen, request.path, events)
         if first.prompt_tokens + gen.params.max_tokens > window:  # leaving cancels it in the engine
             raise _context_error(window, first.prompt_tokens, gen.params.max_tokens, explicit_ctx)
         timing = _Timing(job.req.started_ns, load_ns, first.prompt_tokens)

@@ -13,7 +13,9 @@ import attrs
 from quart import Quart, Response, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, needle, openai_params, sae_activations, scoring, sse, steering_api, structured
+from greenroom.http import (
+    ledger, monitoring_api, needle, openai_params, sae_activations, scoring, sse, steering_api, structured,
+)
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
 from greenroom.supervisor.engine_client import admit
@@ -220,9 +222,11 @@ async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared,
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
+    gen = monitoring_api.monitored(tree, gen)
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
+        events = monitoring_api.recorded(tree, gen, request.path, events)
         if stream.on:
             body = StreamBody(_stream_chunks(gen, events, first, plan, stream.include_usage, extras), stack)
             response = Response(body, content_type="text/event-stream", headers=headers)

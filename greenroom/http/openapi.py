@@ -712,6 +712,48 @@ def _steering_schemas() -> dict:
     }
 
 
+def _monitoring_schemas() -> dict:
+    config = _obj({
+        "model": _string(),
+        "enabled": _BOOLEAN,
+        "sae_id": _described(_nullable(_string()), "The attached SAE it reads (null until one is chosen)"),
+        "top_k": _described(_integer(minimum=1, maximum=64), "Features each record lists"),
+    }, ("model", "enabled", "sae_id", "top_k"), additionalProperties=False)
+    record = _obj({
+        "id": _described(_integer(minimum=1), "Increasing from 1 since the server started"),
+        "time": _described(_number(), "Unix time, seconds"),
+        "model": _string(),
+        "request_id": _described(_string(), "The generation's id"),
+        "endpoint": _described(_string(), "The route that generated it"),
+        "choice": _COUNT,
+        "sae_id": _string(),
+        "layer": _COUNT,
+        "positions": _described(_COUNT, "Positions read: every token fed to the model (prompt and generated)"),
+        "features": _described(_array(_obj({"index": _COUNT, "max": _number(), "mean": _number()},
+                                           ("index", "max", "mean"), additionalProperties=False)),
+                               "The top-k features by their max over the positions, pre-steering (a feature that "
+                               "never fired is not listed); mean over every position read"),
+    }, ("id", "time", "model", "request_id", "endpoint", "choice", "sae_id", "layer", "positions", "features"),
+        additionalProperties=False)
+    return {
+        "MonitoringConfig": config,
+        "MonitoringList": _obj({"models": _array(_ref("MonitoringConfig"))}, ("models",),
+                               additionalProperties=False),
+        "MonitoringRequest": _obj({
+            "model": _MODEL,
+            "enabled": _BOOLEAN,
+            "sae_id": _described(_SAE_ID, "An SAE attached to the model; left out: the one attached (when "
+                                 "several are, name one), or when disabling, the one configured"),
+            "top_k": _described(_integer(minimum=1, maximum=64), "Left out: as configured (8 at first)"),
+        }, ("model", "enabled"), additionalProperties=False),
+        "MonitoringRecord": record,
+        "MonitoringRecords": _obj({
+            "records": _array(_ref("MonitoringRecord")),
+            "next": _described(_COUNT, "The `since` that continues after these records"),
+        }, ("records", "next"), additionalProperties=False),
+    }
+
+
 # --- headers and parameters -----------------------------------------------------------
 
 _RFC8941_STRING = r'"(?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"'
@@ -882,6 +924,7 @@ def _paths() -> dict:
                                                "ProfileDocument", "The document POST /api/profiles/import takes"),
         "/api/profiles/import": profile("post", "importProfile", "Import an exported profile", "Profile",
                                         "The imported profile", "ProfileDocument", named=False),
+        **_monitoring_paths(),
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
                                      parameters=(_ref("ModelId", "parameters"),)),
@@ -909,6 +952,49 @@ def _paths() -> dict:
     }
 
 
+def _monitoring_paths() -> dict:
+    def query(name: str, schema: dict, description: str) -> dict:
+        return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+    model = query("model", _string(), "Only this model's records")
+    record_event = {
+        "type": "object", "required": ["data"],
+        "properties": {"event": _string(), "data": _string(), "id": _string(), "retry": _integer()},
+        "oneOf": [
+            {"properties": {"event": {"const": "message"}, "data": {
+                "type": "string", "contentMediaType": "application/json",
+                "contentSchema": _ref("MonitoringRecord")}}},
+            {"properties": {"event": {"const": "dropped"}, "data": {
+                "type": "string", "contentMediaType": "application/json",
+                "contentSchema": _obj({"dropped": _integer(minimum=1)}, ("dropped",))}}, "required": ["event"]},
+        ],
+    }
+    return {
+        "/api/monitoring": {
+            "get": _operation("Each steerable model's SAE monitoring", {"200": _json(
+                _ref("MonitoringList"), "enabled, sae_id and top_k per transformers model")},
+                operation_id="getMonitoring"),
+            "put": _operation("Set a model's SAE monitoring", {"200": _json(
+                _ref("MonitoringConfig"), "The configuration now held (persisted)")},
+                body=_ref("MonitoringRequest"), examples={"disable": {"model": DEMO_MODEL, "enabled": False}},
+                operation_id="setMonitoring"),
+        },
+        "/api/monitoring/records": {"get": _operation(
+            "Monitoring records kept (the last 1,000), oldest first", {"200": _json(
+                _ref("MonitoringRecords"), "The records newer than `since`, and the next `since`")},
+            parameters=(model, query("since", _integer(minimum=0), "Only records with a larger id (default 0)"),
+                        query("limit", _integer(minimum=1, maximum=1000), "At most this many (default 100)")),
+            operation_id="getMonitoringRecords")},
+        "/api/monitoring/stream": {"get": _operation(
+            "New monitoring records as server-sent events, until the client goes",
+            {"200": {"description": "One `data:` event per record; an event `dropped` when this reader fell "
+                                    "behind and lost some (GET /api/monitoring/records still has them); comment "
+                                    "lines while idle",
+                     "content": {"text/event-stream": {"schema": record_event}}}},
+            parameters=(model,), operation_id="streamMonitoring")},
+    }
+
+
 def document() -> dict:
     """The OpenAPI 3.1 document of greenroom's HTTP surface (a fresh copy on every call)."""
     return copy.deepcopy({
@@ -922,7 +1008,8 @@ def document() -> dict:
         },
         "paths": _paths(),
         "components": {
-            "schemas": {**_error_schemas(), **_request_schemas(), **_response_schemas(), **_steering_schemas()},
+            "schemas": {**_error_schemas(), **_request_schemas(), **_response_schemas(), **_steering_schemas(),
+                        **_monitoring_schemas()},
             "responses": _error_response_components(),
             "parameters": _parameters(),
             "headers": _headers(),

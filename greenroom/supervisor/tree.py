@@ -32,6 +32,7 @@ from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, SteeringCommand, SteerUpdate, Unload
 from greenroom.supervisor.engine_client import EngineClient
+from greenroom.supervisor.monitoring import Monitoring
 
 log = logging.getLogger("greenroom.supervisor")
 
@@ -89,6 +90,7 @@ class Tree:
         }
         self._engine_actors = names
         self._default_saes = {model.id: model.sae for model in config.models if model.sae}
+        self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         for model in config.models:  # the same id on several actors: replicas, preferred first

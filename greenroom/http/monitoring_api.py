@@ -1,0 +1,185 @@
+"""SAE monitoring (issue 5): with monitoring on for a model, each generation's top-k SAE
+features — read before steering, over every position of the sequence — are recorded, per
+choice; operators configure it and read the records here. JSON under /api/, with OpenAI's
+error envelope like the steering API.
+
+The configuration lives in SQLite (store/monitoring.py), the records in the front end's
+memory (supervisor/monitoring.py). Generation routes call `monitored` on their Generate and
+`recorded` on its events; scoring and embeddings never do, and the engine runs them with
+every SAE hook suppressed besides. A monitored request is served on the serial path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import trio
+from quart import Quart, Response, request
+
+from greenroom.errors import GreenroomError
+from greenroom.http import openai_params
+from greenroom.protocol import Generate, Text
+from greenroom.store.monitoring import MonitorConfig
+from greenroom.supervisor.monitoring import RING_SIZE
+from greenroom.supervisor.tree import Tree
+
+CONFIG = "/api/monitoring"
+RECORDS = "/api/monitoring/records"
+STREAM = "/api/monitoring/stream"
+TOP_K_MAX = 64
+DEFAULT_LIMIT = 100
+HEARTBEAT_S = 15.0  # an idle stream sends a comment this often: proxies keep it, a gone client shows
+
+
+def owns(path: str) -> bool:
+    """Whether `path` is one of these routes (OpenAI's error envelope, not Ollama's)."""
+    return path in (CONFIG, RECORDS, STREAM)
+
+
+def monitored(tree: Tree, gen: Generate) -> Generate:
+    """`gen` with the model's monitoring, when it is on (transformers models only: the others
+    have no SAE hooks)."""
+    config = tree.monitoring.config(gen.model)
+    if not config.enabled or tree.capabilities(gen.model)[0] != "transformers":
+        return gen
+    return attrs.evolve(gen, monitor={"sae_id": config.sae_id, "top_k": config.top_k})
+
+
+def recorded(tree: Tree, gen: Generate, endpoint: str, events):
+    """`events`, each finishing Text's monitor record kept on its way past."""
+    return events if gen.monitor is None else _Recorded(tree, gen, endpoint, events)
+
+
+class _Recorded:
+    """A request's events (engine_client.RequestEvents) that record what the monitor read."""
+
+    def __init__(self, tree: Tree, gen: Generate, endpoint: str, events):
+        self._monitoring, self._gen, self._endpoint, self._events = tree.monitoring, gen, endpoint, events
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return self._keep(await self._events.__anext__())
+
+    def ready(self) -> list:
+        return [self._keep(event) for event in self._events.ready()]
+
+    def _keep(self, event):
+        if isinstance(event, Text) and event.monitor is not None:
+            self._monitoring.record(self._gen.model, self._gen.rid, self._endpoint, event.index, event.monitor)
+        return event
+
+
+def register(app: Quart, tree: Tree) -> None:
+    @app.get(CONFIG)
+    async def configs():
+        """Each steerable model's monitoring configuration."""
+        return {"models": [_config(tree.monitoring.config(model)) for model in _steerable(tree)]}
+
+    @app.put(CONFIG)
+    async def configure():
+        body = openai_params.parse_json(await request.get_data())
+        unknown = sorted(set(body) - {"model", "enabled", "sae_id", "top_k"})
+        if unknown:
+            raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
+        model = tree.resolve(openai_params.model_name(body))
+        engine, _ = tree.capabilities(model)
+        if engine != "transformers":
+            raise GreenroomError("steering_unsupported", f"model {model!r} runs on {engine}, which has no SAE "
+                                 "hooks: only transformers models are monitored", "model")
+        enabled = body.get("enabled")
+        if not isinstance(enabled, bool):
+            raise GreenroomError("missing_parameter" if enabled is None else "invalid_parameter",
+                                 "'enabled' must be true or false", "enabled")
+        top_k = body.get("top_k")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or not 1 <= top_k <= TOP_K_MAX):
+            raise GreenroomError("invalid_parameter", f"'top_k' must be an integer from 1 to {TOP_K_MAX}", "top_k")
+        sae_id = body.get("sae_id")
+        if sae_id is not None and not isinstance(sae_id, str):
+            raise GreenroomError("invalid_parameter", "'sae_id' must be the id of an SAE attached to the model",
+                                 "sae_id")
+        held = tree.monitoring.config(model)
+        if sae_id is not None or enabled:  # what monitoring will read must be attached now
+            sae_id = await _attached_sae(tree, model, sae_id)
+        config = MonitorConfig(model, enabled, sae_id or held.sae_id, top_k or held.top_k)
+        return _config(await tree.monitoring.configure(config))
+
+    @app.get(RECORDS)
+    async def records():
+        """The records kept (the last RING_SIZE), oldest first, newer than `since`."""
+        model = _model_filter(tree)
+        since = _integer("since", 0, 0)
+        limit = _integer("limit", DEFAULT_LIMIT, 1, RING_SIZE)
+        out, after = tree.monitoring.records(model, since, limit)
+        return {"records": out, "next": after}
+
+    @app.get(STREAM)
+    async def stream():
+        """Each new record as a server-sent event, until the client goes."""
+        model = _model_filter(tree)
+
+        async def events():
+            with tree.monitoring.subscribe(model) as subscriber:
+                yield b": monitoring\n\n"  # the stream is open (and subscribed) from the first byte
+                while True:
+                    item = None
+                    with trio.move_on_after(HEARTBEAT_S):
+                        item = await subscriber.receive()
+                    if item is None:
+                        yield b": keep-alive\n\n"
+                    elif item[0] == "dropped":  # this reader fell behind; /records still has them
+                        yield _event("dropped", {"dropped": item[1]})
+                    else:
+                        yield _event(None, item[1])
+
+        response = Response(events(), content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        response.timeout = None
+        return response
+
+
+def _event(name: str | None, data: dict) -> bytes:
+    head = f"event: {name}\n".encode() if name else b""
+    return head + b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _config(config: MonitorConfig) -> dict:
+    return attrs.asdict(config)
+
+
+def _steerable(tree: Tree) -> list[str]:
+    return [model for model in tree.replicas if tree.capabilities(model)[0] == "transformers"]
+
+
+async def _attached_sae(tree: Tree, model: str, sae_id: str | None) -> str:
+    """`sae_id` if it is attached to `model`; left out, the one SAE attached."""
+    attached = [sae["sae_id"] for sae in (await tree.steering("get", model))["saes"]]
+    if sae_id is None:
+        if len(attached) == 1:
+            return attached[0]
+        raise GreenroomError("missing_parameter" if attached else "sae_not_attached",
+                             f"several SAEs are attached to model {model!r}: name one with sae_id "
+                             f"({', '.join(attached)})" if attached else
+                             f"no SAE is attached to model {model!r}: attach one (POST /api/saes/attach) first",
+                             "sae_id")
+    if sae_id not in attached:
+        raise GreenroomError("sae_not_attached", f"no SAE {sae_id!r} is attached to model {model!r} "
+                             f"(attached: {', '.join(attached) or 'none'})", "sae_id")
+    return sae_id
+
+
+def _model_filter(tree: Tree) -> str | None:
+    name = request.args.get("model")
+    return None if name is None else tree.resolve(name)
+
+
+def _integer(name: str, default: int, low: int, high: int | None = None) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < low or (high is not None and int(raw) > high):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be an integer ≥ {low}"
+                             + (f" and ≤ {high}" if high is not None else ""), name)
+    return int(raw)

@@ -1,0 +1,91 @@
+"""SAE monitoring in the front end: each model's configuration (persisted: store/monitoring.py)
+and the records generations bring back, kept in memory — the last RING_SIZE of them, and a
+copy to every live subscriber.
+
+A record is one choice's top-k SAE features, read pre-steering over every position it fed
+the model (engines/steering.py, `Monitor`). A subscriber that does not keep up is never
+waited for: what does not fit its buffer is dropped for it, and it is told how many.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+
+import trio
+
+from greenroom.store.monitoring import MonitorConfig, MonitoringStore
+
+RING_SIZE = 1000
+SUBSCRIBER_BUFFER = 256  # records a subscriber may fall behind before it loses some
+
+
+class Subscriber:
+    """One live reader: `receive` gives ("record", record) or ("dropped", how many were lost)."""
+
+    def __init__(self, model: str | None):
+        self.model = model  # None: every model's records
+        self._send, self._recv = trio.open_memory_channel(SUBSCRIBER_BUFFER)
+        self._dropped = 0
+
+    async def receive(self) -> tuple[str, dict | int]:
+        return await self._recv.receive()
+
+    def offer(self, record: dict) -> None:
+        if self.model is not None and record["model"] != self.model:
+            return
+        try:
+            if self._dropped:  # the gap is announced where it happened, before what came after it
+                self._send.send_nowait(("dropped", self._dropped))
+                self._dropped = 0
+            self._send.send_nowait(("record", record))
+        except trio.WouldBlock:
+            self._dropped += 1
+
+
+class Monitoring:
+    def __init__(self, cache_dir: str | None):
+        self._store = MonitoringStore(cache_dir)
+        self._configs = self._store.all()  # read once: the front end is the only writer
+        self._ring: collections.deque[dict] = collections.deque(maxlen=RING_SIZE)
+        self._last_id = 0
+        self._subscribers: set[Subscriber] = set()
+
+    def config(self, model: str) -> MonitorConfig:
+        return self._configs.get(model) or MonitorConfig(model)
+
+    async def configure(self, config: MonitorConfig) -> MonitorConfig:
+        await trio.to_thread.run_sync(self._store.put, config)  # a disk write off the event loop
+        self._configs[config.model] = config
+        return config
+
+    def record(self, model: str, request_id: str, endpoint: str, choice: int, monitored: dict) -> dict:
+        """Keep one choice's record (the engine's Monitor.result) and hand it to the subscribers."""
+        self._last_id += 1
+        record = {"id": self._last_id, "time": round(time.time(), 3), "model": model, "request_id": request_id,
+                  "endpoint": endpoint, "choice": choice, **monitored}
+        self._ring.append(record)
+        for subscriber in self._subscribers:
+            subscriber.offer(record)
+        return record
+
+    def records(self, model: str | None, since: int, limit: int) -> tuple[list[dict], int]:
+        """Up to `limit` records newer than id `since` (of `model`, or all), oldest first, and the
+        `since` that continues after them."""
+        out = []
+        for record in self._ring:
+            if record["id"] > since and (model is None or record["model"] == model):
+                if len(out) == limit:
+                    return out, out[-1]["id"]
+                out.append(record)
+        return out, self._last_id  # below `since` after a restart renumbered them: start again
+
+    @contextlib.contextmanager
+    def subscribe(self, model: str | None):
+        subscriber = Subscriber(model)
+        self._subscribers.add(subscriber)
+        try:
+            yield subscriber
+        finally:
+            self._subscribers.discard(subscriber)
