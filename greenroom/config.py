@@ -52,6 +52,11 @@ class Config:
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
+    # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
+    # the server's maximum dial, all within [0, 2]
+    cluster_intensity_min: float = 0.5
+    circuit_intensity_min: float = 0.0
+    intensity_max: float = 2.0
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)  # a misplaced key is an error, not a no-op
@@ -82,7 +87,11 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
     if extras is not None:
         raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
     raw.update({k: v for k, v in overrides.items() if v is not None})
-    return _converter.structure(raw, Config)
+    config = _converter.structure(raw, Config)
+    from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start
+
+    Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
+    return config
 
 
 def detect_engine_actors() -> list[str]:

@@ -72,6 +72,8 @@ TABLE: dict[str, ErrorKind] = {
     "steering_unsupported": ErrorKind(400, INVALID),  # GGUF and OpenVINO models have no SAE hooks
     "profile_not_found": ErrorKind(404, INVALID),  # an unknown steering profile (the spec's code)
     "profile_exists": ErrorKind(409, INVALID),  # creating or importing a profile under a name in use
+    "circuit_not_found": ErrorKind(404, INVALID),  # an unknown circuit
+    "circuit_exists": ErrorKind(409, INVALID),  # importing a circuit under a name in use
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),

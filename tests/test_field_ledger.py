@@ -33,8 +33,8 @@ def served(r):
 
 # (field, a value that changes output) per endpoint, for the transformers engine
 # scoring fields, response_format and tools are honoured on transformers: test_scoring.py, test_structured.py
-CHAT_REFUSED = [  # profile is honoured on transformers: test_profile_requests.py
-    ("steering_intensity", 0.5), ("steering", {"0": 1}), ("dimensions", 8),
+CHAT_REFUSED = [  # profile and steering_intensity are honoured on transformers: test_intensity.py
+    ("steering", {"0": 1}), ("dimensions", 8),
     ("logit_bias", {"5": 10}),
 ]
 COMPLETION_REFUSED = [

@@ -11,6 +11,7 @@ is recorded, so an engine actor never receives one it cannot attach.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 import attrs
 import trio
 
+from greenroom.actors import steering_bases as bases
+from greenroom.actors import steering_rules as rules
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
@@ -26,12 +29,13 @@ from greenroom.protocol import (
 )
 from greenroom.store.steering import ModelSteering, SteeringStore
 
+log = logging.getLogger(__name__)
 
 
 @tractor.context
-async def steering_session(ctx, parent_pid: int, cache_dir: str | None):
+async def steering_session(ctx, parent_pid: int, cache_dir: str | None, limits: dict):
     die_with_parent(parent_pid)
-    store = SteeringStore(cache_dir)
+    store, limits = SteeringStore(cache_dir), rules.Limits(**limits)
     await ctx.started({"ok": True, "models": []})
     async with ctx.open_stream() as stream:
         async for raw in stream:
@@ -41,21 +45,35 @@ async def steering_session(ctx, parent_pid: int, cache_dir: str | None):
                 await stream.send(to_wire(Events([Status(msg.rid, status)])))
             elif isinstance(msg, SteeringCommand):
                 try:  # SQLite and SAE files are blocking: off the loop, which keeps answering status
-                    state = await trio.to_thread.run_sync(run_command, store, cache_dir, msg)
-                    reply = SteeringSnapshot(msg.rid, state if isinstance(state, dict) else attrs.asdict(state))
+                    state = await trio.to_thread.run_sync(run_command, store, cache_dir, limits, msg)
+                    reply = SteeringSnapshot(msg.rid, state)
                 except GreenroomError as exc:
                     reply = Failed(msg.rid, exc.to_wire())
+                except Exception as exc:  # a fault in one command: that command's 500, not the coordinator's end
+                    log.exception("steering command %s failed", msg.op)
+                    reply = Failed(msg.rid, GreenroomError("internal_error", f"steering command {msg.op!r} failed: "
+                                                           f"{exc}").to_wire())
                 await stream.send(to_wire(Events([reply])))
 
 
-def run_command(store: SteeringStore, cache_dir: str | None, cmd: SteeringCommand) -> ModelSteering | dict:
-    if cmd.op.startswith("profile_"):
-        return _profile_command(store, cmd.op, cmd.model, cmd.args)
+def run_command(store: SteeringStore, cache_dir: str | None, limits: rules.Limits, cmd: SteeringCommand) -> dict:
+    """One command; a model's state comes back as `answer` makes it, anything else as the op's own dict."""
+    op, args = cmd.op, cmd.args
+    if op.startswith(("profile_", "cluster_")):
+        return _profile_command(store, limits, op, cmd.model, args)
+    if op.startswith("circuit_"):
+        return _circuit_command(store, limits, op, cmd.model, args)
+    if op == "lock_get":
+        return {"model": store.setting(bases.LOCK)}
+    if op == "lock_set":
+        store.put_setting(bases.LOCK, cmd.model or None)
+        return {"model": cmd.model or None}
     state = store.get(cmd.model)
-    args = cmd.args
-    if cmd.op == "get" or (cmd.op == "default" and state.version > 0):
-        return state
-    if cmd.op in ("attach", "default"):
+    if op == "request":
+        return bases.request(store, state, args.get("profile"), args.get("intensity"), limits)
+    if op == "get" or (op == "default" and state.version > 0):
+        return answer(store, state, limits)
+    if op in ("attach", "default"):
         record = _resolve_sae(cache_dir, args["sae"], args.get("layer"), args.get("sae_id"), args["placement"])
         for other in state.saes:
             if other["sae_id"] == record["sae_id"]:
@@ -64,51 +82,78 @@ def run_command(store: SteeringStore, cache_dir: str | None, cmd: SteeringComman
             if other["block"] == record["block"]:
                 raise GreenroomError("invalid_parameter", f"block {record['block']} of {cmd.model!r} already has SAE "
                                      f"{other['sae_id']!r} attached (one SAE per block)", "sae")
-        return store.put(attrs.evolve(state, saes=[*state.saes, record]))
-    if cmd.op == "detach":
+        return _put(store, limits, attrs.evolve(state, saes=[*state.saes, record]))
+    if op == "detach":
         sae_id = args["sae_id"]
-        _attached(state, sae_id, "sae_id")
-        return store.put(attrs.evolve(state, saes=[s for s in state.saes if s["sae_id"] != sae_id],
-                                      strengths={k: v for k, v in state.strengths.items() if k != sae_id}))
-    if cmd.op == "set":
-        strengths = state.strengths if args.get("strengths") is None else _strengths(state, args["strengths"])
-        enabled = state.enabled if args.get("enabled") is None else bool(args["enabled"])
-        return store.put(attrs.evolve(state, enabled=enabled, strengths=strengths))
-    raise GreenroomError("invalid_parameter", f"unknown steering command {cmd.op!r}")
+        bases.attached(state, sae_id, "sae_id")
+        return _put(store, limits, attrs.evolve(state, saes=[s for s in state.saes if s["sae_id"] != sae_id],
+                                                strengths={k: v for k, v in state.strengths.items() if k != sae_id}))
+    if op == "set":  # values set directly replace the active base's; enabling alone keeps it
+        if args.get("strengths") is not None:
+            state = attrs.evolve(state, strengths=bases.checked(state, args["strengths"]), active=None)
+        if args.get("enabled") is not None:
+            state = attrs.evolve(state, enabled=bool(args["enabled"]))
+        return _put(store, limits, state)
+    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
 
 
-# what names an SAE wherever it is attached: an imported profile's SAEs must match on these
-SAE_IDENTITY = ("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture")
-_SAME_SAE = ("layer", "hook_point", "width", "d_in", "architecture")  # the source's path may differ per machine
+def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict:
+    """A model's state as the front end receives it: the stored fields and `serving`, what the
+    active base is and, while a circuit genuinely steers, its rung."""
+    return {**attrs.asdict(state), "serving": bases.serving(store, state, limits)}
 
 
-def _profile_command(store: SteeringStore, op: str, model: str, args: dict) -> ModelSteering | dict:
-    """The profile ops; the model a profile steers is the one it was created (or imported) for."""
+def _put(store: SteeringStore, limits: rules.Limits, state: ModelSteering) -> dict:
+    """Store the next version of `state`, its live values re-derived from its active base (a
+    circuit's bindings follow the SAEs attached)."""
+    if state.active is not None:
+        state = attrs.evolve(state, strengths=bases.live_values(store, state, limits))
+    return answer(store, store.put(state), limits)
+
+
+def _activated(store: SteeringStore, limits: rules.Limits, state: ModelSteering, kind: str, name: str) -> dict:
+    return _put(store, limits, attrs.evolve(state, active={"kind": kind, "name": name}))
+
+
+def _profile_command(store: SteeringStore, limits: rules.Limits, op: str, model: str, args: dict) -> dict:
+    """The profile and cluster ops; the model a profile steers is the one it was created (or
+    imported) for. A cluster is a profile with an intensity range and a persistent dial."""
     if op == "profile_list":
         return {"profiles": store.profiles()}
+    if op == "cluster_list":
+        return {"clusters": [bases.cluster_summary(p, store) for p in store.profiles() if p.get("cluster")]}
     name = args["name"]
-    if op in ("profile_create", "profile_import"):
+    if op in ("profile_create", "profile_import", "cluster_import"):
         if store.profile(name) is not None:
-            raise GreenroomError("profile_exists", f"a profile named {name!r} exists; update or delete it", "name")
+            raise GreenroomError("profile_exists", f"a profile or cluster named {name!r} exists; update or delete it",
+                                 "name")
         state = store.get(model)
         for i, sae in enumerate(args.get("saes", ())):  # an import: the SAEs it was made with must be attached
-            held = _attached(state, sae["sae_id"], f"saes[{i}]")
-            differs = [k for k in _SAME_SAE if sae[k] != held[k]]
+            held = bases.attached(state, sae["sae_id"], f"saes[{i}]")
+            differs = [k for k in bases.SAME_SAE if sae[k] != held[k]]
             if differs:
                 raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not "
                                      f"the document's: its {', '.join(differs)} differ", f"saes[{i}]")
         now = int(time.time())
-        profile = {"name": name, "model": state.model, "description": args["description"], "created_at": now}
-        return _put_profile(store, state, profile, args["strengths"])
+        profile = {"name": name, "model": state.model, "description": args["description"], "created_at": now,
+                   "cluster": None}
+        if op != "cluster_import":
+            return _put_profile(store, state, profile, args["strengths"])
+        sae_id, cap = args["sae_id"], rules.cluster_bounds(args["intensity_range"], limits)[1]
+        bases.attached(state, sae_id, "sae_id")
+        _dial(args["intensity"], cap, "intensity")
+        profile["cluster"] = {"sae_id": sae_id, "intensity": args["intensity"],
+                              "intensity_range": args["intensity_range"], "labels": args["labels"]}
+        return bases.cluster_summary(_put_profile(store, state, profile, {sae_id: args["members"]}, "members"), store)
     profile = store.profile(name)
-    if profile is None:
-        raise GreenroomError("profile_not_found", f"no steering profile named {name!r}",
-                             "profile" if op == "profile_request" else "name")
+    if profile is None or (op.startswith("cluster_") and not profile.get("cluster")):
+        raise GreenroomError("profile_not_found", f"no steering {'cluster' if op.startswith('cluster_') else 'profile'}"
+                             f" named {name!r}", "name")
     if op == "profile_get":
         return profile
-    if op == "profile_request":  # a chat request's profile, for that request only: nothing is written
-        return {"strengths": _request_strengths(store.get(model), profile)}
-    if op == "profile_delete":
+    if op == "cluster_get":
+        return bases.cluster_summary(profile, store)
+    if op in ("profile_delete", "cluster_delete"):  # a model it was active on keeps its live values
         store.delete_profile(name)
         return {"name": name, "deleted": True}
     state = store.get(profile["model"])
@@ -120,63 +165,80 @@ def _profile_command(store: SteeringStore, op: str, model: str, args: dict) -> M
             store.put_profile(profile)
             return profile
         return _put_profile(store, state, profile, args["strengths"])
-    if op == "profile_activate":  # the profile's strengths as the model's live state: a steering write
-        return store.put(attrs.evolve(state, strengths=_strengths(state, profile["strengths"], "strengths")))
+    if op == "profile_activate":  # the profile's (a cluster's: dialled) strengths as the live state
+        bases.checked_strengths(state, profile)  # refused, not half-applied, if invalid for the SAEs now
+        return _activated(store, limits, attrs.evolve(state, strengths=bases.checked(state, profile["strengths"],
+                                                                                    "strengths")),
+                          "profile", name)
+    if op == "cluster_intensity":  # the persistent dial: [0, the cap]; an active cluster re-applies at once
+        cluster = profile["cluster"]
+        _dial(args["intensity"], rules.cluster_bounds(cluster["intensity_range"], limits)[1], "intensity")
+        profile["cluster"] = {**cluster, "intensity": args["intensity"]}
+        profile["updated_at"] = int(time.time())
+        store.put_profile(profile)
+        live = state.active == {"kind": "profile", "name": name}
+        return {"cluster": bases.cluster_summary(profile, store), "state": _put(store, limits, state) if live else None}
     raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
 
 
-def _request_strengths(state: ModelSteering, profile: dict) -> dict[str, dict[str, float]]:
-    """The profile's strengths checked against the SAEs attached to the request's model now
-    (the spec: no SAE attached → the request runs unsteered; a profile invalid for them → 400)."""
-    if not state.saes:
-        return {}
-    if profile["model"] != state.model:
-        raise GreenroomError("invalid_parameter", f"profile {profile['name']!r} steers model {profile['model']!r}, "
-                             f"not {state.model!r}", "profile")
-    for sae in profile["saes"]:
-        held = _attached(state, sae["sae_id"], "profile")
-        differs = [k for k in _SAME_SAE if sae[k] != held[k]]
-        if differs:
-            raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not the "
-                                 f"one profile {profile['name']!r} was made with: its {', '.join(differs)} differ",
-                                 "profile")
-    return _strengths(state, profile["strengths"], "profile")
+def _circuit_command(store: SteeringStore, limits: rules.Limits, op: str, model: str, args: dict) -> dict:
+    if op == "circuit_list":
+        return {"circuits": [bases.circuit_summary(c, store) for c in store.circuits()]}
+    if op == "circuit_import":
+        return bases.circuit_summary(bases.new_circuit(store, store.get(model), args), store)
+    if op == "circuit_active":
+        state = store.get(model)
+        circuit = store.circuit(state.active["name"]) if (state.active or {}).get("kind") == "circuit" else None
+        serving = bases.serving(store, state, limits) if circuit is not None else None
+        return {"model": model, "circuit": bases.circuit_summary(circuit, store) if circuit else None,
+                "serving_mode": serving and serving["mode"], "reason": serving and serving["reason"],
+                "steering": _circuit_steering(store, state, serving, limits) if serving else None}
+    name = args["name"]
+    circuit = store.circuit(name)
+    if circuit is None:
+        raise GreenroomError("circuit_not_found", f"no circuit named {name!r}", "name")
+    if op == "circuit_get":
+        return bases.circuit_summary(circuit, store)
+    if op == "circuit_delete":  # a model it was active on keeps its live values, with no rung
+        store.delete_circuit(name)
+        return {"name": name, "deleted": True}
+    state = store.get(circuit["model"])
+    if op == "circuit_activate":
+        return _activated(store, limits, state, "circuit", name)
+    if op == "circuit_intensity":  # stored as dialled; serving clamps it into the circuit's range
+        _dial(args["intensity"], rules.ENVELOPE[1], "intensity")
+        circuit = {**circuit, "intensity": args["intensity"], "updated_at": int(time.time())}
+        store.put_circuit(circuit)
+        live = state.active == {"kind": "circuit", "name": name}
+        return {"circuit": bases.circuit_summary(circuit, store), "state": _put(store, limits, state) if live else None}
+    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
 
 
-def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict) -> dict:
+def _circuit_steering(store: SteeringStore, state: ModelSteering, serving: dict, limits: rules.Limits) -> dict | None:
+    """GET /api/circuits/active's `steering`: present only while the circuit genuinely steers
+    (what X-miLLM-Circuit-Rung says), with the values each layer applies."""
+    if "rung" not in serving:
+        return None
+    by_id = {sae["sae_id"]: sae for sae in state.saes}
+    return {"rung": serving["rung"], "language": serving["language"], "header": rules.rung_header(serving["rung"]),
+            "intensity": serving["intensity"],
+            "layers": [{"layer": by_id[sae_id]["layer"], "sae_id": sae_id, "strengths": strengths}
+                       for sae_id, strengths in state.strengths.items()]}
+
+
+def _dial(value: float, cap: float, param: str) -> None:
+    if not 0 <= value <= cap:
+        raise GreenroomError("invalid_parameter", f"the intensity {value:g} is outside [0, {cap:g}]", param)
+
+
+def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict,
+                 param: str | None = None) -> dict:
     """Store `profile` with `strengths` checked against the SAEs attached now, and their identities."""
-    strengths = _strengths(state, strengths)
-    saes = [{k: sae[k] for k in SAE_IDENTITY} for sae in state.saes if sae["sae_id"] in strengths]
+    strengths = bases.checked(state, strengths, param)
+    saes = [{k: sae[k] for k in bases.SAE_IDENTITY} for sae in state.saes if sae["sae_id"] in strengths]
     profile = {**profile, "strengths": strengths, "saes": saes, "updated_at": int(time.time())}
     store.put_profile(profile)
     return profile
-
-
-def _attached(state: ModelSteering, sae_id: str, param: str) -> dict:
-    for sae in state.saes:
-        if sae["sae_id"] == sae_id:
-            return sae
-    raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to {state.model!r} (attached: "
-                         f"{[s['sae_id'] for s in state.saes]})", param)
-
-
-def _strengths(state: ModelSteering, strengths: dict, param: str | None = None) -> dict[str, dict[str, float]]:
-    """The new strengths (their values checked by the front end, http/steering_api.py), checked
-    against the attached SAEs' widths; zeros are dropped (a
-    zero steers nothing), so clearing a feature and never setting it read the same. `param`:
-    what a refusal names instead of the request's strengths (a stored profile's are not sent)."""
-    out = {}
-    for sae_id, features in strengths.items():
-        width = _attached(state, sae_id, param or f"strengths.{sae_id}")["width"]
-        for feature, strength in features.items():
-            if not (feature.isdigit() and int(feature) < width):
-                raise GreenroomError("invalid_feature_index", f"feature {feature!r} is outside SAE {sae_id!r} "
-                                     f"(width {width}: features 0–{width - 1})",
-                                     param or f"strengths.{sae_id}.{feature}")
-        live = {str(int(f)): float(s) for f, s in features.items() if s}
-        if live:
-            out[sae_id] = live
-    return out
 
 
 def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: str | None,

@@ -25,7 +25,7 @@ class Capabilities:
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
                                  scoring=True, response_format=True, tools=True, sae_activations=True,
-                                 profile=True),
+                                 profile=True, steering=True),
     # llama.cpp: its repeat penalty honours ours; seeds are not measured to reproduce, there is no
     # per-token distribution for scoring, no grammar bridge, and the file's template takes no variables
     "llama.cpp": Capabilities(penalties=True, embeddings=True),

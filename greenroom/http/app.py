@@ -13,7 +13,9 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
-from greenroom.http import manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api
+from greenroom.http import (
+    clusters_api, manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api,
+)
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -40,6 +42,22 @@ ENDPOINTS = [
     ("GET", "/api/profiles/{name}/export", "a profile as a self-contained document (with its SAEs' identities)"),
     ("POST", "/api/profiles/import", "import an exported profile (its SAEs must be attached to the model)"),
     ("DELETE", "/api/profiles/{name}", "delete a steering profile"),
+    ("GET", "/api/clusters", "clusters: a profile's members with an intensity_range and a persistent dial"),
+    ("POST", "/api/clusters/import", "import a cluster document (greenroom.cluster.v1)"),
+    ("GET", "/api/clusters/{name}", "one cluster"),
+    ("DELETE", "/api/clusters/{name}", "delete a cluster"),
+    ("PUT", "/api/clusters/{name}/intensity", "a cluster's persistent dial: {\"intensity\": 0 to its cap}"),
+    ("POST", "/api/clusters/{name}/activate", "a cluster's dialled strengths as its model's live steering"),
+    ("GET", "/api/circuits", "circuits: members per layer, evidence rung, range, dial, backing cluster"),
+    ("POST", "/api/circuits/import", "import a circuit document (greenroom.circuit.v1)"),
+    ("GET", "/api/circuits/active", "the active circuit, its serving mode and whether it genuinely steers: ?model="),
+    ("GET", "/api/circuits/{name}", "one circuit"),
+    ("DELETE", "/api/circuits/{name}", "delete a circuit"),
+    ("PUT", "/api/circuits/{name}/intensity", "a circuit's persistent dial: {\"intensity\": 0–2}"),
+    ("POST", "/api/circuits/{name}/activate", "a circuit's dialled members as its model's live steering"),
+    ("GET", "/api/steering/lock", "the model locked for steering (/v1/models then lists it alone)"),
+    ("PUT", "/api/steering/lock", "lock steering to a model: {\"model\"}"),
+    ("DELETE", "/api/steering/lock", "lift the steering lock"),
     ("GET", "/api/monitoring", "each steerable model's SAE monitoring: enabled, sae_id, top_k"),
     ("PUT", "/api/monitoring", "set monitoring: {\"model\", \"enabled\", \"sae_id\"?, \"top_k\"?: 1–64}"),
     ("GET", "/api/monitoring/records", "monitoring records, oldest first: ?model=&since=<id>&limit="),
@@ -150,6 +168,7 @@ def create_app(tree: Tree) -> Quart:
     ollama_api.register(app, tree)
     manage_api.register(app, tree)
     steering_api.register(app, tree)
+    clusters_api.register(app, tree)
     monitoring_api.register(app, tree)
     ollama_models.register(app, tree)
     if tree.config.request_timeout_s:

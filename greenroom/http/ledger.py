@@ -47,7 +47,6 @@ def refused(*noop, why: str) -> Rule:
 
 
 _SCORING = "scoring mode is not available on this engine yet"
-_STEERING = "steering is not available on this engine yet"
 _PROFILE = "this engine has no SAE hooks to steer with (only transformers models are steered)"
 _SAE = "this engine has no SAE hooks (only transformers models read SAE activations)"
 _TOOLS = "tool calling is not available on this engine yet"
@@ -74,7 +73,7 @@ CHAT = {
     "allowed_token_ids": needs("scoring", why=_SCORING),
     "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
     "extra_messages": USE,
-    "profile": needs("profile", why=_PROFILE), "steering_intensity": needs("steering", why=_STEERING),
+    "profile": needs("profile", why=_PROFILE), "steering_intensity": needs("steering", why=_PROFILE),
     "return_sae_activations": needs("sae_activations", why=_SAE),
     "functions": needs("tools", [], why=_TOOLS), "function_call": needs("tools", why=_TOOLS),
     "parallel_tool_calls": needs("tools", why=_TOOLS),

@@ -76,7 +76,7 @@ def register(app: Quart, tree: Tree) -> None:
     @app.get(CONFIG)
     async def configs():
         """Each steerable model's monitoring configuration."""
-        return {"models": [_config(tree.monitoring.config(model)) for model in _steerable(tree)]}
+        return {"models": [_config(tree.monitoring.config(model)) for model in tree.steerable()]}
 
     @app.put(CONFIG)
     async def configure():
@@ -147,10 +147,6 @@ def _event(name: str | None, data: dict) -> bytes:
 
 def _config(config: MonitorConfig) -> dict:
     return attrs.asdict(config)
-
-
-def _steerable(tree: Tree) -> list[str]:
-    return [model for model in tree.replicas if tree.capabilities(model)[0] == "transformers"]
 
 
 async def _attached_sae(tree: Tree, model: str, sae_id: str | None) -> str:

@@ -88,10 +88,10 @@ def register(app: Quart, tree: Tree) -> None:
         plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
         gen = await sae_activations.attach(tree, req.body, gen)
-        gen = await steering_api.request_profile(tree, req.body, gen)
+        gen, steering = await steering_api.request_steering(tree, req.body, gen)
         extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
                         ) if tree.config.expose_extras else None
-        return await _complete(tree, gen, stream, req, plan, extras)
+        return await _complete(tree, gen, stream, req, plan, extras, steering)
 
     @app.post("/v1/completions")
     async def completions():
@@ -102,7 +102,7 @@ def register(app: Quart, tree: Tree) -> None:
             return await _score(tree, score, req, scoring.completion_response)
         gen = openai_params.completion_request(req.body, req.model, stream)
         gen = await sae_activations.attach(tree, req.body, gen)
-        return await _complete(tree, gen, stream, req, None)
+        return await _complete(tree, gen, stream, req, None, steering=steering_api.live_headers(tree, gen.model))
 
     @app.post("/v1/embeddings")
     async def embeddings():
@@ -143,7 +143,9 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [_model_card(m["id"]) for m in tree.models()]}
+        """Every available model; while one is locked for steering, that one alone (spec: Models)."""
+        return {"object": "list", "data": [_model_card(m["id"]) for m in tree.models()
+                                           if tree.locked_model in (None, m["id"])]}
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str):
@@ -214,11 +216,11 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
 
 
 async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, plan: structured.Plan | None,
-                    extras: Extras | None = None):
+                    extras: Extras | None = None, steering: dict[str, str] | None = None):
     """Chat when `plan` is given (its constraint and tools), else a text completion;
-    `extras` adds the x_needle block."""
+    `extras` adds the x_needle block; `steering`: the steering headers (steering_api)."""
     headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(
-        req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request")}
+        req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"), **(steering or {})}
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)

@@ -192,7 +192,12 @@ _SAMPLING_FIELDS = {
 }
 
 _NOT_HONOURED = "Refused with 400 field_not_honoured unless null"
-_STEERING = f"Steering: {_NOT_HONOURED.lower()} (no engine steers yet)"
+_STEERING = ("A steering dial for this request only: a λ in 0–2, or \"off\", \"min\" or \"max\". It scales the "
+             "base (the named profile, else the model's active profile, cluster or circuit, else the live values) by "
+             "the spec's intensity rules (clusters: capped at the declared range's top, else the server's maximum; "
+             "circuits: clamped into the declared range at both ends); 0/\"off\" turns steering off. The resolved "
+             "λ is echoed in X-miLLM-Steering-Intensity. Anything else: 400 invalid_parameter. GGUF/OpenVINO and "
+             "scoring: " + _NOT_HONOURED.lower())
 
 # Fields every generation endpoint knows and refuses, unless they carry a "no change" value.
 _REFUSED_FIELDS = {
@@ -648,6 +653,11 @@ def _steering_schemas() -> dict:
         "enabled": _BOOLEAN,
         "saes": _array(_ref("AttachedSAE")),
         "strengths": _STRENGTHS,
+        "active": _described(_nullable(_obj({"kind": {"enum": ["profile", "circuit"]}, "name": _string()},
+                                            ("kind", "name"))),
+                             "What the live values came from (a profile or cluster activated, or a circuit); null "
+                             "when they were set directly"),
+        "serving": _described(_nullable(_ref("Serving")), "How the active base serves now; null: none is active"),
         "live": _described(_BOOLEAN, "Whether every loaded placement of the model holds this version"),
     }, ("model", "version", "enabled", "saes", "strengths", "live"))
     return {
@@ -678,6 +688,10 @@ def _steering_schemas() -> dict:
                                "they were set"),
             "created_at": _COUNT,
             "updated_at": _COUNT,
+            "cluster": _described(_nullable(_obj({
+                "sae_id": _string(), "intensity": _number(), "intensity_range": _nullable(_RANGE),
+                "labels": {"type": "object", "additionalProperties": _string()}})),
+                "A cluster's dial, range and member labels (GET /api/clusters/{name}); null for a plain profile"),
         }, ("name", "model", "description", "strengths", "saes", "created_at", "updated_at")),
         "ProfileSAE": _obj({"sae_id": _string(), "source": _string(), "layer": _COUNT, "hook_point": _string(),
                             "width": _COUNT, "d_in": _COUNT, "architecture": _string()},
@@ -709,6 +723,156 @@ def _steering_schemas() -> dict:
             "strengths": _described(_STRENGTHS, "Replaces every strength of the model ({} clears them); zeros "
                                     "are dropped. Left out: the strengths stay"),
         }, ("model",), additionalProperties=False),
+    }
+
+
+_RANGE = _array(_number(minimum=0), minItems=2, maxItems=2)
+_DIAL = _number(minimum=0, maximum=2)
+_RUNG = _described(_integer(minimum=0, maximum=3), "The evidence rung: 0 associated, 1 suggested "
+                   "(attribution-supported), 2 causally validated (edge), 3 faithfulness-tested (circuit)")
+
+
+def _document_schemas() -> dict:
+    """Clusters, circuits and the steering lock (http/clusters_api.py, steering_api.py)."""
+    def members(feature_max: str) -> dict:
+        return _described(_array(_obj({
+            "feature": _integer(minimum=0), "strength": _number(minimum=-200, maximum=200),
+            "label": _string(maxLength=200)}, ("feature", "strength"), additionalProperties=False),
+            minItems=1, maxItems=64),
+            f"1–64 members, each feature once, strengths non-zero within ±200; {feature_max}")
+
+    listed = _array(_obj({"feature": _COUNT, "strength": _number(), "label": _string()}, ("feature", "strength")))
+    cluster = _obj({
+        "name": _string(), "model": _string(), "description": _string(), "sae_id": _string(), "members": listed,
+        "intensity": _described(_number(), "The persistent dial"),
+        "intensity_range": _described(_nullable(_RANGE), "As declared; null: [CLUSTER_INTENSITY_MIN, the "
+                                      "server's maximum]"),
+        "active": _described(_BOOLEAN, "Whether it is its model's active base"),
+        "created_at": _COUNT, "updated_at": _COUNT,
+    }, ("name", "model", "sae_id", "members", "intensity", "intensity_range", "active"))
+    circuit = _obj({
+        "name": _string(), "model": _string(), "description": _string(), "rung": _RUNG,
+        "language": _described(_string(), "The rung's phrase, rendered by the server"),
+        "layers": _array(_obj({"layer": _COUNT, "sae_id": _nullable(_string()), "members": listed},
+                              ("layer", "sae_id", "members"))),
+        "intensity": _described(_number(), "The persistent dial (serving clamps it into the range)"),
+        "intensity_range": _described(_nullable(_RANGE), "As declared; null: [CIRCUIT_INTENSITY_MIN, the "
+                                      "server's maximum]"),
+        "slice_fallback": _described(_nullable(_string()), "The backing cluster"),
+        "active": _BOOLEAN, "created_at": _COUNT, "updated_at": _COUNT,
+        "unparseable": _described(_string(), "Only when the stored definition no longer parses (it never steers)"),
+    }, ("name", "model", "intensity", "active"))
+    common = {"name": _PROFILE_NAME, "model": _MODEL, "description": _DESCRIPTION,
+              "intensity_range": _described(_RANGE, "[low, high], 0 ≤ low ≤ high, low ≤ 2; intersected with the "
+                                            "[0, 2] envelope"),
+              "intensity": _described(_DIAL, "The persistent dial (default 1)")}
+    return {
+        "Serving": _obj({
+            "kind": _described({"enum": ["profile", "cluster", "circuit", "live"]}, "The active base's kind"),
+            "name": _nullable(_string()),
+            "mode": _described(_nullable({"enum": ["circuit", "slice_fallback"]}), "A circuit's serving mode; "
+                               "null: it is not serving"),
+            "reason": _described(_nullable({"enum": ["no_sae_attached", "layers_unbound", "unparseable_definition",
+                                                     "steering_disabled", "intensity_off"]}),
+                                 "Why a circuit is not genuinely steering"),
+            "intensity": _described(_number(), "The λ the persistent dial resolves to"),
+            "rung": _RUNG,
+            "language": _described(_string(), "Present with rung: only while a circuit genuinely steers"),
+        }, ("kind", "name")),
+        "Cluster": cluster,
+        "ClusterList": _obj({"clusters": _array(_ref("Cluster"))}, ("clusters",)),
+        "ClusterDocument": _obj({
+            "format": {"const": "greenroom.cluster.v1"}, **common,
+            "sae_id": _described(_SAE_ID, "The attached SAE the members belong to"),
+            "members": members("each inside the SAE's width"),
+        }, ("format", "name", "model", "sae_id", "members"), additionalProperties=False),
+        "Circuit": circuit,
+        "CircuitList": _obj({"circuits": _array(_ref("Circuit"))}, ("circuits",)),
+        "CircuitDocument": _obj({
+            "format": {"const": "greenroom.circuit.v1"}, **common, "rung": _RUNG,
+            "layers": _described(_array(_obj({
+                "layer": _integer(minimum=0),
+                "sae_id": _described(_SAE_ID, "The SAE the members were authored against; left out: whichever "
+                                     "SAE is attached at that layer"),
+                "members": members("checked against the SAE attached at that layer, if any")},
+                ("layer", "members"), additionalProperties=False), minItems=1, maxItems=16),
+                "Members per layer, each layer once"),
+            "slice_fallback": _described(_PROFILE_NAME, "A cluster of the same model that steers while some member "
+                                         "layer has no SAE attached (under the cluster rule, with no rung)"),
+        }, ("format", "name", "model", "rung", "layers"), additionalProperties=False),
+        "CircuitActive": _obj({
+            "model": _string(),
+            "circuit": _nullable(_ref("Circuit")),
+            "serving_mode": _nullable({"enum": ["circuit", "slice_fallback"]}),
+            "reason": _nullable(_string()),
+            "steering": _described(_nullable(_obj({
+                "rung": _RUNG, "language": _string(),
+                "header": _described(_string(), "X-miLLM-Circuit-Rung as responses carry it"),
+                "intensity": _number(),
+                "layers": _array(_obj({"layer": _COUNT, "sae_id": _string(), "strengths": {"type": "object"}},
+                                      ("layer", "sae_id", "strengths")))},
+                ("rung", "language", "header", "intensity", "layers"))),
+                "Present only while the circuit genuinely steers generation (what X-miLLM-Circuit-Rung reports); "
+                "read this, not whether a circuit is active, before showing evidence language"),
+        }, ("model", "circuit", "serving_mode", "reason", "steering")),
+        "IntensityRequest": _obj({"intensity": _DIAL}, ("intensity",), additionalProperties=False),
+        "ClusterDialled": _obj({"cluster": _ref("Cluster"), "state": _described(
+            _nullable(_ref("ModelSteering")), "The model's steering when the cluster is active (re-applied at "
+            "once); null otherwise")}, ("cluster", "state")),
+        "CircuitDialled": _obj({"circuit": _ref("Circuit"), "state": _described(
+            _nullable(_ref("ModelSteering")), "The model's steering when the circuit is active (re-applied at "
+            "once); null otherwise")}, ("circuit", "state")),
+        "SteeringLock": _obj({"model": _described(_nullable(_string()), "The model locked for steering: "
+                                                  "/v1/models lists it alone; null: none")}, ("model",)),
+        "SteeringLockRequest": _obj({"model": _MODEL}, ("model",), additionalProperties=False),
+    }
+
+
+def _document_paths() -> dict:
+    def op(method: str, operation_id: str, summary: str, schema: str, description: str, body: str | None = None,
+           params: tuple = ()) -> dict:
+        return {method: _operation(summary, {"200": _json(_ref(schema), description)}, operation_id=operation_id,
+                                   body=_ref(body) if body else None, parameters=params)}
+
+    named = (_ref("ProfileName", "parameters"),)
+    model = {"name": "model", "in": "query", "required": False, "schema": _string(),
+             "description": "The model (default: the one locked for steering, else the only steerable one)"}
+    state = "The model's resulting steering state, its version, and whether it is live"
+    return {
+        "/api/clusters": op("get", "listClusters", "Clusters (profiles with an intensity range and a dial)",
+                            "ClusterList", "Every cluster"),
+        "/api/clusters/import": op("post", "importCluster", "Import a cluster document", "Cluster",
+                                   "The cluster (409 profile_exists when the name is taken)", "ClusterDocument"),
+        "/api/clusters/{name}": {
+            **op("get", "getCluster", "One cluster", "Cluster", "The cluster", params=named),
+            **op("delete", "deleteCluster", "Delete a cluster", "ProfileDeleted", "Deleted", params=named)},
+        "/api/clusters/{name}/intensity": op(
+            "put", "dialCluster", "Set a cluster's persistent dial, within [0, its range's top (else the server's "
+            "maximum)]", "ClusterDialled", "The cluster, and the re-applied steering when it is active",
+            "IntensityRequest", named),
+        "/api/clusters/{name}/activate": op("post", "activateCluster", "A cluster's dialled strengths as its "
+                                            "model's live steering", "ModelSteering", state, params=named),
+        "/api/circuits": op("get", "listCircuits", "Circuits", "CircuitList", "Every circuit"),
+        "/api/circuits/import": op("post", "importCircuit", "Import a circuit document", "Circuit",
+                                   "The circuit (409 circuit_exists when the name is taken)", "CircuitDocument"),
+        "/api/circuits/active": op("get", "activeCircuit", "The model's active circuit and whether it genuinely "
+                                   "steers", "CircuitActive", "The circuit, its serving mode and its `steering`",
+                                   params=(model,)),
+        "/api/circuits/{name}": {
+            **op("get", "getCircuit", "One circuit", "Circuit", "The circuit", params=named),
+            **op("delete", "deleteCircuit", "Delete a circuit", "ProfileDeleted", "Deleted", params=named)},
+        "/api/circuits/{name}/intensity": op(
+            "put", "dialCircuit", "Set a circuit's persistent dial, within [0, 2] (serving clamps it into the "
+            "circuit's range)", "CircuitDialled", "The circuit, and the re-applied steering when it is active",
+            "IntensityRequest", named),
+        "/api/circuits/{name}/activate": op("post", "activateCircuit", "A circuit's dialled members as its model's "
+                                            "live steering, each layer through its own SAE", "ModelSteering", state,
+                                            params=named),
+        "/api/steering/lock": {
+            **op("get", "getSteeringLock", "The model locked for steering", "SteeringLock", "The lock"),
+            **op("put", "lockSteering", "Lock the server to one steerable model (/v1/models lists it alone)",
+                 "SteeringLock", "The lock", "SteeringLockRequest"),
+            **op("delete", "unlockSteering", "Lift the steering lock", "SteeringLock", "The lock (null)")},
     }
 
 
@@ -776,6 +940,20 @@ def _headers() -> dict:
             "description": "none on a scoring response: scoring runs with every attached SAE's hook "
                            "suppressed (unsteered)",
             "schema": {"const": "none"},
+        },
+        "SteeringIntensity": {
+            "description": "The λ a steering_intensity resolved to (its base's rule applied); absent when the dial "
+                           "changes nothing: no SAE attached, an unknown profile at 0, steering disabled with a "
+                           "dial-only request, or an empty base",
+            "schema": _string(pattern=r"^[0-9]+(?:\.[0-9]+)?$"),
+            "example": "0.5",
+        },
+        "CircuitRung": {
+            "description": "While a circuit genuinely steers this response: its evidence rung and the server's "
+                           "phrase for it, in RFC 8941 form. Absent otherwise (no active circuit, a slice-fallback "
+                           "serve, an unparseable definition, no SAE on any member layer): absence is not rung 0",
+            "schema": _string(pattern=r'^[0-3]; language="[^"\\]*"$'),
+            "example": '2; language="causally validated (edge)"',
         },
         "Constrained": {
             "description": "The constraint the answer was decoded under, when response_format asked for one: "
@@ -859,8 +1037,10 @@ _STEERING_EXAMPLES = {"enable": {"model": DEMO_MODEL, "enabled": True}}
 def _paths() -> dict:
     strict = _ref("Strict", "parameters")
     ignored = {"X-miLLM-Ignored-Fields": _ref("IgnoredFields", "headers")}
-    seeded = {**ignored, "X-miLLM-Seed": _ref("Seed", "headers"), "X-miLLM-Steering": _ref("Steering", "headers")}
-    constrained = {**seeded, "X-miLLM-Constrained": _ref("Constrained", "headers")}
+    seeded = {**ignored, "X-miLLM-Seed": _ref("Seed", "headers"), "X-miLLM-Steering": _ref("Steering", "headers"),
+              "X-miLLM-Circuit-Rung": _ref("CircuitRung", "headers")}
+    constrained = {**seeded, "X-miLLM-Constrained": _ref("Constrained", "headers"),
+                   "X-miLLM-Steering-Intensity": _ref("SteeringIntensity", "headers")}
 
     def get(operation_id: str, summary: str, schema: str, description: str, **kw) -> dict:
         return {"get": _operation(summary, {"200": _json(_ref(schema), description)},
@@ -924,6 +1104,7 @@ def _paths() -> dict:
                                                "ProfileDocument", "The document POST /api/profiles/import takes"),
         "/api/profiles/import": profile("post", "importProfile", "Import an exported profile", "Profile",
                                         "The imported profile", "ProfileDocument", named=False),
+        **_document_paths(),
         **_monitoring_paths(),
         "/v1/models": get("listModels", "Models served", "ModelList", "The models served"),
         "/v1/models/{model_id}": get("getModel", "One model card", "Model", "The model's card",
@@ -1009,7 +1190,7 @@ def document() -> dict:
         "paths": _paths(),
         "components": {
             "schemas": {**_error_schemas(), **_request_schemas(), **_response_schemas(), **_steering_schemas(),
-                        **_monitoring_schemas()},
+                        **_document_schemas(), **_monitoring_schemas()},
             "responses": _error_response_components(),
             "parameters": _parameters(),
             "headers": _headers(),

@@ -12,12 +12,14 @@ the tree pushes the state again when it is back).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
 import attrs
 from quart import Quart, request
 
+from greenroom.actors import steering_rules as rules
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
@@ -26,8 +28,9 @@ from greenroom.http import openai_params
 from greenroom.protocol import Generate
 from greenroom.supervisor.tree import Tree
 
-PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering"})
+PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering", "/api/steering/lock"})
 PROFILES = "/api/profiles"
+DOCUMENTS = ("/api/clusters", "/api/circuits")  # http/clusters_api.py
 SAE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PROFILE_NAME = SAE_ID
 DESCRIPTION_MAX = 4096
@@ -39,20 +42,20 @@ _SAE_FIELDS = {"sae_id": str, "source": str, "layer": int, "hook_point": str, "w
 
 def owns(path: str) -> bool:
     """Whether `path` is one of these routes (OpenAI's error envelope, not Ollama's)."""
-    return path in PATHS or path == PROFILES or path.startswith(PROFILES + "/")
+    return path in PATHS or any(path == root or path.startswith(root + "/") for root in (PROFILES, *DOCUMENTS))
 
 
 def register(app: Quart, tree: Tree) -> None:
     @app.get("/api/saes")
     async def saes():
         """The SAEs attached to each steerable model, and the demo SAEs `attach` can build."""
-        return {"models": [await _answer(tree, model, await tree.steering("get", model)) for model in _steerable(tree)],
+        return {"models": [await _answer(tree, model, await tree.steering("get", model)) for model in tree.steerable()],
                 "available": [{"sae": f"demo:{size}:{layer}", "model_size": size, "layer": layer}
                               for size in SIZES for layer in demo_sae_layers(size)]}
 
     @app.post("/api/saes/attach")
     async def attach():
-        body = await _body({"model", "sae", "layer", "sae_id"})
+        body = await read_body({"model", "sae", "layer", "sae_id"})
         model = tree.resolve(openai_params.model_name(body))
         sae = body.get("sae")
         if not isinstance(sae, str) or not sae:
@@ -61,27 +64,41 @@ def register(app: Quart, tree: Tree) -> None:
         layer = body.get("layer")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 2**31):
             raise GreenroomError("invalid_parameter", "'layer' must be a non-negative integer", "layer")
-        return await _write(tree, "attach", model, sae=sae, layer=layer, sae_id=_sae_id(body, required=False))
+        return await write(tree, "attach", model, sae=sae, layer=layer, sae_id=_sae_id(body, required=False))
 
     @app.post("/api/saes/detach")
     async def detach():
-        body = await _body({"model", "sae_id"})
+        body = await read_body({"model", "sae_id"})
         model = tree.resolve(openai_params.model_name(body))
-        return await _write(tree, "detach", model, sae_id=_sae_id(body, required=True))
+        return await write(tree, "detach", model, sae_id=_sae_id(body, required=True))
 
     @app.get("/api/steering")
     async def steering():
         return {"models": [await _answer(tree, model, await tree.steering("get", model))
-                           for model in _steerable(tree)]}
+                           for model in tree.steerable()]}
 
     @app.put("/api/steering")
     async def set_steering():
-        body = await _body({"model", "enabled", "strengths"})
+        body = await read_body({"model", "enabled", "strengths"})
         model = tree.resolve(openai_params.model_name(body))
         enabled = body.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
-        return await _write(tree, "set", model, enabled=enabled, strengths=_strengths(body.get("strengths")))
+        return await write(tree, "set", model, enabled=enabled, strengths=_strengths(body.get("strengths")))
+
+    @app.get("/api/steering/lock")
+    async def steering_lock():
+        return {"model": tree.locked_model}
+
+    @app.put("/api/steering/lock")
+    async def lock_steering():
+        """Lock the server to one steerable model: /v1/models then lists it alone."""
+        body = await read_body({"model"})
+        return await tree.steering("lock_set", tree.resolve(openai_params.model_name(body)))
+
+    @app.delete("/api/steering/lock")
+    async def unlock_steering():
+        return await tree.steering("lock_set", None)
 
     @app.get(PROFILES)
     async def profiles():
@@ -89,10 +106,10 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.post(PROFILES)
     async def create_profile():
-        body = await _body({"name", "model", "description", "strengths"})
+        body = await read_body({"name", "model", "description", "strengths"})
         model = tree.resolve(openai_params.model_name(body))
-        return await tree.steering("profile_create", model, name=_profile_name(body.get("name")),
-                                   description=_description(body.get("description")) or "",
+        return await tree.steering("profile_create", model, name=check_name(body.get("name")),
+                                   description=check_description(body.get("description")) or "",
                                    strengths=_strengths(body.get("strengths")) or {})
 
     @app.get(PROFILES + "/<name>")
@@ -101,8 +118,8 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.put(PROFILES + "/<name>")
     async def update_profile(name: str):
-        body = await _body({"description", "strengths"})
-        description, strengths = _description(body.get("description")), _strengths(body.get("strengths"))
+        body = await read_body({"description", "strengths"})
+        description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
         model = (await tree.steering("profile_get", None, name=name))["model"]
         return await tree.steering("profile_update", model, name=name, description=description, strengths=strengths)
 
@@ -114,7 +131,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def activate_profile(name: str):
         """The profile's strengths become the model's live steering, as PUT /api/steering writes them."""
         model = (await tree.steering("profile_get", None, name=name))["model"]
-        return await _write(tree, "profile_activate", model, name=name)
+        return await write(tree, "profile_activate", model, name=name)
 
     @app.get(PROFILES + "/<name>/export")
     async def export_profile(name: str):
@@ -127,7 +144,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def import_profile():
         """A document GET …/export wrote; refused unless its SAEs are attached to the model as
         they were (the coordinator compares identities and checks widths)."""
-        body = await _body({"format", "profile", "saes"})
+        body = await read_body({"format", "profile", "saes"})
         if body.get("format") != EXPORT_FORMAT:
             raise GreenroomError("invalid_parameter", f"'format' must be {EXPORT_FORMAT!r} (an exported profile)",
                                  "format")
@@ -152,30 +169,53 @@ def register(app: Quart, tree: Tree) -> None:
             if sae_id not in listed:
                 raise GreenroomError("invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'",
                                      f"strengths.{sae_id}")
-        return await tree.steering("profile_import", model, name=_profile_name(profile.get("name")),
-                                   description=_description(profile.get("description")) or "",
+        return await tree.steering("profile_import", model, name=check_name(profile.get("name")),
+                                   description=check_description(profile.get("description")) or "",
                                    strengths=strengths, saes=saes)
 
 
-async def request_profile(tree: Tree, body: dict, gen: Generate) -> Generate:
-    """`gen` with the strengths of the chat request's `profile` (spec: "Per-request steering
-    with profile"), resolved and checked by the coordinator: 404 profile_not_found, 400 when
-    invalid for the attached SAEs; with no SAE attached, none (the request runs unsteered)."""
-    name = body.get("profile")
-    if name is None:
-        return gen
-    if not isinstance(name, str) or not name:
+async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Generate, dict[str, str]]:
+    """`gen` with its own steering when the chat request names a `profile` or sends a
+    `steering_intensity` (spec: "Per-request steering with profile", "Intensity coupling"),
+    resolved by the coordinator (404 profile_not_found, 400 when invalid for the attached SAEs),
+    and the response headers: X-miLLM-Steering-Intensity echoing the resolved λ and
+    X-miLLM-Circuit-Rung while a circuit genuinely steers (each omitted as the spec lists).
+    Any other generation is served by the live state; its rung is the coordinator's last word."""
+    name, dial = body.get("profile"), intensity(body.get("steering_intensity"))
+    if name is not None and (not isinstance(name, str) or not name):
         raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
-    resolved = await tree.steering("profile_request", gen.model, name=name)
-    return attrs.evolve(gen, request_strengths=resolved["strengths"])
+    if name is None and dial is None:
+        return gen, live_headers(tree, gen.model)
+    resolved = await tree.steering("request", gen.model, profile=name, intensity=dial)
+    headers = {}
+    if resolved["intensity"] is not None:
+        headers["X-miLLM-Steering-Intensity"] = rules.intensity_header(resolved["intensity"])
+    if resolved["rung"] is not None:
+        headers["X-miLLM-Circuit-Rung"] = rules.rung_header(resolved["rung"])
+    return attrs.evolve(gen, request_strengths=resolved["strengths"]), headers
 
 
-def _steerable(tree: Tree) -> list[str]:
-    return [model for model, replicas in tree.replicas.items()
-            if all(m.placement["engine"] == "transformers" for m in replicas)]
+def live_headers(tree: Tree, model: str) -> dict[str, str]:
+    """X-miLLM-Circuit-Rung of a request the live state steers: while the model's active
+    circuit genuinely steers (the coordinator's `serving` says so with a rung)."""
+    serving = (tree.steering_states.get(model) or {}).get("serving") or {}
+    return {"X-miLLM-Circuit-Rung": rules.rung_header(serving["rung"])} if "rung" in serving else {}
 
 
-async def _write(tree: Tree, op: str, model: str, **args) -> dict:
+def intensity(value) -> float | str | None:
+    """steering_intensity: a λ in [0, 2] or "off" / "min" / "max"; anything else is a 400."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in rules.SYMBOLS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and rules.ENVELOPE[0] <= value <= rules.ENVELOPE[1]):
+        raise GreenroomError("invalid_parameter", "'steering_intensity' must be a number from 0 to 2, or \"off\", "
+                             f"\"min\" or \"max\" (got {json.dumps(value)})", "steering_intensity")
+    return float(value)
+
+
+async def write(tree: Tree, op: str, model: str, **args) -> dict:
     state = await tree.steering(op, model, **args)
     live = True
     for m in tree.replicas_of(model):
@@ -187,7 +227,7 @@ async def _answer(tree: Tree, model: str, state: dict) -> dict:
     return {**state, "live": await tree.steering_live(model, state)}
 
 
-async def _body(allowed: set[str]) -> dict:
+async def read_body(allowed: set[str]) -> dict:
     body = openai_params.parse_json(await request.get_data())
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -206,7 +246,7 @@ def _sae_id(body: dict, required: bool) -> str | None:
     return sae_id
 
 
-def _profile_name(name) -> str:
+def check_name(name) -> str:
     if name is None:
         raise GreenroomError("missing_parameter", "you must provide name", "name")
     if not isinstance(name, str) or not PROFILE_NAME.match(name):
@@ -214,7 +254,7 @@ def _profile_name(name) -> str:
     return name
 
 
-def _description(value) -> str | None:
+def check_description(value) -> str | None:
     if value is not None and (not isinstance(value, str) or len(value) > DESCRIPTION_MAX):
         raise GreenroomError("invalid_parameter", f"'description' must be a string of at most {DESCRIPTION_MAX} "
                              "characters", "description")

@@ -90,6 +90,10 @@ class Tree:
         }
         self._engine_actors = names
         self._default_saes = {model.id: model.sae for model in config.models if model.sae}
+        # the coordinator's last answer per model (every steering write goes through `steering`),
+        # so an undialled request knows its circuit rung without an actor round trip
+        self.steering_states: dict[str, dict] = {}
+        self.locked_model: str | None = None  # locked for steering: /v1/models lists it alone
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
@@ -206,7 +210,9 @@ class Tree:
                       "max_queue": self.config.max_queue, "default_max_tokens": self.config.default_max_tokens,
                       "continuous_batching": self.config.continuous_batching}
         elif slot.role == "steering":
-            fn, kwargs = steering_session, {"cache_dir": self.config.cache_dir}
+            fn, kwargs = steering_session, {"cache_dir": self.config.cache_dir, "limits": {
+                "cluster_min": self.config.cluster_intensity_min, "circuit_min": self.config.circuit_intensity_min,
+                "max": self.config.intensity_max}}
         else:
             fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
@@ -472,7 +478,17 @@ class Tree:
             reply = await events.__anext__()
         if isinstance(reply, Failed):
             raise GreenroomError.from_wire(reply.error)
+        for state in (reply.state, reply.state.get("state")):
+            if isinstance(state, dict) and "serving" in state:
+                self.steering_states[state["model"]] = state
+        if op in ("lock_get", "lock_set"):
+            self.locked_model = reply.state["model"]
         return reply.state
+
+    def steerable(self) -> list[str]:
+        """The models whose every placement runs on an engine with SAE hooks (transformers)."""
+        return [model for model, replicas in self.replicas.items()
+                if all(m.placement["engine"] == "transformers" for m in replicas)]
 
     async def push_steering(self, m: ModelState, state: dict) -> bool:
         """Send `state` to the engine actor holding placement `m`; whether it is live there
@@ -512,7 +528,12 @@ class Tree:
 
     async def _attach_default_saes(self) -> None:
         """A model's configured `sae`, attached on its first start (while nothing was ever set
-        for it): later starts restore what the store holds, detached or not."""
+        for it): later starts restore what the store holds, detached or not. Then the steering
+        lock and every steerable model's state, as the store holds them."""
+        try:
+            await self.steering("lock_get", None)
+        except Exception as exc:
+            log.error("the steering lock was not read: %s", exc)
         for model, sae in self._default_saes.items():
             try:
                 state = await self.steering("default", model, sae=sae)
@@ -520,6 +541,12 @@ class Tree:
                     await self.push_steering(m, state)
             except Exception as exc:
                 log.error("default SAE %r of model %s not attached: %s", sae, model, exc)
+        for model in self.steerable():
+            if model not in self.steering_states:
+                try:
+                    await self.steering("get", model)
+                except Exception as exc:
+                    log.error("steering state of model %s not read: %s", model, exc)
 
     def keep_alive(self, model: str, seconds: float | None) -> None:
         """After a request: unload `model` once it has been idle `seconds` (0: now; None or

@@ -1,0 +1,269 @@
+"""The steering coordinator's bases: what a model's steering comes from and how a dial scales
+it. A **base** is a plain profile, a cluster (a profile with an intensity range and a
+persistent dial), a circuit (members per layer, one dial for all), or the live values set
+directly. The model's *active* base is recorded beside its live values (store/steering.py);
+a request's base is its `profile`, else the active base, else the live values (spec:
+"Intensity coupling"). The dial rules themselves are in steering_rules.py.
+
+A circuit serves in one of three ways, decided by the SAEs attached now:
+- `circuit`: every member layer has an SAE attached (the one the document names, if it names
+  one) and every member fits that SAE: each layer is steered through its own SAE, and
+  responses carry X-miLLM-Circuit-Rung;
+- `slice_fallback`: some member layer has no SAE, and the circuit names a backing cluster whose
+  SAE is attached: the cluster steers, under the cluster rule, and no rung is claimed;
+- not serving (nothing steers): `no_sae_attached` on any member layer, `layers_unbound`
+  (some, with no usable fallback), `unparseable_definition` (a member past its SAE's width,
+  or a stored definition that no longer parses).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from greenroom.actors import steering_rules as rules
+from greenroom.errors import GreenroomError
+from greenroom.store.steering import ModelSteering, SteeringStore
+
+LOCK = "steering_lock"  # the settings key of the model locked for steering
+
+
+@attrs.frozen
+class Base:
+    kind: str  # live | profile | cluster | circuit | slice_fallback | not_serving
+    name: str | None = None
+    strengths: dict = attrs.Factory(dict)  # authored, before the dial
+    declared: list[float] | None = None  # intensity_range
+    dial: float = 1.0  # the persistent dial (plain profiles and live values: 1)
+    rung: int | None = None  # a circuit's evidence rung
+    reason: str | None = None  # why a circuit is not serving as one
+
+    def lam(self, dial, limits: rules.Limits) -> float:
+        """λ for a request's `dial` (None: the persistent one) under this base's rule."""
+        if self.kind == "circuit":
+            return rules.circuit_lambda(dial, self.dial, self.declared, limits)
+        if dial is None and self.kind in ("live", "profile"):
+            return 1.0  # undialled: the values as set
+        return rules.cluster_lambda(dial, self.dial, self.declared, limits)
+
+    def resolved(self, dial, limits: rules.Limits) -> dict:
+        return rules.scaled(self.strengths, self.lam(dial, limits))
+
+
+def profile_base(profile: dict, strengths: dict | None = None) -> Base:
+    """`strengths`: the profile's, already checked against the attached SAEs."""
+    strengths = profile["strengths"] if strengths is None else strengths
+    cluster = profile.get("cluster")
+    if cluster is None:
+        return Base("profile", profile["name"], strengths)
+    return Base("cluster", profile["name"], strengths, cluster["intensity_range"], cluster["intensity"])
+
+
+def circuit_base(store: SteeringStore, state: ModelSteering, circuit: dict) -> Base:
+    if "unparseable" in circuit:
+        return Base("not_serving", circuit["name"], reason="unparseable_definition")
+    by_layer = {sae["layer"]: sae for sae in state.saes}
+    bound, missing = {}, 0
+    for layer in circuit["layers"]:
+        sae = by_layer.get(layer["layer"])
+        if sae is None or layer["sae_id"] not in (None, sae["sae_id"]):
+            missing += 1
+            continue
+        if any(int(f) >= sae["width"] for f in layer["members"]):
+            return Base("not_serving", circuit["name"], reason="unparseable_definition")
+        bound[sae["sae_id"]] = layer["members"]
+    if not missing:
+        return Base("circuit", circuit["name"], bound, circuit["intensity_range"], circuit["intensity"],
+                    circuit["rung"])
+    fallback = store.profile(circuit["slice_fallback"]) if circuit["slice_fallback"] else None
+    if fallback is not None and fallback.get("cluster") and fallback["model"] == state.model:
+        try:
+            strengths = checked_strengths(state, fallback)
+        except GreenroomError:
+            strengths = None  # its SAE is not attached as it was: no fallback either
+        if strengths:  # the cluster's rule and range, under the circuit's dial
+            return Base("slice_fallback", circuit["name"], strengths, fallback["cluster"]["intensity_range"],
+                        circuit["intensity"])
+    return Base("not_serving", circuit["name"], reason="layers_unbound" if bound else "no_sae_attached")
+
+
+def active_base(store: SteeringStore, state: ModelSteering) -> Base:
+    """The model's active base; one deleted since it was activated leaves the live values."""
+    active = state.active or {}
+    if active.get("kind") == "circuit":
+        circuit = store.circuit(active["name"])
+        if circuit is not None:
+            return circuit_base(store, state, circuit)
+    elif active.get("kind") == "profile":
+        profile = store.profile(active["name"])
+        if profile is not None and profile.get("cluster") is None:
+            return profile_base(profile, state.strengths)  # activation copied it into the live values
+        if profile is not None:  # a cluster: an SAE detached since steers nothing
+            held = {sae["sae_id"] for sae in state.saes}
+            return profile_base(profile, {k: v for k, v in profile["strengths"].items() if k in held})
+    return Base("live", None, state.strengths)
+
+
+def live_values(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict:
+    """The live strengths the active base gives at its persistent dial (an active circuit is
+    re-derived whenever an SAE is attached or detached, or its dial moves)."""
+    base = active_base(store, state)
+    if base.kind in ("live", "profile"):
+        return state.strengths
+    return base.resolved(None, limits)
+
+
+def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict | None:
+    """What a state answer says of the active base; `rung` only while a circuit genuinely steers
+    (enabled, bound, a non-zero dial): the X-miLLM-Circuit-Rung of undialled requests."""
+    if state.active is None:
+        return None
+    base = active_base(store, state)
+    out = {"kind": base.kind, "name": base.name}
+    if base.kind in ("circuit", "slice_fallback", "not_serving"):
+        out = {"kind": "circuit", "name": base.name, "mode": None if base.kind == "not_serving" else base.kind,
+               "reason": base.reason}
+    if base.kind in ("cluster", "circuit", "slice_fallback"):
+        out["intensity"] = base.lam(None, limits)
+    if base.kind == "circuit" and state.enabled and base.resolved(None, limits):
+        out["rung"], out["language"] = base.rung, rules.RUNGS[base.rung]
+    elif base.kind == "circuit" and out.get("reason") is None:
+        out["reason"] = "steering_disabled" if not state.enabled else "intensity_off"
+    return out
+
+
+def request(store: SteeringStore, state: ModelSteering, name: str | None, dial, limits: rules.Limits) -> dict:
+    """The steering of a chat request with a `profile` or a `dial` (an undialled request without
+    a profile is served by the live state, and its rung comes from `serving`): {"strengths":
+    the values its forwards use ({}: unsteered), "intensity": the λ to echo (None: no echo),
+    "rung": a circuit's rung when one genuinely steers it}. The spec's omissions: no echo
+    without an SAE, for an unknown profile at λ 0, for a dial-only request while steering is
+    disabled, or for an empty base; 0/"off" turns steering off without checking the base."""
+    profile = store.profile(name) if name is not None else None
+    off = dial == "off" or (dial is not None and not isinstance(dial, str) and dial == 0)
+    if name is not None and profile is None and not off:
+        raise GreenroomError("profile_not_found", f"no steering profile named {name!r}", "profile")
+    if off:
+        base = (profile_base(profile) if profile is not None else None) if name is not None \
+            else active_base(store, state)
+        changes = bool(state.saes) and base is not None and bool(base.strengths) and (
+            name is not None or state.enabled)
+        return {"strengths": {}, "intensity": 0.0 if changes else None, "rung": None}
+    if not state.saes or (name is None and not state.enabled):  # nothing to steer with, or disabled
+        return {"strengths": {}, "intensity": None, "rung": None}
+    base = profile_base(profile, checked_strengths(state, profile)) if name is not None \
+        else active_base(store, state)
+    strengths = base.resolved(dial, limits)
+    return {"strengths": strengths, "intensity": base.lam(dial, limits) if dial is not None and base.strengths
+            else None, "rung": base.rung if base.kind == "circuit" and strengths else None}
+
+
+# what names an SAE wherever it is attached: an imported profile's SAEs must match on these
+SAE_IDENTITY = ("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture")
+SAME_SAE = ("layer", "hook_point", "width", "d_in", "architecture")  # the source's path may differ per machine
+
+
+def attached(state: ModelSteering, sae_id: str, param: str) -> dict:
+    for sae in state.saes:
+        if sae["sae_id"] == sae_id:
+            return sae
+    raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to {state.model!r} (attached: "
+                         f"{[s['sae_id'] for s in state.saes]})", param)
+
+
+def checked(state: ModelSteering, strengths: dict, param: str | None = None) -> dict[str, dict[str, float]]:
+    """`strengths` (their values checked by the front end, http/steering_api.py) checked against
+    the attached SAEs' widths; zeros are dropped (a zero steers nothing), so clearing a feature
+    and never setting it read the same. `param`: what a refusal names instead of the request's
+    strengths (a stored profile's are not sent)."""
+    out = {}
+    for sae_id, features in strengths.items():
+        width = attached(state, sae_id, param or f"strengths.{sae_id}")["width"]
+        for feature, strength in features.items():
+            if not (feature.isdigit() and int(feature) < width):
+                raise GreenroomError("invalid_feature_index", f"feature {feature!r} is outside SAE {sae_id!r} "
+                                     f"(width {width}: features 0–{width - 1})",
+                                     param or f"strengths.{sae_id}.{feature}")
+        live = {str(int(f)): float(s) for f, s in features.items() if s}
+        if live:
+            out[sae_id] = live
+    return out
+
+
+def checked_strengths(state: ModelSteering, profile: dict) -> dict[str, dict[str, float]]:
+    """The profile's strengths checked against the SAEs attached to `state`'s model now
+    (a profile invalid for them → 400; no SAE attached → none)."""
+    if not state.saes:
+        return {}
+    if profile["model"] != state.model:
+        raise GreenroomError("invalid_parameter", f"profile {profile['name']!r} steers model {profile['model']!r}, "
+                             f"not {state.model!r}", "profile")
+    for sae in profile["saes"]:
+        held = attached(state, sae["sae_id"], "profile")
+        differs = [k for k in SAME_SAE if sae[k] != held[k]]
+        if differs:
+            raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not the "
+                                 f"one profile {profile['name']!r} was made with: its {', '.join(differs)} differ",
+                                 "profile")
+    return checked(state, profile["strengths"], "profile")
+
+
+# -- clusters and circuits --------------------------------------------------------------------
+
+def cluster_summary(profile: dict, store: SteeringStore) -> dict:
+    cluster = profile["cluster"]
+    strengths = profile["strengths"].get(cluster["sae_id"], {})
+    return {"name": profile["name"], "model": profile["model"], "description": profile["description"],
+            "sae_id": cluster["sae_id"],
+            "members": [{"feature": int(f), "strength": s, **_label(cluster["labels"], f)}
+                        for f, s in strengths.items()],
+            "intensity": cluster["intensity"], "intensity_range": cluster["intensity_range"],
+            "active": store.get(profile["model"]).active == {"kind": "profile", "name": profile["name"]},
+            "created_at": profile["created_at"], "updated_at": profile["updated_at"]}
+
+
+def circuit_summary(circuit: dict, store: SteeringStore) -> dict:
+    out = {"name": circuit["name"], "model": circuit["model"],
+           "active": store.get(circuit["model"]).active == {"kind": "circuit", "name": circuit["name"]},
+           "intensity": circuit["intensity"], "created_at": circuit["created_at"],
+           "updated_at": circuit["updated_at"]}
+    if "unparseable" in circuit:
+        return {**out, "unparseable": circuit["unparseable"]}
+    return {**out, "description": circuit["description"], "rung": circuit["rung"],
+            "language": rules.RUNGS[circuit["rung"]],
+            "layers": [{"layer": layer["layer"], "sae_id": layer["sae_id"],
+                        "members": [{"feature": int(f), "strength": s, **_label(layer["labels"], f)}
+                                    for f, s in layer["members"].items()]} for layer in circuit["layers"]],
+            "intensity_range": circuit["intensity_range"], "slice_fallback": circuit["slice_fallback"]}
+
+
+def _label(labels: dict, feature: str) -> dict:
+    return {"label": labels[feature]} if feature in labels else {}
+
+
+def new_circuit(store: SteeringStore, state: ModelSteering, args: dict) -> dict:
+    """A circuit document checked (the front end checked its shape): a name not taken, a backing
+    cluster that exists for the same model, and members fitting the SAEs attached now at their
+    layers (a layer with no SAE yet is checked when one is attached: until then it is unbound)."""
+    if store.circuit(args["name"]) is not None:
+        raise GreenroomError("circuit_exists", f"a circuit named {args['name']!r} exists; delete it first", "name")
+    fallback = args["slice_fallback"]
+    if fallback is not None:
+        profile = store.profile(fallback)
+        if profile is None or not profile.get("cluster") or profile["model"] != state.model:
+            raise GreenroomError("invalid_parameter", f"slice_fallback {fallback!r} is not a cluster of model "
+                                 f"{state.model!r} (import the cluster first)", "slice_fallback")
+    by_layer = {sae["layer"]: sae for sae in state.saes}
+    for i, layer in enumerate(args["layers"]):
+        sae = by_layer.get(layer["layer"])
+        if sae is None or layer["sae_id"] not in (None, sae["sae_id"]):
+            continue
+        for f in layer["members"]:
+            if int(f) >= sae["width"]:
+                raise GreenroomError("invalid_feature_index", f"feature {f} is outside SAE {sae['sae_id']!r} at layer "
+                                     f"{layer['layer']} (width {sae['width']})", f"layers[{i}].members")
+    now = int(time.time())
+    circuit = {**args, "model": state.model, "created_at": now, "updated_at": now}
+    store.put_circuit(circuit)
+    return circuit

@@ -1,0 +1,221 @@
+"""Clusters and circuits: imported steering documents with an intensity dial (spec:
+"Intensity coupling", "X-miLLM-Circuit-Rung"). JSON under /api/, OpenAI's error envelope.
+
+- A **cluster** is a set of members (feature, strength, label) of one attached SAE, with an
+  optional `intensity_range` and a persistent dial (the Clusters page's slider). It is a
+  profile too: `profile: "<cluster>"` on a chat request uses it, dialled.
+- A **circuit** has members per layer (each steered through the SAE attached at that layer),
+  an evidence `rung` (0–3), an optional `intensity_range`, a dial, and optionally a backing
+  cluster (`slice_fallback`) that steers while some member layer has no SAE.
+
+Activating either makes it the model's active base: its dialled strengths become the live
+steering (a versioned write pushed to the engines, as PUT /api/steering is). Moving the dial
+of the active one re-applies at once. Every answer that changes live steering carries the
+state with its `version` and `live`. The coordinator (actors/steering_actor.py) checks what
+depends on the SAEs attached; this module checks the documents' shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from quart import Quart, request
+
+from greenroom.actors import steering_rules as rules
+from greenroom.engines.base import STRENGTH_MAX
+from greenroom.errors import GreenroomError
+from greenroom.http import openai_params
+from greenroom.http.steering_api import PROFILE_NAME, SAE_ID, check_description, check_name, read_body, write
+from greenroom.supervisor.tree import Tree
+
+CLUSTER_FORMAT = "greenroom.cluster.v1"
+CIRCUIT_FORMAT = "greenroom.circuit.v1"
+MAX_MEMBERS = 64  # per cluster, and per circuit layer
+MAX_LAYERS = 16
+LABEL_MAX = 200
+
+
+def register(app: Quart, tree: Tree) -> None:
+    @app.get("/api/clusters")
+    async def clusters():
+        return await tree.steering("cluster_list", None)
+
+    @app.post("/api/clusters/import")
+    async def import_cluster():
+        body = await read_body({"format", "name", "model", "description", "sae_id", "members", "intensity_range",
+                            "intensity"})
+        _format(body, CLUSTER_FORMAT)
+        model = tree.resolve(openai_params.model_name(body))
+        sae_id = body.get("sae_id")
+        if not isinstance(sae_id, str) or not SAE_ID.match(sae_id):
+            raise GreenroomError("missing_parameter" if sae_id is None else "invalid_parameter",
+                                 "'sae_id' must name the attached SAE the members belong to", "sae_id")
+        members, labels = _members(body.get("members"), "members")
+        return await tree.steering("cluster_import", model, name=check_name(body.get("name")),
+                                   description=check_description(body.get("description")) or "", sae_id=sae_id,
+                                   members=members, labels=labels, **_dialled(body))
+
+    @app.get("/api/clusters/<name>")
+    async def cluster(name: str):
+        return await tree.steering("cluster_get", None, name=name)
+
+    @app.delete("/api/clusters/<name>")
+    async def delete_cluster(name: str):
+        return await tree.steering("cluster_delete", None, name=name)
+
+    @app.put("/api/clusters/<name>/intensity")
+    async def dial_cluster(name: str):
+        """The persistent dial, within [0, the range's top (else the server's maximum)]."""
+        return await _dial(tree, "cluster", name)
+
+    @app.post("/api/clusters/<name>/activate")
+    async def activate_cluster(name: str):
+        model = (await tree.steering("cluster_get", None, name=name))["model"]
+        return await write(tree, "profile_activate", model, name=name)
+
+    @app.get("/api/circuits")
+    async def circuits():
+        return await tree.steering("circuit_list", None)
+
+    @app.post("/api/circuits/import")
+    async def import_circuit():
+        body = await read_body({"format", "name", "model", "description", "rung", "layers", "intensity_range",
+                            "intensity", "slice_fallback"})
+        _format(body, CIRCUIT_FORMAT)
+        model = tree.resolve(openai_params.model_name(body))
+        rung = body.get("rung")
+        if isinstance(rung, bool) or not isinstance(rung, int) or rung not in rules.RUNGS:
+            raise GreenroomError("missing_parameter" if rung is None else "invalid_parameter",
+                                 f"'rung' must be the circuit's evidence rung, one of {sorted(rules.RUNGS)}", "rung")
+        fallback = body.get("slice_fallback")
+        if fallback is not None and not (isinstance(fallback, str) and PROFILE_NAME.match(fallback)):
+            raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
+        return await tree.steering("circuit_import", model, name=check_name(body.get("name")),
+                                   description=check_description(body.get("description")) or "", rung=rung,
+                                   layers=_layers(body.get("layers")), slice_fallback=fallback, **_dialled(body))
+
+    @app.get("/api/circuits/active")
+    async def active_circuit():
+        """The model's active circuit and its `steering`: present only while it genuinely steers
+        (what X-miLLM-Circuit-Rung reports), else null with the reason."""
+        return await tree.steering("circuit_active", _model(tree, request.args.get("model")))
+
+    @app.get("/api/circuits/<name>")
+    async def circuit(name: str):
+        return await tree.steering("circuit_get", None, name=name)
+
+    @app.delete("/api/circuits/<name>")
+    async def delete_circuit(name: str):
+        return await tree.steering("circuit_delete", None, name=name)
+
+    @app.put("/api/circuits/<name>/intensity")
+    async def dial_circuit(name: str):
+        """The persistent dial, within [0, 2]; serving clamps it into the circuit's range."""
+        return await _dial(tree, "circuit", name)
+
+    @app.post("/api/circuits/<name>/activate")
+    async def activate_circuit(name: str):
+        model = (await tree.steering("circuit_get", None, name=name))["model"]
+        return await write(tree, "circuit_activate", model, name=name)
+
+
+async def _dial(tree: Tree, kind: str, name: str) -> dict:
+    body = await read_body({"intensity"})
+    if body.get("intensity") is None:
+        raise GreenroomError("missing_parameter", "you must provide intensity", "intensity")
+    model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
+    answer = await tree.steering(f"{kind}_intensity", model, name=name, intensity=_number(body, "intensity"))
+    if answer["state"] is not None:  # it is active: the live steering moved with it
+        answer["state"] = {**answer["state"], "live": await _pushed(tree, model, answer["state"])}
+    return answer
+
+
+async def _pushed(tree: Tree, model: str, state: dict) -> bool:
+    live = True
+    for m in tree.replicas_of(model):
+        live = await tree.push_steering(m, state) and live
+    return live
+
+
+def _model(tree: Tree, name: str | None) -> str:
+    """The model named, else the one locked for steering, else the only steerable one."""
+    if name:
+        return tree.resolve(name)
+    if tree.locked_model is not None:
+        return tree.locked_model
+    steerable = tree.steerable()
+    if len(steerable) != 1:
+        raise GreenroomError("missing_parameter", f"name the model (?model=): several are steerable: {steerable}",
+                             "model")
+    return steerable[0]
+
+
+def _format(body: dict, expected: str) -> None:
+    if body.get("format") != expected:
+        raise GreenroomError("invalid_parameter", f"'format' must be {expected!r}", "format")
+
+
+def _dialled(body: dict) -> dict:
+    """The document's intensity_range and dial (default 1)."""
+    dial = 1.0 if body.get("intensity") is None else _number(body, "intensity")
+    return {"intensity_range": rules.check_range(body.get("intensity_range"), "intensity_range"), "intensity": dial}
+
+
+def _number(body: dict, key: str) -> float:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and rules.ENVELOPE[0] <= value <= rules.ENVELOPE[1]):
+        raise GreenroomError("invalid_parameter", f"'{key}' must be a number from 0 to 2", key)
+    return float(value)
+
+
+def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
+    """[{feature, strength, label?}] → ({feature: strength}, {feature: label}), features as
+    decimal strings like every strength map."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_MEMBERS:
+        raise GreenroomError("missing_parameter" if value is None else "invalid_parameter",
+                             f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}", where)
+    strengths, labels = {}, {}
+    for i, member in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(member, dict) or not {"feature", "strength"} <= set(member) <= {"feature", "strength",
+                                                                                          "label"}:
+            raise GreenroomError("invalid_parameter", f"'{at}' must be {{feature, strength, label?}}", at)
+        feature, strength, label = member["feature"], member["strength"], member.get("label")
+        if isinstance(feature, bool) or not isinstance(feature, int) or feature < 0:
+            raise GreenroomError("invalid_feature_index", f"'{at}.feature' must be a feature index (a non-negative "
+                                 "integer)", f"{at}.feature")
+        if str(feature) in strengths:
+            raise GreenroomError("invalid_parameter", f"feature {feature} is listed twice", f"{at}.feature")
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not (
+                math.isfinite(strength) and 0 < abs(strength) <= STRENGTH_MAX):
+            raise GreenroomError("invalid_parameter", f"'{at}.strength' must be a non-zero number within "
+                                 f"±{STRENGTH_MAX:g}", f"{at}.strength")
+        if label is not None and (not isinstance(label, str) or len(label) > LABEL_MAX):
+            raise GreenroomError("invalid_parameter", f"'{at}.label' must be a string of at most {LABEL_MAX} "
+                                 "characters", f"{at}.label")
+        strengths[str(feature)] = float(strength)
+        if label is not None:
+            labels[str(feature)] = label
+    return strengths, labels
+
+
+def _layers(value) -> list[dict]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_LAYERS:
+        raise GreenroomError("missing_parameter" if value is None else "invalid_parameter",
+                             f"'layers' must list 1–{MAX_LAYERS} layers {{layer, sae_id?, members}}", "layers")
+    out, seen = [], set()
+    for i, layer in enumerate(value):
+        at = f"layers[{i}]"
+        if not isinstance(layer, dict) or not {"layer", "members"} <= set(layer) <= {"layer", "sae_id", "members"}:
+            raise GreenroomError("invalid_parameter", f"'{at}' must be {{layer, sae_id?, members}}", at)
+        number, sae_id = layer["layer"], layer.get("sae_id")
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0 or number in seen:
+            raise GreenroomError("invalid_parameter", f"'{at}.layer' must be a layer number, each listed once",
+                                 f"{at}.layer")
+        if sae_id is not None and not (isinstance(sae_id, str) and SAE_ID.match(sae_id)):
+            raise GreenroomError("invalid_parameter", f"'{at}.sae_id' must name an SAE", f"{at}.sae_id")
+        seen.add(number)
+        members, labels = _members(layer["members"], f"{at}.members")
+        out.append({"layer": number, "sae_id": sae_id, "members": members, "labels": labels})
+    return out
