@@ -86,6 +86,14 @@ class Score:
     add_special_tokens: bool = True
     template_kwargs: dict | None = None
     tools: list[dict] | None = None
+    # return_sae_activations (one row), as on Generate: read on the unsteered scoring pass
+    sae_activations: dict | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts or self.prompt_token_ids or self.conversations)
+
+    n = 1  # scoring reads one next token per row
 
 
 @attrs.frozen
@@ -133,8 +141,14 @@ class SteeringCommand:
     profile_list | profile_get {name} | profile_delete {name} | profile_create {name,
     description, strengths} | profile_import {the same, saes: the identities to match} |
     profile_update {name, description?, strengths?} | profile_activate {name}: its strengths
-    as the live state. Answered with `SteeringSnapshot` (the model's state; for the other
-    profile ops, the profile, {"profiles"} or {"name", "deleted"}) or `Failed`."""
+    as the live state. Clusters (profiles with a dial): cluster_list | cluster_get | cluster_delete
+    {name} | cluster_import {name, description, sae_id, members, labels, intensity_range,
+    intensity} | cluster_intensity {name, intensity}. Circuits: circuit_list | circuit_get |
+    circuit_delete | circuit_activate {name} | circuit_import {name, description, rung, layers,
+    intensity_range, intensity, slice_fallback} | circuit_intensity {name, intensity} |
+    circuit_active. request {profile?, intensity?}: a chat request's own steering (a read).
+    lock_get | lock_set (`model`, "" to unlock). Answered with `SteeringSnapshot` (the model's
+    state with `serving`; for the other ops, their own dict) or `Failed`."""
 
     rid: str
     op: str
@@ -194,6 +208,8 @@ class ScoredRow:
 class Scores:
     rid: str
     rows: list[ScoredRow]
+    # with the request's sae_activations: as Text's, read_point "unsteered"
+    sae_activations: dict | None = None
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """return_sae_activations on /v1/chat/completions and /v1/completions against the session
 server (the demo model with the demo SAE attached by the default config): the millm object,
 streamed and not, every positions mode, pre vs post steering, each refusal, GGUF refused
-before any load, and scoring's X-miLLM-Steering: none. Tests that change steering restore it."""
+before any load, scoring's X-miLLM-Steering: none and its unsteered readout. Tests that change steering restore it."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def test_pre_and_post_steering_differ_only_while_steering(server):
         return [p["features"][0]["value"] for p in body["millm"]["sae_activations"]["positions"]]
 
     assert read("pre_steering") == read("post_steering")
+    unsteered_text = completion(server, {"features": [5]})["choices"][0]["text"]
     before = steering(server)
     try:
         r = httpx.put(server.url + "/api/steering", timeout=30, json={
@@ -121,6 +122,7 @@ def test_pre_and_post_steering_differ_only_while_steering(server):
         assert all(b > a for a, b in zip(pre, post_))  # this layer's delta raises feature 5
         body = completion(server, {"features": [5], "read_point": "pre_steering"})
         assert "removes only this layer's own" in body["millm"]["sae_activations"]["note"]
+        assert body["choices"][0]["text"] != unsteered_text  # and the logits moved: greedy output changed
     finally:
         r = httpx.put(server.url + "/api/steering", timeout=30, json={
             "model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]})
@@ -212,6 +214,43 @@ def test_scoring_reports_steering_none(server):
     assert r.status_code == 200 and r.headers["X-miLLM-Steering"] == "none"
     r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 1})
     assert "X-miLLM-Steering" not in r.headers  # a generation is steered as the server is
+
+
+def test_scoring_reads_the_unsteered_pass(server):
+    def score_read(**extra) -> dict:
+        r = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logprobs": 2, **extra,
+                                             "return_sae_activations": {"features": [5, 9], "positions": "all"}})
+        assert r.status_code == 200 and r.headers["X-miLLM-Steering"] == "none", r.text
+        return r.json()["millm"]["sae_activations"]
+
+    before = steering(server)
+    unsteered = score_read()
+    assert unsteered["read_point"] == "unsteered" and "unsteered model" in unsteered["note"]
+    # the scored token is never fed: the positions are the prompt's, as a generation's prefill reads them
+    assert [p["position"] for p in unsteered["positions"]] == list(range(len(PROMPT)))
+    generation = completion(server, {"features": [5, 9], "positions": "prompt"})["millm"]["sae_activations"]
+    try:
+        r = httpx.put(server.url + "/api/steering", timeout=30, json={
+            "model": MODEL, "enabled": True, "strengths": {SAE_ID: {"5": 150}}})
+        assert r.status_code == 200 and r.json()["live"], r.text
+        assert score_read() == unsteered  # live steering changes nothing a scoring pass reads
+        steered = completion(server, {"features": [5, 9], "positions": "prompt"})["millm"]["sae_activations"]
+        assert steered["positions"] != unsteered["positions"]
+    finally:
+        r = httpx.put(server.url + "/api/steering", timeout=30, json={
+            "model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]})
+        assert r.status_code == 200 and r.json()["live"], r.text
+    if not before["strengths"]:  # the server unsteered: the generation's prefill read the same values
+        assert generation["positions"] == unsteered["positions"]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": ["Hi", "Ho"], "max_tokens": 1, "logprobs": 1}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True,
+                              "extra_messages": [[{"role": "user", "content": "Ho"}]]}, "extra_messages"),
+])
+def test_scoring_with_several_rows_refuses_activations(server, path, body, param):
+    refused(post(server, path, {**body, "return_sae_activations": {}}), "field_not_honoured", param)
 
 
 def test_served_on_the_serial_path_under_continuous_batching(tmp_path, model_cache):

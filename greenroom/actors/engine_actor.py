@@ -423,18 +423,21 @@ class EngineLoop:
                 raise GreenroomError("context_length_exceeded", (
                     f"This model's maximum context length is {engine.info.context_length} tokens. However, you "
                     f"requested {len(ids) + 1} tokens ({len(ids)} in the {name}, 1 in the completion)."), name)
+        # return_sae_activations (one row): read on the scoring pass itself, whose hooks are suppressed
+        readout, read = self._readout(engine, req, rows[0], 1) if req.sae_activations is not None else (None, None)
         self.counters.admitted += 1
         out = []
         for ids, name in zip(rows, names):
             try:
-                scored = engine.score(ids, req.temperature, req.allowed_token_ids, req.report)
+                scored = engine.score(ids, req.temperature, req.allowed_token_ids, req.report, readout)
             except EngineError as exc:
                 raise EngineError(exc.code, f"{name}: {exc.message}", exc.param) from None
             prompt_text = req.prompts[len(out)] if req.prompts is not None else engine.decode(ids)
             out.append(ScoredRow(_token(engine, scored.token_id), scored.logprob,
                                  [_token(engine, i) + [lp] for i, lp in scored.top], len(ids), len(prompt_text)))
         self.counters.completed += 1
-        self._emit_from_thread(Scores(req.rid, out))
+        activations = {**read, "read_point": "unsteered", "positions": readout.result(rows[0])} if read else None
+        self._emit_from_thread(Scores(req.rid, out, activations))
 
     def _admit(self, engine, req: Generate) -> tuple[list[list[int]], list]:
         """Validate and tokenise every row (each row's params, max_tokens resolved), then
@@ -460,7 +463,8 @@ class EngineLoop:
 
         rows, params = self._admit(engine, req)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
-        readout, read = self._readout(engine, req, rows, params) if req.sae_activations is not None else (None, None)
+        readout, read = self._readout(engine, req, rows[0], params[0].max_tokens) \
+            if req.sae_activations is not None else (None, None)
         # a profile steers this request's forwards only (engines/steering.py: the live state is
         # never changed, so there is nothing to restore, and a newer state applied meanwhile wins)
         scope = contextlib.nullcontext() if req.request_strengths is None else engine.steering.steered(
@@ -495,7 +499,7 @@ class EngineLoop:
             return None
         return steering.monitor(req.monitor["sae_id"], req.monitor["top_k"])
 
-    def _readout(self, engine, req: Generate, rows: list[list[int]], params: list) -> tuple:
+    def _readout(self, engine, req: Generate | Score, ids: list[int], max_tokens: int) -> tuple:
         """The readout of the request's one sequence (validated against the SAEs attached now,
         and its worst case against the cap: a refusal comes before Admitted), and what the
         finishing event says of it."""
@@ -503,11 +507,9 @@ class EngineLoop:
         if steering is None:
             raise GreenroomError("field_not_honoured", f"model {req.model!r} has no SAE hooks on this engine",
                                  "return_sae_activations")
-        (ids,), (row_params,) = rows, params
         spec = req.sae_activations
         readout = steering.readout(len(ids), sae_id=spec["sae_id"], top_k=spec["top_k"], positions=spec["positions"],
-                                   features=spec["features"], read_point=spec["read_point"],
-                                   max_tokens=row_params.max_tokens)
+                                   features=spec["features"], read_point=spec["read_point"], max_tokens=max_tokens)
         layer = next(info.layer for info in steering.attached() if info.sae_id == readout.sae_id)
         return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 

@@ -84,8 +84,9 @@ class Engine(Protocol):
         assistant message is continued, not answered (see chat.py)."""
         ...
 
-    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> "Scored":
-        """One forward pass, nothing generated (scoring.py)."""
+    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int,
+              readout=None) -> "Scored":
+        """One forward pass, nothing generated (scoring.py); `readout`: SAE activations to read (steering.py)."""
         ...
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:

@@ -264,7 +264,7 @@ class LlamaCppEngine:
             out.append(llama_cpp.llama_get_embeddings_seq(self._embedder.ctx, 0)[:width])
         return out
 
-    def score(self, prompt_ids, temperature, allowed, report):
+    def score(self, prompt_ids, temperature, allowed, report, readout=None):
         raise EngineError("field_not_honoured", "scoring is not available on llama.cpp", "logprobs")
 
     def compile_constraint(self, spec: dict):

@@ -225,7 +225,7 @@ class OpenVINOEngine:
             return [list(self._embedder.embed_documents([t])[0]) for t in texts]
         return [list(v) for v in self._embedder.embed_documents(texts)]
 
-    def score(self, prompt_ids, temperature, allowed, report):
+    def score(self, prompt_ids, temperature, allowed, report, readout=None):
         raise EngineError("field_not_honoured", "scoring is not available on OpenVINO", "logprobs")
 
     def compile_constraint(self, spec: dict):

@@ -122,6 +122,9 @@ class Readout:
     prompt-then-generated tokens). Made by `Steering.readout`; filled by forwards run in
     `Steering.reading(readout)`."""
 
+    # a request asked for it: a suppressed (scoring) pass still reads, unsteered
+    reads_suppressed = True
+
     def __init__(self, sae_id: str, prompt_tokens: int, top_k: int, positions, features, read_point: str):
         self.sae_id, self.prompt_tokens, self.top_k = sae_id, prompt_tokens, top_k
         self.positions, self.read_point = positions, read_point
@@ -176,6 +179,7 @@ class Monitor:
     Made by `Steering.monitor`; filled by forwards run in `Steering.reading(..., monitor)`."""
 
     pre = True  # what a monitor records is what the model computed before this layer's steering
+    reads_suppressed = False  # scoring and embeddings are never monitored
 
     def __init__(self, sae_id: str, layer: int, top_k: int):
         self.sae_id, self.layer, self.top_k = sae_id, layer, top_k
@@ -414,7 +418,10 @@ class Steering:
         local, sae_id = self._local, entry.info.sae_id
 
         def hook(module, args, output):
-            if local.suppressed:
+            if local.suppressed:  # no steering; only a readout the request asked for reads
+                for observer in local.observers:
+                    if observer.sae_id == sae_id and observer.reads_suppressed:
+                        observer.observe(entry.sae, output[0] if isinstance(output, tuple) else output)
                 return None
             observers = local.observers
             if observers:

@@ -141,8 +141,10 @@ class TransformersEngine:
 
         return DecodeBatch(self, sampling)
 
-    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int) -> Scored:
-        with torch.inference_mode(), self.steering.suppressed():  # scoring is never steered
+    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int,
+              readout: Readout | None = None) -> Scored:
+        """With a `readout`, the pass records its SAE activations (unsteered, as the pass is)."""
+        with torch.inference_mode(), self.steering.suppressed(), self.steering.reading(readout):  # never steered
             out = self.model(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
         return score_logits(out.logits[0, -1].cpu(), self.scoring_vocab, temperature, allowed, report)
 

@@ -84,7 +84,8 @@ def register(app: Quart, tree: Tree) -> None:
         req = await prepare(tree, ledger.CHAT, "on chat completions")
         stream = openai_params.streaming(req.body)
         if scoring.is_chat_scoring(req.body):
-            return await _score(tree, scoring.chat_score(req.body, req.model, stream.on), req, scoring.chat_response)
+            score = await sae_activations.attach(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
+            return await _score(tree, score, req, scoring.chat_response)
         plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
         gen = await sae_activations.attach(tree, req.body, gen)
@@ -99,6 +100,7 @@ def register(app: Quart, tree: Tree) -> None:
         stream = openai_params.streaming(req.body)
         if scoring.is_completion_scoring(req.body):
             score = scoring.completion_score(req.body, req.model, stream.on)
+            score = await sae_activations.attach(tree, req.body, score)
             return await _score(tree, score, req, scoring.completion_response)
         gen = openai_params.completion_request(req.body, req.model, stream)
         gen = await sae_activations.attach(tree, req.body, gen)
@@ -212,7 +214,10 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
         async for event in events:
             if isinstance(event, Failed):
                 raise GreenroomError.from_wire(event.error)
-    return shape(score, event, req.body, fingerprint(info)), 200, headers
+    response = shape(score, event, req.body, fingerprint(info))
+    if event.sae_activations is not None:
+        response["millm"] = sae_activations.millm(event.sae_activations)
+    return response, 200, headers
 
 
 async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, plan: structured.Plan | None,

@@ -383,7 +383,8 @@ def _request_schemas() -> dict:
             "miLLM extension (transformers models only, refused on GGUF before any load): this request's "
             "activations of an attached SAE, returned under millm. Refused with 400 with n > 1, extra_messages "
             f"or several prompts, and when positions × top_k could exceed {SAE_ACTIVATIONS_MAX_ENTRIES} "
-            "(max_tokens counted in full for completion and all). Served on the serial path.")),
+            "(max_tokens counted in full for completion and all). Served on the serial path. On a scoring "
+            "request it reads the unsteered scoring pass (read_point reported as unsteered).")),
         "ChatCompletionRequest": chat,
         "CompletionRequest": completion,
         "EmbeddingRequest": embeddings,
@@ -531,7 +532,8 @@ def _response_schemas() -> dict:
         "Millm": _closed({"sae_activations": _closed({
             "sae_id": _string(),
             "layer": _COUNT,
-            "read_point": {"enum": ["post_steering", "pre_steering"]},
+            "read_point": _described({"enum": ["post_steering", "pre_steering", "unsteered"]},
+                                     "unsteered on a scoring request, whose pass runs with every SAE hook suppressed"),
             "positions": _array(_closed({
                 "position": _COUNT,
                 "token_id": _COUNT,

@@ -14,7 +14,7 @@ import attrs
 
 from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Generate
+from greenroom.protocol import Generate, Score
 from greenroom.supervisor.tree import Tree
 
 FIELD = "return_sae_activations"
@@ -30,11 +30,15 @@ NOTES = {
     "pre_steering": "pre_steering removes only this layer's own steering delta; it is not an unsteered "
                     "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
                     "the residual at this layer.",
+    "unsteered": "A scoring request runs with every SAE hook suppressed: these are the unsteered model's "
+                 "activations at this layer, whatever steering is live.",
 }
 
 
-async def attach(tree: Tree, body: dict, gen: Generate) -> Generate:
-    """`gen` carrying the validated field (unchanged without it); every refusal a typed 400."""
+async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Score:
+    """`gen` carrying the validated field (unchanged without it); every refusal a typed 400.
+    On a scoring request the pass is unsteered, and so is what it reads: read_point is
+    reported as "unsteered"."""
     value = body.get(FIELD)
     if value is None:
         return gen

@@ -13,7 +13,8 @@ from greenroom.protocol import Score, Scores
 
 MAX_LOGPROBS = 20
 # steering and constraints change the distribution a judge reads: never on a scoring request
-_UNSCORABLE = ("profile", "steering_intensity", "steering", "response_format", "return_sae_activations")
+# (return_sae_activations is served: read on the unsteered pass, sae_activations.py)
+_UNSCORABLE = ("profile", "steering_intensity", "steering", "response_format")
 # settings that have nothing to act on when nothing is sampled (tools are rendered, not called)
 NOT_APPLICABLE = ("top_p", "top_k", "stop", "frequency_penalty", "presence_penalty", "tool_choice", "function_call",
                   "parallel_tool_calls")
