@@ -15,6 +15,7 @@ import torch
 
 from conftest import MODEL, Server
 from fake_hub import server_cache
+from test_steering_api import CONFIG as STEERING_CONFIG, GGUF
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
@@ -23,19 +24,7 @@ from greenroom.engines.steering import SteeringState
 from greenroom.engines.transformers_engine import TransformersEngine
 
 SAE_ID = "sae_demo_tiny_l1"  # the default config's SAE: layer 1, 512 features
-GGUF = "greenroom-demo-gguf:Q8_0"
-CONFIG = f"""
-npu_actors = []
-continuous_batching = true
-[[models]]
-id = "{MODEL}"
-source = "demo:tiny"
-sae = "demo:tiny"
-[[models]]
-id = "{GGUF}"
-source = "demo-gguf:Q8_0"
-engine = "llama.cpp"
-"""
+CONFIG = "continuous_batching = true\n" + STEERING_CONFIG  # the steering tests' models, batching on
 CHAT = [{"role": "user", "content": "Tell me about the river and the old stone bridges"}]
 
 

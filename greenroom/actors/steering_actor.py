@@ -106,6 +106,8 @@ def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> 
 def _put(store: SteeringStore, limits: rules.Limits, state: ModelSteering) -> dict:
     """Store the next version of `state`, its live values re-derived from its active base (a
     circuit's bindings follow the SAEs attached)."""
+    if state.active is not None and bases.active_base(store, state).kind == "live":
+        state = attrs.evolve(state, active=None)  # deleted since it was activated: the values stay, as set
     if state.active is not None:
         state = attrs.evolve(state, strengths=bases.live_values(store, state, limits))
     return answer(store, store.put(state), limits)

@@ -55,24 +55,6 @@ def register(app: Quart, tree: Tree) -> None:
                                    description=check_description(body.get("description")) or "", sae_id=sae_id,
                                    members=members, labels=labels, **_dialled(body))
 
-    @app.get("/api/clusters/<name>")
-    async def cluster(name: str):
-        return await tree.steering("cluster_get", None, name=name)
-
-    @app.delete("/api/clusters/<name>")
-    async def delete_cluster(name: str):
-        return await tree.steering("cluster_delete", None, name=name)
-
-    @app.put("/api/clusters/<name>/intensity")
-    async def dial_cluster(name: str):
-        """The persistent dial, within [0, the range's top (else the server's maximum)]."""
-        return await _dial(tree, "cluster", name)
-
-    @app.post("/api/clusters/<name>/activate")
-    async def activate_cluster(name: str):
-        model = (await tree.steering("cluster_get", None, name=name))["model"]
-        return await write(tree, "profile_activate", model, name=name)
-
     @app.get("/api/circuits")
     async def circuits():
         return await tree.steering("circuit_list", None)
@@ -100,23 +82,33 @@ def register(app: Quart, tree: Tree) -> None:
         (what X-miLLM-Circuit-Rung reports), else null with the reason."""
         return await tree.steering("circuit_active", _model(tree, request.args.get("model")))
 
-    @app.get("/api/circuits/<name>")
-    async def circuit(name: str):
-        return await tree.steering("circuit_get", None, name=name)
+    for kind, activate in (("cluster", "profile_activate"), ("circuit", "circuit_activate")):
+        _named_routes(app, tree, kind, activate)
 
-    @app.delete("/api/circuits/<name>")
-    async def delete_circuit(name: str):
-        return await tree.steering("circuit_delete", None, name=name)
 
-    @app.put("/api/circuits/<name>/intensity")
-    async def dial_circuit(name: str):
-        """The persistent dial, within [0, 2]; serving clamps it into the circuit's range."""
-        return await _dial(tree, "circuit", name)
+def _named_routes(app: Quart, tree: Tree, kind: str, activate: str) -> None:
+    """/api/{kind}s/<name>: read, delete, the persistent dial (a cluster's within [0, its range's
+    top, else the server's maximum]; a circuit's within [0, 2], clamped into its range when
+    serving), and activation (its dialled strengths as the model's live steering)."""
+    root = f"/api/{kind}s/<name>"
 
-    @app.post("/api/circuits/<name>/activate")
-    async def activate_circuit(name: str):
-        model = (await tree.steering("circuit_get", None, name=name))["model"]
-        return await write(tree, "circuit_activate", model, name=name)
+    async def read(name: str):
+        return await tree.steering(f"{kind}_get", None, name=name)
+
+    async def delete(name: str):
+        return await tree.steering(f"{kind}_delete", None, name=name)
+
+    async def dial(name: str):
+        return await _dial(tree, kind, name)
+
+    async def activated(name: str):
+        model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
+        return await write(tree, activate, model, name=name)
+
+    app.add_url_rule(root, f"get_{kind}", read, methods=["GET"])
+    app.add_url_rule(root, f"delete_{kind}", delete, methods=["DELETE"])
+    app.add_url_rule(root + "/intensity", f"dial_{kind}", dial, methods=["PUT"])
+    app.add_url_rule(root + "/activate", f"activate_{kind}", activated, methods=["POST"])
 
 
 async def _dial(tree: Tree, kind: str, name: str) -> dict:
