@@ -10,6 +10,7 @@ a restart."""
 from __future__ import annotations
 
 import itertools
+import json
 import types
 
 import httpx
@@ -249,3 +250,25 @@ def test_the_lock_lists_one_model_and_everything_survives_a_restart(site):
     assert again.headers[RUNG] == EDGE and text(again) == text(steered) == under(srv, scaled(0.8))
     assert httpx.delete(srv.url + "/api/steering/lock", timeout=30).json() == {"model": None}
     assert {m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]} == everything
+
+
+def test_a_generation_stays_steered_while_embeddings_and_scoring_run_between_its_steps(srv):
+    activate(srv, "edge")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 120,
+            "temperature": 0}
+    alone = text(post(srv, "/v1/chat/completions", body))
+    unsteered_embedding = post(srv, "/v1/embeddings", {"model": MODEL, "input": "stone bridges"}).json()
+    parts = []
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200 and r.headers[RUNG] == EDGE
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            parts += [c["delta"].get("content") or "" for c in chunk["choices"]]
+            if len(parts) == 3:  # mid-generation: unsteered passes between its decode steps
+                assert post(srv, "/v1/embeddings", {"model": MODEL, "input": "stone bridges"}).json()["data"] \
+                    == unsteered_embedding["data"]
+                assert post(srv, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1,
+                                                     "logprobs": 1}).status_code == 200
+    assert "".join(parts) == alone  # every step of the generation was steered as when it ran alone

@@ -269,3 +269,19 @@ def test_deleting_the_active_cluster_keeps_its_live_values_as_set(srv):
     assert (r.json()["active"], r.json()["serving"], r.json()["strengths"]) == (None, None, {SAE_ID: {"5": 100.0}})
     r = chat(srv, steering_intensity=0.5)  # the base is now the live values
     assert r.headers[ECHO] == "0.5" and text(r) == under(srv, {"5": 50.0})
+
+
+def test_an_operator_write_during_a_dialled_request_wins(srv):
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120, json={
+            **CHAT, "max_tokens": 400, "temperature": 1, "seed": 1, "stream": True, "profile": "open",
+            "steering_intensity": 0.5}) as r:
+        assert r.status_code == 200 and r.headers[ECHO] == "0.5"
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))  # generating now
+        written = put(srv, {"strengths": {SAE_ID: {"9": -60}}})
+        assert written.status_code == 200 and written.json()["live"], written.text
+        frames = [line for line in lines if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]"
+    state = httpx.get(srv.url + "/api/steering", timeout=30).json()["models"]
+    mine = next(row for row in state if row["model"] == MODEL)
+    assert mine["strengths"] == {SAE_ID: {"9": -60.0}} and mine["version"] == written.json()["version"]
