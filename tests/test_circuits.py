@@ -74,6 +74,13 @@ def under(srv: Server, strengths: dict) -> str:
     return text(chat(srv, profile=name))
 
 
+def active_circuit(srv: Server, **params) -> dict:
+    """GET /api/circuits/active's entry for the demo model (one per steerable model; ?model= narrows)."""
+    (entry,) = [e for e in httpx.get(srv.url + "/api/circuits/active", params=params, timeout=30).json()["models"]
+                if e["model"] == MODEL]
+    return entry
+
+
 def scaled(lam: float) -> dict:
     return {SAE_ID: {"5": 80 * lam}, L2: {"7": min(200.0, 180 * lam)}}
 
@@ -85,7 +92,7 @@ def test_an_active_circuit_steers_every_layer_and_carries_its_rung(srv):
     r = chat(srv)
     assert r.headers[RUNG] == EDGE and ECHO not in r.headers
     assert text(r) == under(srv, scaled(1)) != under(srv, {})
-    active = httpx.get(srv.url + "/api/circuits/active", timeout=30).json()
+    active = active_circuit(srv)
     assert (active["model"], active["circuit"]["name"], active["serving_mode"]) == (MODEL, "edge", "circuit")
     assert active["steering"]["rung"] == 2 and active["steering"]["language"] == "causally validated (edge)"
     assert active["steering"]["header"] == EDGE and active["steering"]["intensity"] == 1.0
@@ -149,14 +156,14 @@ def test_slice_fallback_serves_the_backing_cluster_under_the_cluster_rule_withou
     assert r.headers[ECHO] == "0.2" and RUNG not in r.headers
     assert text(r) == under(srv, {SAE_ID: {"5": 20.0}})
     assert chat(srv, steering_intensity="min").headers[ECHO] == "0.5"  # the cluster's floor
-    active = httpx.get(srv.url + "/api/circuits/active", params={"model": MODEL}, timeout=30).json()
+    active = active_circuit(srv, model=MODEL)
     assert (active["serving_mode"], active["steering"]) == ("slice_fallback", None)
 
 
 def test_no_rung_without_an_active_circuit(srv):
     r = chat(srv)
     assert RUNG not in r.headers
-    assert httpx.get(srv.url + "/api/circuits/active", timeout=30).json()["circuit"] is None
+    assert active_circuit(srv)["circuit"] is None
 
 
 def test_no_rung_with_no_sae_on_any_member_layer(srv):
@@ -165,7 +172,7 @@ def test_no_rung_with_no_sae_on_any_member_layer(srv):
     assert state["strengths"] == {}
     r = chat(srv, steering_intensity=1)
     assert RUNG not in r.headers and ECHO not in r.headers  # an empty base: no echo either
-    active = httpx.get(srv.url + "/api/circuits/active", timeout=30).json()
+    active = active_circuit(srv)
     assert (active["serving_mode"], active["reason"], active["steering"]) == (None, "no_sae_attached", None)
 
 
@@ -189,7 +196,7 @@ def test_no_rung_while_steering_is_disabled(srv):
     assert put(srv, {"enabled": False}).json()["live"]
     r = chat(srv)
     assert RUNG not in r.headers and text(r) == under(srv, {})
-    assert httpx.get(srv.url + "/api/circuits/active", timeout=30).json()["reason"] == "steering_disabled"
+    assert active_circuit(srv)["reason"] == "steering_disabled"
 
 
 def test_a_member_past_an_attached_sae_is_refused_at_import(srv):

@@ -78,9 +78,12 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.get("/api/circuits/active")
     async def active_circuit():
-        """The model's active circuit and its `steering`: present only while it genuinely steers
-        (what X-miLLM-Circuit-Rung reports), else null with the reason."""
-        return await tree.steering("circuit_active", _model(tree, request.args.get("model")))
+        """Per steerable model (`?model=`: that one), its active circuit and `steering`: present
+        only while the circuit genuinely steers (what X-miLLM-Circuit-Rung reports), else null
+        with the reason."""
+        name = request.args.get("model")
+        models = [tree.resolve(name)] if name else tree.steerable()
+        return {"models": [await tree.steering("circuit_active", model) for model in models]}
 
     for kind, activate in (("cluster", "profile_activate"), ("circuit", "circuit_activate")):
         _named_routes(app, tree, kind, activate)
@@ -127,19 +130,6 @@ async def _pushed(tree: Tree, model: str, state: dict) -> bool:
     for m in tree.replicas_of(model):
         live = await tree.push_steering(m, state) and live
     return live
-
-
-def _model(tree: Tree, name: str | None) -> str:
-    """The model named, else the one locked for steering, else the only steerable one."""
-    if name:
-        return tree.resolve(name)
-    if tree.locked_model is not None:
-        return tree.locked_model
-    steerable = tree.steerable()
-    if len(steerable) != 1:
-        raise GreenroomError("missing_parameter", f"name the model (?model=): several are steerable: {steerable}",
-                             "model")
-    return steerable[0]
 
 
 def _format(body: dict, expected: str) -> None:

@@ -802,6 +802,7 @@ def _document_schemas() -> dict:
             "slice_fallback": _described(_PROFILE_NAME, "A cluster of the same model that steers while some member "
                                          "layer has no SAE attached (under the cluster rule, with no rung)"),
         }, ("format", "name", "model", "rung", "layers"), additionalProperties=False),
+        "CircuitsActive": _obj({"models": _array(_ref("CircuitActive"))}, ("models",)),
         "CircuitActive": _obj({
             "model": _string(),
             "circuit": _nullable(_ref("Circuit")),
@@ -838,7 +839,7 @@ def _document_paths() -> dict:
 
     named = (_ref("ProfileName", "parameters"),)
     model = {"name": "model", "in": "query", "required": False, "schema": _string(),
-             "description": "The model (default: the one locked for steering, else the only steerable one)"}
+             "description": "Only this model"}
     state = "The model's resulting steering state, its version, and whether it is live"
     return {
         "/api/clusters": op("get", "listClusters", "Clusters (profiles with an intensity range and a dial)",
@@ -857,9 +858,9 @@ def _document_paths() -> dict:
         "/api/circuits": op("get", "listCircuits", "Circuits", "CircuitList", "Every circuit"),
         "/api/circuits/import": op("post", "importCircuit", "Import a circuit document", "Circuit",
                                    "The circuit (409 circuit_exists when the name is taken)", "CircuitDocument"),
-        "/api/circuits/active": op("get", "activeCircuit", "The model's active circuit and whether it genuinely "
-                                   "steers", "CircuitActive", "The circuit, its serving mode and its `steering`",
-                                   params=(model,)),
+        "/api/circuits/active": op("get", "activeCircuit", "Each steerable model's active circuit and whether it "
+                                   "genuinely steers", "CircuitsActive", "Per model: the circuit, its serving mode "
+                                   "and its `steering`", params=(model,)),
         "/api/circuits/{name}": {
             **op("get", "getCircuit", "One circuit", "Circuit", "The circuit", params=named),
             **op("delete", "deleteCircuit", "Delete a circuit", "ProfileDeleted", "Deleted", params=named)},
