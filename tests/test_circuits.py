@@ -279,3 +279,19 @@ def test_a_generation_stays_steered_while_embeddings_and_scoring_run_between_its
                 assert post(srv, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1,
                                                      "logprobs": 1}).status_code == 200
     assert "".join(parts) == alone  # every step of the generation was steered as when it ran alone
+
+
+def test_a_circuit_exports_to_the_document_import_takes(srv):
+    body = {"format": "greenroom.circuit.v1", "name": "trip", "model": MODEL, "description": "round trip",
+            "rung": 3, "layers": LAYERS, "intensity_range": [0.5, 1.5], "intensity": 0.7,
+            "slice_fallback": "slice"}
+    assert post(srv, "/api/circuits/import", body).status_code == 200
+    doc = httpx.get(srv.url + "/api/circuits/trip/export", timeout=30).json()
+    assert doc == body
+    before = httpx.get(srv.url + "/api/circuits/trip", timeout=30).json()
+    assert httpx.delete(srv.url + "/api/circuits/trip", timeout=30).status_code == 200
+    assert httpx.get(srv.url + "/api/circuits/trip/export", timeout=30).status_code == 404
+    assert post(srv, "/api/circuits/import", doc).status_code == 200
+    after = httpx.get(srv.url + "/api/circuits/trip", timeout=30).json()
+    assert {k: v for k, v in after.items() if not k.endswith("_at")} == \
+        {k: v for k, v in before.items() if not k.endswith("_at")}

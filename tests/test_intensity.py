@@ -285,3 +285,17 @@ def test_an_operator_write_during_a_dialled_request_wins(srv):
     state = httpx.get(srv.url + "/api/steering", timeout=30).json()["models"]
     mine = next(row for row in state if row["model"] == MODEL)
     assert mine["strengths"] == {SAE_ID: {"9": -60.0}} and mine["version"] == written.json()["version"]
+
+
+def test_a_cluster_exports_to_the_document_import_takes(srv):
+    assert cluster_import(srv, "trip", RANGED, intensity_range=[0.5, 1.5], intensity=0.7,
+                          description="round trip").status_code == 200
+    doc = httpx.get(srv.url + "/api/clusters/trip/export", timeout=30).json()
+    assert doc == {"format": "greenroom.cluster.v1", "name": "trip", "model": MODEL, "description": "round trip",
+                   "sae_id": SAE_ID, "members": RANGED, "intensity_range": [0.5, 1.5], "intensity": 0.7}
+    before = httpx.get(srv.url + "/api/clusters/trip", timeout=30).json()
+    assert httpx.delete(srv.url + "/api/clusters/trip", timeout=30).status_code == 200
+    assert httpx.post(srv.url + "/api/clusters/import", json=doc, timeout=30).status_code == 200
+    after = httpx.get(srv.url + "/api/clusters/trip", timeout=30).json()
+    assert {k: v for k, v in after.items() if not k.endswith("_at")} == \
+        {k: v for k, v in before.items() if not k.endswith("_at")}

@@ -45,6 +45,7 @@ ENDPOINTS = [
     ("GET", "/api/clusters", "clusters: a profile's members with an intensity_range and a persistent dial"),
     ("POST", "/api/clusters/import", "import a cluster document (greenroom.cluster.v1)"),
     ("GET", "/api/clusters/{name}", "one cluster"),
+    ("GET", "/api/clusters/{name}/export", "a cluster as the document import takes"),
     ("PUT", "/api/clusters/{name}/intensity", "a cluster's persistent dial: {\"intensity\": 0 to its cap}"),
     ("POST", "/api/clusters/{name}/activate", "a cluster's dialled strengths as its model's live steering"),
     ("DELETE", "/api/clusters/{name}", "delete a cluster"),
@@ -53,6 +54,7 @@ ENDPOINTS = [
     ("GET", "/api/circuits/active", "per steerable model (?model=: one), its active circuit, serving mode and "
      "whether it genuinely steers"),
     ("GET", "/api/circuits/{name}", "one circuit"),
+    ("GET", "/api/circuits/{name}/export", "a circuit as the document import takes"),
     ("PUT", "/api/circuits/{name}/intensity", "a circuit's persistent dial: {\"intensity\": 0–2}"),
     ("POST", "/api/circuits/{name}/activate", "a circuit's dialled members as its model's live steering"),
     ("DELETE", "/api/circuits/{name}", "delete a circuit"),

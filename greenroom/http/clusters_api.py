@@ -108,10 +108,29 @@ def _named_routes(app: Quart, tree: Tree, kind: str, activate: str) -> None:
         model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
         return await write(tree, activate, model, name=name)
 
+    async def export(name: str):
+        return document(kind, await tree.steering(f"{kind}_get", None, name=name))
+
     app.add_url_rule(root, f"get_{kind}", read, methods=["GET"])
     app.add_url_rule(root, f"delete_{kind}", delete, methods=["DELETE"])
     app.add_url_rule(root + "/intensity", f"dial_{kind}", dial, methods=["PUT"])
     app.add_url_rule(root + "/activate", f"activate_{kind}", activated, methods=["POST"])
+    app.add_url_rule(root + "/export", f"export_{kind}", export, methods=["GET"])
+
+
+def document(kind: str, summary: dict) -> dict:
+    """A cluster's or circuit's import document, from what GET /api/{kind}s/<name> answers:
+    POST /api/{kind}s/import takes it back (here, or on a server with the same SAEs attached)."""
+    if "unparseable" in summary:
+        raise GreenroomError("invalid_parameter", f"circuit {summary['name']!r} no longer parses "
+                             f"({summary['unparseable']}): there is nothing to export", "name")
+    fields = ("name", "model", "description", "intensity", "intensity_range") + (
+        ("sae_id", "members") if kind == "cluster" else ("rung", "layers", "slice_fallback"))
+    out = {"format": CLUSTER_FORMAT if kind == "cluster" else CIRCUIT_FORMAT,
+           **{k: summary[k] for k in fields if summary[k] is not None}}
+    if kind == "circuit":
+        out["layers"] = [{k: v for k, v in layer.items() if v is not None} for layer in out["layers"]]
+    return out
 
 
 async def _dial(tree: Tree, kind: str, name: str) -> dict:

@@ -853,6 +853,8 @@ def _document_paths() -> dict:
             "put", "dialCluster", "Set a cluster's persistent dial, within [0, its range's top (else the server's "
             "maximum)]", "ClusterDialled", "The cluster, and the re-applied steering when it is active",
             "IntensityRequest", named),
+        "/api/clusters/{name}/export": op("get", "exportCluster", "A cluster as a document", "ClusterDocument",
+                                          "The document POST /api/clusters/import takes", params=named),
         "/api/clusters/{name}/activate": op("post", "activateCluster", "A cluster's dialled strengths as its "
                                             "model's live steering", "ModelSteering", state, params=named),
         "/api/circuits": op("get", "listCircuits", "Circuits", "CircuitList", "Every circuit"),
@@ -868,6 +870,8 @@ def _document_paths() -> dict:
             "put", "dialCircuit", "Set a circuit's persistent dial, within [0, 2] (serving clamps it into the "
             "circuit's range)", "CircuitDialled", "The circuit, and the re-applied steering when it is active",
             "IntensityRequest", named),
+        "/api/circuits/{name}/export": op("get", "exportCircuit", "A circuit as a document", "CircuitDocument",
+                                          "The document POST /api/circuits/import takes", params=named),
         "/api/circuits/{name}/activate": op("post", "activateCircuit", "A circuit's dialled members as its model's "
                                             "live steering, each layer through its own SAE", "ModelSteering", state,
                                             params=named),
