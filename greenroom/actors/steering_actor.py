@@ -106,10 +106,11 @@ def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> 
 def _put(store: SteeringStore, limits: rules.Limits, state: ModelSteering) -> dict:
     """Store the next version of `state`, its live values re-derived from its active base (a
     circuit's bindings follow the SAEs attached)."""
-    if state.active is not None and bases.active_base(store, state).kind == "live":
+    base = bases.active_base(store, state) if state.active is not None else None
+    if base is not None and base.kind == "live":
         state = attrs.evolve(state, active=None)  # deleted since it was activated: the values stay, as set
-    if state.active is not None:
-        state = attrs.evolve(state, strengths=bases.live_values(store, state, limits))
+    elif base is not None and base.kind != "profile":  # a plain profile's activation copied its values
+        state = attrs.evolve(state, strengths=base.resolved(None, limits))
     return answer(store, store.put(state), limits)
 
 

@@ -105,15 +105,6 @@ def active_base(store: SteeringStore, state: ModelSteering) -> Base:
     return Base("live", None, state.strengths)
 
 
-def live_values(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict:
-    """The live strengths the active base gives at its persistent dial (an active circuit is
-    re-derived whenever an SAE is attached or detached, or its dial moves)."""
-    base = active_base(store, state)
-    if base.kind in ("live", "profile"):
-        return state.strengths
-    return base.resolved(None, limits)
-
-
 def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict | None:
     """What a state answer says of the active base; `rung` only while a circuit genuinely steers
     (enabled, bound, a non-zero dial): the X-miLLM-Circuit-Rung of undialled requests."""

@@ -140,15 +140,8 @@ async def _dial(tree: Tree, kind: str, name: str) -> dict:
     model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
     answer = await tree.steering(f"{kind}_intensity", model, name=name, intensity=_number(body, "intensity"))
     if answer["state"] is not None:  # it is active: the live steering moved with it
-        answer["state"] = {**answer["state"], "live": await _pushed(tree, model, answer["state"])}
+        answer["state"] = {**answer["state"], "live": await tree.push_model_steering(model, answer["state"])}
     return answer
-
-
-async def _pushed(tree: Tree, model: str, state: dict) -> bool:
-    live = True
-    for m in tree.replicas_of(model):
-        live = await tree.push_steering(m, state) and live
-    return live
 
 
 def _format(body: dict, expected: str) -> None:

@@ -18,7 +18,7 @@ import trio
 from quart import Quart, Response, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params
+from greenroom.http import openai_params, sae_activations
 from greenroom.protocol import Generate, Text
 from greenroom.store.monitoring import MonitorConfig
 from greenroom.supervisor.monitoring import RING_SIZE
@@ -103,7 +103,8 @@ def register(app: Quart, tree: Tree) -> None:
                                  "sae_id")
         held = tree.monitoring.config(model)
         if sae_id is not None or enabled:  # what monitoring will read must be attached now
-            sae_id = await _attached_sae(tree, model, sae_id)
+            sae_id = (await sae_activations.attached_sae(tree, model, sae_id, "sae_id",
+                                                         ambiguous="missing_parameter"))["sae_id"]
         config = MonitorConfig(model, enabled, sae_id or held.sae_id, top_k or held.top_k)
         return _config(await tree.monitoring.configure(config))
 
@@ -147,23 +148,6 @@ def _event(name: str | None, data: dict) -> bytes:
 
 def _config(config: MonitorConfig) -> dict:
     return attrs.asdict(config)
-
-
-async def _attached_sae(tree: Tree, model: str, sae_id: str | None) -> str:
-    """`sae_id` if it is attached to `model`; left out, the one SAE attached."""
-    attached = [sae["sae_id"] for sae in (await tree.steering("get", model))["saes"]]
-    if sae_id is None:
-        if len(attached) == 1:
-            return attached[0]
-        raise GreenroomError("missing_parameter" if attached else "sae_not_attached",
-                             f"several SAEs are attached to model {model!r}: name one with sae_id "
-                             f"({', '.join(attached)})" if attached else
-                             f"no SAE is attached to model {model!r}: attach one (POST /api/saes/attach) first",
-                             "sae_id")
-    if sae_id not in attached:
-        raise GreenroomError("sae_not_attached", f"no SAE {sae_id!r} is attached to model {model!r} "
-                             f"(attached: {', '.join(attached) or 'none'})", "sae_id")
-    return sae_id
 
 
 def _model_filter(tree: Tree) -> str | None:

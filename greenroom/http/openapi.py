@@ -837,44 +837,41 @@ def _document_paths() -> dict:
         return {method: _operation(summary, {"200": _json(_ref(schema), description)}, operation_id=operation_id,
                                    body=_ref(body) if body else None, parameters=params)}
 
-    named = (_ref("ProfileName", "parameters"),)
+    named_param = (_ref("ProfileName", "parameters"),)
     model = {"name": "model", "in": "query", "required": False, "schema": _string(),
              "description": "Only this model"}
     state = "The model's resulting steering state, its version, and whether it is live"
+
+    def named(kind: str, dial: str, activate: str) -> dict:
+        """/api/{kind}s/{name}…: one route set per document kind, as http/clusters_api.py registers it."""
+        title, root = kind.capitalize(), f"/api/{kind}s/{{name}}"
+        return {
+            root: {**op("get", f"get{title}", f"One {kind}", title, f"The {kind}", params=named_param),
+                   **op("delete", f"delete{title}", f"Delete a {kind}", "ProfileDeleted", "Deleted",
+                        params=named_param)},
+            root + "/intensity": op("put", f"dial{title}", f"Set a {kind}'s persistent dial, {dial}",
+                                    f"{title}Dialled", f"The {kind}, and the re-applied steering when it is active",
+                                    "IntensityRequest", named_param),
+            root + "/export": op("get", f"export{title}", f"A {kind} as a document", f"{title}Document",
+                                 f"The document POST /api/{kind}s/import takes", params=named_param),
+            root + "/activate": op("post", f"activate{title}", activate, "ModelSteering", state, params=named_param),
+        }
+
     return {
         "/api/clusters": op("get", "listClusters", "Clusters (profiles with an intensity range and a dial)",
                             "ClusterList", "Every cluster"),
         "/api/clusters/import": op("post", "importCluster", "Import a cluster document", "Cluster",
                                    "The cluster (409 profile_exists when the name is taken)", "ClusterDocument"),
-        "/api/clusters/{name}": {
-            **op("get", "getCluster", "One cluster", "Cluster", "The cluster", params=named),
-            **op("delete", "deleteCluster", "Delete a cluster", "ProfileDeleted", "Deleted", params=named)},
-        "/api/clusters/{name}/intensity": op(
-            "put", "dialCluster", "Set a cluster's persistent dial, within [0, its range's top (else the server's "
-            "maximum)]", "ClusterDialled", "The cluster, and the re-applied steering when it is active",
-            "IntensityRequest", named),
-        "/api/clusters/{name}/export": op("get", "exportCluster", "A cluster as a document", "ClusterDocument",
-                                          "The document POST /api/clusters/import takes", params=named),
-        "/api/clusters/{name}/activate": op("post", "activateCluster", "A cluster's dialled strengths as its "
-                                            "model's live steering", "ModelSteering", state, params=named),
+        **named("cluster", "within [0, its range's top (else the server's maximum)]",
+                "A cluster's dialled strengths as its model's live steering"),
         "/api/circuits": op("get", "listCircuits", "Circuits", "CircuitList", "Every circuit"),
         "/api/circuits/import": op("post", "importCircuit", "Import a circuit document", "Circuit",
                                    "The circuit (409 circuit_exists when the name is taken)", "CircuitDocument"),
         "/api/circuits/active": op("get", "activeCircuit", "Each steerable model's active circuit and whether it "
                                    "genuinely steers", "CircuitsActive", "Per model: the circuit, its serving mode "
                                    "and its `steering`", params=(model,)),
-        "/api/circuits/{name}": {
-            **op("get", "getCircuit", "One circuit", "Circuit", "The circuit", params=named),
-            **op("delete", "deleteCircuit", "Delete a circuit", "ProfileDeleted", "Deleted", params=named)},
-        "/api/circuits/{name}/intensity": op(
-            "put", "dialCircuit", "Set a circuit's persistent dial, within [0, 2] (serving clamps it into the "
-            "circuit's range)", "CircuitDialled", "The circuit, and the re-applied steering when it is active",
-            "IntensityRequest", named),
-        "/api/circuits/{name}/export": op("get", "exportCircuit", "A circuit as a document", "CircuitDocument",
-                                          "The document POST /api/circuits/import takes", params=named),
-        "/api/circuits/{name}/activate": op("post", "activateCircuit", "A circuit's dialled members as its model's "
-                                            "live steering, each layer through its own SAE", "ModelSteering", state,
-                                            params=named),
+        **named("circuit", "within [0, 2] (serving clamps it into the circuit's range)",
+                "A circuit's dialled members as its model's live steering, each layer through its own SAE"),
         "/api/steering/lock": {
             **op("get", "getSteeringLock", "The model locked for steering", "SteeringLock", "The lock"),
             **op("put", "lockSteering", "Lock the server to one steerable model (/v1/models lists it alone)",

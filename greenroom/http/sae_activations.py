@@ -104,21 +104,27 @@ async def _sae(tree: Tree, model: str, sae_id) -> dict:
     """The attached SAE the request reads: the one named, or the only one."""
     if sae_id is not None and not isinstance(sae_id, str):
         raise GreenroomError("invalid_parameter", f"'{FIELD}.sae_id' must be a string", f"{FIELD}.sae_id")
+    return await attached_sae(tree, model, sae_id, f"{FIELD}.sae_id", ambiguous="invalid_parameter")
+
+
+async def attached_sae(tree: Tree, model: str, sae_id: str | None, param: str, ambiguous: str) -> dict:
+    """The SAE `sae_id` attached to `model` (the coordinator's state), or left out the only one;
+    refusals name `param`: sae_not_attached, or `ambiguous` naming the candidates."""
     attached = (await tree.steering("get", model))["saes"]
     names = [s["sae_id"] for s in attached]
     if sae_id is None:
         if len(attached) == 1:
             return attached[0]
         if attached:
-            raise GreenroomError("invalid_parameter", f"several SAEs are attached to model {model!r}; name one "
-                                 f"with '{FIELD}.sae_id': {', '.join(names)}", f"{FIELD}.sae_id")
+            raise GreenroomError(ambiguous, f"several SAEs are attached to model {model!r}; name one with "
+                                 f"'{param}': {', '.join(names)}", param)
         raise GreenroomError("sae_not_attached", f"no SAE is attached to model {model!r} (POST /api/saes/attach)",
-                             f"{FIELD}.sae_id")
+                             param)
     for sae in attached:
         if sae["sae_id"] == sae_id:
             return sae
     raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to model {model!r} "
-                         f"(attached: {', '.join(names) or 'none'})", f"{FIELD}.sae_id")
+                         f"(attached: {', '.join(names) or 'none'})", param)
 
 
 def _features(value, sae: dict) -> list[int] | None:

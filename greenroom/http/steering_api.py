@@ -217,10 +217,7 @@ def intensity(value) -> float | str | None:
 
 async def write(tree: Tree, op: str, model: str, **args) -> dict:
     state = await tree.steering(op, model, **args)
-    live = True
-    for m in tree.replicas_of(model):
-        live = await tree.push_steering(m, state) and live
-    return {**state, "live": live}
+    return {**state, "live": await tree.push_model_steering(model, state)}
 
 
 async def _answer(tree: Tree, model: str, state: dict) -> dict:

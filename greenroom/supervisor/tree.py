@@ -472,7 +472,8 @@ class Tree:
             if engines != {"transformers"}:
                 raise GreenroomError("steering_unsupported", f"model {model!r} runs on {'/'.join(sorted(engines))}, "
                                      "which has no SAE hooks: only transformers models are steered", "model")
-            args["placement"] = replicas[0].placement  # the SAE must fit the model (the coordinator checks)
+            if op in ("attach", "default"):
+                args["placement"] = replicas[0].placement  # the SAE must fit the model (the coordinator checks)
         client = await self._actor_client(self.slots["steering"], model or "steering")
         async with client.submit(SteeringCommand(f"steer-{uuid.uuid4().hex[:12]}", op, model or "", args)) as events:
             reply = await events.__anext__()
@@ -507,6 +508,13 @@ class Tree:
             return False
         return reply.version >= state["version"]
 
+    async def push_model_steering(self, model: str, state: dict) -> bool:
+        """`state` to every placement of `model`; whether each loaded one now holds it."""
+        live = True
+        for m in self.replicas_of(model):
+            live = await self.push_steering(m, state) and live
+        return live
+
     async def steering_live(self, model: str, state: dict) -> bool:
         """Whether every loaded placement of `model` holds `state`'s version (from the actors' status)."""
         for m in self.replicas_of(model):
@@ -536,9 +544,7 @@ class Tree:
             log.error("the steering lock was not read: %s", exc)
         for model, sae in self._default_saes.items():
             try:
-                state = await self.steering("default", model, sae=sae)
-                for m in self.replicas_of(model):
-                    await self.push_steering(m, state)
+                await self.push_model_steering(model, await self.steering("default", model, sae=sae))
             except Exception as exc:
                 log.error("default SAE %r of model %s not attached: %s", sae, model, exc)
         for model in self.steerable():
