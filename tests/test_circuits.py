@@ -295,3 +295,25 @@ def test_a_circuit_exports_to_the_document_import_takes(srv):
     after = httpx.get(srv.url + "/api/circuits/trip", timeout=30).json()
     assert {k: v for k, v in after.items() if not k.endswith("_at")} == \
         {k: v for k, v in before.items() if not k.endswith("_at")}
+
+
+@pytest.mark.parametrize("method,path,body,status,code,param", [
+    ("PUT", "/api/steering/lock", {}, 400, "missing_parameter", "model"),
+    ("PUT", "/api/steering/lock", {"model": "nowhere"}, 404, "model_not_found", "model"),
+    ("PUT", "/api/steering/lock", {"model": MODEL, "colour": "red"}, 400, "invalid_parameter", "colour"),
+    ("GET", "/api/circuits/active?model=nowhere", None, 404, "model_not_found", "model"),
+    ("GET", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
+    ("GET", "/api/clusters/absent/export", None, 404, "profile_not_found", "name"),
+    ("POST", "/api/circuits/absent/activate", None, 404, "circuit_not_found", "name"),
+    ("POST", "/api/clusters/absent/activate", None, 404, "profile_not_found", "name"),
+    ("PUT", "/api/circuits/absent/intensity", {"intensity": 1}, 404, "circuit_not_found", "name"),
+    ("PUT", "/api/circuits/edge/intensity", {}, 400, "missing_parameter", "intensity"),
+    ("PUT", "/api/circuits/edge/intensity", {"intensity": "max"}, 400, "invalid_parameter", "intensity"),
+    ("PUT", "/api/circuits/edge/intensity", {"intensity": 2.5}, 400, "invalid_parameter", "intensity"),
+    ("PUT", "/api/clusters/slice/intensity", {"intensity": 1, "reapply": True}, 400, "invalid_parameter", "reapply"),
+    ("DELETE", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
+])
+def test_bad_input_on_the_document_and_lock_routes_is_typed(srv, method, path, body, status, code, param):
+    r = httpx.request(method, srv.url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (code, param)
