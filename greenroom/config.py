@@ -20,11 +20,13 @@ class ModelConfig:
     actor: str = "auto"
     dtype: str | None = None
     preload: bool = True  # loaded when its actor starts; else on the first request (GGUF: always on demand)
-    n_ctx: int | None = None  # llama.cpp: context window (default: gguf_n_ctx, capped at the model's)
+    n_ctx: int | None = None  # llama.cpp: context window (default: gguf_n_ctx; 0: the model's trained one)
     threads: int | None = None  # llama.cpp: decode threads (default: gguf_threads)
     # an SAE attached on the model's first start ("demo:<size>[:<layer>]" or an SAELens directory);
     # after that the steering store (store/steering.py) holds what is attached
     sae: str | None = None
+    # a chat template over the model's own, any engine: a Jinja file's path, or the Jinja text itself
+    chat_template: str | None = None
 
 
 @attrs.define
@@ -48,6 +50,9 @@ class Config:
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
+    # browser origins allowed besides Ollama's defaults (localhost, 127.0.0.1, app://, …), `*` wildcards;
+    # OLLAMA_ORIGINS and GREENROOM_ORIGINS add more (http/cors.py)
+    cors_origins: list[str] = attrs.Factory(list)
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
@@ -88,10 +93,25 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
         raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
     raw.update({k: v for k, v in overrides.items() if v is not None})
     config = _converter.structure(raw, Config)
+    for model in config.models:
+        model.chat_template = _template_text(model)
     from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start
 
     Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
     return config
+
+
+def _template_text(model: ModelConfig) -> str | None:
+    """A model's `chat_template`: a file's text, or inline Jinja; anything else stops the start."""
+    value = model.chat_template
+    if value is None:
+        return None
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"model {model.id!r}: chat_template is neither a Jinja template nor a file: {value!r}")
+    return path.read_text()
 
 
 def detect_engine_actors() -> list[str]:

@@ -35,6 +35,8 @@ TABLE: dict[str, ErrorKind] = {
     "embedding_request_too_large": ErrorKind(413, INVALID, ollama_only=True),
     # API key (GREENROOM_API_KEY / NEEDLE_API_KEY)
     "invalid_api_key": ErrorKind(401, INVALID),
+    # a browser page on an origin the server does not allow (http/cors.py), as Ollama refuses it
+    "origin_not_allowed": ErrorKind(403, INVALID),
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
     "AMBIGUOUS_MODEL_NAME": ErrorKind(400, INVALID),  # a bare GGUF repository name with several quantizations

@@ -19,6 +19,19 @@ from .engines.base import SamplingParams
 
 # front end → engine actor
 @attrs.frozen
+class Fit:
+    """Ollama's rule for a prompt longer than its window (http/ollama_api.py; engines/
+    prompt_fit.py does it): the oldest messages go first — never a system one nor the last
+    — then the prompt's middle, its first `keep` tokens kept, until the prompt leaves room
+    for min(`answer`, window / 2) tokens; the answer is then cut at the window."""
+
+    window: int
+    keep: int
+    answer: int  # num_predict, or Ollama's default where it fills the window (-1/-2)
+    fill: bool  # num_predict -1/-2: the answer may take the rest of the window
+
+
+@attrs.frozen
 class Generate:
     """One request: `n` choices for each row — each prompt of `prompts` or
     `prompt_token_ids` (no template: /v1/completions), or each conversation of
@@ -49,6 +62,10 @@ class Generate:
     # monitoring (the operator's, per model): {"sae_id", "top_k"}; each choice's top-k features
     # pre-steering come back on its finishing Text. Served on the serial path
     monitor: dict | None = None
+    fit: Fit | None = None  # one row: cut it to its window by Ollama's rule instead of refusing it
+    # a model without a chat template renders the conversation's last message as it is (Ollama's
+    # `{{ .Prompt }}`, /api/generate) instead of refusing it (no_chat_template)
+    as_is_without_template: bool = False
 
     @property
     def rows(self) -> int:
@@ -168,6 +185,9 @@ class Admitted:
 
     rid: str
     prompt_tokens: int  # summed over rows (each prompt counted once, whatever n)
+    # what Generate.fit cut: {"messages": oldest messages dropped, "tokens": prompt tokens dropped}
+    truncated: dict | None = None
+    as_is: bool = False  # no chat template: the last message was rendered as it is
 
 
 @attrs.frozen

@@ -133,3 +133,55 @@ def test_ps_with_the_key(keyed):
     ok = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT,
                         env={**env, "GREENROOM_API_KEY": KEY}, capture_output=True, text=True)
     assert ok.returncode == 0 and "cpu" in ok.stdout
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_auth_scheme_is_case_insensitive(keyed, scheme):
+    """RFC 7235: the scheme is a case-insensitive token."""
+    r = httpx.get(keyed.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.get(keyed.url + "/v1/models", headers={"Authorization": f"Basic {KEY}"}, timeout=30)
+    assert r.status_code == 401
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/api/steering", "/v1/no-such-route"])
+def test_a_cors_preflight_never_needs_the_key(keyed, path):
+    r = httpx.options(keyed.url + path, headers={"Origin": "http://localhost:5173", **PREFLIGHT}, timeout=30)
+    assert r.status_code == 204, r.text
+    assert r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+    assert "POST" in r.headers["Access-Control-Allow-Methods"]
+    assert r.headers["Access-Control-Allow-Headers"] == "authorization,content-type"
+
+
+def test_an_allowed_origin_gets_cors_headers_on_answers_and_errors(keyed):
+    origin = {"Origin": "http://127.0.0.1:8080"}
+    ok = httpx.post(keyed.url + "/v1/chat/completions", json=BODIES["/v1/chat/completions"], timeout=60,
+                    headers={**origin, "Authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8080"
+    assert ok.headers["Access-Control-Expose-Headers"] == "*"  # X-Request-ID, X-miLLM-* readable by the page
+    denied = httpx.get(keyed.url + "/v1/models", headers=origin, timeout=30)
+    assert denied.status_code == 401 and denied.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/api/tags"])
+def test_another_sites_page_is_refused_before_any_work(keyed, path):
+    """As Ollama: an origin that is not allowed gets 403, preflight or not, whatever the key."""
+    for headers in (PREFLIGHT, {"Authorization": f"Bearer {KEY}"}):
+        method = "OPTIONS" if headers is PREFLIGHT else "GET"
+        r = httpx.request(method, keyed.url + path, headers={"Origin": "https://evil.example", **headers}, timeout=30)
+        assert r.status_code == 403, r.text
+        assert "Access-Control-Allow-Origin" not in r.headers
+        body = r.json()
+        assert (body["code"] if ollama_api.owns(path) else body["error"]["code"]) == "origin_not_allowed"
+
+
+def test_configured_origins_are_allowed(own_server):
+    srv = own_server('cors_origins = ["https://*.example.org"]\n[[models]]\nid = "greenroom-demo"\n'
+                     'source = "demo:tiny"\n', extra_env={"OLLAMA_ORIGINS": "https://webui.lan:3000"})
+    for origin, status in (("https://chat.example.org", 200), ("https://webui.lan:3000", 200),
+                           ("https://example.org.evil.com", 403)):
+        r = httpx.get(srv.url + "/api/tags", headers={"Origin": origin}, timeout=30)
+        assert r.status_code == status, (origin, r.text)

@@ -41,9 +41,9 @@ def test_token_inputs(client):
 
 
 def test_input_past_the_context_window_is_refused(server):
-    r = httpx.post(server.url + "/v1/embeddings", json={"model": MODEL, "input": "word " * 3000}, timeout=60)
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": MODEL, "input": "word " * 33000}, timeout=60)
     err = r.json()["error"]
-    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "2048" in err["message"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "32768" in err["message"]
 
 
 @pytest.mark.parametrize("body,param", [

@@ -67,7 +67,7 @@ def test_invalid_parameters_are_typed_400(server, body, param):
 def test_context_length_exceeded_before_stream_starts(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6, "stream": True}
     err = envelope(post(server, CHAT, body), 400, "context_length_exceeded", "max_tokens")
-    assert "2048" in err["message"]
+    assert "32768" in err["message"]
 
 
 def test_completion_prompt_required(server):

@@ -61,7 +61,9 @@ REFUSED_BEFORE_LOAD = [
     ("steering_intensity", {"steering_intensity": 1.0}),
     ("return_sae_activations", {"return_sae_activations": {"features": [1]}}),
     ("n", {"n": 2}),
-    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+    # tools are honoured on GGUF ("auto"); a required or named call needs constrained decoding
+    ("tool_choice", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                     "tool_choice": "required"}),
     ("logit_bias", {"logit_bias": {"5": 1}}),
 ]
 
@@ -74,7 +76,7 @@ def test_fields_llama_cpp_cannot_honour_are_refused_before_the_model_loads(srv, 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "field_not_honoured" and err["param"] == field
-    assert "llama.cpp" in err["message"]
+    assert "llama.cpp" in err["message"] and ": " in err["message"]  # every refusal names its reason
     assert state(srv, Q4) == "unloaded"
 
 

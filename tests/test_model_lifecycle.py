@@ -138,3 +138,40 @@ def test_a_quantization_this_server_cannot_load_is_refused_before_loading(own_se
     r = chat(srv, "q2")
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_quantization", r.text
     assert "q2_k" in r.json()["error"]["message"] and states(srv)["q2"] == "unloaded"
+
+
+@pytest.mark.parametrize("value", [1e12, "100000000h", 1e300, "9223372037s"])
+def test_a_keep_alive_past_gos_longest_duration_is_refused_and_ps_keeps_answering(server, value):
+    """A keep_alive longer than Go's longest duration (~292 years) is a typed 400 naming
+    it; it never reaches the tree, so /api/ps (which renders every deadline) keeps working."""
+    r = httpx.post(server.url + "/api/generate", timeout=60, json={
+        "model": MODEL, "prompt": "x", "stream": False, "keep_alive": value, "options": {"num_predict": 1}})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_parameter"
+    assert "keep_alive" in r.json()["error"]
+    assert httpx.get(server.url + "/api/ps", timeout=30).status_code == 200
+
+
+def test_the_longest_keep_alive_is_kept_and_rendered(server):
+    r = httpx.post(server.url + "/api/generate", timeout=60, json={"model": MODEL, "keep_alive": "2562047h"})
+    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+    ps = httpx.get(server.url + "/api/ps", timeout=30)
+    assert ps.status_code == 200
+    row = next(m for m in ps.json()["models"] if m["name"] == MODEL)
+    assert row["expires_at"].startswith("23")  # 292 years on
+    httpx.post(server.url + "/api/generate", timeout=60, json={"model": MODEL, "keep_alive": -1})
+
+
+def test_ollama_requests_after_keep_alive_0_wait_for_the_unload(own_server):
+    """The ollama client does not retry a 503: a request that arrives while its model
+    unloads waits for the unload and loads the model again (Ollama's scheduler), on
+    transformers and GGUF models alike. /v1 keeps the spec's model_busy."""
+    import ollama
+
+    srv = own_server(TWO + '[[models]]\nid = "greenroom-demo-gguf:Q8_0"\nsource = "demo-gguf:Q8_0"\n'
+                     'engine = "llama.cpp"\n')
+    client = ollama.Client(host=srv.url, timeout=120)
+    for model in ("lazy", "greenroom-demo-gguf:Q8_0"):
+        for _ in range(6):
+            reply = client.chat(model=model, messages=[{"role": "user", "content": "hi"}], keep_alive=0,
+                                options={"num_predict": 2})
+            assert reply.done

@@ -144,17 +144,36 @@ def test_num_predict_minus_one_fills_the_requested_window(oc):
     assert r.prompt_eval_count + r.eval_count == 48 or r.done_reason == "stop"
 
 
-def test_num_ctx_past_the_model_is_refused_and_a_small_one_is_a_window(server):
-    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 4096}}),
+def test_num_ctx_past_the_model_is_refused(server):
+    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 40000}}),
                400, "invalid_parameter")
-    assert "2048" in err and "options.num_ctx" in err
-    err = flat(post(server, "/api/chat", {"model": MODEL, "stream": False, "options": {"num_ctx": 16},
-                                          "messages": [{"role": "user", "content": "a long question " * 4}]}),
-               400, "context_length_exceeded")
-    assert "16 tokens" in err and "options.num_predict" in err
-    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_predict": 4000}}),
-               400, "context_length_exceeded")
-    assert "2048" in err
+    assert "32768" in err and "options.num_ctx" in err
+
+
+def test_a_prompt_past_num_ctx_is_cut_by_ollamas_rule(server):
+    """Ollama never refuses a long prompt: the oldest messages go (never a system one nor the
+    last), then the prompt's middle; X-Greenroom-Truncated says what went."""
+    messages = [{"role": "system", "content": "Be brief."}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 20} for i in range(9)]
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": MODEL, "stream": False, "messages": messages, "options": {"num_ctx": 256, "num_predict": 8}})
+    assert r.status_code == 200, r.text
+    dropped = dict(part.split("=") for part in r.headers["X-Greenroom-Truncated"].split(", "))
+    assert int(dropped["messages"]) > 0 and dropped["tokens"] == "0"
+    body = r.json()
+    assert body["prompt_eval_count"] <= 256 - 8 and body["eval_count"] <= 8
+    # one message longer than the window: its middle goes, its first num_keep tokens stay
+    r = httpx.post(server.url + "/api/generate", timeout=60, json={
+        "model": MODEL, "stream": False, "prompt": "word " * 600, "raw": True,
+        "options": {"num_ctx": 128, "num_predict": 4, "num_keep": 10}})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Greenroom-Truncated"].startswith("messages=0, tokens=")
+    assert r.json()["prompt_eval_count"] == 128 - 4
+    # the answer never passes the window: num_predict above it stops at the window
+    r = httpx.post(server.url + "/api/generate", timeout=60, json={
+        "model": MODEL, "stream": False, "prompt": "x", "options": {"num_predict": 4000, "num_ctx": 64}})
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] + r.json()["eval_count"] <= 64
+    assert "X-Greenroom-Truncated" not in r.headers
 
 
 def test_unapplied_and_unknown_options_are_reported(server):
@@ -227,15 +246,58 @@ def test_list_show_ps_version(oc, server):
     assert demo.details.format == "safetensors" and demo.details.quantization_level == "F32"
     shown = oc.show(MODEL)
     assert "<|im_start|>" in shown.template and shown.modelfile.startswith("# Modelfile")
-    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 2048
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 32768
     assert shown.modelinfo["llama.embedding_length"] == 128 and shown.modelinfo["general.parameter_count"] > 0
     assert "temperature" in shown.parameters and "num_ctx" in shown.parameters
     assert shown.details.parameter_size == demo.details.parameter_size
     running = {m.model: m for m in oc.ps().models}[MODEL]
-    assert running.context_length == 2048 and running.size == demo.size and running.size_vram == 0
+    assert running.context_length == 32768 and running.size == demo.size and running.size_vram == 0
     assert running.expires_at > datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=365)
     assert httpx.get(server.url + "/api/version").json()["version"]
     assert oc.show(MODEL + ":latest").modelinfo == shown.modelinfo  # Ollama's default tag
+
+
+def _files(path) -> list:
+    return [p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                   p.relative_to(path).parts)]
+
+
+def test_each_format_is_listed_and_shown_from_its_files(oc, server, model_cache):
+    """transformers (safetensors), GGUF and a not-yet-loaded OpenVINO directory: sizes, mtimes,
+    formats, family lists and parameter sizes read from the files, none of them loaded for it."""
+    from greenroom.engines.capabilities import ENGINES
+    from greenroom.engines.demo_gguf import demo_gguf_path
+    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+    from greenroom.engines.demo_openvino import demo_openvino_dir
+
+    cache = default_cache_dir(model_cache)
+    checkpoint, gguf_file, ir = demo_model_dir(cache), demo_gguf_path(cache, "Q8_0"), demo_openvino_dir(cache)
+    listed = {m.model: m for m in oc.list().models}
+    hf, q8, npu = listed[MODEL], listed["greenroom-demo-gguf:Q8_0"], listed["greenroom-demo-npu"]
+    for model, files in ((hf, _files(checkpoint)), (q8, [gguf_file]), (npu, _files(ir))):
+        assert model.size == sum(f.stat().st_size for f in files), model.model
+        newest = max(f.stat().st_mtime for f in files)
+        assert model.modified_at.timestamp() == pytest.approx(newest, abs=1e-6), model.model
+        assert model.details.families == ["llama"] and model.details.family == "llama"
+        assert len(model.digest) == 64
+    assert (hf.details.format, q8.details.format, npu.details.format) == ("safetensors", "gguf", "openvino")
+    assert q8.details.parameter_size == hf.details.parameter_size  # the same weights, counted from each file
+    assert (q8.details.quantization_level, npu.details.quantization_level) == ("Q8_0", "F32")
+    assert npu.details.parameter_size == ""  # an IR's constants are no exact parameter count
+
+    shown = oc.show("greenroom-demo-gguf:Q8_0")
+    assert f"\nFROM {gguf_file}\n" in shown.modelfile
+    assert shown.template == (checkpoint / "chat_template.jinja").read_text()
+    trained = json.loads((checkpoint / "config.json").read_text())["max_position_embeddings"]
+    assert shown.details == q8.details and shown.modelinfo["llama.context_length"] == trained
+    assert shown.modelinfo["general.parameter_count"] == oc.show(MODEL).modelinfo["general.parameter_count"]
+    assert shown.capabilities == ["completion"] + (["tools"] if ENGINES["llama.cpp"].tools else [])
+    assert oc.show(MODEL).capabilities == ["completion", "tools"]
+    ov = oc.show("greenroom-demo-npu")
+    assert f"\nFROM {ir}\n" in ov.modelfile and ov.details == npu.details
+    assert ov.modelinfo["general.architecture"] == "llama" and ov.modelinfo["llama.embedding_length"] == 128
+    assert "general.parameter_count" not in ov.modelinfo
+    assert ov.capabilities == ["completion"] + (["tools"] if ENGINES["openvino"].tools else [])
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_demo_export_is_deterministic_and_cached(model_cache, tmp_path):
 
 def test_info(cpu, npu):
     assert (cpu.info.engine, cpu.info.device, cpu.info.dtype, cpu.info.context_length) == \
-        ("openvino", "CPU", "float32", 2048)
+        ("openvino", "CPU", "float32", 32768)
     assert cpu.info.revision.startswith("demo-tiny-") and cpu.info.quantization == "F32"
     # the NPU pipeline's KV cache is its window: the NPU stand-in computes on the CPU
     assert (npu.info.device, npu.info.context_length) == ("CPU", MAX_PROMPT_LEN + MIN_RESPONSE_LEN)
@@ -228,6 +228,30 @@ def test_served_chat_streamed_and_not(oai):
     assert again.choices[0].message.content == whole.choices[0].message.content
     pieces = [c.choices[0].delta.content or "" for c in oai.chat.completions.create(**chat, stream=True) if c.choices]
     assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_needle_confidence_is_null_where_there_are_no_probabilities(oai):
+    """OpenVINO's pipeline reports no token probabilities: x_needle says so, never 1.0."""
+    r = oai.chat.completions.create(model=OV_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    x = r.model_extra["x_needle"]
+    assert x["confidence"] is None
+    assert any("confidence is null" in w for w in x["warnings"])
+
+
+def test_tools_are_described_and_required_is_refused(oai):
+    """Tools are honoured ("auto": rendered by the template, or described in the system
+    message); a required call needs constrained decoding, which OpenVINO has not."""
+    from openai import BadRequestError
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    r = oai.chat.completions.create(model=OV_MODEL, messages=[{"role": "user", "content": "Weather?"}], max_tokens=4,
+                                    tools=tools)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with pytest.raises(BadRequestError) as refused:
+        oai.chat.completions.create(model=OV_MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                    tools=tools, tool_choice="required")
+    assert refused.value.body["code"] == "field_not_honoured" and "constrained decoding" in refused.value.body["message"]
 
 
 def test_served_embeddings_and_refusals(oai):

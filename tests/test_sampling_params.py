@@ -125,11 +125,11 @@ def test_stop_across_two_tokens_stops_streamed_and_not(client):
 
 
 def test_context_exceeded_refused_before_the_stream_starts(server):
-    body = {"model": MODEL, "messages": MSG, "max_tokens": 2040, "stream": True}
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 32760, "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 400 and "text/event-stream" not in r.headers["content-type"]
         err = __import__("json").loads(r.read())["error"]
-    assert err["code"] == "context_length_exceeded" and "2048" in err["message"] and "2040" in err["message"]
+    assert err["code"] == "context_length_exceeded" and "32768" in err["message"] and "32760" in err["message"]
 
 
 def test_trailing_assistant_message_is_continued(client, server):
@@ -169,3 +169,17 @@ def test_bad_prompts_are_typed_400(server, prompt):
         assert r.status_code == 200
         return
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_0_is_refused_on_chat_and_a_token_count_on_completions(server, field):
+    """OpenAI's minimum is 1 on chat completions; a text completion of 0 tokens counts the
+    prompt (usage) and generates nothing."""
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MSG, field: 0})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
+    assert r.json()["error"]["param"] == field
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "Once upon a time", field: 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "" and choice["finish_reason"] == "length"
+    assert r.json()["usage"]["prompt_tokens"] > 0 and r.json()["usage"]["completion_tokens"] == 0

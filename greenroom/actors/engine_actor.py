@@ -80,6 +80,7 @@ class _Choice:
     index: int
     started: float  # the request's start of compute
     queue_wait: float
+    logprobs: bool = True  # the engine reports each token's log-probability (capabilities.token_logprobs)
     start: float = attrs.Factory(time.monotonic)  # this choice's
     first_token: float | None = None
     logprob_sum: float = 0.0
@@ -374,7 +375,11 @@ class EngineLoop:
             from greenroom.engines.loader import load_engine
 
             if req.spec["id"] not in self.engines:
-                self.engines[req.spec["id"]] = load_engine(req.spec)
+                try:
+                    self.engines[req.spec["id"]] = load_engine(req.spec)
+                except Exception as exc:  # a missing source, a file the engine cannot read: the load's error
+                    raise GreenroomError("model_load_failed", f"model {req.spec['id']!r} could not be loaded: "
+                                         f"{type(exc).__name__}: {exc}", "model") from None
             self._emit_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
             return
         engine = self.engines.pop(req.model, None)
@@ -439,29 +444,51 @@ class EngineLoop:
         activations = {**read, "read_point": "unsteered", "positions": readout.result(rows[0])} if read else None
         self._emit_from_thread(Scores(req.rid, out, activations))
 
-    def _admit(self, engine, req: Generate) -> tuple[list[list[int]], list]:
-        """Validate and tokenise every row (each row's params, max_tokens resolved), then
-        announce the request: after this a stream may start."""
+    def _admit(self, engine, req: Generate) -> tuple[list[list[int]], list, Admitted]:
+        """Validate and tokenise every row (each row's params, max_tokens resolved) — a row
+        with a Fit cut to its window by Ollama's rule — and the Admitted that announces it."""
         rows, names = _rows(engine, req)
         if req.conversations is None:
             for ids, name in zip(rows, names):
                 _check_ids(engine, ids, name, "prompt")
-        # a constrained document is ended by its grammar, not cut by the server's default
-        params = [self._resolve_max_tokens(engine, ids, req.params, name, whole_room=req.constraint is not None)
-                  for ids, name in zip(rows, names)]
-        return rows, params
+        fitted = None
+        if req.fit is not None:
+            fitted, params = self._fitted(engine, req, rows[0])
+            rows = [fitted.ids]
+        else:  # a constrained document is ended by its grammar, not cut by the server's default
+            params = [self._resolve_max_tokens(engine, ids, req.params, name, whole_room=req.constraint is not None)
+                      for ids, name in zip(rows, names)]
+        as_is = req.conversations is not None and not engine.has_chat_template
+        return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is)
 
-    def _admitted(self, req: Generate, rows: list[list[int]]) -> float:
+    def _fitted(self, engine, req: Generate, ids: list[int]):
+        """The row fitted by Ollama's rule (engines/prompt_fit.py) and its params: the answer
+        gets num_predict tokens, or the rest of the window, and never passes the window."""
+        from greenroom.engines.prompt_fit import answer_room, fit_conversation, fit_ids
+
+        fit = req.fit
+        window = min(fit.window, engine.info.context_length)
+        target = window - answer_room(window, fit.answer)
+        # an engine may take shorter prompts than its window (the NPU pipeline's static shapes)
+        target = min(target, getattr(engine, "max_prompt_len", None) or target)
+        if req.conversations is not None and len(ids) > target:
+            fitted = fit_conversation(_renderer(engine, req, "messages"), req.conversations[0], target, fit.keep)
+        else:
+            fitted = fit_ids(ids, target, fit.keep)
+        room = window - len(fitted.ids)
+        return fitted, [attrs.evolve(req.params, max_tokens=room if fit.fill else min(fit.answer, room))]
+
+    def _admitted(self, req: Generate, admitted: Admitted) -> float:
         """Count and announce the request; returns when it started computing."""
         self.counters.admitted += 1
-        self._emit_from_thread(Admitted(req.rid, sum(len(ids) for ids in rows)))
+        self._emit_from_thread(admitted)
         return time.monotonic()
 
     def _generate(self, engine, req: Generate):
         """The serial path, one decode step per iteration; every choice in turn."""
         from greenroom.engines.generation import generate
 
-        rows, params = self._admit(engine, req)
+        rows, params, admitted = self._admit(engine, req)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
         readout, read = self._readout(engine, req, rows[0], params[0].max_tokens) \
             if req.sae_activations is not None else (None, None)
@@ -470,13 +497,13 @@ class EngineLoop:
         scope = contextlib.nullcontext() if req.request_strengths is None else engine.steering.steered(
             engine.steering.for_request({sae_id: {int(f): s for f, s in features.items()}
                                          for sae_id, features in req.request_strengths.items()}))
-        started = self._admitted(req, rows)
+        started = self._admitted(req, admitted)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
             for j in range(req.n):
                 choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
                     row_params, seed=_choice_seed(row_params.seed, j))
-                choice = _Choice(req.rid, row * req.n + j, started, queue_wait)
+                choice = _Choice(req.rid, row * req.n + j, started, queue_wait, engine.capabilities.token_logprobs)
                 deltas = generate(engine, ids, choice_params, grammar, readout, self._monitor(engine, req))
                 while True:
                     with scope:  # around each step, never across a yield: a batch's steps run in between
@@ -539,9 +566,10 @@ class EngineLoop:
                     self._finish(rid)
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
-        (ids,), (params,) = self._admit(self._engine(req), req)
-        started = self._admitted(req, [ids])
-        self._choices[req.rid] = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started))
+        (ids,), (params,), admitted = self._admit(self._engine(req), req)
+        started = self._admitted(req, admitted)
+        self._choices[req.rid] = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started),
+                                         self._engine(req).capabilities.token_logprobs)
         return req.rid, ids, params
 
     def _step_batch(self, model: str, batch) -> None:
@@ -576,7 +604,8 @@ class EngineLoop:
         choice.logprob_sum += delta.logprob
         stats = None
         if delta.finish_reason:
-            stats = {"logprob_sum": choice.logprob_sum, "prefill_s": choice.first_token - choice.start,
+            stats = {"logprob_sum": choice.logprob_sum if choice.logprobs else None,
+                     "prefill_s": choice.first_token - choice.start,
                      "decode_s": now - choice.first_token, "queue_wait_s": choice.queue_wait,
                      "compute_s": now - choice.started, "peak_rss_mb": _peak_rss_mb()}
         if delta.text or delta.finish_reason:
@@ -622,17 +651,31 @@ def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
     chat template (a failing one is named by its index), prompts tokenised."""
     if req.conversations is not None:
         names = ["messages"] + [f"extra_messages[{i}]" for i in range(len(req.conversations) - 1)]
-        rows = []
-        for conversation, name in zip(req.conversations, names):
-            try:
-                rows.append(engine.render_chat(conversation, req.template_kwargs, req.tools))
-            except Exception as exc:  # a template error names the conversation it came from
-                raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
-                                     f"template: {exc}", name) from None
-        return rows, names
+        return [_renderer(engine, req, name)(c) for c, name in zip(req.conversations, names)], names
     rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
                                     for p in req.prompts]
     return rows, ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
+
+
+def _renderer(engine, req: Generate | Score, name: str):
+    """messages → prompt ids, by the model's chat template; a model without one refuses
+    (no_chat_template), or renders the last message as it is where the request says so
+    (Ollama's `{{ .Prompt }}` on /api/generate)."""
+    if not engine.has_chat_template:
+        if getattr(req, "as_is_without_template", False):
+            return lambda messages: engine.tokenize(messages[-1].get("content") or "")
+        raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template, so a conversation "
+                             "cannot be rendered for it: give its [[models]] entry a chat_template, or send a plain "
+                             "prompt (/v1/completions; /api/generate renders a prompt as it is)", name)
+
+    def render(messages: list[dict]) -> list[int]:
+        try:
+            return engine.render_chat(messages, req.template_kwargs, req.tools)
+        except Exception as exc:  # a template error names the conversation it came from
+            raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
+                                 f"template: {exc}", name) from None
+
+    return render
 
 
 def _token(engine, token_id: int) -> list:

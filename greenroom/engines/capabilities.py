@@ -20,19 +20,42 @@ class Capabilities:
     steering: bool = False  # steering_intensity (per-request dial)
     profile: bool = False  # a per-request steering profile: SAE hooks steering one request's forwards
     sae_activations: bool = False  # return_sae_activations: SAE hooks on the model's residual stream
+    token_logprobs: bool = False  # each generated token's log-probability (x_needle's confidence)
 
 
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
                                  scoring=True, response_format=True, tools=True, sae_activations=True,
-                                 profile=True, steering=True),
-    # llama.cpp: its repeat penalty honours ours; seeds are not measured to reproduce, there is no
-    # per-token distribution for scoring, no grammar bridge, and the file's template takes no variables
-    "llama.cpp": Capabilities(penalties=True, embeddings=True),
+                                 profile=True, steering=True, token_logprobs=True),
+    # llama.cpp: its repeat penalty honours ours; tools are rendered by the file's template (or
+    # described in the system message, engines/chat.py) and parsed, but tool_choice required/named
+    # needs constrained decoding; seeds are not measured to reproduce, there is no per-token
+    # distribution for scoring, no grammar bridge, and the file's template takes no variables
+    "llama.cpp": Capabilities(penalties=True, embeddings=True, tools=True, token_logprobs=True),
     # OpenVINO GenAI: rng_seed reproduces (CPU and NPU pipeline alike), its repetition penalty is
-    # HF's rule (measured: greedy ids equal transformers'), the template takes variables; no
-    # per-token distribution (scoring), no grammar bridge, no hooks for steering
-    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True),
+    # HF's rule (measured: greedy ids equal transformers'), the template takes variables and tools
+    # (auto and none, as on llama.cpp); no per-token distribution (scoring), no grammar bridge
+    # (so no required/named tool_choice), no hooks for steering
+    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
+                             tools=True),
+}
+
+
+# Why an engine without a capability cannot honour it: every refusal names its reason, on /v1
+# (http/ledger.py) and on the Ollama surface (http/ollama_params.py) alike.
+WHY_NOT: dict[str, str] = {
+    "seed": "this engine's seeds are not measured to reproduce",
+    "n": "this engine serves one choice per request",
+    "penalties": "this engine has no repetition penalty",
+    "embeddings": "this engine serves no embeddings",
+    "chat_template_kwargs": "this engine's chat template takes no variables",
+    "scoring": "scoring mode is not available on this engine yet",
+    "response_format": "constrained decoding (structured output) is not available on this engine yet",
+    "tools": "tool calling is not available on this engine yet",
+    "steering": "this engine has no SAE hooks to steer with (only transformers models are steered)",
+    "profile": "this engine has no SAE hooks to steer with (only transformers models are steered)",
+    "sae_activations": "this engine has no SAE hooks (only transformers models read SAE activations)",
+    "token_logprobs": "this engine reports no token probabilities (OpenVINO GenAI's pipeline has none)",
 }
 
 

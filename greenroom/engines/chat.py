@@ -2,7 +2,72 @@
 
 from __future__ import annotations
 
+import json
 from typing import Callable
+
+# the template's own rendering: (messages, add_generation_prompt, tools, template variables) → text
+Apply = Callable[[list[dict], bool, "list[dict] | None", "dict | None"], str]
+
+_PROBE = {"type": "function", "function": {"name": "greenroom_tool_probe", "description": "probe",
+                                           "parameters": {"type": "object", "properties": {}}}}
+
+
+class ChatTemplate:
+    """A model's chat rendering. A template that never shows the model its tools (SmolLM2's,
+    Gemma's: found as minja does, by rendering a probe tool and looking for its name) gets
+    them described in the system message instead, with the Hermes `<tool_call>` syntax the
+    tool-call parser reads — as llama.cpp's server polyfills such templates — so a request
+    with tools is honoured on every model, never silently answered without them."""
+
+    def __init__(self, apply: Apply):
+        self._apply = apply
+        try:
+            self.renders_tools = _PROBE["function"]["name"] in apply(
+                [{"role": "user", "content": "x"}], True, [_PROBE], None)
+        except Exception:  # a template that cannot take tools at all
+            self.renders_tools = False
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None,
+               template_kwargs: dict | None = None) -> str:
+        if tools and not self.renders_tools:
+            messages, tools = described_tools(messages, tools), None
+        return render_conversation(lambda msgs, gen: self._apply(msgs, gen, tools, template_kwargs), messages)
+
+
+_TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>\n")
+_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+               "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+               "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def described_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The conversation for a template without tools: the tools in the (first) system
+    message, an assistant's calls written out in its content, tool results as user turns."""
+    listing = _TOOLS_HEAD + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_TAIL
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{listing}".lstrip()
+    else:
+        out.insert(0, {"role": "system", "content": listing})
+    for m in out:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [_call_text(c) for c in m.pop("tool_calls")]
+            m["content"] = "\n".join(filter(None, [m.get("content") or "", *calls]))
+        elif m.get("role") == "tool":
+            m["role"], m["content"] = "user", f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+    return out
+
+
+def _call_text(call: dict) -> str:
+    fn = call.get("function") or {}
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    return f"<tool_call>\n{json.dumps({'name': fn.get('name'), 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
 
 # thought blocks a reasoning template may open in its generation prompt → their closing tag
 THOUGHT_TAGS = {"<think>": "</think>"}

@@ -2,33 +2,36 @@
 is the folder holding the file (relative to the model directory, e.g.
 `bartowski/Llama-3.2-1B-Instruct-GGUF`), or the file's stem without its quantization
 suffix when it lies in the model directory itself; QUANT comes from the file's
-`general.file_type`, never from its name. Reads metadata only (the `gguf` package,
-numpy): the front end calls this without loading llama.cpp."""
+`general.file_type`, never from its name. Reads the header only (gguf_meta.py): the
+front end calls this without loading llama.cpp."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from . import gguf_meta
+
 # later parts of a split model are loaded through the first one
 _LATER_SPLIT = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$")
 
 
 def quant_label(path: str | Path) -> str:
-    """`Q4_K_M`, `F16`, … from `general.file_type`; `F32` when the field is absent
-    (llama.cpp's default), `GUESSED` when the value is not one gguf knows."""
-    import gguf
+    """`Q4_K_M`, `F16`, … from `general.file_type` (gguf_meta.file_type_label)."""
+    return gguf_meta.file_type_label(gguf_meta.read(path))
 
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields.get("general.file_type")
-    if field is None:
-        return "F32"
-    value = int(field.parts[field.data[0]][0])
-    try:
-        name = gguf.LlamaFileType(value).name
-    except ValueError:
-        return "GUESSED"
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+_FIRST_SPLIT = re.compile(r"-(0*1)-of-(\d+)\.gguf$")
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every file of a model split by llama.cpp's gguf-split (`…-00001-of-00003.gguf`),
+    named from its first one; `[path]` for a model in one file."""
+    m = _FIRST_SPLIT.search(path.name)
+    if m is None:
+        return [path]
+    prefix, width, n = path.name[:m.start()], len(m.group(1)), int(m.group(2))
+    return [path.with_name(f"{prefix}-{i:0{width}d}-of-{m.group(2)}.gguf") for i in range(1, n + 1)]
 
 
 def repo_name(path: Path, root: Path, quant: str) -> str:
@@ -49,7 +52,7 @@ def discover(dirs: list[str | Path]) -> list[tuple[str, Path]]:
                 continue
             try:
                 quant = quant_label(path)
-            except (OSError, ValueError, KeyError):
+            except (OSError, gguf_meta.GGUFError):
                 continue
             found.setdefault(f"{repo_name(path, root, quant)}:{quant}", path)
     return sorted(found.items())

@@ -25,7 +25,7 @@ import numpy as np
 
 from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
-from .chat import render_conversation
+from .chat import ChatTemplate
 from .generation import Decoder, Delta
 from .gguf_files import quant_label
 
@@ -62,7 +62,7 @@ class LlamaCppEngine:
     batches_any_sampling = True  # per-sequence samplers: no fixed sampling parameters needed
 
     def __init__(self, model_id: str, path: str | Path, n_ctx: int | None = None, threads: int | None = None,
-                 parallel: int = 4):
+                 parallel: int = 4, chat_template: str | None = None):
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
@@ -82,12 +82,17 @@ class LlamaCppEngine:
         self.vocab_size = self.scoring_vocab = self.model.n_vocab()
         self._bos = _token_text(self.model, meta.get("tokenizer.ggml.bos_token_id"))
         self._eos = _token_text(self.model, meta.get("tokenizer.ggml.eos_token_id"))
-        self.eos_token_ids = frozenset(
-            int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                   "tokenizer.ggml.eom_token_id") if k in meta)
-        self._template = _environment().from_string(meta["tokenizer.chat_template"]) \
-            if meta.get("tokenizer.chat_template") else None
-        self.has_chat_template = self._template is not None
+        # llama.cpp's own end-of-generation set: eos, eot and eom, and the tokens its vocabulary
+        # loader marks by their text (Gemma's <end_of_turn>, <|endoftext|>, FIM's <reponame>, …)
+        is_eog = llama_cpp.llama_vocab_is_eog
+        self.eos_token_ids = frozenset(t for t in range(self.vocab_size) if is_eog(self.model.vocab, t))
+        source = chat_template or meta.get("tokenizer.chat_template")  # the config's, over the file's
+        template = _environment().from_string(source) if source else None
+        self.has_chat_template = template is not None
+        # the file's template takes no variables: chat_template_kwargs are reported, never passed
+        self.chat = ChatTemplate(lambda msgs, gen, tools, _kwargs: template.render(
+            messages=msgs, tools=tools, add_generation_prompt=gen, bos_token=self._bos, eos_token=self._eos)) \
+            if template is not None else None
         self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") != "false"
         quant = quant_label(self.path)
         self.info = ModelInfo(id=model_id, engine="llama.cpp", context_length=self.n_ctx, dtype=quant, device="cpu",
@@ -144,16 +149,9 @@ class LlamaCppEngine:
 
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
                     tools: list[dict] | None = None) -> list[int]:
-        """The file's own template; `template_kwargs` never reach it (the ledger reports them)."""
-        if self._template is None:
-            raise ValueError("the GGUF file has no chat template")
-
-        def apply(msgs: list[dict], add_generation_prompt: bool) -> str:
-            return self._template.render(messages=msgs, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self._bos, eos_token=self._eos)
-
-        # the rendered text carries the template's own BOS
-        return self.tokenize(render_conversation(apply, messages), add_special_tokens=False)
+        """The file's own template (or the config's); `template_kwargs` never reach it (the
+        ledger reports them). The rendered text carries the template's own BOS."""
+        return self.tokenize(self.chat.render(messages, tools), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.model.detokenize(ids).decode("utf-8", errors="replace")

@@ -30,7 +30,7 @@ import openvino_genai as ov_genai
 
 from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
-from .chat import render_conversation
+from .chat import ChatTemplate
 
 # where a model directory keeps its feature-extraction graph (demo_openvino.py writes one)
 EMBEDDING_SUBDIR = "embedding"
@@ -68,7 +68,8 @@ class OpenVINOEngine:
 
     def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
                  threads: int | None = None, max_prompt_len: int | None = None,
-                 min_response_len: int | None = None, compile_cache: str | Path | None = None):
+                 min_response_len: int | None = None, compile_cache: str | Path | None = None,
+                 chat_template: str | None = None):
         """`dtype` sets the inference precision (float32, bfloat16, float16); None keeps the
         device's default (bf16 on a CPU with AVX-512 BF16 or AMX). `threads`: the CPU
         device's inference threads. `max_prompt_len` and `min_response_len` size the NPU
@@ -112,7 +113,11 @@ class OpenVINOEngine:
         gen = self.pipe.get_generation_config()
         self.eos_token_ids = frozenset(int(t) for t in {gen.eos_token_id, *gen.stop_token_ids} if t >= 0)
         self._bos = self.tokenizer.get_bos_token_id()
+        if chat_template:  # the config's, over the model's own
+            self.tokenizer.set_chat_template(chat_template)
         self.has_chat_template = bool(self.tokenizer.chat_template)
+        self.chat = ChatTemplate(lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
+            msgs, gen, tools=tools, extra_context=kwargs or None)) if self.has_chat_template else None
         precision = dtype or _DTYPE.get(core.get_property(computes_on, "INFERENCE_PRECISION_HINT").get_type_name())
         graph = core.read_model(self.path / "openvino_model.xml")  # maps the weights; nothing is copied
         self.vocab_size = self.scoring_vocab = graph.output("logits").get_partial_shape()[-1].get_length()
@@ -134,16 +139,8 @@ class OpenVINOEngine:
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
                     tools: list[dict] | None = None) -> list[int]:
         """The model's own template, rendered by openvino-genai; `template_kwargs` are its
-        variables."""
-        if not self.has_chat_template:
-            raise ValueError("the model directory has no chat template")
-
-        def apply(msgs: list[dict], add_generation_prompt: bool) -> str:
-            return self.tokenizer.apply_chat_template(msgs, add_generation_prompt, tools=tools,
-                                                      extra_context=template_kwargs or None)
-
-        # the rendered text carries the template's own BOS
-        return self.tokenize(render_conversation(apply, messages), add_special_tokens=False)
+        variables. The rendered text carries the template's own BOS."""
+        return self.tokenize(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .constraints import Constraints, GrammarError
-from .chat import render_conversation
+from .chat import ChatTemplate
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Scored, score_logits
 from .steering import Monitor, Readout, Steering
@@ -29,7 +29,7 @@ class TransformersEngine:
     capabilities = ENGINES["transformers"]
 
     def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, chat_template: str | None = None):
         path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -37,6 +37,8 @@ class TransformersEngine:
         torch_dtype = getattr(torch, dtype) if dtype else (
             torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if chat_template:  # the config's, over the checkpoint's own
+            self.tokenizer.chat_template = chat_template
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -48,6 +50,9 @@ class TransformersEngine:
         # the logits' rows past the tokenizer are padding, not tokens
         self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
         self.has_chat_template = bool(self.tokenizer.chat_template)
+        self.chat = ChatTemplate(lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
+            msgs, tools=tools, add_generation_prompt=gen, tokenize=False, **(kwargs or {}))) \
+            if self.has_chat_template else None
         # a sliding-window layer drops its oldest keys by count, which left padding would skew
         self.batchable = not getattr(cfg, "sliding_window", None) and "sliding_attention" not in (
             getattr(cfg, "layer_types", None) or ())
@@ -73,13 +78,8 @@ class TransformersEngine:
 
     def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
                     tools: list[dict] | None = None) -> list[int]:
-        def apply(msgs: list[dict], add_generation_prompt: bool) -> str:
-            return self.tokenizer.apply_chat_template(
-                msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False,
-                **(template_kwargs or {}))
-
         # A rendered template carries its own BOS: don't add special tokens again.
-        return self.tokenizer.encode(render_conversation(apply, messages), add_special_tokens=False)
+        return self.tokenizer.encode(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -163,13 +163,16 @@ class TransformersEngine:
 
 
 def _revision(path: Path) -> str | None:
-    """A Hugging Face cache snapshot's commit, or the demo generator's version and seed;
-    None (written "unrecorded") when the checkpoint does not say."""
+    """A Hugging Face cache snapshot's commit, the demo generator's version and seed, or the
+    GGUF file and converter version of a conversion; None (written "unrecorded") when the
+    checkpoint does not say."""
     if path.parent.name == "snapshots":
         return path.name[:8]
     marker = path / "greenroom.json"
     if marker.exists():
         meta = json.loads(marker.read_text())
+        if "converter_version" in meta:  # dequantised from a GGUF file (gguf_convert.py)
+            return f"{Path(meta['gguf']).stem}-c{meta['converter_version']}"
         return f"demo-{meta.get('size')}-v{meta.get('generator_version')}-s{meta.get('seed')}"
     return None
 

@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
 from greenroom.http import (
-    clusters_api, manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api,
+    clusters_api, cors, manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api,
 )
 from greenroom.supervisor.tree import Tree
 
@@ -105,20 +105,31 @@ def create_app(tree: Tree) -> Quart:
         return jsonify(err.openai_body()), err.status, headers
 
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
-    expected = f"Bearer {tree.config.api_key}".encode() if tree.config.api_key else None
+    key = tree.config.api_key.encode() if tree.config.api_key else None
+    origins = cors.Origins(tree.config.cors_origins)
 
     @app.before_request
-    async def require_api_key():
-        if expected is None or request.path in open_paths:
+    async def origin_and_api_key():
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            origins.check(origin)
+            if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+                return "", 204, cors.preflight_headers(origin, request.headers.get("Access-Control-Request-Headers"))
+        if key is None or request.path in open_paths:
             return None
-        sent = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(sent, expected):  # constant time: no timing oracle on the key
+        # RFC 7235: the scheme is case-insensitive ("bearer" works); the key compared in
+        # constant time, so its timing is no oracle
+        scheme, _, sent = request.headers.get("Authorization", "").strip().partition(" ")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), key)):
             raise GreenroomError("invalid_api_key", "missing or wrong API key: send Authorization: Bearer <key>")
         return None
 
     @app.after_request
     async def request_id_and_count(response):
         response.headers[ollama_api.REQUEST_ID_HEADER] = ollama_api.request_id()
+        origin = request.headers.get("Origin")
+        if origin is not None and origins.allows(origin):
+            response.headers.update(cors.response_headers(origin))
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         metrics.REQUESTS.labels(rule, request.method, str(response.status_code)).inc()
         return response

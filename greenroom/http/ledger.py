@@ -13,11 +13,12 @@ walked, so an unread key is reported with its location, e.g. "messages[2].name".
 
 from __future__ import annotations
 
+import json
 import logging
 
 import attrs
 
-from greenroom.engines.capabilities import Capabilities
+from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 
 log = logging.getLogger("greenroom.http")
@@ -38,56 +39,51 @@ USE = Rule()
 REPORTED = Rule(report=True)
 
 
-def needs(capability: str, *noop, why: str = "") -> Rule:
-    return Rule(needs=capability, refuse=True, noop=noop, why=why)
+def needs(capability: str, *noop) -> Rule:
+    return Rule(needs=capability, refuse=True, noop=noop, why=WHY_NOT[capability])
 
 
 def refused(*noop, why: str) -> Rule:
     return Rule(refuse=True, noop=noop, why=why)
 
 
-_SCORING = "scoring mode is not available on this engine yet"
-_PROFILE = "this engine has no SAE hooks to steer with (only transformers models are steered)"
-_SAE = "this engine has no SAE hooks (only transformers models read SAE activations)"
-_TOOLS = "tool calling is not available on this engine yet"
 _NOT_YET = "not yet implemented"
 
 _COMMON = {
     "model": USE, "stream": USE, "stream_options": USE, "temperature": USE, "top_p": USE, "top_k": USE,
     "max_tokens": USE,
     "max_completion_tokens": USE, "stop": USE, "user": REPORTED,
-    "seed": needs("seed", why="this engine's seeds are not measured to reproduce"),
+    "seed": needs("seed"),
     "frequency_penalty": needs("penalties", 0, 0.0), "presence_penalty": needs("penalties", 0, 0.0),
-    "response_format": needs("response_format", {"type": "text"}, why="structured output is not available "
-                             "on this engine yet"),
+    "response_format": needs("response_format", {"type": "text"}),
     "steering": refused(why=_NOT_YET), "dimensions": refused(why="only /v1/embeddings could use it"),
     "logit_bias": refused({}, why=_NOT_YET),
-    "tools": needs("tools", [], why=_TOOLS), "tool_choice": needs("tools", why=_TOOLS),
+    "tools": needs("tools", []), "tool_choice": needs("tools"),
 }
 
 CHAT = {
     **_COMMON, "messages": USE,
-    "n": needs("n", 1, why="this engine serves one choice per request"),
+    "n": needs("n", 1),
     "chat_template_kwargs": Rule(needs="chat_template_kwargs", report=True),  # GGUF: reported, never refused
-    "logprobs": needs("scoring", False, why=_SCORING), "top_logprobs": needs("scoring", why=_SCORING),
-    "allowed_token_ids": needs("scoring", why=_SCORING),
-    "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
+    "logprobs": needs("scoring", False), "top_logprobs": needs("scoring"),
+    "allowed_token_ids": needs("scoring"),
+    "return_tokens_as_token_ids": needs("scoring", False),
     "extra_messages": USE,
-    "profile": needs("profile", why=_PROFILE), "steering_intensity": needs("steering", why=_PROFILE),
-    "return_sae_activations": needs("sae_activations", why=_SAE),
-    "functions": needs("tools", [], why=_TOOLS), "function_call": needs("tools", why=_TOOLS),
-    "parallel_tool_calls": needs("tools", why=_TOOLS),
+    "profile": needs("profile"), "steering_intensity": needs("steering"),
+    "return_sae_activations": needs("sae_activations"),
+    "functions": needs("tools", []), "function_call": needs("tools"),
+    "parallel_tool_calls": needs("tools"),
 }
 
 COMPLETIONS = {
     **_COMMON, "prompt": USE, "add_special_tokens": USE,
     "n": refused(1, why="send a list of prompts for several choices"),
-    "logprobs": needs("scoring", False, why=_SCORING), "allowed_token_ids": needs("scoring", why=_SCORING),
-    "return_tokens_as_token_ids": needs("scoring", False, why=_SCORING),
+    "logprobs": needs("scoring", False), "allowed_token_ids": needs("scoring"),
+    "return_tokens_as_token_ids": needs("scoring", False),
     "top_logprobs": refused(why="use logprobs"),
     "profile": refused(why="per-request steering is served on chat completions"),
     "steering_intensity": refused(why="per-request steering is served on chat completions"),
-    "return_sae_activations": needs("sae_activations", why=_SAE),
+    "return_sae_activations": needs("sae_activations"),
     "echo": refused(False, why=_NOT_YET), "best_of": refused(1, why=_NOT_YET),
     "suffix": refused(why=_NOT_YET),
     "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),
@@ -124,8 +120,21 @@ def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[st
                 rule.needs and getattr(caps, rule.needs)):
             reason = f": {rule.why}" if rule.why else ""
             raise GreenroomError("field_not_honoured", f"'{field}' cannot be honoured {where}{reason}", field)
+    _constrained_choice(body, caps, where)
     ignored += _nested(body)
     return ignored
+
+
+def _constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
+    """tool_choice "required" or a named function is enforced by constrained decoding: an
+    engine with tools but without it (llama.cpp, for now) serves "auto" and "none" only."""
+    for field in ("tool_choice", "function_call"):
+        choice = body.get(field)
+        if choice not in (None, "none", "auto") and body.get("tools" if field == "tool_choice" else "functions") \
+                and caps.tools and not caps.response_format:
+            raise GreenroomError("field_not_honoured", f"'{field}' {json.dumps(choice)[:80]} cannot be honoured "
+                                 f"{where}: a required or named call is enforced by constrained decoding, which "
+                                 "this engine does not have yet; send \"auto\" or \"none\"", field)
 
 
 def _is_noop(value, noop: tuple) -> bool:

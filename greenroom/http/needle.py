@@ -6,7 +6,8 @@ figures (engine_actor.py sends them with each choice's last event):
 - type: "call" when the answer holds tool calls, "refuse" when it is empty, else "respond";
 - confidence: the geometric mean of the model's probabilities of the tokens it produced,
   exp(Σ log p / n), each p read from the distribution it sampled from (temperature 1,
-  after any constraint mask) — in (0, 1], 0 for an empty answer;
+  after any constraint mask) — in (0, 1], 0 for an empty answer; null, with a warning, on an
+  engine that reports no probabilities (OpenVINO);
 - validation.ungrounded: tool-call argument values (strings and numbers) that appear
   nowhere in the request's messages, as "<function>.<path>";
 - validation.negation: a negation word in the user's messages;
@@ -37,12 +38,11 @@ def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_t
     calls = message.get("tool_calls") or []
     content = (message.get("content") or "").strip()
     kind = "call" if calls else ("respond" if content else "refuse")
-    n = max(completion_tokens, 1)
     prefill, decode = stats.get("prefill_s", 0.0), stats.get("decode_s", 0.0)
     request_text = " ".join(m.get("content") or "" for m in conversation).lower()
     return {
         "type": kind,
-        "confidence": round(math.exp(stats.get("logprob_sum", -math.inf) / n), 4) if completion_tokens else 0.0,
+        "confidence": _confidence(stats.get("logprob_sum", -math.inf), completion_tokens),
         "reasoning": content if calls else "",
         "validation": {"ungrounded": _ungrounded(calls, request_text),
                        "negation": any(_NEGATION.search(m.get("content") or "")
@@ -54,8 +54,17 @@ def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_t
         "reinitialized": True,
         "queue_wait_seconds": round(stats.get("queue_wait_s", 0.0), 4),
         "compute_seconds": round(stats.get("compute_s", 0.0), 4),
-        "warnings": warnings,
+        "warnings": warnings + ([] if stats.get("logprob_sum", 0.0) is not None else [
+            "confidence is null: this model's engine reports no token probabilities"]),
     }
+
+
+def _confidence(logprob_sum: float | None, completion_tokens: int) -> float | None:
+    """exp(mean log p); None (warnings say why) where the engine reports no probabilities —
+    never a made-up certainty."""
+    if logprob_sum is None:
+        return None
+    return round(math.exp(logprob_sum / max(completion_tokens, 1)), 4) if completion_tokens else 0.0
 
 
 def _ungrounded(calls: list[dict], request_text: str) -> list[str]:

@@ -17,14 +17,12 @@ from __future__ import annotations
 import array
 import contextlib
 import datetime
-import hashlib
 import json
 import logging
 import math
 import re
 import time
 import uuid
-from pathlib import Path
 
 import attrs
 import trio
@@ -33,14 +31,15 @@ from quart import Quart, Response, g, request
 from greenroom import __version__
 from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.tool_calls import ToolCallStream
-from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.http import (
-    ledger, manage_api, monitoring_api, ollama_defaults, ollama_params, openai_params, steering_api, structured,
+    ledger, manage_api, model_facts, monitoring_api, ollama_defaults, ollama_params, openai_params, steering_api,
+    structured,
 )
+from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.openai_api import StreamBody
 from greenroom.http.schema_subset import check_schema
-from greenroom.protocol import Admitted, Embed, Embedded, Failed, Generate, Text
+from greenroom.protocol import Embed, Embedded, Failed, Fit, Generate, Text
 from greenroom.supervisor.engine_client import admit
 from greenroom.supervisor.tree import Tree
 
@@ -48,6 +47,9 @@ log = logging.getLogger("greenroom.http.ollama")
 
 NDJSON = "application/x-ndjson"
 REQUEST_ID_HEADER = "X-Request-ID"
+# what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
+# `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
+TRUNCATED_HEADER = "X-Greenroom-Truncated"
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 # /api/embed and /api/embeddings: checked before any engine is asked anything
@@ -57,7 +59,7 @@ MAX_EMBED_REQUEST_CHARS = 65536
 
 _NOT_YET = "not yet implemented"
 _TEXT_ONLY = "greenroom serves text-only models"
-_FORMAT = ledger.needs("response_format", "", why="structured output is not available on this engine yet")
+_FORMAT = ledger.needs("response_format", "")
 _COMMON = {"model": ledger.USE, "stream": ledger.USE, "format": _FORMAT, "options": ledger.USE,
            "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
            "think": ledger.refused(False, why="this model does not think"),
@@ -69,8 +71,7 @@ GENERATE = {
     "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
     **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
 }
-CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [], why="tool calling is not "
-                                                                  "available on this engine yet")}
+CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [])}
 EMBED = {"model": ledger.USE, "input": ledger.USE, "truncate": ledger.USE, "dimensions": ledger.USE,
          "options": ledger.REPORTED, "keep_alive": ledger.USE}
 EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.USE}
@@ -105,10 +106,6 @@ def _line(obj: dict) -> bytes:
 def _now() -> str:
     """RFC 3339, UTC."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 # --- the request's common parts --------------------------------------------------------------
@@ -164,30 +161,6 @@ def _string(body: dict, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise GreenroomError("invalid_parameter", f"'{name}' must be a string", name)
     return value
-
-
-_DURATION = re.compile(r"-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*")
-
-
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def _keep_alive(body: dict) -> float | None:
-    """`keep_alive` in seconds: None when not sent; negative keeps the model loaded; 0
-    unloads it after the request. A number is seconds; a string a Go duration ("5m")."""
-    value = body.get("keep_alive")
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str) and _DURATION.fullmatch(value.strip()):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        parts = _PART.findall(text.lstrip("-"))
-        return sign * (sum(float(n) * _UNIT_S[u] for n, u in parts) if parts else float(text.lstrip("-")))
-    raise GreenroomError("invalid_parameter", "'keep_alive' must be a duration such as \"5m\", \"-1\" or \"0\", "
-                         "or a number of seconds", "keep_alive")
 
 
 def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.Plan:
@@ -291,58 +264,27 @@ class Job:
     keep_alive: float | None  # seconds; applied once the answer is complete
 
 
-def _context_error(window: int, prompt_tokens: int, completion: int | None, explicit_ctx: bool) -> GreenroomError:
-    source = "options.num_ctx" if explicit_ctx else "the default options.num_ctx"
-    if completion is None:
-        return GreenroomError("context_length_exceeded", (
-            f"This request's context window is {window} tokens ({source}). However, the prompt alone is "
-            f"{prompt_tokens} tokens, leaving no room for an answer. Please reduce the length of the prompt or "
-            f"raise options.num_ctx."), "options.num_ctx")
-    return GreenroomError("context_length_exceeded", (
-        f"This request's context window is {window} tokens ({source}). However, you requested "
-        f"{prompt_tokens + completion} tokens ({prompt_tokens} in the prompt, {completion} in the answer: "
-        f"options.num_predict). Please reduce the length of the prompt or options.num_predict, or raise "
-        f"options.num_ctx."), "options.num_predict")
-
-
-async def _prompt_tokens(client, gen: Generate) -> int:
-    """The prompt's length in tokens, asked of the engine without a forward pass (a
-    generation of 0 tokens): what num_predict -1/-2 needs to size the answer."""
-    probe = attrs.evolve(gen, rid=openai_params.new_rid("ollama-probe"), constraint=None,
-                         params=attrs.evolve(gen.params, max_tokens=0))
-    prompt_tokens = None
-    async with client.submit(probe) as events:
-        async for event in events:
-            if isinstance(event, Failed):
-                raise GreenroomError.from_wire(event.error)
-            if isinstance(event, Admitted):
-                prompt_tokens = event.prompt_tokens
-    assert prompt_tokens is not None
-    return prompt_tokens
-
-
 async def _generate(tree: Tree, job: Job):
     rid = request_id()
-    headers = job.req.headers()
+    job.req.headers()  # strict mode refuses unread fields before anything runs
     load_started = time.monotonic_ns()
-    client, info = await tree.client_for(job.req.model)
+    client, info = await tree.client_for(job.req.model, wait_unload=True)
     load_ns = time.monotonic_ns() - load_started
-    window = ollama_params.window(job.options, info["context_length"])
-    explicit_ctx = job.options.num_ctx is not None
-    gen = job.gen
-    if job.options.fill:  # num_predict -1 / -2: the answer may fill the window
-        prompt_tokens = await _prompt_tokens(client, gen)
-        if prompt_tokens >= window:
-            raise _context_error(window, prompt_tokens, None, explicit_ctx)
-        gen = attrs.evolve(gen, params=attrs.evolve(gen.params, max_tokens=window - prompt_tokens))
+    # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
+    options = job.options
+    gen = attrs.evolve(job.gen, fit=Fit(ollama_params.window(options, info["context_length"]), options.num_keep,
+                                        options.params.max_tokens or ollama_params.OPTIONS["num_predict"].default,
+                                        options.fill))
     log.debug("request %s → %s (%s)", rid, gen.rid, "chat" if job.chat else "generate")
     gen = monitoring_api.monitored(tree, gen)
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
         events = monitoring_api.recorded(tree, gen, request.path, events)
-        if first.prompt_tokens + gen.params.max_tokens > window:  # leaving cancels it in the engine
-            raise _context_error(window, first.prompt_tokens, gen.params.max_tokens, explicit_ctx)
+        # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
+        headers = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
+        if first.truncated:
+            headers[TRUNCATED_HEADER] = ", ".join(f"{k}={v}" for k, v in first.truncated.items())
         timing = _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
         headers.update(routing_headers(info, first.prompt_tokens))
         if job.stream:
@@ -430,7 +372,7 @@ async def _collect(job: Job, events, timing: _Timing) -> dict:
 async def _frames(job: Job, events, timing: _Timing, rid: str):
     """NDJSON lines: one per batch of deltas, then `done: true` with the metrics — or, on a
     failure, the flat error envelope as the last line."""
-    calls = ToolCallStream() if job.chat and job.plan.parses_tools else None
+    calls = ToolCallStream(job.plan.tools) if job.chat and job.plan.parses_tools else None
     texts: list[str] = []
 
     def delta(text: str, tool_calls: list | None = None) -> bytes:
@@ -493,7 +435,7 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
         await tree.unload(req.model)
         reason = "unload"
     else:
-        await tree.client_for(req.model)
+        await tree.client_for(req.model, wait_unload=True)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         reason = "load"
@@ -530,7 +472,7 @@ async def _embed(tree: Tree, req: Prepared, texts: list[str]) -> tuple[Embedded,
     if not req.caps.embeddings:
         raise GreenroomError("field_not_honoured", "this model's engine serves no embeddings", "model")
     load_started = time.monotonic_ns()
-    client, _ = await tree.client_for(req.model)
+    client, _ = await tree.client_for(req.model, wait_unload=True)
     load_ns = time.monotonic_ns() - load_started
     async with client.submit(Embed(openai_params.new_rid("embd"), req.model, texts=texts)) as events:
         async for event in events:
@@ -549,148 +491,13 @@ def _normalised(v: list[float]) -> list[float]:
     return [x / norm for x in v] if norm > 0 else v
 
 
-# --- model metadata (read from the model's files: no torch in the front end) --------------
-
-def model_dir(placement: dict, cache_dir: str | None) -> Path | None:
-    """The checkpoint directory of a placement, when it exists (a demo model the engine
-    has not built yet has none)."""
-    path = source_path(placement["source"], cache_dir)  # builds nothing, imports no torch
-    return path if path.is_dir() else None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _safetensors_parameters(path: Path) -> int | None:
-    """Parameters counted from the safetensors headers (shapes only; no tensor is read)."""
-    total, found = 0, False
-    for f in sorted(path.glob("*.safetensors")):
-        try:
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError):
-            return None
-        for name, t in header.items():
-            if name != "__metadata__":
-                total += math.prod(t.get("shape", []))
-                found = True
-    return total if found else None
-
-
-def _human_number(n: int) -> str:
-    """Ollama's parameter_size form: 8.0B, 137M, 1.05M."""
-    for unit, scale, fmt in (("B", 1e9, "{:.1f}"), ("M", 1e6, "{:.2f}"), ("K", 1e3, "{:.0f}")):
-        if n >= scale:
-            value = n / scale
-            return (f"{value:.0f}" if value == int(value) else fmt.format(value)) + unit
-    return str(n)
-
-
-_DTYPE_LEVEL = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
-@attrs.frozen
-class ModelFacts:
-    name: str
-    path: Path | None
-    config: dict
-    size: int
-    modified_at: str
-    digest: str
-    details: dict
-    info: dict | None  # ModelInfo, once loaded
-    template: str
-    device: str
-
-
-def _facts(tree: Tree, model: str) -> ModelFacts:
-    state = tree.state_of(model)
-    placement, info = state.placement, state.info
-    path = model_dir(placement, tree.config.cache_dir)
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path is not None else []
-    config = _read_json(path / "config.json") if path is not None else {}
-    stats = [(p.name, p.stat()) for p in files]
-    size = sum(st.st_size for _, st in stats)
-    modified = max((st.st_mtime for _, st in stats), default=time.time())
-    digest = hashlib.sha256(json.dumps(
-        [placement["source"], [(n, st.st_size, st.st_mtime_ns) for n, st in stats]]).encode()).hexdigest()
-    family = config.get("model_type") or ""
-    parameters = (info or {}).get("parameters") or (_safetensors_parameters(path) if path is not None else None)
-    dtype = (info or {}).get("dtype") or config.get("dtype") or config.get("torch_dtype") or ""
-    level = (info or {}).get("quantization") or _DTYPE_LEVEL.get(dtype, dtype.upper())
-    details = {"parent_model": "", "format": "safetensors" if any(n.endswith(".safetensors") for n, _ in stats)
-               else "", "family": family, "families": [family] if family else None,
-               "parameter_size": _human_number(parameters) if parameters else "", "quantization_level": level}
-    return ModelFacts(model, path, config, size, _rfc3339(modified), digest, details, info,
-                      _chat_template(path) if path is not None else "", placement["device"])
-
-
-def _chat_template(path: Path) -> str:
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    template = _read_json(path / "tokenizer_config.json").get("chat_template") or ""
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template", "") for t in template if t.get("name") == "default"), "")
-    return template if isinstance(template, str) else ""
-
-
-def _model_info(facts: ModelFacts) -> dict:
-    c, arch = facts.config, facts.details["family"] or "unknown"
-    rope = c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta"))
-    context = (facts.info or {}).get("context_length") or c.get("max_position_embeddings")
-    parameters = (facts.info or {}).get("parameters") or (
-        _safetensors_parameters(facts.path) if facts.path is not None else None)
-    info = {
-        "general.architecture": arch,
-        "general.parameter_count": parameters,
-        f"{arch}.context_length": context,
-        f"{arch}.embedding_length": c.get("hidden_size"),
-        f"{arch}.block_count": c.get("num_hidden_layers"),
-        f"{arch}.feed_forward_length": c.get("intermediate_size"),
-        f"{arch}.attention.head_count": c.get("num_attention_heads"),
-        f"{arch}.attention.head_count_kv": c.get("num_key_value_heads"),
-        f"{arch}.attention.layer_norm_rms_epsilon": c.get("rms_norm_eps"),
-        f"{arch}.rope.freq_base": rope,
-        f"{arch}.vocab_size": c.get("vocab_size"),
-        "tokenizer.ggml.bos_token_id": c.get("bos_token_id"),
-        "tokenizer.ggml.eos_token_id": c.get("eos_token_id"),
-    }
-    return {k: v for k, v in info.items() if v is not None}
-
-
-def _modelfile(facts: ModelFacts, parameters: str) -> str:
-    lines = ["# Modelfile generated by greenroom's /api/show", f"# the model's files are in {facts.path}",
-             f"FROM {facts.path}"]
-    if facts.template:
-        lines.append(f'TEMPLATE """{facts.template}"""')
-    lines += [f"PARAMETER {line}" for line in parameters.splitlines()]
-    return "\n".join(lines) + "\n"
-
-
-def _listed(facts: ModelFacts) -> dict:
-    return {"name": facts.name, "model": facts.name, "modified_at": facts.modified_at, "size": facts.size,
-            "digest": facts.digest, "details": facts.details}
-
-
-# a loaded model with no keep_alive deadline never expires: shown as Ollama shows keep_alive -1
-# (the largest duration Go has, ~292 years)
-_FOREVER = datetime.timedelta(seconds=(2**63 - 1) // 10**9)
-
-
 async def _generation_request(tree: Tree, table: dict, where: str):
     """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
     (Ollama streams by default) and `keep_alive`."""
     req = await _prepare(tree, table, where)
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
-    return req, options, openai_params.boolean(req.body, "stream", True), _keep_alive(req.body)
+    return req, options, openai_params.boolean(req.body, "stream", True), parse_keep_alive(req.body)
 
 
 # --- routes ----------------------------------------------------------------------------------
@@ -714,7 +521,9 @@ def register(app: Quart, tree: Tree) -> None:
         else:
             conversation = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}]
-            gen = Generate(rid, req.model, options.params, conversations=[conversation], constraint=plan.constraint)
+            # a model without a chat template gets the prompt as it is, Ollama's `{{ .Prompt }}`
+            gen = Generate(rid, req.model, options.params, conversations=[conversation], constraint=plan.constraint,
+                           as_is_without_template=True)
         return await _generate(tree, Job(False, req, gen, plan, options, stream, keep_alive))
 
     @app.post("/api/chat")
@@ -741,7 +550,7 @@ def register(app: Quart, tree: Tree) -> None:
         if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                        or dimensions < 1):
             raise GreenroomError("invalid_parameter", "'dimensions' must be a positive integer", "dimensions")
-        keep_alive = _keep_alive(body)
+        keep_alive = parse_keep_alive(body)
         also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
         headers = req.headers(also)
         embedded, load_ns = await _embed(tree, req, texts)
@@ -763,7 +572,7 @@ def register(app: Quart, tree: Tree) -> None:
         if req.body.get("prompt") is not None:
             _string(req.body, "prompt")
         texts = _embed_texts(req.body.get("prompt"), "prompt")
-        keep_alive = _keep_alive(req.body)
+        keep_alive = parse_keep_alive(req.body)
         headers = req.headers()
         embedded, _ = await _embed(tree, req, texts)
         if keep_alive is not None:
@@ -772,36 +581,24 @@ def register(app: Quart, tree: Tree) -> None:
 
     @app.get("/api/tags")
     async def ollama_tags():
-        ids = [m["id"] for m in tree.models()]
-        facts = await trio.to_thread.run_sync(lambda: [_facts(tree, m) for m in ids])
-        return {"models": [_listed(f) for f in facts]}
+        placed = [model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models()]
+        return {"models": await trio.to_thread.run_sync(model_facts.tags, placed)}
 
     @app.get("/api/ps")
     async def ollama_ps():
-        ids = [m["id"] for m in tree.models() if m["state"] == "loaded"]
-        facts = await trio.to_thread.run_sync(lambda: [_facts(tree, m) for m in ids])
-
-        def expires(model: str) -> str:  # the keep_alive deadline, or Ollama's "forever"
-            at = tree.state_of(model).expires_at
-            left = _FOREVER.total_seconds() if at is None else max(0.0, at - trio.current_time())
-            return _rfc3339(time.time() + left)
-
-        return {"models": [{**_listed(f), "expires_at": expires(f.name),
-                            "size_vram": f.size if f.device.startswith("cuda") else 0,
-                            "context_length": (f.info or {}).get("context_length")} for f in facts]}
+        placed = [model_facts.Placed.of(tree, m["id"], trio.current_time())
+                  for m in tree.models() if m["state"] == "loaded"]
+        return {"models": await trio.to_thread.run_sync(model_facts.ps, placed)}
 
     @app.post("/api/show")
     async def ollama_show():
         req = await _prepare(tree, {"model": ledger.USE, "name": ledger.USE, "verbose": ledger.USE,
                                     "system": ledger.REPORTED, "template": ledger.REPORTED,
                                     "options": ledger.REPORTED}, "on /api/show")
-        facts = await trio.to_thread.run_sync(_facts, tree, req.model)
-        context = (facts.info or {}).get("context_length") or facts.config.get("max_position_embeddings") or 0
-        parameters = ollama_params.parameters_text(context)
-        caps = ["completion"] + (["tools"] if req.caps.tools and "tools" in facts.template else [])
-        return {"modelfile": _modelfile(facts, parameters), "parameters": parameters, "template": facts.template,
-                "details": facts.details, "model_info": _model_info(facts), "capabilities": caps,
-                "modified_at": facts.modified_at}, 200, req.headers()
+        placed = model_facts.Placed.of(tree, req.model, trio.current_time())
+        verbose = openai_params.boolean(req.body, "verbose", False)
+        shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps.tools, verbose)
+        return shown, 200, req.headers()
 
     @app.get("/api/version")
     async def ollama_version():

@@ -121,7 +121,8 @@ def _spec(tree: Tree, model: str) -> dict:
     p = m.placement
     return {"source": p["source"], "engine": p["engine"],
             "actor": m.slot.name if p["engine"] == "transformers" else "auto",
-            "dtype": p.get("dtype"), "n_ctx": p.get("n_ctx"), "threads": p.get("threads")}
+            "dtype": p.get("dtype"), "n_ctx": p.get("n_ctx"), "threads": p.get("threads"),
+            "chat_template": p.get("chat_template")}
 
 
 def register(app: Quart, tree: Tree) -> None:

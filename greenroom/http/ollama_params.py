@@ -11,8 +11,9 @@ are the defaults with the sent values merged over them; then
   repeat_penalty was not (an explicit repeat_penalty wins);
 - LENGTH: num_predict → max_tokens; -1 (infinite) and -2 (fill the context) both mean
   "until the request's window is full";
-- WINDOW: num_ctx → the request's context window: never past the model's (400), a prompt
-  + num_predict that does not fit it is refused, never truncated;
+- WINDOW: num_ctx → the request's context window: never past the model's (400); a prompt
+  longer than it is cut by Ollama's rule (engines/prompt_fit.py), and num_keep → the
+  tokens such a cut keeps at the prompt's start;
 - DROPPED: logged at debug and not applied (mirostat*, min_p, typical_p, tfs_z, the
   load-time knobs); reported when sent with a value other than the no-change one.
 
@@ -28,14 +29,14 @@ from typing import Any
 import attrs
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.capabilities import Capabilities
+from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http.openai_params import repetition_penalty
 
 log = logging.getLogger("greenroom.http.ollama")
 
 # what greenroom does with an option
-SAMPLING, PENALTY, LENGTH, WINDOW, DROPPED = ("sampling", "penalty", "length", "window", "dropped")
+SAMPLING, PENALTY, LENGTH, WINDOW, KEEP, DROPPED = ("sampling", "penalty", "length", "window", "keep", "dropped")
 # value types, as Ollama's Options.FromMap accepts them
 FLOAT, INT, BOOL, STRINGS = "float", "int", "bool", "strings"
 
@@ -80,7 +81,7 @@ OPTIONS: dict[str, Option] = {
     "presence_penalty": Option(0.0, FLOAT, PENALTY, needs="penalties"),
     "frequency_penalty": Option(0.0, FLOAT, PENALTY, needs="penalties"),
     # Ollama's other options: accepted, no effect on greenroom's output
-    "num_keep": _dropped(None, INT),
+    "num_keep": Option(4, INT, KEEP, lo=0, hi=MAX_INT),  # Ollama's default (api/types.go)
     "repeat_last_n": _dropped(None, INT),  # greenroom penalises every token seen
     "penalize_newline": _dropped(None, BOOL),
     "numa": _dropped(None, BOOL),
@@ -103,6 +104,7 @@ class Resolved:
     params: SamplingParams  # max_tokens: num_predict, or None when the answer fills the window
     fill: bool  # num_predict -1 / -2: until the window is full
     num_ctx: int | None  # sent explicitly; None: the default window
+    num_keep: int  # the tokens a cut prompt keeps at its start
     unread: list[str]  # "options.<name>" locations not honoured (X-miLLM-Ignored-Fields)
 
 
@@ -161,7 +163,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
         sent[name] = _value(name, value, opt)
         if opt.needs and not getattr(caps, opt.needs) and sent[name] != opt.default:
             raise GreenroomError("field_not_honoured", f"'{_where(name)}' cannot be honoured by this model's "
-                                 "engine", _where(name))
+                                 f"engine: {WHY_NOT[opt.needs]}", _where(name))
     merged = {name: opt.default for name, opt in OPTIONS.items()} | sent
     for name, value in sent.items():
         opt = OPTIONS[name]
@@ -185,7 +187,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
         seed=None if seed < 0 else seed,
         repetition_penalty=penalty,
     )
-    return Resolved(params, num_predict < 0, sent.get("num_ctx"), unread)
+    return Resolved(params, num_predict < 0, sent.get("num_ctx"), merged["num_keep"], unread)
 
 
 def window(resolved: Resolved, context_length: int) -> int:

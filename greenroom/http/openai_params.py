@@ -94,10 +94,12 @@ def repetition_penalty(presence: float, frequency: float) -> float:
     return max(0.1, 1.0 + (presence + frequency) / 2)
 
 
-def sampling_max_tokens(body: dict) -> int | None:
-    """max_tokens, or max_completion_tokens (OpenAI's newer name for it)."""
-    max_tokens = _int(body, "max_tokens", 0, 2**31 - 1)
-    max_completion = _int(body, "max_completion_tokens", 0, 2**31 - 1)
+def sampling_max_tokens(body: dict, least: int = 0) -> int | None:
+    """max_tokens, or max_completion_tokens (OpenAI's newer name for it), at least `least`:
+    1 on chat completions (OpenAI's minimum); text completions take 0 (no token generated:
+    the prompt's usage alone)."""
+    max_tokens = _int(body, "max_tokens", least, 2**31 - 1)
+    max_completion = _int(body, "max_completion_tokens", least, 2**31 - 1)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise GreenroomError("invalid_parameter", "'max_tokens' and 'max_completion_tokens' were both sent with "
                              "different values; send one of them", "max_completion_tokens")
@@ -108,9 +110,9 @@ def temperature(body: dict) -> float:
     return _number(body, "temperature", 1.0, 0.0, 2.0)
 
 
-def sampling(body: dict) -> SamplingParams:
+def sampling(body: dict, least_tokens: int = 0) -> SamplingParams:
     return SamplingParams(
-        max_tokens=sampling_max_tokens(body),
+        max_tokens=sampling_max_tokens(body, least_tokens),
         temperature=temperature(body),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         top_k=max(_int(body, "top_k", -1, 2**31 - 1) or 0, 0),  # vLLM's extension; -1 and 0 mean off
@@ -174,7 +176,9 @@ def messages(body: dict) -> list[dict]:
         elif content is not None and not isinstance(content, str):
             raise GreenroomError("invalid_parameter", f"'{where}.content' must be a string, an array of text "
                                  "parts or null", f"{where}.content")
-        msg = {"role": "system" if role == "developer" else role, "content": content}
+        # null (an assistant turn that only calls tools) renders as "", as llama.cpp does: templates
+        # that join or concatenate content would fail on None
+        msg = {"role": "system" if role == "developer" else role, "content": "" if content is None else content}
         if m.get("tool_calls") is not None:
             if not isinstance(m["tool_calls"], list):
                 raise GreenroomError("invalid_parameter", f"'{where}.tool_calls' must be an array",
@@ -241,7 +245,7 @@ def chat_request(body: dict, model: str, stream: Streaming, tools: list[dict] | 
     n = choices_n(body, stream.on)
     if len(rows) * n > MAX_CHOICES:
         raise GreenroomError("invalid_parameter", f"n × conversations must be at most {MAX_CHOICES}", "n")
-    return Generate(new_rid("chatcmpl"), model, sampling(body), conversations=rows, n=n,
+    return Generate(new_rid("chatcmpl"), model, sampling(body, least_tokens=1), conversations=rows, n=n,
                     template_kwargs=template_kwargs(body), tools=tools, constraint=constraint)
 
 

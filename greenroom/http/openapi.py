@@ -130,6 +130,8 @@ _ERRORS = (
     (400, "BadRequest", "The request was refused: malformed, invalid, too long, a scoring request or a "
      "JSON schema greenroom cannot honour, or asking for something this endpoint or engine cannot honour"),
     (401, "Unauthorized", "An API key is configured and the request did not send it (Authorization: Bearer <key>)"),
+    (403, "Forbidden", "A browser page on an origin the server does not allow (Origin header; cors_origins, "
+     "OLLAMA_ORIGINS)"),
     (404, "NotFound", "Unknown model or route"),
     (405, "MethodNotAllowed", "The route exists but not for this method"),
     (409, "Conflict", "The name is in use (a steering profile of that name exists)"),

@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS models (
 class Entry:
     name: str
     kind: str  # pulled | copy | created
-    spec: dict  # Tree.add_model's arguments: source, engine, actor, dtype, n_ctx, threads
+    spec: dict  # Tree.add_model's arguments: source, engine, actor, dtype, n_ctx, threads, chat_template
     defaults: dict | None  # a created model's system, template, parameters, messages
     repo: str | None
 
@@ -148,7 +148,8 @@ class Registry:
 def place(tree, e: Entry):
     """Put a registry entry on the tree (on its recorded actor, or the first engine actor
     when that one no longer exists); the placement carries a created model's defaults."""
-    spec = {k: v for k, v in e.spec.items() if k in ("source", "engine", "actor", "dtype", "n_ctx", "threads")}
+    spec = {k: v for k, v in e.spec.items() if k in ("source", "engine", "actor", "dtype", "n_ctx", "threads",
+                                                       "chat_template")}
     try:
         m = tree.add_model(e.name, **spec)
     except ValueError:  # the recorded engine actor is not in this server's tree

@@ -51,7 +51,8 @@ class ActorSlot:
     last_error: str | None = None
     client: EngineClient | None = None
     ready: trio.Event = attrs.Factory(trio.Event)
-    unloading: int = 0  # unloads running: every request for this actor is refused meanwhile
+    unloading: int = 0  # unloads running: every request for this actor is refused (or waits) meanwhile
+    unloaded: trio.Event = attrs.Factory(trio.Event)  # set each time `unloading` falls back to 0
     # one actor per GGUF model: spawned to load it, stopped once it is unloaded
     on_demand: bool = False
     scope: trio.CancelScope | None = None  # cancels its supervising task (on-demand slots)
@@ -99,14 +100,15 @@ class Tree:
             self.slots[name] = ActorSlot(name, "engine")
         for model in config.models:  # the same id on several actors: replicas, preferred first
             self.add_model(model.id, model.source, model.engine, model.actor, model.dtype, model.preload,
-                           n_ctx=model.n_ctx, threads=model.threads, replica=model.id in self.model_states)
+                           n_ctx=model.n_ctx, threads=model.threads, replica=model.id in self.model_states,
+                           chat_template=model.chat_template)
         for model_id, path in gguf_files.discover(config.model_dirs):
             if model_id not in self.model_states:
                 self.add_model(model_id, str(path), "llama.cpp")
 
     def add_model(self, model_id: str, source: str, engine: str = "transformers", actor: str = "auto",
                   dtype: str | None = None, preload: bool = False, n_ctx: int | None = None,
-                  threads: int | None = None, replica: bool = False) -> ModelState:
+                  threads: int | None = None, replica: bool = False, chat_template: str | None = None) -> ModelState:
         """Place a model: on an engine actor (transformers), or on an actor of its own that
         is spawned when it loads (llama.cpp). Loaded on demand unless `preload` (which only
         an actor's start honours). `replica`: one more placement of a placed model, on
@@ -115,13 +117,13 @@ class Tree:
             raise GreenroomError("invalid_parameter", f"model {model_id!r} already exists" if not replica
                                  else f"model {model_id!r} has no first placement", "model")
         placement = {"id": model_id, "source": source, "engine": engine, "dtype": dtype,
-                     "cache_dir": self.config.cache_dir}
+                     "cache_dir": self.config.cache_dir, "chat_template": chat_template}
         if engine == "llama.cpp":
             name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
             slot = ActorSlot(name, "engine", on_demand=True, state="stopped")
             slot.stopped.set()
             self.slots[slot.name] = slot
-            placement.update(device="cpu", n_ctx=n_ctx or self.config.gguf_n_ctx,
+            placement.update(device="cpu", n_ctx=self.config.gguf_n_ctx if n_ctx is None else n_ctx,
                              threads=threads or self.config.gguf_threads or None, parallel=self.config.gguf_parallel)
             preload = False
         else:
@@ -345,11 +347,29 @@ class Tree:
                                  f"{slot.name!r} is {slot.state} ({slot.last_error or 'not ready'})", "model")
         return slot.client
 
-    async def client_for(self, model: str) -> tuple[EngineClient, dict]:
+    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
         """The engine client serving `model` (routed among its placements) and the model's
         info, with `actor` and `route_reason` added: waiting while its actor (re)starts,
         loading the model first when it is not loaded. While an unload runs on the actor,
-        every request for it is refused with model_busy (retry once it is done)."""
+        every request for it is refused with model_busy (the spec's /v1 rule: retry once it
+        is done) — or, with `wait_unload` (the Ollama surface, whose clients never retry a
+        503), waits for the unload, as Ollama's scheduler does, and loads the model again:
+        for at most the grace period an unload gives its running requests, plus a margin
+        for the weights to go, then model_busy as on /v1."""
+        if not wait_unload:
+            return await self._client_for(model)
+        with trio.move_on_after(self.config.graceful_unload_timeout_s + 10.0):
+            while True:
+                while busy := [m.slot for m in self.replicas_of(model) if m.slot.unloading]:
+                    await busy[0].unloaded.wait()
+                try:
+                    return await self._client_for(model)
+                except GreenroomError as exc:
+                    if exc.code != "model_busy":
+                        raise
+        return await self._client_for(model)  # the wait ran out: answered as on /v1
+
+    async def _client_for(self, model: str) -> tuple[EngineClient, dict]:
         m, reason = self.route(model)
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
             self.keep_alive(model, self.config.idle_unload_s)
@@ -457,6 +477,9 @@ class Tree:
             metrics.MODEL_EVENTS.labels(model, "unloaded").inc()
         finally:
             m.slot.unloading -= 1
+            if not m.slot.unloading:
+                m.slot.unloaded.set()
+                m.slot.unloaded = trio.Event()
             if m.state == "unloading":
                 m.state = "loaded"  # the actor went away mid-unload; its restart resets the state
             m.changed.set()

@@ -1,0 +1,218 @@
+"""A GGUF file's header — its key/values and tensor infos — read without the weights:
+for model names (gguf_files.py), the llama.cpp engine's quantization label and the
+Ollama metadata routes. `gguf.GGUFReader` maps every array into numpy (2.2 s for
+SmolLM2-135M's file, measured); this reads the header through mmap and struct (12 ms) and
+steps over long arrays (the vocabulary, its merges and scores), keeping their length and
+where they start. Imports nothing heavy: the front end imports it."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+import threading
+from pathlib import Path
+
+import attrs
+
+MAGIC = b"GGUF"
+# arrays longer than this are stepped over (Ollama shows them as null unless asked to be verbose)
+MAX_ARRAY = 1024
+_STRING, _ARRAY = 8, 9
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_MAX_DIMS = 8  # llama.cpp refuses a tensor of more than 4
+_CACHE_MAX = 512
+
+# gguf's LlamaFileType (general.file_type), named as llama.cpp's quantize tool names them
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
+}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF header this reader understands (magic, version, truncation)."""
+
+
+@attrs.frozen
+class Skipped:
+    """An array stepped over: its elements' GGUF value type, how many, and the offset of
+    the first element (read it with `read_array`)."""
+
+    type: int
+    count: int
+    offset: int
+
+
+@attrs.frozen
+class GGUFMeta:
+    version: int
+    byteorder: str  # struct's "<" or ">"
+    fields: dict  # key → int | float | bool | str | list | Skipped, in the file's order
+    tensor_count: int
+    parameters: int  # elements of every tensor: what llama.cpp's n_params counts
+
+    def get(self, key: str, default=None):
+        """A key's value, or `default` when the key is absent or its array was stepped over."""
+        value = self.fields.get(key, default)
+        return default if isinstance(value, Skipped) else value
+
+
+_cache: dict[str, tuple[tuple[int, int], GGUFMeta]] = {}
+_cache_lock = threading.Lock()  # the routes read headers from worker threads
+
+
+def read(path: str | Path) -> GGUFMeta:
+    """The header of the GGUF file at `path`, cached by (path, size, mtime_ns)."""
+    key = os.fspath(path)
+    st = os.stat(key)
+    stamp = (st.st_size, st.st_mtime_ns)
+    hit = _cache.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    meta = _parse(key)
+    with _cache_lock:
+        if len(_cache) >= _CACHE_MAX:
+            _cache.pop(next(iter(_cache)))  # the oldest entry
+        _cache[key] = (stamp, meta)
+    return meta
+
+
+def read_array(path: str | Path, meta: GGUFMeta, skipped: Skipped) -> list:
+    """The elements of an array `read` stepped over."""
+    with _mapped(os.fspath(path)) as buf:
+        try:
+            return _Cursor(buf, meta.byteorder, skipped.offset).elements(skipped.type, skipped.count)
+        except struct.error:
+            raise GGUFError(f"{path}: the array runs past the end of the file") from None
+
+
+def file_type_label(meta: GGUFMeta) -> str:
+    """`Q4_K_M`, `F16`, … from general.file_type; F32 when absent (llama.cpp's default),
+    GUESSED when the value is not one llama.cpp knows."""
+    value = meta.get("general.file_type")
+    if value is None:
+        return "F32"
+    return FILE_TYPES.get(value, "GUESSED") if isinstance(value, int) and not isinstance(value, bool) else "GUESSED"
+
+
+@contextlib.contextmanager
+def _mapped(path: str):
+    """The file mapped read-only: only the pages the header lies in are ever read."""
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise GGUFError(f"{path} is empty") from None
+    try:
+        yield buf
+    finally:
+        buf.close()
+
+
+def _parse(path: str) -> GGUFMeta:
+    with _mapped(path) as buf:
+        try:
+            if buf[:4] != MAGIC:
+                raise GGUFError(f"{path} is not a GGUF file")
+            # the version is in the file's byte order: a big-endian one's reads as a multiple of 2**16 here
+            byteorder = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"
+            cur = _Cursor(buf, byteorder, 4)
+            version = cur.scalar(4)
+            if version not in (2, 3):
+                raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+            tensor_count, kv_count = cur.scalar(10), cur.scalar(10)
+            # every key/value takes 13 bytes at least, every tensor info 24: a corrupt count fails here
+            if kv_count * 13 + tensor_count * 24 > len(buf):
+                raise GGUFError(f"{path}: the GGUF header counts more entries than the file holds")
+            fields = {}
+            for _ in range(kv_count):
+                name = cur.string()
+                fields[name] = cur.value(cur.scalar(4))
+            parameters = 0
+            for _ in range(tensor_count):
+                cur.skip_string()  # the tensor's name
+                n_dims = cur.scalar(4)
+                if n_dims > _MAX_DIMS:
+                    raise GGUFError(f"{path}: a tensor of {n_dims} dimensions")
+                count = 1
+                for _ in range(n_dims):
+                    count *= cur.scalar(10)
+                cur.pos += 12  # its type (u32) and data offset (u64)
+                parameters += count
+            cur.check()
+        except struct.error:
+            raise GGUFError(f"{path}: the GGUF header is truncated") from None
+        return GGUFMeta(version, byteorder, fields, tensor_count, parameters)
+
+
+class _Cursor:
+    def __init__(self, buf, byteorder: str, pos: int):
+        self.buf, self.order, self.pos = buf, byteorder, pos
+        self._u64 = struct.Struct(byteorder + "Q").unpack_from
+
+    def check(self) -> None:
+        if self.pos > len(self.buf):
+            raise GGUFError("the GGUF header runs past the end of the file")
+
+    def scalar(self, kind: int):
+        fmt = _SCALARS.get(kind)
+        if fmt is None:
+            raise GGUFError(f"unknown GGUF value type {kind}")
+        (value,) = struct.unpack_from(self.order + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        (n,) = self._u64(self.buf, self.pos)
+        start = self.pos + 8
+        self.pos = start + n
+        self.check()
+        return self.buf[start:self.pos].decode("utf-8", errors="replace")
+
+    def skip_string(self) -> None:
+        self.pos += 8 + self._u64(self.buf, self.pos)[0]
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            return self.scalar(kind)
+        item, count = self.scalar(4), self.scalar(10)
+        if count <= MAX_ARRAY:
+            return self.elements(item, count)
+        skipped = Skipped(item, count, self.pos)
+        self._skip(item, count)
+        return skipped
+
+    def elements(self, kind: int, count: int) -> list:
+        fmt = _SCALARS.get(kind)
+        if fmt is not None:  # a run of fixed-size values: one unpack
+            values = list(struct.unpack_from(f"{self.order}{count}{fmt}", self.buf, self.pos))
+            self.pos += count * struct.calcsize(fmt)
+            return values
+        return [self.value(kind) for _ in range(count)]
+
+    def _skip(self, kind: int, count: int) -> None:
+        fmt = _SCALARS.get(kind)
+        if fmt is not None:
+            self.pos += count * struct.calcsize(fmt)
+        elif kind not in (_STRING, _ARRAY):
+            raise GGUFError(f"unknown GGUF value type {kind}")
+        # a string is its length and its bytes, an array its type, count and elements: a corrupt
+        # count that cannot fit fails before the walk
+        elif count * (8 if kind == _STRING else 12) > len(self.buf) - self.pos:
+            raise GGUFError("an array runs past the end of the file")
+        elif kind == _STRING:  # each string's length says where the next one starts
+            u64, buf, pos = self._u64, self.buf, self.pos
+            for _ in range(count):
+                pos += 8 + u64(buf, pos)[0]
+            self.pos = pos
+        else:
+            for _ in range(count):
+                self._skip(self.scalar(4), self.scalar(10))
+        self.check()

