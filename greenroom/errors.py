@@ -28,6 +28,8 @@ TABLE: dict[str, ErrorKind] = {
     "invalid_parameter": ErrorKind(400, INVALID),
     "missing_parameter": ErrorKind(400, INVALID),
     "context_length_exceeded": ErrorKind(400, INVALID),
+    "body_timeout": ErrorKind(408, INVALID),  # the request body did not arrive within the server's limit
+    "request_too_large": ErrorKind(413, INVALID),  # a request body past the server's limit (16 MiB)
     # embedding input limits (the Ollama surface's validation table)
     "empty_input": ErrorKind(400, INVALID, ollama_only=True),
     "embedding_batch_too_large": ErrorKind(413, INVALID, ollama_only=True),

@@ -97,3 +97,12 @@ def test_extreme_but_valid_sampling_values_are_served(server, path, body):
 def test_huge_integers_are_a_typed_400(server, path, body):
     r = post(server, path, body)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+@pytest.mark.parametrize("path", [CHAT, "/api/chat"])
+def test_a_body_past_the_servers_limit_is_a_typed_413(server, path):
+    r = httpx.post(server.url + path, content=b'{"model": "' + b"x" * (17 << 20) + b'"}', timeout=120,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.text[:300]
+    body = r.json()
+    assert (body["code"] if path.startswith("/api/") else body["error"]["code"]) == "request_too_large"

@@ -136,7 +136,8 @@ def create_app(tree: Tree) -> Quart:
 
     @app.errorhandler(HTTPException)
     async def http_error(err: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.code, "invalid_parameter")
+        code = {404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
+                413: "request_too_large"}.get(err.code, "invalid_parameter")
         if err.code >= 500:
             code = "internal_error"
         return await typed_error(GreenroomError(code, err.description or err.name))

@@ -134,7 +134,9 @@ _ERRORS = (
      "OLLAMA_ORIGINS)"),
     (404, "NotFound", "Unknown model or route"),
     (405, "MethodNotAllowed", "The route exists but not for this method"),
+    (408, "RequestTimeout", "The request body did not arrive in time"),
     (409, "Conflict", "The name is in use (a steering profile of that name exists)"),
+    (413, "PayloadTooLarge", "The request body is larger than the server takes"),
     (429, "TooManyRequests", "/v1/needle/*: the engine queue is full (engine_busy); Retry-After says when to retry"),
     (500, "InternalError", "Generation or the server failed (non-finite logits and a complete constrained "
      "document that does not validate included)"),

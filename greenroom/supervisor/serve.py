@@ -13,6 +13,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.http.app import create_app
+from greenroom.http.connection import DrainBody
 from greenroom.store.registry import Registry
 from greenroom.supervisor.tree import Tree
 
@@ -23,7 +24,7 @@ async def serve(config: Config) -> None:
     async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
         Registry(config.cache_dir).restore(tree)  # models added by /api/pull, /api/copy, /api/create
-        app = create_app(tree)
+        app = DrainBody(create_app(tree))  # keep-alive after responses that leave a body unread
         hc = HypercornConfig()
         hc.bind = [f"{config.host}:{config.port}"] + _ollama_bind(config)
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None

@@ -1,0 +1,105 @@
+"""Keep-alive connections stay usable after a response that left its request body unread.
+
+404, 405, 401, 403 and too-large bodies are answered without the body being read. On HTTP/1.1
+the unread body sits in the connection in front of the next request, so h11 lets the
+connection start its next cycle only once the server has read the body to its end; otherwise
+the connection must be closed. Hypercorn 0.18 (`protocol/h11.py`, `H11Protocol._maybe_recycle`)
+does one or the other when the response ends, inside the app's last `send`, with awaits in it:
+`_close_stream` hands the app `http.disconnect` (`HTTPStream.handle(StreamClosed)` →
+`app_put`), then comes `TCPServer._close` → `send_eof` (body unread) or `idle_task.restart`
+(body read). Quart-trio runs that `send` in a nursery whose other task returns on that very
+`http.disconnect` and cancels the nursery (`quart_trio/asgi.py`, `handle_messages`). Trio runs
+the two woken tasks in random order (it reverses half its batches), so the cancellation lands
+at a later checkpoint of `_maybe_recycle`:
+- body unread (about half the time): the close is skipped. The socket stays open, h11 sits in
+  DONE with no `start_next_cycle` to come, the next request's bytes make `next_event` return
+  PAUSED and `_handle_events` waits on `can_read` for ever: the client hangs;
+- body read (nearly always: the restart has several checkpoints): the keep-alive idle timer
+  is never restarted, so an idle connection is never closed.
+The response ends before the body has been parsed only when the body comes after the headers
+(httpx and the OpenAI SDK write them separately) and the route answers in between: rare on an
+idle server, common while generations keep both processes and the cores busy.
+
+`DrainBody` reads the rest of the body (discarding it) before a response starts while its
+body is incomplete (Quart sends the start only once the view has returned, so the body is no
+longer wanted), so h11 can recycle the connection; and it shields the response's last `send`,
+so hypercorn's bookkeeping runs to its end. A body too big or too slow to drain within the
+bounds is not waited for: the response then says `Connection: close`, and hypercorn closes the
+connection after sending it.
+"""
+
+from __future__ import annotations
+
+import trio
+
+DRAIN_MAX_BYTES = 1 << 20  # an unread remainder past this is not worth keeping the connection for
+DRAIN_TIMEOUT_S = 2.0  # a client this slow to send a body nobody reads gets its answer and a close
+
+
+class DrainBody:
+    """The ASGI app hypercorn serves: `app` with every HTTP exchange wrapped in an `_Exchange`."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        exchange = _Exchange(scope, receive, send)
+        return await self.app(scope, exchange.receive, exchange.send)
+
+
+class _Exchange:
+    """One request and its response: how much of the body is still to come."""
+
+    def __init__(self, scope, receive, send):
+        self._receive = receive
+        self._send = send
+        self.unread = _content_length(scope)  # None: chunked
+        self.complete = False
+        self._draining: trio.CancelScope | None = None
+
+    async def receive(self):
+        message = await self._receive()
+        self._note(message)
+        return message
+
+    def _note(self, message) -> None:
+        if message["type"] == "http.request":
+            if self.unread is not None:
+                self.unread -= len(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+        self.complete = True  # the body's last message, or http.disconnect
+        if self._draining is not None:  # the app's own reader took the last message
+            self._draining.cancel()
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.start" and not self.complete and not await self._drain():
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):  # hypercorn recycles or closes the connection in here
+                return await self._send(message)
+        await self._send(message)
+
+    async def _drain(self) -> bool:
+        """Read and discard the rest of the body, within the bounds; whether it all came.
+        Quart's own reader may be receiving at the same time: whichever gets the last
+        message, `_note` ends the drain."""
+        if self.unread is not None and self.unread > DRAIN_MAX_BYTES:
+            return False
+        budget = DRAIN_MAX_BYTES
+        with trio.move_on_after(DRAIN_TIMEOUT_S) as self._draining:
+            while not self.complete and budget >= 0:
+                message = await self._receive()
+                self._note(message)
+                budget -= len(message.get("body", b""))
+        self._draining = None
+        return self.complete
+
+
+def _content_length(scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            return int(value)  # h11 has validated it
+    return None
