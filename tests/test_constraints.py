@@ -11,10 +11,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from greenroom.engines.base import SamplingParams
-from greenroom.engines.constraints import ConstraintError, Constraints, GrammarError
+from greenroom.engines.base import EngineError, SamplingParams
+from greenroom.engines.constraints import INTEGER_MAX, ConstraintError, Constraints, GrammarError
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.generation import Decoder
 from greenroom.engines.sampling import new_generator, sample
+from greenroom.engines.tool_calls import CallGuard, functions, load_json
 from greenroom.engines.transformers_engine import TransformersEngine
 from greenroom.errors import GreenroomError
 from greenroom.http.schema_subset import MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
@@ -178,6 +180,129 @@ def test_unsatisfiable_schemas_fail_to_compile(constraints):
         constraints.json_schema({"type": "integer", "minimum": 5, "maximum": 3})
     with pytest.raises(GrammarError):
         constraints.json_schema({"type": "string", "pattern": "["})
+
+
+# -- numbers: only what every client holds ---------------------------------------------------
+
+def accepts(engine, constraints, grammar, text: str) -> bool:
+    """The grammar admits `text` as a complete document."""
+    matcher = constraints.matcher(grammar)
+    try:
+        for token in engine.tokenize(text, add_special_tokens=False):
+            matcher.consume(token)
+    except ConstraintError:
+        return False
+    return matcher.accepting()
+
+
+# a number where each kind of subschema puts one: a property, an array's items, an anyOf branch,
+# a $defs entry, an additionalProperties schema, a typeless schema, `true`, and "any value"
+PLACES = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "number"}, "i": {"type": "integer"}, "items": {"type": "array", "items": {"type": "number"}},
+        "any_of": {"anyOf": [{"type": "string"}, {"type": "number"}]}, "ref": {"$ref": "#/$defs/N"},
+        "extra": {"type": "object", "additionalProperties": {"type": "number"}}, "typeless": {"minimum": -1e15},
+        "yes": True, "object": {"type": "object"}, "nested": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/N"}]}},
+    },
+    "additionalProperties": False,
+    "$defs": {"N": {"type": ["number", "null"]}},
+}
+DOCUMENTS = {  # as the property's value: where it is allowed to go
+    "n": "{}", "i": "{}", "items": "[{}]", "any_of": "{}", "ref": "{}", "extra": '{{"k": {}}}', "typeless": "{}",
+    "yes": "{}", "object": '{{"k": [{}]}}', "nested": "[{}]",
+}
+BAD_NUMBERS = ["1e5", "2E-3", "1234567890123456", "0.12345678901", "123456.123456789012", "9" * 40]
+GOOD_NUMBERS = ["0", "-3", "12345.5", "0.1234567891", "999999999999999", "-99999999999999.9"]
+
+
+def test_every_number_a_schema_admits_is_one_clients_hold(engine, constraints):
+    grammar = constraints.json_schema(PLACES)
+    for key, where in DOCUMENTS.items():
+        for number in GOOD_NUMBERS:
+            if key == "i" and "." in number:
+                continue
+            assert accepts(engine, constraints, grammar, f'{{"{key}": {where.format(number)}}}'), (key, number)
+        for number in BAD_NUMBERS:
+            assert not accepts(engine, constraints, grammar, f'{{"{key}": {where.format(number)}}}'), (key, number)
+    obj = constraints.json_object()
+    tool = constraints.tool_calls([{"type": "function", "function": {"name": "f", "parameters": PLACES}}])
+    for number in GOOD_NUMBERS:
+        assert accepts(engine, constraints, obj, f'{{"a": [{{"b": {number}}}]}}')
+        assert accepts(engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"n": {number}}}}}\n'
+                                                  '</tool_call>')
+    for number in BAD_NUMBERS:
+        assert not accepts(engine, constraints, obj, f'{{"a": [{{"b": {number}}}]}}')
+        assert not accepts(engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"yes": '
+                                                      f'{number}}}}}\n</tool_call>')
+
+
+def test_explicit_bounds_still_hold(engine, constraints):
+    cases = [({"type": "number", "minimum": -1.5, "maximum": 2}, ["-1.5", "2", "0.25", "1.9999999999"],
+              ["2.5", "-2", "-1.51", "1e0", "3"]),
+             ({"type": "integer", "minimum": 18, "maximum": 99}, ["18", "99", "42"], ["17", "100", "50.5"]),
+             ({"type": "number", "minimum": 0, "maximum": 1e9}, ["1000000000", "999999999.5", "0"],
+              ["1000000000.5", "-1", "1e9"]),
+             ({"type": "integer", "minimum": 10 ** 14, "maximum": 10 ** 20}, [str(INTEGER_MAX), str(10 ** 14)],
+              [str(INTEGER_MAX + 1), str(10 ** 14 - 1)])]
+    for schema, good, bad in cases:
+        grammar = constraints.json_schema(schema)
+        for text in good:
+            assert accepts(engine, constraints, grammar, text), (schema, text)
+        for text in bad:
+            assert not accepts(engine, constraints, grammar, text), (schema, text)
+    for schema in ({"type": "number", "minimum": 1e20}, {"type": "integer", "maximum": -10 ** 16}):
+        with pytest.raises(GrammarError, match="15 digits"):
+            constraints.json_schema(schema)
+
+
+NUMBERS = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"], "additionalProperties": False}
+
+
+def test_sampled_numbers_parse_to_values_clients_hold_on_16_seeds(engine, constraints):
+    for grammar in (constraints.json_object(), constraints.json_schema(NUMBERS)):
+        finished = 0
+        for seed in range(16):
+            text, finish = run(engine, constraints, grammar, seed, max_tokens=150)
+            if finish != "length":
+                finished += 1
+                load_json(text)  # before the bound: 1789213e6850… (inf) or 40-digit integers
+        assert finished >= 8
+
+
+# -- the decoder's guard on a constrained tool-call answer -------------------------------------
+
+def decode(engine, grammar, text: str, max_tokens: int = 500):
+    """Feed `text`'s tokens to the decoder a constrained tool-call answer runs under."""
+    decoder = Decoder(engine, SamplingParams(max_tokens=max_tokens), None, CallGuard(grammar.functions))
+    deltas = []
+    for token in engine.tokenize(text, add_special_tokens=False):
+        deltas.append(decoder.feed(token, 0.0))
+        if deltas[-1].finish_reason:
+            break
+    return deltas
+
+
+def test_a_repeated_call_ends_the_answer_unreleased(engine, constraints):
+    grammar = constraints.tool_calls(TOOLS)
+    one = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": -2}}\n</tool_call>'
+    two = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": -2}}\n</tool_call>'
+    deltas = decode(engine, grammar, "\n".join([one, two, one, two]))
+    assert deltas[-1].finish_reason == "stop"
+    assert "".join(d.text for d in deltas) == one + "\n" + two + "\n"  # parallel calls to one function stay
+    assert all(d.text in ("", one, two) or not d.text.strip() for d in deltas)  # a call only once it closed
+    cut = decode(engine, grammar, one + "\n" + two[:20], max_tokens=len(engine.tokenize(one + "\n" + two[:20],
+                                                                                      add_special_tokens=False)))
+    assert cut[-1].finish_reason == "length" and "".join(d.text for d in cut) == one + "\n" + two[:20]
+
+
+def test_a_constrained_call_that_does_not_validate_fails_the_answer(engine, constraints):
+    # the grammar would never write it; the decoder checks what it releases all the same
+    grammar = constraints.tool_calls(TOOLS)
+    with pytest.raises(EngineError) as info:
+        decode(engine, grammar, '<tool_call>\n{"name": "add", "arguments": {"a": 9, "b": 0}}\n</tool_call>')
+    assert info.value.code == "constrained_output_invalid" and "maximum" in info.value.message
+    assert functions(TOOLS) == {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 # -- tool calls ------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 the random demo model through the openai SDK."""
 
 import json
+import math
 
 import httpx
 import jsonschema
+import ollama
 import pytest
 
 from conftest import MODEL
@@ -57,6 +59,56 @@ def test_json_object(client):
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     else:  # cut by max_tokens: reported as such, never as a complete document
         assert r.choices[0].finish_reason == "length"
+
+
+def held(text: str):
+    """`text` parsed, every number checked to be one a client holds (the test's own rule:
+    a finite double, an integer JavaScript holds exactly)."""
+    def number(s):
+        assert math.isfinite(float(s)), s
+        return float(s)
+
+    def integer(s):
+        assert abs(int(s)) <= 2 ** 53 - 1, s
+        return int(s)
+
+    return json.loads(text, parse_float=number, parse_int=integer)
+
+
+NUMBER = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_object"},
+                                 {"type": "json_schema", "json_schema": {"name": "n", "schema": NUMBER}}],
+                         ids=["json_object", "number"])
+def test_constrained_numbers_parse_to_values_clients_hold_on_16_seeds(client, fmt):
+    # before the numbers were bounded: 500 constrained_output_invalid on 3 (json_object) and
+    # 11 ({x: number}) of 15 seeds, for numbers such as 2501e6850
+    finished = 0
+    for seed in range(16):
+        r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=150, seed=seed, temperature=1,
+                                           response_format=fmt)
+        if r.choices[0].finish_reason == "stop":
+            finished += 1
+            doc = held(r.choices[0].message.content)
+            assert isinstance(doc, dict)
+            if fmt["type"] == "json_schema":
+                jsonschema.validate(doc, NUMBER)
+    assert finished >= (6 if fmt["type"] == "json_object" else 16)
+
+
+def test_ollama_format_json_holds_finite_numbers(server):
+    # before: a 500 constrained_output_invalid for seeds 4 and 11 on /api/generate, 4 on /api/chat
+    oc = ollama.Client(host=server.url, timeout=120)
+    for seed in range(16):
+        r = oc.generate(model=MODEL, prompt="JSON", format="json", options={"seed": seed, "num_predict": 150})
+        if r.done_reason == "stop":
+            assert isinstance(held(r.response), dict)
+    for seed in range(6):
+        r = oc.chat(model=MODEL, messages=[{"role": "user", "content": "JSON"}], format="json",
+                    options={"seed": seed, "num_predict": 150})
+        if r.done_reason == "stop":
+            assert isinstance(held(r.message.content), dict)
 
 
 def test_length_means_cut(client):
@@ -211,6 +263,8 @@ def test_auto_and_none(client):
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "text"}}}]},
+     "tools[0].function.parameters"),  # auto: calls are validated against it, so it must be a schema
     ({"tools": TOOLS + [{"type": "function", "function": {"name": "x", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "date"}}}}}], "tool_choice": "required"},
      "tools[2].function.parameters"),
@@ -246,6 +300,77 @@ def test_chat_scoring_renders_tools_and_reports_tool_choice(server):
 def test_scoring_accepts_the_no_change_response_format(server):
     body = {"model": MODEL, "messages": MSG, "max_tokens": 1, "logprobs": True, "response_format": {"type": "text"}}
     assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+SCALE = [{"type": "function", "function": {"name": "scale", "parameters": {
+    "type": "object", "properties": {"factor": {"type": "number"}, "times": {"type": "integer"}},
+    "required": ["factor", "times"], "additionalProperties": False}}}]
+
+
+def test_tool_call_arguments_hold_finite_numbers_on_15_seeds(client):
+    # before: every seed answered 200 with arguments such as {"factor": 2501e6850…}, inf in clients
+    for seed in range(15):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Scale it."}], tools=SCALE,
+                                           tool_choice="required", max_tokens=120, seed=seed)
+        for call in r.choices[0].message.tool_calls or []:
+            jsonschema.validate(held(call.function.arguments), SCALE[0]["function"]["parameters"])
+
+
+def test_a_call_cut_by_max_tokens_leaves_no_markup_streamed_or_not(client):
+    # before: content "<tool", "<tool_c", "<tool_call>\n{\"name\": \"" non-streamed, "" streamed
+    for max_tokens in range(1, 16):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="required",
+                  max_tokens=max_tokens, seed=1)
+        r = client.chat.completions.create(**kw)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                           if c.choices)
+        assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls
+        assert r.choices[0].message.content == streamed == "", max_tokens
+
+
+REPEATING = [  # the demo model calls these again and again: nothing but their arguments can differ
+    [{"type": "function", "function": {"name": "now"}}],
+    [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+        "additionalProperties": False}}}],
+]
+
+
+@pytest.mark.parametrize("tools", REPEATING, ids=["no_parameters", "enum"])
+def test_required_parallel_calls_end_at_a_repeat(client, tools):
+    # before: 7 and 8 of 8 seeds repeated one call until max_tokens (9 identical calls, "length")
+    lengths = []
+    for seed in range(6):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Now?"}], tools=tools, tool_choice="required",
+                  max_tokens=300, seed=seed)
+        r = client.chat.completions.create(**kw)
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+        assert r.choices[0].finish_reason == "tool_calls", calls
+        assert all(calls.count(c) == 1 for c in calls), calls
+        lengths.append(len(calls))
+        if seed < 2:  # the stream ends at the same call
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            assert sum(1 for c in chunks for tc in c.choices[0].delta.tool_calls or [] if tc.id) == len(calls)
+    if tools[0]["function"].get("parameters"):
+        assert max(lengths) == 2  # parallel calls to the same function with other arguments still come
+
+
+def test_unconstrained_calls_keep_only_valid_ones_whole_and_streamed():
+    plan = structured.plan({"tools": TOOLS}, stream=False)  # tool_choice auto: nothing constrained the text
+    text = ('Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1e999, "b": 2}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lagos, Nigeria, Africa"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lag')
+    msg, reason = structured.message(plan, text, "length")
+    assert msg["content"] == "Sure." and reason == "length"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [("add", '{"a": 1, "b": 2}')]
+    shaper = structured.StreamShaper(plan)
+    deltas = [d for i in range(0, len(text), 5) for d in shaper.feed(text[i:i + 5])] + shaper.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "Sure."
+    streamed = shaper.message()
+    assert streamed["content"] == msg["content"]
+    assert [c["function"] for c in streamed["tool_calls"]] == [c["function"] for c in msg["tool_calls"]]
 
 
 def test_cut_short_call_leaves_no_tag_text(client):

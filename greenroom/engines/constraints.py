@@ -17,6 +17,16 @@ newlines forever without breaking the grammar; a fixed layout costs nothing in v
 Object properties come out in the order the schema lists them (llguidance's rule), which
 is why grammars are cached by the schema's compact JSON *with its key order kept*.
 
+Numbers are bounded so that every one parses, in Python's `json` and in JavaScript's
+`JSON.parse`, to a finite double that prints back as the number written: llguidance's own number
+lexeme (`-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?`) admits `1e999` and digit strings
+without end, and no compile option bounds it. Each schema is rewritten before it compiles
+(`bounded`): every number or integer it admits gets a `minimum`/`maximum` (a bounded range
+is a regex of bounded length without an exponent, as llguidance writes ranges) and a
+`multipleOf` (which bounds the fraction digits), and every "any value" (`{}`, `true`, an
+object's unlisted properties, an array's unspecified items) is a value whose numbers are so
+bounded. The grammar only ever narrows: the front end validates against the schema as sent.
+
 Pure compute: no greenroom imports outside `engines/`, no trio/tractor.
 """
 
@@ -37,6 +47,13 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _MAX_ERROR = 600  # characters of a llguidance error kept in an exception message
 
+# The numbers a constrained document may hold: plain decimals (no exponent) of at most
+# SIGNIFICANT_DIGITS digits, at most FRACTION_DIGITS of them after the point.
+SIGNIFICANT_DIGITS = 15  # DBL_DIG: every decimal of 15 digits survives text -> double -> text
+FRACTION_DIGITS = 10  # the finest multipleOf llguidance holds (1e-11 overflows its decimal)
+INTEGER_MAX = 10 ** SIGNIFICANT_DIGITS - 1  # < 2**53: exact as a double and as a JavaScript number
+_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+
 
 class GrammarError(ValueError):
     """A schema or tool list that llguidance cannot compile."""
@@ -49,11 +66,12 @@ class ConstraintError(RuntimeError):
 class Grammar:
     """A compiled grammar: an untouched matcher that `Constraints.matcher` copies."""
 
-    __slots__ = ("kind", "source", "_template")
+    __slots__ = ("kind", "source", "functions", "_template")
 
-    def __init__(self, kind: str, source: str, template: llguidance.LLMatcher):
+    def __init__(self, kind: str, source: str, template: llguidance.LLMatcher, functions: dict | None = None):
         self.kind = kind  # "json_schema" | "json_object" | "tool_calls"
         self.source = source  # llguidance's grammar text, for logs and debugging
+        self.functions = functions  # tool_calls: name -> parameters (None: none) of the functions it calls
         self._template = template
 
     def __repr__(self) -> str:
@@ -148,7 +166,7 @@ class Constraints:
 
         def build() -> str:
             try:
-                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_FORMAT)
+                return llguidance.LLMatcher.grammar_from_json_schema(bounded(schema), overrides=JSON_FORMAT)
             except ValueError as e:
                 raise GrammarError(str(e)[:_MAX_ERROR]) from None
 
@@ -157,7 +175,7 @@ class Constraints:
     def json_object(self) -> Grammar:
         """Any single JSON object."""
         return self._compile("json_object", ("json_object",),
-                             lambda: llguidance.LLMatcher.grammar_from_json_schema({"type": "object"},
+                             lambda: llguidance.LLMatcher.grammar_from_json_schema(bounded({"type": "object"}),
                                                                                    overrides=JSON_FORMAT))
 
     def tool_calls(self, tools: list[dict], name: str | None = None, parallel: bool = True) -> Grammar:
@@ -177,7 +195,7 @@ class Constraints:
         key = ("tool_calls", _compact(functions), parallel)
 
         def build() -> str:
-            rules = [f"fn_{i}: %json {_compact(_call_schema(fn, params))}" for i, (fn, params) in
+            rules = [f"fn_{i}: %json {_compact(bounded(_call_schema(fn, params)))}" for i, (fn, params) in
                      enumerate(functions.items())]
             lark = "\n".join([
                 "%llguidance {}",
@@ -189,7 +207,7 @@ class Constraints:
             ])
             return llguidance.LLMatcher.grammar_from_lark(lark)
 
-        return self._compile("tool_calls", key, build)
+        return self._compile("tool_calls", key, build, functions)
 
     def matcher(self, grammar: Grammar) -> Matcher:
         """A fresh state for one sequence (a copy of the compiled template: microseconds)."""
@@ -197,7 +215,7 @@ class Constraints:
 
     # -- internals --------------------------------------------------------------------
 
-    def _compile(self, kind: str, key: tuple, build) -> Grammar:
+    def _compile(self, kind: str, key: tuple, build, functions: dict | None = None) -> Grammar:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -207,7 +225,7 @@ class Constraints:
         template = llguidance.LLMatcher(self._tokenizer, source, log_level=0)  # compiles; drops the GIL
         if template.is_error():
             raise GrammarError(template.get_error()[:_MAX_ERROR])
-        grammar = Grammar(kind, source, template)
+        grammar = Grammar(kind, source, template, functions)
         with self._lock:
             self._cache[key] = grammar
             self._cache.move_to_end(key)
@@ -267,3 +285,112 @@ def _call_schema(name: str, params: dict | None) -> dict:
         "additionalProperties": False,
         **defs,
     }
+
+
+def bounded(schema: dict) -> dict:
+    """`schema` with every number it admits bounded to what clients hold (SIGNIFICANT_DIGITS,
+    FRACTION_DIGITS, INTEGER_MAX), for the grammar only: it admits a subset of what `schema`
+    does. Written for greenroom's subset (schema_subset.py): the subschemas it walks are
+    `properties`, `additionalProperties`, `items`, `anyOf` and the root's `$defs`."""
+    return _Bounder(schema).root()
+
+
+def _number_ranges() -> list[tuple[float, int]]:
+    """(largest magnitude, fraction digits) of each way to write at most SIGNIFICANT_DIGITS
+    digits: 1-5 before the point with 10 after, 6 with 9, ..., 15 with none."""
+    ranges: list[tuple[float, int]] = []
+    for whole in range(1, SIGNIFICANT_DIGITS + 1):
+        fraction = min(FRACTION_DIGITS, SIGNIFICANT_DIGITS - whole)
+        top = float("9" * whole + ("." + "9" * fraction if fraction else ""))
+        if ranges and ranges[-1][1] == fraction:
+            ranges.pop()  # the wider range has as many fraction digits
+        ranges.append((top, fraction))
+    return ranges
+
+
+_NUMBER_RANGES = _number_ranges()
+
+
+class _Bounder:
+    """One rewrite: the shared definitions it adds to the root's `$defs` (unbounded numbers
+    and "any value" are each compiled once, however often they occur)."""
+
+    def __init__(self, schema: dict):
+        self._schema = schema
+        self._taken = set(schema.get("$defs", {}))
+        self._defs: dict[str, dict] = {}
+        self._refs: dict[str, dict] = {}
+
+    def root(self) -> dict:
+        body = {k: v for k, v in self._schema.items() if k != "$defs"}
+        defs = {name: self._node(s, f"/$defs/{name}") for name, s in self._schema.get("$defs", {}).items()}
+        out = self._node(body, "")
+        defs.update(self._defs)
+        return {**out, "$defs": defs} if defs else out
+
+    def _ref(self, kind: str) -> dict:
+        """{"$ref"} to the shared definition of `kind` ("number" | "value"), added on first use."""
+        if kind not in self._refs:
+            name = f"greenroom-{kind}"
+            while name in self._taken:
+                name += "_"
+            self._taken.add(name)
+            self._refs[kind] = {"$ref": f"#/$defs/{name}"}
+            self._defs[name] = {"anyOf": self._numbers(True, None, None, "")} if kind == "number" else {"anyOf": [
+                {"type": ["null", "boolean", "string"]}, self._ref("number"),
+                {"type": "array", "items": self._refs[kind]},
+                {"type": "object", "additionalProperties": self._refs[kind]}]}
+        return self._refs[kind]
+
+    def _node(self, s, where: str):
+        if s is True:
+            return self._ref("value")
+        if not isinstance(s, dict):
+            return s  # False
+        s = dict(s)
+        if isinstance(s.get("properties"), dict):
+            s["properties"] = {k: self._node(v, f"{where}/properties/{_pointer(k)}") for k, v in s["properties"].items()}
+        for key in ("items", "additionalProperties"):
+            if key in s:
+                s[key] = self._node(s[key], f"{where}/{key}")
+        if isinstance(s.get("anyOf"), list):
+            s["anyOf"] = [self._node(b, f"{where}/anyOf/{i}") for i, b in enumerate(s["anyOf"])]
+        if any(k in s for k in ("$ref", "anyOf", "enum", "const")):
+            return s  # bounded by what it refers to, by its branches, or by its literal values
+        types = s.get("type", _TYPES)
+        types = [types] if isinstance(types, str) else list(types)
+        if "object" in types:
+            s.setdefault("additionalProperties", self._ref("value"))
+        if "array" in types:
+            s.setdefault("items", self._ref("value"))
+        if "number" not in types and "integer" not in types:
+            return s
+        low, high = s.get("minimum"), s.get("maximum")
+        numbers = [self._ref("number")] if "number" in types and low is None and high is None else \
+            self._numbers("number" in types, low, high, where)
+        rest = [t for t in types if t not in ("number", "integer")]
+        if not rest:
+            return numbers[0] if len(numbers) == 1 else {"anyOf": numbers}
+        return {"anyOf": [{**s, "type": rest}, *numbers]}
+
+    def _numbers(self, fractions: bool, low, high, where: str) -> list[dict]:
+        """The branches writing the numbers (`fractions`) or integers in [low, high] (either
+        may be None) that clients hold."""
+        out: list[dict] = []
+        covered = 0.0  # the magnitude the branches so far write with more fraction digits
+        for top, fraction in _NUMBER_RANGES if fractions else [(INTEGER_MAX, 0)]:
+            lo = -top if low is None else max(low, -top)
+            hi = top if high is None else min(high, top)
+            if lo <= hi and not (-covered <= lo and hi <= covered):
+                out.append({"type": "number", "minimum": lo, "maximum": hi, "multipleOf": 10.0 ** -fraction}
+                           if fraction else {"type": "integer", "minimum": lo, "maximum": hi})
+            covered = top
+        if not out:
+            bounds = " and ".join(f"{k} {v}" for k, v in (("minimum", low), ("maximum", high)) if v is not None)
+            raise GrammarError(f"{where or '/'}: no number with {bounds} can be written in at most "
+                               f"{SIGNIFICANT_DIGITS} digits (the constraint's numbers are within ±{INTEGER_MAX})")
+        return out
+
+
+def _pointer(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")

@@ -8,16 +8,17 @@ from typing import Iterator
 
 import attrs
 
-from .base import Engine, SamplingParams
+from .base import Engine, EngineError, SamplingParams
 from .detokenize import IncrementalDetokenizer
 from .stops import StopMatcher
+from .tool_calls import CallGuard
 
 
 @attrs.frozen
 class Delta:
     text: str
     completion_tokens: int
-    finish_reason: str | None = None  # "stop" (EOS or stop string) | "length"
+    finish_reason: str | None = None  # "stop" (EOS, a stop string, the grammar's end, a repeated call) | "length"
     logprob: float = 0.0  # of this step's token
     sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
     monitor: dict | None = None  # on the last Delta of a monitored sequence: Monitor.result
@@ -26,13 +27,19 @@ class Delta:
 class Decoder:
     """One sequence's ids → Deltas: incremental detokenisation, the stop matcher, EOS,
     a grammar's completion and max_tokens. The last Delta carries finish_reason; a
-    grammar's document completed is a "stop" too, also on the max_tokens-th token."""
+    grammar's document completed is a "stop" too, also on the max_tokens-th token.
 
-    def __init__(self, engine: Engine, params: SamplingParams, matcher=None):
+    With a `guard` (a constrained tool-call answer, tool_calls.CallGuard) each call's text
+    is held until its block closes: a call that repeats an earlier one exactly ends the
+    answer ("stop") without being released, and one that does not validate fails it
+    (constrained_output_invalid)."""
+
+    def __init__(self, engine: Engine, params: SamplingParams, matcher=None, guard: CallGuard | None = None):
         self._detok = IncrementalDetokenizer(engine.decode)
         self._stops = StopMatcher(params.stop)
         self._eos = engine.eos_token_ids
         self._max_tokens = params.max_tokens
+        self._guard = guard
         self.matcher = matcher
         self.n = 0
 
@@ -44,19 +51,36 @@ class Decoder:
         self.n += 1
         detok, stops, n = self._detok, self._stops, self.n
         if token_id in self._eos:
-            return Delta(stops.feed(detok.flush()) + stops.flush(), n, "stop", logprob)
-        text = stops.feed(detok.add(token_id))
-        if stops.matched is not None:
-            return Delta(text, n, "stop", logprob)
+            return Delta(self._released(stops.feed(detok.flush()) + stops.flush(), end=True), n, "stop", logprob)
+        text = self._released(stops.feed(detok.add(token_id)))
+        if stops.matched is not None or self._repeated():
+            return Delta(text + self._released("", end=True), n, "stop", logprob)
         if self.matcher is not None and self.matcher.done():
             return Delta(text + self._tail(), n, "stop", logprob)
         if n >= self._max_tokens:
-            return Delta(text + self._tail(), n, stops.matched and "stop" or "length", logprob)
+            text += self._tail()
+            return Delta(text, n, "stop" if stops.matched is not None or self._repeated() else "length", logprob)
         return Delta(text, n, logprob=logprob)
 
     def _tail(self) -> str:
         text = self._stops.feed(self._detok.flush())
-        return text if self._stops.matched is not None else text + self._stops.flush()
+        return self._released(text if self._stops.matched is not None else text + self._stops.flush(), end=True)
+
+    def _released(self, text: str, end: bool = False) -> str:
+        """What of `text` may be released now (all of it without a guard); `end`: the answer
+        ends here, so what the guard holds is released too (a call cut short included: the
+        front end drops it)."""
+        guard = self._guard
+        if guard is None:
+            return text
+        out = guard.feed(text)
+        if guard.invalid is not None:
+            raise EngineError("constrained_output_invalid", "the constrained tool call is complete but does not "
+                              f"validate: {guard.invalid[:300]}")
+        return out + guard.flush() if end and not guard.ended else out
+
+    def _repeated(self) -> bool:
+        return self._guard is not None and self._guard.ended
 
 
 def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None,
@@ -65,7 +89,8 @@ def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, gram
     a possible stop string is incomplete); the last one carries finish_reason, and with a
     `readout` (steering.Readout) the activations read, with a `monitor` (steering.Monitor)
     its record — transformers only."""
-    decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None)
+    guard = CallGuard(grammar.functions) if grammar is not None and grammar.kind == "tool_calls" else None
+    decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None, guard)
 
     def last(delta: Delta) -> Delta:
         return attrs.evolve(delta, sae_activations=None if readout is None else readout.result(fed),

@@ -3,21 +3,38 @@
 - Hermes/Qwen: `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call;
 - Llama-3 JSON: the whole answer is `{"name": …, "parameters": {…}}` (or a list of them).
 
-`parse` reads a finished text; `ToolCallStream` reads it delta by delta for streaming,
-releasing plain text as soon as it cannot begin a call, and each call (its name, then
-its arguments) as soon as it closes — so a call cut short by max_tokens is never half
-announced. Both give the same calls, with arguments as the raw JSON text the model
-wrote, and drop an unclosed trailing call. Pure text: no torch.
+One reading, delta by delta (`ToolCallStream`; `parse` feeds it a finished text), so a
+streamed answer and a finished one have the same calls and the same content:
+
+- text is released as soon as it cannot begin a call; a call (its name, then its arguments)
+  once its block closes, so a call cut short by max_tokens is never half announced, and its
+  markup never becomes content;
+- a block is a call only if it names one of the request's functions and its arguments
+  validate against that function's parameters (jsonschema, Draft 2020-12) and hold only
+  numbers every client holds (`load_json`); any other block is dropped, never content;
+- the answer ends at a call that repeats an earlier one exactly (name and arguments):
+  neither it nor anything after it is part of the answer;
+- whitespace before a call, and at the end of an answer with calls, is not content;
+- a whole answer in the JSON form is calls if every item is a valid call, else content.
+
+`CallGuard` is the decoder's side of the same reading, for a constrained answer: it holds a
+call's text back until it is known to be a valid call that repeats none before it.
+Pure text: no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import attrs
+import jsonschema
+import referencing.exceptions
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MAX_SAFE_INTEGER = 2 ** 53 - 1  # the largest integer JavaScript's JSON.parse (a double) holds exactly
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # what a function without takes
 _ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
@@ -25,6 +42,36 @@ _ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 class ToolCall:
     name: str
     arguments: str  # JSON text of an object
+
+
+def load_json(text: str):
+    """`text` parsed as every client holds it, else ValueError: a number that parses to
+    infinity (`1e999`), NaN or Infinity, or an integer past ±MAX_SAFE_INTEGER is refused."""
+    return json.loads(text, parse_float=_finite, parse_int=_safe_int, parse_constant=_no_constant)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # e.g. 1e999: valid JSON syntax, not a representable number
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _safe_int(text: str) -> int:
+    if len(text.lstrip("-")) > 16 or abs(int(text)) > MAX_SAFE_INTEGER:
+        raise ValueError(f"the integer {text[:40]} is past ±{MAX_SAFE_INTEGER}, which clients cannot hold exactly")
+    return int(text)
+
+
+def _no_constant(text: str):
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def functions(tools: list[dict] | None) -> dict[str, dict | None] | None:
+    """OpenAI tool objects → {name: parameters (None: the function takes none)}."""
+    if tools is None:
+        return None
+    return {t["function"]["name"]: t["function"].get("parameters") for t in tools}
 
 
 def _call_from_json(text: str) -> ToolCall | None:
@@ -57,85 +104,213 @@ def _raw_arguments(text: str) -> str | None:
     return text[m.end():end] if isinstance(value, dict) else None
 
 
-def parse(text: str) -> tuple[str, list[ToolCall]]:
-    """(the text outside calls, the calls). A text with no well-formed call is all content."""
-    if OPEN in text:
-        content, calls, rest = [], [], text
-        while OPEN in rest:
-            before, _, after = rest.partition(OPEN)
-            content.append(before)
-            body, closed, rest = after.partition(CLOSE)
-            if not closed:  # cut short: dropped
-                break
-            call = _call_from_json(body.strip())
-            if call is None:
-                return text, []
-            calls.append(call)
-        else:
-            content.append(_without_partial_open(rest))
-        return "".join(content).strip(), calls
-    stripped = text.strip()
-    if stripped.startswith(("{", "[")):  # Llama-3 JSON form
+class _Judge:
+    """Which call bodies are calls: valid against `functions` (None: any name, any object of
+    arguments a client holds), and not a repeat of one judged before."""
+
+    def __init__(self, functions: dict[str, dict | None] | None):
+        self._validators = None if functions is None else {
+            name: jsonschema.Draft202012Validator(_NO_PARAMETERS if params is None else params)
+            for name, params in functions.items()}
+        self._seen: list[tuple[str, object]] = []
+
+    def judge(self, body: str) -> tuple[str, ToolCall | str]:
+        """("call", the call) | ("repeat", the call) | ("invalid", why)."""
+        call = _call_from_json(body.strip())
+        if call is None:
+            return "invalid", f"not a call object: {body.strip()[:80]}"
         try:
-            value = json.loads(stripped)
-        except ValueError:
-            return text, []
-        items = value if isinstance(value, list) else [value]
-        calls = [_call_from_json(json.dumps(v)) for v in items]
-        if items and all(calls) and all("name" in v and ("parameters" in v or "arguments" in v) for v in items):
-            if not isinstance(value, list):  # keep the model's own argument text
-                calls = [_call_from_json(stripped)]
-            return "", calls
-    return text, []
+            args = load_json(call.arguments)
+        except ValueError as exc:
+            return "invalid", f"{call.name}: {exc}"
+        if self._validators is not None:
+            validator = self._validators.get(call.name)
+            if validator is None:
+                return "invalid", f"{call.name!r} is not one of the tools"
+            try:
+                error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+            except referencing.exceptions.Unresolvable as exc:  # a remote $ref: never fetched
+                return "invalid", f"{call.name}: its parameters cannot be checked: {exc}"
+            if error is not None:
+                return "invalid", f"{call.name}: {error.message}"
+        if (call.name, args) in self._seen:
+            return "repeat", call
+        self._seen.append((call.name, args))
+        return "call", call
+
+    def judge_all(self, bodies: list[str]) -> list[tuple] | None:
+        """Each body's verdict, or None (and none remembered) if any is invalid."""
+        seen = list(self._seen)
+        verdicts = [self.judge(b) for b in bodies]
+        if any(v == "invalid" for v, _ in verdicts):
+            self._seen = seen
+            return None
+        return verdicts
 
 
-class ToolCallStream:
-    """Incremental `parse` of Hermes-form calls: feed deltas, get events
-    ("content", text) | ("call", index, name) | ("arguments", index, text)."""
+class _Blocks:
+    """Text → ("text", text) | ("block", body, raw) pieces: text as soon as it cannot begin
+    the opening tag, a block once its closing tag has come."""
 
     def __init__(self):
         self._buf = ""
-        self._in_call = False
-        self.calls: list[ToolCall] = []
+        self._in_block = False
 
     def feed(self, text: str) -> list[tuple]:
         self._buf += text
-        events = []
+        out: list[tuple] = []
         while True:
-            if not self._in_call:
+            if not self._in_block:
                 i = self._buf.find(OPEN)
                 if i == -1:
-                    keep = _partial(self._buf, OPEN)
-                    out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
-                    if out:
-                        events.append(("content", out))
-                    return events
+                    cut = len(self._buf) - _partial(self._buf, OPEN)
+                    if cut:
+                        out.append(("text", self._buf[:cut]))
+                        self._buf = self._buf[cut:]
+                    return out
                 if i:
-                    events.append(("content", self._buf[:i]))
-                self._buf, self._in_call = self._buf[i + len(OPEN):], True
-            j = self._buf.find(CLOSE)
+                    out.append(("text", self._buf[:i]))
+                self._buf, self._in_block = self._buf[i:], True
+            j = self._buf.find(CLOSE, len(OPEN))
             if j == -1:
-                return events
-            call = _call_from_json(self._buf[:j].strip())
-            if call is None:  # not a well-formed call after all: give the text back as content
-                events.append(("content", OPEN + self._buf[: j + len(CLOSE)]))
-            else:
-                events += [("call", len(self.calls), call.name), ("arguments", len(self.calls), call.arguments)]
-                self.calls.append(call)
-            self._buf, self._in_call = self._buf[j + len(CLOSE):], False
+                return out
+            end = j + len(CLOSE)
+            out.append(("block", self._buf[len(OPEN):j], self._buf[:end]))
+            self._buf, self._in_block = self._buf[end:], False
+
+    def finish(self) -> str:
+        """What is held: a call cut short, or text that could only begin one ("<tool_", "<")."""
+        rest, self._buf, self._in_block = self._buf, "", False
+        return rest
+
+
+class ToolCallStream:
+    """Feed text deltas, get events ("content", text) | ("call", index, name) |
+    ("arguments", index, text). `tools`: the request's OpenAI tool objects (None: any
+    function, its arguments only checked to be an object clients hold)."""
+
+    def __init__(self, tools: list[dict] | None = None):
+        self._blocks = _Blocks()
+        self._judge = _Judge(functions(tools))
+        self._space = ""  # content's trailing whitespace, held until it is known not to precede a call
+        self._json: str | None = ""  # the answer so far while it may be the JSON form; None once it is not
+        self._blocked = False  # a block (a call or not) was read: trailing whitespace is not content
+        self.calls: list[ToolCall] = []
+        self.ended = False  # a repeated call ended the answer
+
+    def feed(self, text: str) -> list[tuple]:
+        if self._json is not None:
+            self._json += text
+            head = self._json.lstrip()
+            if not head or head[0] in "{[":
+                return []  # the JSON form is judged whole, at the end
+            text, self._json = self._json, None
+        return self._read(self._blocks.feed(text))
 
     def finish(self) -> list[tuple]:
-        """The rest is content; an unclosed call (cut short, even inside its tag) is dropped,
-        as `parse` does."""
-        rest, self._buf = ("" if self._in_call else _without_partial_open(self._buf)), ""
-        self._in_call = False
-        return [("content", rest)] if rest else []
+        """The rest: an unclosed call (cut short, even inside its tag) is dropped, as is the
+        whitespace after the last call."""
+        events: list[tuple] = []
+        if self._json is not None:
+            text, self._json = self._json, None
+            json_form = self._json_form(text)
+            if json_form is not None:
+                return json_form
+            events = self._read(self._blocks.feed(text))
+        self._blocks.finish()  # a call cut short: never announced, never content
+        if self._space and not self._blocked:
+            events.append(("content", self._space))
+        self._space = ""
+        return events
+
+    def _read(self, pieces: list[tuple]) -> list[tuple]:
+        events: list[tuple] = []
+        for kind, *rest in pieces:
+            if self.ended:
+                break
+            if kind == "text":
+                pending = self._space + rest[0]
+                body = pending.rstrip()
+                self._space = pending[len(body):]
+                if body:
+                    events.append(("content", body))
+                continue
+            self._space, self._blocked = "", True
+            verdict, call = self._judge.judge(rest[0])
+            if verdict == "repeat":
+                self.ended = True
+            elif verdict == "call":
+                events += self._announce(call)
+        return events
+
+    def _announce(self, call: ToolCall) -> list[tuple]:
+        self.calls.append(call)
+        index = len(self.calls) - 1
+        return [("call", index, call.name), ("arguments", index, call.arguments)]
+
+    def _json_form(self, text: str) -> list[tuple] | None:
+        """The events of a whole answer in the Llama-3 JSON form, or None if it is not one."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(v, dict) and "name" in v and ("parameters" in v or "arguments" in v)
+                                for v in items):
+            return None
+        # one object keeps the model's own argument text
+        bodies = [text] if not isinstance(value, list) else [json.dumps(v, ensure_ascii=False) for v in items]
+        verdicts = self._judge.judge_all(bodies)
+        if verdicts is None:
+            return None
+        events: list[tuple] = []
+        for verdict, call in verdicts:
+            if verdict == "repeat":
+                self.ended = True
+                break
+            events += self._announce(call)
+        return events
 
 
-def _without_partial_open(text: str) -> str:
-    """A text cut short in the middle of "<tool_call>" ("<tool_", say) began a call."""
-    k = _partial(text, OPEN)
-    return text[:-k] if k >= 2 else text
+def parse(text: str, tools: list[dict] | None = None) -> tuple[str, list[ToolCall]]:
+    """(the content, the calls) of a finished text: what `ToolCallStream` gives for it."""
+    stream = ToolCallStream(tools)
+    events = stream.feed(text) + stream.finish()
+    return "".join(e[1] for e in events if e[0] == "content"), stream.calls
+
+
+class CallGuard:
+    """A constrained tool-call answer as the decoder releases it: each block's text is held
+    until it closes, then released if it is a valid call that repeats none before it. A
+    repeat ends the answer (`ended`), its text unreleased; an invalid call sets `invalid`
+    (why), which fails the request (a constrained document that does not validate)."""
+
+    def __init__(self, functions: dict[str, dict | None]):
+        self._blocks = _Blocks()
+        self._judge = _Judge(functions)
+        self.ended = False
+        self.invalid: str | None = None
+
+    def feed(self, text: str) -> str:
+        out = []
+        for kind, *rest in self._blocks.feed(text):
+            if kind == "text":
+                out.append(rest[0])
+                continue
+            verdict, detail = self._judge.judge(rest[0])
+            if verdict == "repeat":
+                self.ended = True
+            elif verdict == "invalid":
+                self.invalid = detail
+            else:
+                out.append(rest[1])
+                continue
+            break  # nothing after a repeat is the answer; an invalid call fails it
+        return "".join(out)
+
+    def flush(self) -> str:
+        """What is held when the answer ends for another reason (EOS, max_tokens)."""
+        return self._blocks.finish()
 
 
 def _partial(buf: str, tag: str) -> int:

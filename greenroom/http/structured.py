@@ -4,19 +4,22 @@ constraint the engine decodes under, and from generated text back to OpenAI's me
 
 Both are enforced by decoding, not hoped for: `response_format` compiles the schema
 (greenroom's supported subset, schema_subset.py), and `tool_choice: "required"` or a
-named function compiles the tool-call syntax with each function's parameters.
+named function compiles the tool-call syntax with each function's parameters. A
+constrained tool call that does not validate fails in the engine's decoder (it knows the
+grammar's functions); calls in unconstrained answers (`auto`) are read by the same parser
+(engines/tool_calls.py), which keeps only valid calls.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import uuid
 
 import attrs
 import jsonschema
 
-from greenroom.engines.tool_calls import ToolCall, ToolCallStream, parse
+from greenroom.engines.tool_calls import ToolCall, ToolCallStream, load_json, parse
 from greenroom.errors import GreenroomError
 from greenroom.http.schema_subset import check_schema
 
@@ -123,7 +126,24 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
         for i, tool in enumerate(tools):
             if mode == "required" or tool["function"]["name"] == name:
                 check_schema(tool["function"].get("parameters", {}), where.format(i) + ".parameters")
+    elif mode == "auto":  # calls are validated against them: they must be schemas jsonschema can use
+        for i, tool in enumerate(tools):
+            error = _schema_error(json.dumps(tool["function"].get("parameters", {}), sort_keys=True))
+            if error is not None:
+                raise GreenroomError("invalid_parameter", f"{where.format(i)}.parameters is not a valid JSON "
+                                     f"schema: {error}", where.format(i) + ".parameters")
     return tools, mode, name, parallel is not False
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_error(params: str) -> str | None:
+    """Why jsonschema cannot use these parameters (None: it can); ~1 ms a schema, so cached:
+    agents send the same tools with every turn."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(params))
+    except jsonschema.SchemaError as exc:
+        return exc.message
+    return None
 
 
 def _choice(choice, names: list[str]) -> tuple[str, str | None]:
@@ -153,8 +173,15 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _openai_call(call: ToolCall) -> dict:
-    return {"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+def _openai_call(call: ToolCall, id_: str) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _assistant(content: str, calls: list[dict]) -> dict:
+    """OpenAI's assistant message: with calls, `content` is null unless there is text."""
+    if calls:
+        return {"role": "assistant", "content": content or None, "tool_calls": calls}
+    return {"role": "assistant", "content": content}
 
 
 def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
@@ -164,34 +191,26 @@ def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
         if document(p, text) is INVALID:
             raise GreenroomError("constrained_output_invalid", "the constrained output is complete but does not "
                                  f"validate: {_why(p, text)[:300]}")
-    if p.parses_tools:
-        content, calls = parse(text)
-        if calls:
-            msg = {"role": "assistant", "content": content or None,
-                   "tool_calls": [_openai_call(c) for c in calls]}
-            return msg, "tool_calls" if finish == "stop" else finish
-    return {"role": "assistant", "content": text}, finish
+    if not p.parses_tools:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = parse(text, p.tools)
+    msg = _assistant(content, [_openai_call(c, call_id()) for c in calls])
+    return msg, "tool_calls" if calls and finish == "stop" else finish
 
 
 INVALID = object()
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # e.g. 1e999: valid JSON syntax, not a representable number
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
 def document(p: Plan, text: str):
     """The finished document, parsed, if it is what the plan asked for; else INVALID."""
-    return INVALID if _why(p, text) else json.loads(text, parse_float=_finite)
+    return INVALID if _why(p, text) else load_json(text)
 
 
 def _why(p: Plan, text: str) -> str:
-    """Why the document does not validate ("" when it does)."""
+    """Why the document does not validate ("" when it does): its numbers must be ones
+    every client holds (tool_calls.load_json), as the constraint writes them."""
     try:
-        doc = json.loads(text, parse_float=_finite)
+        doc = load_json(text)
         if p.json_object and not isinstance(doc, dict):
             return "not a JSON object"
         if p.schema is not None:
@@ -208,7 +227,7 @@ class StreamShaper:
     (id and name first, then argument fragments) when the request has tools."""
 
     def __init__(self, p: Plan):
-        self._stream = ToolCallStream() if p.parses_tools else None
+        self._stream = ToolCallStream(p.tools) if p.parses_tools else None
         self._ids: dict[int, str] = {}
         self._content: list[str] = []
 
@@ -220,10 +239,9 @@ class StreamShaper:
 
     def message(self) -> dict:
         """What was streamed, as the message a non-streamed answer would carry."""
-        calls = [{"id": self._ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                 for i, c in enumerate(self._stream.calls)] if self._stream is not None else []
-        return {"role": "assistant", "content": "".join(self._content).strip() or None,
-                **({"tool_calls": calls} if calls else {})}
+        calls = [_openai_call(c, self._ids[i]) for i, c in enumerate(self._stream.calls)] \
+            if self._stream is not None else []
+        return _assistant("".join(self._content), calls)
 
     def finish(self) -> list[dict]:
         return [] if self._stream is None else self._deltas(self._stream.finish())
@@ -236,9 +254,8 @@ class StreamShaper:
         out = []
         for kind, *rest in events:
             if kind == "content":
-                if not (self._ids and not rest[0].strip()):  # whitespace between calls is not content
-                    out.append({"content": rest[0]})
-                    self._content.append(rest[0])
+                out.append({"content": rest[0]})
+                self._content.append(rest[0])
             elif kind == "call":
                 index, name = rest
                 self._ids[index] = call_id()
