@@ -266,3 +266,12 @@ def test_a_disconnected_stream_is_cancelled_and_frees_its_sequence(srv):
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(ask, range(4))) == [8] * 4
+
+
+def test_a_refused_ollama_option_names_its_reason(srv):
+    """Every refusal names its reason, on both surfaces: options.seed on llama.cpp too."""
+    r = httpx.post(srv.url + "/api/chat", timeout=60, json={
+        "model": Q4, "stream": False, "messages": [{"role": "user", "content": "hi"}], "options": {"seed": 7}})
+    assert r.status_code == 400 and r.json()["code"] == "field_not_honoured"
+    assert "'options.seed' cannot be honoured by this model's engine: this engine's seeds are not measured to " \
+           "reproduce" in r.json()["error"]

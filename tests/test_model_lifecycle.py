@@ -175,3 +175,21 @@ def test_ollama_requests_after_keep_alive_0_wait_for_the_unload(own_server):
             reply = client.chat(model=model, messages=[{"role": "user", "content": "hi"}], keep_alive=0,
                                 options={"num_predict": 2})
             assert reply.done
+
+
+def test_a_load_that_fails_is_model_load_failed(own_server, tmp_path):
+    """The spec's table: the named model has to be loaded and the load failed → 500
+    model_load_failed (a transformers source that is gone, an OpenVINO source that is a file)."""
+    afile = tmp_path / "model.bin"
+    afile.write_bytes(b"not a model")
+    srv = own_server(TWO + f'[[models]]\nid = "gone"\nsource = "{tmp_path / "nowhere"}"\npreload = false\n'
+                     f'[[models]]\nid = "ov-file"\nsource = "{afile}"\nengine = "openvino"\nactor = "npu0"\n'
+                     'preload = false\n')
+    for model in ("gone", "ov-file"):
+        r = chat(srv, model)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed", r.text
+        assert model in r.json()["error"]["message"]
+        r = httpx.post(srv.url + "/api/chat", timeout=60, json={"model": model, "stream": False,
+                                                              "messages": CHAT["messages"]})
+        assert r.status_code == 500 and r.json()["code"] == "model_load_failed"
+    assert chat(srv, MODEL).status_code == 200  # nothing else was disturbed

@@ -30,7 +30,8 @@ ENDPOINTS = [
     ("POST", "/api/models/load", "load a model: {\"model\": id}"),
     ("POST", "/api/models/unload", "unload a model gracefully: {\"model\": id}"),
     ("GET", "/api/saes", "the SAEs attached to each steerable model (width, layer, hook point) and the demo SAEs"),
-    ("POST", "/api/saes/attach", "attach an SAE: {\"model\", \"sae\": a directory or demo:<size>[:<layer>]}"),
+    ("POST", "/api/saes/attach", "attach an SAE: {\"model\", \"sae\": a directory, demo:<size>[:<layer>] or "
+     "random:<d_in>:<layer>}"),
     ("POST", "/api/saes/detach", "detach an SAE: {\"model\", \"sae_id\"}"),
     ("GET", "/api/steering", "each steerable model's steering: strengths, enabled, version, live"),
     ("PUT", "/api/steering", "set steering: {\"model\", \"enabled\"?, \"strengths\"?: {sae_id: {feature: ±200}}}"),

@@ -644,7 +644,7 @@ _DESCRIPTION = _string(maxLength=4096)
 def _steering_schemas() -> dict:
     sae = _obj({
         "sae_id": _string(),
-        "source": _described(_string(), "As attached: a directory, or demo:<size>[:<layer>]"),
+        "source": _described(_string(), "As attached: a directory, demo:<size>[:<layer>] or random:<d_in>:<layer>"),
         "path": _string(),
         "layer": _COUNT,
         "block": _described(_COUNT, "The decoder block whose output the SAE's hook point reads"),
@@ -679,7 +679,8 @@ def _steering_schemas() -> dict:
         "SAEAttachRequest": _obj({
             "model": _MODEL,
             "sae": _described(_string(minLength=1), "A directory holding an SAELens SAE (cfg.json + "
-                              "sae_weights.safetensors), or demo:<size>[:<layer>]"),
+                              "sae_weights.safetensors), demo:<size>[:<layer>], or random:<d_in>:<layer> "
+                              "(random directions)"),
             "layer": _described(_integer(minimum=0), "The layer the SAE must read (a demo SAE: which one)"),
             "sae_id": _described(_SAE_ID, "Its name (default: derived from the source)"),
         }, ("model", "sae"), additionalProperties=False),

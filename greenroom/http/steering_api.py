@@ -60,7 +60,8 @@ def register(app: Quart, tree: Tree) -> None:
         sae = body.get("sae")
         if not isinstance(sae, str) or not sae:
             raise GreenroomError("missing_parameter" if sae is None else "invalid_parameter",
-                                 "'sae' must be a directory holding an SAELens SAE or demo:<size>[:<layer>]", "sae")
+                                 "'sae' must be a directory holding an SAELens SAE, demo:<size>[:<layer>] or "
+                                 "random:<d_in>:<layer>", "sae")
         layer = body.get("layer")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 2**31):
             raise GreenroomError("invalid_parameter", "'layer' must be a non-negative integer", "layer")
