@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import ollama
 import openai
+import pytest
 
 TOOLS = json.loads((Path(__file__).parent / "data" / "open_webui_tools.json").read_text())
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
@@ -18,6 +19,19 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
 
 def served(server) -> list[str]:
     return [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]]
+
+
+@pytest.fixture(autouse=True)
+def as_found(server):
+    """The session's server is shared: the models these tests load are unloaded after them."""
+    def loaded() -> set[str]:
+        return {m["id"] for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"]
+                if m["state"] == "loaded"}
+
+    before = loaded()
+    yield
+    for model in loaded() - before:
+        httpx.post(server.url + "/api/models/unload", json={"model": model}, timeout=120)
 
 
 def test_the_tools_are_what_open_webui_sends():
