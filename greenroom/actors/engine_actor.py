@@ -2,14 +2,16 @@
 multiplexed stream.
 
 All blocking compute runs in one worker thread, fed by a queue; the actor's trio
-loop only routes messages, so it always answers status and cancel. The worker
-checks for cancellation between decode steps and closes the sequence's iterator
-(freeing its cache) at the first step boundary after a cancel.
+loop only routes messages, so it always answers status and cancel. Events go back
+through the outbox (outbox.py). The worker checks for cancellation between decode
+steps and closes the sequence's iterator (freeing its cache) at the first step
+boundary after a cancel.
 
-With continuous batching on, the worker interleaves, step by step, one decode step of
-each model's batch (every batchable request that has started: the server's fixed
-sampling parameters, one choice) and one step of the serial request, if any;
-requests start in queue order, a Load/Unload once nothing runs.
+Each turn of the worker: the scheduling policy (scheduling.py) says which queued requests
+start and in which lane; they are admitted (admission.py: rendered, tokenised, checked) and
+run — batchable ones join their model's batch, the serial request and Embed/Score/Load/Unload
+run here — then one decode step of each model's batch and one step of the serial request,
+if any.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import collections
 import contextlib
 import gc
 import hashlib
-import math
 import os
 import resource
 import sys
@@ -29,20 +30,16 @@ import time
 import attrs
 import trio
 
+from greenroom.actors.admission import admit, embed_rows, score_rows
+from greenroom.actors.outbox import Outbox
 from greenroom.actors.runtime import die_with_parent, tractor
+from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, Request, SchedulingPolicy, Start
 from greenroom.errors import GreenroomError
-from greenroom.engines.base import EngineError, SamplingParams
+from greenroom.engines.base import EngineError
 from greenroom.protocol import (
-    Admitted, Cancel, Done, Embed, Embedded, Events, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
-    StatusQuery, Steered, SteerUpdate, Text, Unload, from_wire, to_wire,
+    Admitted, Cancel, Done, Embed, Embedded, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
+    StatusQuery, Steered, SteerUpdate, Text, Unload, from_wire,
 )
-
-
-SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor; below that rate nothing waits
-# The server's fixed sampling parameters under continuous batching (the request defaults:
-# temperature 1, top_p 1, no top_k, no penalty): only requests asking for exactly these join
-# the batch, which samples every row alike from one generator.
-FIXED_SAMPLING = SamplingParams()
 
 
 @tractor.context
@@ -96,6 +93,9 @@ class Counters:
 
 
 class EngineLoop:
+    """The actor's state, shared by its two threads: the trio loop routes messages (`serve`,
+    `_handle`); the worker thread runs turns (`_work`) and the runners."""
+
     def __init__(self, engines: dict, max_queue: int, default_max_tokens: int, device: str,
                  continuous_batching: bool = False):
         self.engines = engines
@@ -103,8 +103,10 @@ class EngineLoop:
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.continuous_batching = continuous_batching
+        self.policy = SchedulingPolicy(continuous_batching)
+        self._models = {m: ModelBatching.of(e) for m, e in engines.items()}  # the policy's view of `engines`
         self.counters = Counters()
-        self._queue: collections.deque[Generate | Embed | Score | Load | Unload] = collections.deque()
+        self._queue: collections.deque[Request] = collections.deque()
         self._wakeup = threading.Condition()
         self._cancelled: set[str] = set()
         self._running: set[str] = set()  # rids taken from the queue and not finished
@@ -112,18 +114,15 @@ class EngineLoop:
         self._batches: dict = {}  # model id → DecodeBatch, while it has sequences
         self._choices: dict[str, _Choice] = {}  # rid → a batched request's figures
         self._closing = False
-        self._outbox: collections.deque = collections.deque()  # events for the sender, from both threads
         self._enqueued: dict[str, float] = {}  # rid → arrival, for queue-wait figures
         self._steers: collections.deque[SteerUpdate] = collections.deque()  # applied between steps, in order
         self._applied: dict[str, dict] = {}  # model → what _steer left applied, read by status()
-        self._wake_pending = False
 
     async def serve(self, stream) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._wake = trio.Event()
+        self._outbox = Outbox()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._sender, stream)
+                nursery.start_soon(self._outbox.send, stream)
                 nursery.start_soon(self._run_worker)
                 async for raw in stream:
                     self._handle(from_wire(raw))
@@ -139,7 +138,7 @@ class EngineLoop:
     def _handle(self, msg) -> None:
         if isinstance(msg, (Generate, Embed, Score)):
             if len(self._queue) + len(self._running) >= self.max_queue:
-                self._emit(Failed(msg.rid, GreenroomError(
+                self._outbox.put(Failed(msg.rid, GreenroomError(
                     "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
                 ).to_wire()))
                 return
@@ -158,7 +157,7 @@ class EngineLoop:
         elif isinstance(msg, Cancel):
             self._cancelled.add(msg.rid)
         elif isinstance(msg, StatusQuery):
-            self._emit(Status(msg.rid, self.status()))
+            self._outbox.put(Status(msg.rid, self.status()))
 
     def status(self) -> dict:
         return {
@@ -192,44 +191,10 @@ class EngineLoop:
                                    "top_k": FIXED_SAMPLING.top_k,
                                    "repetition_penalty": FIXED_SAMPLING.repetition_penalty}}
 
-    async def _sender(self, stream) -> None:
-        """One message per wake-up carrying everything produced since the last one, and
-        at most one per SEND_INTERVAL_S: a fast engine's steps are coalesced instead of
-        each paying the trip, while the first event after a lull goes at once."""
-        last = -math.inf
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            wait = last + SEND_INTERVAL_S - trio.current_time()
-            if wait > 0:
-                await trio.sleep(wait)
-            self._wake_pending = False
-            batch = []
-            while self._outbox:
-                batch.append(self._outbox.popleft())
-            if batch:
-                await stream.send(to_wire(Events(batch)))
-                last = trio.current_time()
-
     async def _run_worker(self) -> None:
         await trio.to_thread.run_sync(self._work, abandon_on_cancel=True)
 
-    def _emit(self, event) -> None:  # from the loop thread
-        self._outbox.append(event)
-        self._wake.set()
-
     # worker thread ---------------------------------------------------------------
-    def _emit_from_thread(self, event) -> None:
-        """Queue an event for the sender, waking the loop thread only when no wake-up
-        is pending: every hand-off of the GIL to the loop thread delays the decode."""
-        self._outbox.append(event)
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._token.run_sync_soon(self._wake_sender)
-
-    def _wake_sender(self) -> None:  # runs in the loop thread
-        self._wake.set()
-
     def _work(self) -> None:
         while True:
             with self._wakeup:
@@ -242,10 +207,10 @@ class EngineLoop:
                 starting = self._take()
             for update in steers:  # between steps: a forward never sees half a change
                 self._guard(update.rid, self._steer, update)
-            self._join([req for req in starting if self._batchable(req)])
-            for req in starting:
-                if not self._batchable(req):  # at most one, after the batchable ones (queue order)
-                    self._start(req)
+            self._join([start.request for start in starting if start.lane is Lane.BATCH])
+            for start in starting:
+                if start.lane is not Lane.BATCH:  # at most one, after the batchable ones (queue order)
+                    self._start(start.request)
             for model, batch in list(self._batches.items()):
                 self._step_batch(model, batch)
             if self._serial is not None:
@@ -254,49 +219,14 @@ class EngineLoop:
                     self._serial = None
                     self._finish(req.rid)
 
-    def _take(self) -> list:
-        """The requests that start now, in queue order: every batchable one at the head,
-        and at most one other — a Load/Unload only once nothing runs, anything else
-        only while the serial path is free."""
-        starting = []
-        while self._queue:
-            head = self._queue[0]
-            if not self._batchable(head):
-                lifecycle = isinstance(head, (Load, Unload))
-                if self._serial is not None or (lifecycle and (self._running or starting)):
-                    break
-            elif not self._room(head.model, starting):
-                break  # the batch is full: FIFO, so nothing behind it starts either
-            starting.append(self._queue.popleft())
-            self._running.add(head.rid)
-            if not self._batchable(head):
-                break
+    def _take(self) -> list[Start]:
+        """The requests that start now, as the policy says (scheduling.py), off the queue."""
+        starting = self.policy.schedule(self._queue, self._models, serial=self._serial is not None,
+                                        batched={model: len(batch) for model, batch in self._batches.items()})
+        for start in starting:
+            self._queue.popleft()
+            self._running.add(start.request.rid)
         return starting
-
-    def _batchable(self, req) -> bool:
-        """One choice of one prompt or conversation, no constraint, on an engine that
-        batches; and — the spec's rule for the continuous-batching backend — with it on, the
-        fixed sampling parameters (no seed, no penalty). An engine whose sequences each
-        sample alone (llama.cpp's own batching) takes any sampling, always."""
-        engine = self.engines.get(req.model) if isinstance(req, Generate) else None
-        if (not getattr(engine, "batchable", False) or req.n != 1 or req.rows != 1 or req.constraint is not None
-                or req.sae_activations is not None or req.monitor is not None  # they read one sequence per forward
-                or req.request_strengths is not None):  # the spec: a profile request is served serially
-            return False
-        if getattr(engine, "batches_any_sampling", False):
-            return True
-        p = req.params
-        return self.continuous_batching and p.seed is None and (
-            p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (
-            FIXED_SAMPLING.temperature, FIXED_SAMPLING.top_p, FIXED_SAMPLING.top_k, FIXED_SAMPLING.repetition_penalty)
-
-    def _room(self, model: str, starting: list) -> bool:
-        """Whether another sequence fits the model's batch (an engine may hold a fixed number)."""
-        limit = getattr(self.engines.get(model), "parallel", None)
-        if limit is None:
-            return True
-        batch = self._batches.get(model)
-        return (len(batch) if batch else 0) + sum(r.model == model for r in starting) < limit
 
     def _start(self, req) -> None:
         if self._dropped(req):
@@ -333,7 +263,7 @@ class EngineLoop:
         error = self._typed(exc).to_wire()
         for rid in rids:
             self.counters.failed += 1
-            self._emit_from_thread(Failed(rid, error))
+            self._outbox.put_from_thread(Failed(rid, error))
             self._finish(rid)
 
     def _typed(self, exc: Exception) -> GreenroomError:
@@ -380,15 +310,17 @@ class EngineLoop:
                 except Exception as exc:  # a missing source, a file the engine cannot read: the load's error
                     raise GreenroomError("model_load_failed", f"model {req.spec['id']!r} could not be loaded: "
                                          f"{type(exc).__name__}: {exc}", "model") from None
-            self._emit_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
+                self._models[req.spec["id"]] = ModelBatching.of(self.engines[req.spec["id"]])
+            self._outbox.put_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
             return
         engine = self.engines.pop(req.model, None)
+        self._models.pop(req.model, None)
         self._applied.pop(req.model, None)  # a reload starts unsteered, at version 0
         if engine is not None:
             engine.unload()
             del engine
             gc.collect()  # the weights go now, not at the next collection
-        self._emit_from_thread(Done(req.rid))
+        self._outbox.put_from_thread(Done(req.rid))
 
     def _steer(self, update: SteerUpdate) -> None:
         """Make the model's attached SAEs and steering what `update` says, unless the
@@ -413,21 +345,10 @@ class EngineLoop:
                 sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()}))
         attached = steering.attached()
         self._applied[update.model] = {"version": steering.state.version, "saes": [i.sae_id for i in attached]}
-        self._emit_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
+        self._outbox.put_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
 
     def _score(self, engine, req: Score) -> None:
-        if req.conversations is not None and not engine.has_chat_template:
-            raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template: chat scoring "
-                                 "would score a prompt the model was never trained on; use /v1/completions")
-        rows, names = _rows(engine, req)
-        for ids, name in zip(rows, names):
-            if not ids:
-                raise GreenroomError("invalid_scoring_request", f"{name} tokenises to nothing: there is no "
-                                     "position to score", name.split("[")[0])
-            if len(ids) >= engine.info.context_length:
-                raise GreenroomError("context_length_exceeded", (
-                    f"This model's maximum context length is {engine.info.context_length} tokens. However, you "
-                    f"requested {len(ids) + 1} tokens ({len(ids)} in the {name}, 1 in the completion)."), name)
+        rows, names = score_rows(engine, req)
         # return_sae_activations (one row): read on the scoring pass itself, whose hooks are suppressed
         readout, read = self._readout(engine, req, rows[0], 1) if req.sae_activations is not None else (None, None)
         self.counters.admitted += 1
@@ -442,53 +363,19 @@ class EngineLoop:
                                  [_token(engine, i) + [lp] for i, lp in scored.top], len(ids), len(prompt_text)))
         self.counters.completed += 1
         activations = {**read, "read_point": "unsteered", "positions": readout.result(rows[0])} if read else None
-        self._emit_from_thread(Scores(req.rid, out, activations))
-
-    def _admit(self, engine, req: Generate) -> tuple[list[list[int]], list, Admitted]:
-        """Validate and tokenise every row (each row's params, max_tokens resolved) — a row
-        with a Fit cut to its window by Ollama's rule — and the Admitted that announces it."""
-        rows, names = _rows(engine, req)
-        if req.conversations is None:
-            for ids, name in zip(rows, names):
-                _check_ids(engine, ids, name, "prompt")
-        fitted = None
-        if req.fit is not None:
-            fitted, params = self._fitted(engine, req, rows[0])
-            rows = [fitted.ids]
-        else:  # a constrained document is ended by its grammar, not cut by the server's default
-            params = [self._resolve_max_tokens(engine, ids, req.params, name, whole_room=req.constraint is not None)
-                      for ids, name in zip(rows, names)]
-        as_is = req.conversations is not None and not engine.has_chat_template
-        return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is)
-
-    def _fitted(self, engine, req: Generate, ids: list[int]):
-        """The row fitted by Ollama's rule (engines/prompt_fit.py) and its params: the answer
-        gets num_predict tokens, or the rest of the window, and never passes the window."""
-        from greenroom.engines.prompt_fit import answer_room, fit_conversation, fit_ids
-
-        fit = req.fit
-        window = min(fit.window, engine.info.context_length)
-        target = window - answer_room(window, fit.answer)
-        # an engine may take shorter prompts than its window (the NPU pipeline's static shapes)
-        target = min(target, getattr(engine, "max_prompt_len", None) or target)
-        if req.conversations is not None and len(ids) > target:
-            fitted = fit_conversation(_renderer(engine, req, "messages"), req.conversations[0], target, fit.keep)
-        else:
-            fitted = fit_ids(ids, target, fit.keep)
-        room = window - len(fitted.ids)
-        return fitted, [attrs.evolve(req.params, max_tokens=room if fit.fill else min(fit.answer, room))]
+        self._outbox.put_from_thread(Scores(req.rid, out, activations))
 
     def _admitted(self, req: Generate, admitted: Admitted) -> float:
         """Count and announce the request; returns when it started computing."""
         self.counters.admitted += 1
-        self._emit_from_thread(admitted)
+        self._outbox.put_from_thread(admitted)
         return time.monotonic()
 
     def _generate(self, engine, req: Generate):
         """The serial path, one decode step per iteration; every choice in turn."""
         from greenroom.engines.generation import generate
 
-        rows, params, admitted = self._admit(engine, req)
+        rows, params, admitted = admit(engine, req, self.default_max_tokens)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
         readout, read = self._readout(engine, req, rows[0], params[0].max_tokens) \
             if req.sae_activations is not None else (None, None)
@@ -566,7 +453,7 @@ class EngineLoop:
                     self._finish(rid)
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
-        (ids,), (params,), admitted = self._admit(self._engine(req), req)
+        (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)
         started = self._admitted(req, admitted)
         self._choices[req.rid] = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started),
                                          self._engine(req).capabilities.token_logprobs)
@@ -610,86 +497,20 @@ class EngineLoop:
                      "compute_s": now - choice.started, "peak_rss_mb": _peak_rss_mb()}
         if delta.text or delta.finish_reason:
             activations = {**read, "positions": delta.sae_activations} if read and delta.finish_reason else None
-            self._emit_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
-                                        delta.finish_reason, stats, activations, delta.monitor))
+            self._outbox.put_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
+                                              delta.finish_reason, stats, activations, delta.monitor))
 
     def _embed(self, engine, req: Embed) -> None:
-        rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]
-        limit = engine.info.context_length
-        for i, ids in enumerate(rows):
-            where = "input" if len(rows) == 1 else f"input[{i}]"
-            if len(ids) > limit:
-                raise GreenroomError("context_length_exceeded", (
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(ids)} tokens in {where}. Please reduce the length of the input."), "input")
-            _check_ids(engine, ids, where, "input")
+        rows = embed_rows(engine, req)
         self.counters.admitted += 1
         vectors = [array.array("f", v).tobytes() for v in engine.embed(rows)]
         self.counters.completed += 1
-        self._emit_from_thread(Embedded(req.rid, vectors, sum(len(ids) for ids in rows)))
-
-    def _resolve_max_tokens(self, engine, prompt_ids: list[int], params, where: str, whole_room: bool = False):
-        limit = engine.info.context_length
-        room = limit - len(prompt_ids)
-        if params.max_tokens is None:
-            if room <= 0:
-                raise GreenroomError("context_length_exceeded", (
-                    f"This model's maximum context length is {limit} tokens. However, your "
-                    f"{where} resulted in {len(prompt_ids)} tokens."), where.split("[")[0])
-            return attrs.evolve(params, max_tokens=room if whole_room else min(self.default_max_tokens, room))
-        if len(prompt_ids) + params.max_tokens > limit:
-            raise GreenroomError("context_length_exceeded", (
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the {where}, "
-                f"{params.max_tokens} in the completion). Please reduce the length of the {where} "
-                f"or completion."), "max_tokens")
-        return params
-
-
-def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
-    """Each row's prompt ids and its name in the request: conversations rendered with the
-    chat template (a failing one is named by its index), prompts tokenised."""
-    if req.conversations is not None:
-        names = ["messages"] + [f"extra_messages[{i}]" for i in range(len(req.conversations) - 1)]
-        return [_renderer(engine, req, name)(c) for c, name in zip(req.conversations, names)], names
-    rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
-                                    for p in req.prompts]
-    return rows, ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
-
-
-def _renderer(engine, req: Generate | Score, name: str):
-    """messages → prompt ids, by the model's chat template; a model without one refuses
-    (no_chat_template), or renders the last message as it is where the request says so
-    (Ollama's `{{ .Prompt }}` on /api/generate)."""
-    if not engine.has_chat_template:
-        if getattr(req, "as_is_without_template", False):
-            return lambda messages: engine.tokenize(messages[-1].get("content") or "")
-        raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template, so a conversation "
-                             "cannot be rendered for it: give its [[models]] entry a chat_template, or send a plain "
-                             "prompt (/v1/completions; /api/generate renders a prompt as it is)", name)
-
-    def render(messages: list[dict]) -> list[int]:
-        try:
-            return engine.render_chat(messages, req.template_kwargs, req.tools)
-        except Exception as exc:  # a template error names the conversation it came from
-            raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
-                                 f"template: {exc}", name) from None
-
-    return render
+        self._outbox.put_from_thread(Embedded(req.rid, vectors, sum(len(ids) for ids in rows)))
 
 
 def _token(engine, token_id: int) -> list:
     text = engine.decode([token_id])
     return [token_id, text, list(text.encode("utf-8"))]
-
-
-def _check_ids(engine, ids: list[int], where: str, param: str) -> None:
-    if not ids:
-        raise GreenroomError("invalid_parameter", f"{where} is empty", param)
-    bad = [t for t in ids if not 0 <= t < engine.vocab_size]
-    if bad:
-        raise GreenroomError("invalid_parameter", f"{where} has token ids outside the vocabulary "
-                             f"(0–{engine.vocab_size - 1}): {bad[:5]}", param)
 
 
 def _device_memory(device: str) -> dict:

@@ -1,11 +1,14 @@
 """The steering coordinator: the one writer of the steering state (store/steering.py).
 
-It serves one session stream, like every actor. Each `SteeringCommand` is run to the end
+It owns what the steering requests mean: one handler per kind (`HANDLERS`, keyed by the
+request's type, protocol.py's `SteeringRequest`), each answering a typed `SteeringAnswer`.
+It serves one session stream, like every actor. Each `SteeringCall` is run to the end
 before the next is read, so writes are serialised here and every change gets the next
-version; the answer is the model's resulting state (`SteeringSnapshot`) or a typed
-`Failed`. The front end pushes the state it answers to the engine actors (`SteerUpdate`).
-An SAE is loaded once here to be checked (files, width, hook, fit to the model) before it
-is recorded, so an engine actor never receives one it cannot attach.
+version; the answer is `SteeringReply` or a typed `Failed`. The front end pushes the state
+it answers to the engine actors (`SteerUpdate`). An SAE is loaded once here to be checked
+(files, width, hook, fit to the model) before it is recorded, so an engine actor never
+receives one it cannot attach. Bases and a request's resolution are steering_bases.py's, the
+dial rules steering_rules.py's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import attrs
 import trio
@@ -25,7 +29,12 @@ from greenroom.actors import steering_rules as rules
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    Events, Failed, SteeringCommand, SteeringSnapshot, Status, StatusQuery, from_wire, to_wire,
+    ActivateCircuit, ActivateProfile, ActiveCircuit, AttachDefaultSAE, AttachSAE, CreateProfile, DeleteCircuit,
+    DeleteCluster, DeleteProfile, DetachSAE, DialCircuit, DialCluster, Dialled, Events, Failed, GetActiveCircuit,
+    GetCircuit, GetCluster, GetLock, GetProfile, GetSteering, ImportCircuit, ImportCluster, ImportProfile,
+    ListCircuits, ListClusters, ListProfiles, LockSteering, ResolvedSteering, ResolveRequestSteering, SetSteering,
+    Status, StatusQuery, SteeringAnswer, SteeringCall, SteeringDocument, SteeringLock, SteeringReply,
+    SteeringRequest, SteeringState, UnlockSteering, UpdateProfile, from_wire, to_wire,
 )
 from greenroom.store.steering import ModelSteering, SteeringStore
 
@@ -35,7 +44,7 @@ log = logging.getLogger(__name__)
 @tractor.context
 async def steering_session(ctx, parent_pid: int, cache_dir: str | None, limits: dict):
     die_with_parent(parent_pid)
-    store, limits = SteeringStore(cache_dir), rules.Limits(**limits)
+    coordinator = Coordinator(SteeringStore(cache_dir), cache_dir, rules.Limits(**limits))
     await ctx.started({"ok": True, "models": []})
     async with ctx.open_stream() as stream:
         async for raw in stream:
@@ -43,181 +52,276 @@ async def steering_session(ctx, parent_pid: int, cache_dir: str | None, limits: 
             if isinstance(msg, StatusQuery):
                 status = {"pid": os.getpid(), "role": "steering", "models": [], "queue_depth": 0}
                 await stream.send(to_wire(Events([Status(msg.rid, status)])))
-            elif isinstance(msg, SteeringCommand):
+            elif isinstance(msg, SteeringCall):
+                kind = type(msg.request).__name__
                 try:  # SQLite and SAE files are blocking: off the loop, which keeps answering status
-                    state = await trio.to_thread.run_sync(run_command, store, cache_dir, limits, msg)
-                    reply = SteeringSnapshot(msg.rid, state)
+                    reply = SteeringReply(msg.rid, await trio.to_thread.run_sync(coordinator.handle, msg.request))
                 except GreenroomError as exc:
                     reply = Failed(msg.rid, exc.to_wire())
-                except Exception as exc:  # a fault in one command: that command's 500, not the coordinator's end
-                    log.exception("steering command %s failed", msg.op)
-                    reply = Failed(msg.rid, GreenroomError("internal_error", f"steering command {msg.op!r} failed: "
+                except Exception as exc:  # a fault in one request: that request's 500, not the coordinator's end
+                    log.exception("steering request %s failed", kind)
+                    reply = Failed(msg.rid, GreenroomError("internal_error", f"steering request {kind} failed: "
                                                            f"{exc}").to_wire())
                 await stream.send(to_wire(Events([reply])))
 
 
-def run_command(store: SteeringStore, cache_dir: str | None, limits: rules.Limits, cmd: SteeringCommand) -> dict:
-    """One command; a model's state comes back as `answer` makes it, anything else as the op's own dict."""
-    op, args = cmd.op, cmd.args
-    if op.startswith(("profile_", "cluster_")):
-        return _profile_command(store, limits, op, cmd.model, args)
-    if op.startswith("circuit_"):
-        return _circuit_command(store, limits, op, cmd.model, args)
-    if op == "lock_get":
-        return {"model": store.setting(bases.LOCK)}
-    if op == "lock_set":
-        store.put_setting(bases.LOCK, cmd.model or None)
-        return {"model": cmd.model or None}
-    state = store.get(cmd.model)
-    if op == "request":
-        return bases.request(store, state, args.get("profile"), args.get("intensity"), limits)
-    if op == "get" or (op == "default" and state.version > 0):
-        return answer(store, state, limits)
-    if op in ("attach", "default"):
-        record = _resolve_sae(cache_dir, args["sae"], args.get("layer"), args.get("sae_id"), args["placement"])
+@attrs.frozen
+class Coordinator:
+    """The handlers, one per request kind; a model's state answers as `answer` makes it."""
+
+    store: SteeringStore
+    cache_dir: str | None
+    limits: rules.Limits
+
+    def handle(self, request: SteeringRequest) -> SteeringAnswer:
+        return HANDLERS[type(request)](self, request)
+
+    # a model's live state
+    def get(self, req: GetSteering) -> SteeringState:
+        return answer(self.store, self.store.get(req.model), self.limits)
+
+    def attach(self, req: AttachSAE) -> SteeringState:
+        return self._attach(self.store.get(req.model), req.sae, req.layer, req.sae_id, req.placement)
+
+    def attach_default(self, req: AttachDefaultSAE) -> SteeringState:
+        state = self.store.get(req.model)
+        if state.version > 0:  # something was set since: the store says what is attached
+            return answer(self.store, state, self.limits)
+        return self._attach(state, req.sae, None, None, req.placement)
+
+    def _attach(self, state: ModelSteering, source: str, layer: int | None, sae_id: str | None,
+                placement: dict) -> SteeringState:
+        record = _resolve_sae(self.cache_dir, source, layer, sae_id, placement)
         for other in state.saes:
             if other["sae_id"] == record["sae_id"]:
                 raise GreenroomError("invalid_parameter", f"an SAE named {record['sae_id']!r} is already attached to "
-                                     f"{cmd.model!r}; detach it or choose another sae_id", "sae_id")
+                                     f"{state.model!r}; detach it or choose another sae_id", "sae_id")
             if other["block"] == record["block"]:
-                raise GreenroomError("invalid_parameter", f"block {record['block']} of {cmd.model!r} already has SAE "
+                raise GreenroomError("invalid_parameter", f"block {record['block']} of {state.model!r} already has SAE "
                                      f"{other['sae_id']!r} attached (one SAE per block)", "sae")
-        return _put(store, limits, attrs.evolve(state, saes=[*state.saes, record]))
-    if op == "detach":
-        sae_id = args["sae_id"]
-        bases.attached(state, sae_id, "sae_id")
-        return _put(store, limits, attrs.evolve(state, saes=[s for s in state.saes if s["sae_id"] != sae_id],
-                                                strengths={k: v for k, v in state.strengths.items() if k != sae_id}))
-    if op == "set":  # values set directly replace the active base's; enabling alone keeps it
-        if args.get("strengths") is not None:
-            state = attrs.evolve(state, strengths=bases.checked(state, args["strengths"]), active=None)
-        if args.get("enabled") is not None:
-            state = attrs.evolve(state, enabled=bool(args["enabled"]))
-        return _put(store, limits, state)
-    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
+        return self._put(attrs.evolve(state, saes=[*state.saes, record]))
 
+    def detach(self, req: DetachSAE) -> SteeringState:
+        state = self.store.get(req.model)
+        bases.attached(state, req.sae_id, "sae_id")
+        return self._put(attrs.evolve(state, saes=[s for s in state.saes if s["sae_id"] != req.sae_id],
+                                      strengths={k: v for k, v in state.strengths.items() if k != req.sae_id}))
 
-def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict:
-    """A model's state as the front end receives it: the stored fields and `serving`, what the
-    active base is and, while a circuit genuinely steers, its rung."""
-    return {**attrs.asdict(state), "serving": bases.serving(store, state, limits)}
+    def set_live(self, req: SetSteering) -> SteeringState:
+        state = self.store.get(req.model)
+        if req.strengths is not None:  # values set directly replace the active base's; enabling alone keeps it
+            state = attrs.evolve(state, strengths=bases.checked(state, req.strengths), active=None)
+        if req.enabled is not None:
+            state = attrs.evolve(state, enabled=req.enabled)
+        return self._put(state)
 
+    def resolve_request(self, req: ResolveRequestSteering) -> ResolvedSteering:
+        return bases.request(self.store, self.store.get(req.model), req.profile, req.intensity, self.limits)
 
-def _put(store: SteeringStore, limits: rules.Limits, state: ModelSteering) -> dict:
-    """Store the next version of `state`, its live values re-derived from its active base (a
-    circuit's bindings follow the SAEs attached)."""
-    base = bases.active_base(store, state) if state.active is not None else None
-    if base is not None and base.kind == "live":
-        state = attrs.evolve(state, active=None)  # deleted since it was activated: the values stay, as set
-    elif base is not None and base.kind != "profile":  # a plain profile's activation copied its values
-        state = attrs.evolve(state, strengths=base.resolved(None, limits))
-    return answer(store, store.put(state), limits)
+    # profiles: the model a profile steers is the one it was created (or imported) for
+    def list_profiles(self, req: ListProfiles) -> SteeringDocument:
+        return SteeringDocument({"profiles": self.store.profiles()})
 
+    def get_profile(self, req: GetProfile) -> SteeringDocument:
+        return SteeringDocument(self._profile(req.name))
 
-def _activated(store: SteeringStore, limits: rules.Limits, state: ModelSteering, kind: str, name: str) -> dict:
-    return _put(store, limits, attrs.evolve(state, active={"kind": kind, "name": name}))
+    def create_profile(self, req: CreateProfile) -> SteeringDocument:
+        state = self._state_for_new(req.name, req.model)
+        return SteeringDocument(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
 
-
-def _profile_command(store: SteeringStore, limits: rules.Limits, op: str, model: str, args: dict) -> dict:
-    """The profile and cluster ops; the model a profile steers is the one it was created (or
-    imported) for. A cluster is a profile with an intensity range and a persistent dial."""
-    if op == "profile_list":
-        return {"profiles": store.profiles()}
-    if op == "cluster_list":
-        return {"clusters": [bases.cluster_summary(p, store) for p in store.profiles() if p.get("cluster")]}
-    name = args["name"]
-    if op in ("profile_create", "profile_import", "cluster_import"):
-        if store.profile(name) is not None:
-            raise GreenroomError("profile_exists", f"a profile or cluster named {name!r} exists; update or delete it",
-                                 "name")
-        state = store.get(model)
-        for i, sae in enumerate(args.get("saes", ())):  # an import: the SAEs it was made with must be attached
+    def import_profile(self, req: ImportProfile) -> SteeringDocument:
+        state = self._state_for_new(req.name, req.model)
+        for i, sae in enumerate(req.saes):  # the SAEs it was made with must be attached
             held = bases.attached(state, sae["sae_id"], f"saes[{i}]")
             differs = [k for k in bases.SAME_SAE if sae[k] != held[k]]
             if differs:
                 raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not "
                                      f"the document's: its {', '.join(differs)} differ", f"saes[{i}]")
-        now = int(time.time())
-        profile = {"name": name, "model": state.model, "description": args["description"], "created_at": now,
-                   "cluster": None}
-        if op != "cluster_import":
-            return _put_profile(store, state, profile, args["strengths"])
-        sae_id, cap = args["sae_id"], rules.cluster_bounds(args["intensity_range"], limits)[1]
-        bases.attached(state, sae_id, "sae_id")
-        _dial(args["intensity"], cap, "intensity")
-        profile["cluster"] = {"sae_id": sae_id, "intensity": args["intensity"],
-                              "intensity_range": args["intensity_range"], "labels": args["labels"]}
-        return bases.cluster_summary(_put_profile(store, state, profile, {sae_id: args["members"]}, "members"), store)
-    profile = store.profile(name)
-    if profile is None or (op.startswith("cluster_") and not profile.get("cluster")):
-        raise GreenroomError("profile_not_found", f"no steering {'cluster' if op.startswith('cluster_') else 'profile'}"
-                             f" named {name!r}", "name")
-    if op == "profile_get":
-        return profile
-    if op == "cluster_get":
-        return bases.cluster_summary(profile, store)
-    if op in ("profile_delete", "cluster_delete"):  # a model it was active on keeps its live values
-        store.delete_profile(name)
-        return {"name": name, "deleted": True}
-    state = store.get(profile["model"])
-    if op == "profile_update":
-        if args.get("description") is not None:
-            profile["description"] = args["description"]
-        if args.get("strengths") is None:  # kept as stored, even if an SAE it names was detached since
+        return SteeringDocument(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
+
+    def update_profile(self, req: UpdateProfile) -> SteeringDocument:
+        profile = self._profile(req.name)
+        if req.description is not None:
+            profile["description"] = req.description
+        if req.strengths is None:  # kept as stored, even if an SAE it names was detached since
             profile["updated_at"] = int(time.time())
-            store.put_profile(profile)
-            return profile
-        return _put_profile(store, state, profile, args["strengths"])
-    if op == "profile_activate":  # the profile's (a cluster's: dialled) strengths as the live state
-        bases.checked_strengths(state, profile)  # refused, not half-applied, if invalid for the SAEs now
-        return _activated(store, limits, attrs.evolve(state, strengths=bases.checked(state, profile["strengths"],
-                                                                                    "strengths")),
-                          "profile", name)
-    if op == "cluster_intensity":  # the persistent dial: [0, the cap]; an active cluster re-applies at once
+            self.store.put_profile(profile)
+            return SteeringDocument(profile)
+        return SteeringDocument(_put_profile(self.store, self.store.get(profile["model"]), profile, req.strengths))
+
+    def delete_profile(self, req: DeleteProfile) -> SteeringDocument:
+        self._profile(req.name)
+        self.store.delete_profile(req.name)
+        return _deleted(req.name)
+
+    def activate_profile(self, req: ActivateProfile) -> SteeringState:
+        """The profile's (a cluster's: dialled) strengths as the live state, re-checked: refused, not
+        half-applied, if invalid for the SAEs attached now."""
+        profile = self._profile(req.name)
+        state = self.store.get(profile["model"])
+        bases.checked_strengths(state, profile)
+        return self._activated(attrs.evolve(state, strengths=bases.checked(state, profile["strengths"], "strengths")),
+                               "profile", req.name)
+
+    # clusters: profiles with an intensity range and a persistent dial
+    def list_clusters(self, req: ListClusters) -> SteeringDocument:
+        return SteeringDocument({"clusters": [bases.cluster_summary(p, self.store) for p in self.store.profiles()
+                                              if p.get("cluster")]})
+
+    def get_cluster(self, req: GetCluster) -> SteeringDocument:
+        return SteeringDocument(bases.cluster_summary(self._profile(req.name, cluster=True), self.store))
+
+    def import_cluster(self, req: ImportCluster) -> SteeringDocument:
+        state = self._state_for_new(req.name, req.model)
+        bases.attached(state, req.sae_id, "sae_id")
+        _dial(req.intensity, rules.cluster_bounds(req.intensity_range, self.limits)[1], "intensity")
+        profile = {**_new_profile(req, state), "cluster": {
+            "sae_id": req.sae_id, "intensity": req.intensity, "intensity_range": req.intensity_range,
+            "labels": req.labels}}
+        profile = _put_profile(self.store, state, profile, {req.sae_id: req.members}, "members")
+        return SteeringDocument(bases.cluster_summary(profile, self.store))
+
+    def dial_cluster(self, req: DialCluster) -> Dialled:
+        """The persistent dial: [0, the cap]; an active cluster re-applies at once."""
+        profile = self._profile(req.name, cluster=True)
         cluster = profile["cluster"]
-        _dial(args["intensity"], rules.cluster_bounds(cluster["intensity_range"], limits)[1], "intensity")
-        profile["cluster"] = {**cluster, "intensity": args["intensity"]}
+        _dial(req.intensity, rules.cluster_bounds(cluster["intensity_range"], self.limits)[1], "intensity")
+        profile["cluster"] = {**cluster, "intensity": req.intensity}
         profile["updated_at"] = int(time.time())
-        store.put_profile(profile)
-        live = state.active == {"kind": "profile", "name": name}
-        return {"cluster": bases.cluster_summary(profile, store), "state": _put(store, limits, state) if live else None}
-    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
+        self.store.put_profile(profile)
+        return Dialled(bases.cluster_summary(profile, self.store), self._reapplied(profile["model"], "profile",
+                                                                                  req.name))
+
+    def delete_cluster(self, req: DeleteCluster) -> SteeringDocument:
+        self._profile(req.name, cluster=True)
+        self.store.delete_profile(req.name)
+        return _deleted(req.name)
+
+    # circuits
+    def list_circuits(self, req: ListCircuits) -> SteeringDocument:
+        return SteeringDocument({"circuits": [bases.circuit_summary(c, self.store) for c in self.store.circuits()]})
+
+    def get_circuit(self, req: GetCircuit) -> SteeringDocument:
+        return SteeringDocument(bases.circuit_summary(self._circuit(req.name), self.store))
+
+    def import_circuit(self, req: ImportCircuit) -> SteeringDocument:
+        circuit = bases.new_circuit(self.store, self.store.get(req.model), req)
+        self.store.put_circuit(circuit)
+        return SteeringDocument(bases.circuit_summary(circuit, self.store))
+
+    def activate_circuit(self, req: ActivateCircuit) -> SteeringState:
+        return self._activated(self.store.get(self._circuit(req.name)["model"]), "circuit", req.name)
+
+    def dial_circuit(self, req: DialCircuit) -> Dialled:
+        """Stored as dialled; serving clamps it into the circuit's range."""
+        circuit = self._circuit(req.name)
+        _dial(req.intensity, rules.ENVELOPE[1], "intensity")
+        circuit = {**circuit, "intensity": req.intensity, "updated_at": int(time.time())}
+        self.store.put_circuit(circuit)
+        return Dialled(bases.circuit_summary(circuit, self.store), self._reapplied(circuit["model"], "circuit",
+                                                                                  req.name))
+
+    def delete_circuit(self, req: DeleteCircuit) -> SteeringDocument:
+        """A model it was active on keeps its live values, with no rung."""
+        self._circuit(req.name)
+        self.store.delete_circuit(req.name)
+        return _deleted(req.name)
+
+    def active_circuit(self, req: GetActiveCircuit) -> ActiveCircuit:
+        state = self.store.get(req.model)
+        circuit = self.store.circuit(state.active["name"]) if (state.active or {}).get("kind") == "circuit" else None
+        serving = bases.serving(self.store, state, self.limits) if circuit is not None else None
+        return ActiveCircuit(req.model, bases.circuit_summary(circuit, self.store) if circuit else None,
+                             serving and serving["mode"], serving and serving["reason"],
+                             _circuit_steering(state, serving) if serving else None)
+
+    # the lock
+    def get_lock(self, req: GetLock) -> SteeringLock:
+        return SteeringLock(self.store.setting(bases.LOCK))
+
+    def lock(self, req: LockSteering) -> SteeringLock:
+        self.store.put_setting(bases.LOCK, req.model)
+        return SteeringLock(req.model)
+
+    def unlock(self, req: UnlockSteering) -> SteeringLock:
+        self.store.put_setting(bases.LOCK, None)
+        return SteeringLock(None)
+
+    # shared by the handlers
+    def _put(self, state: ModelSteering) -> SteeringState:
+        """Store the next version of `state`, its live values re-derived from its active base (a
+        circuit's bindings follow the SAEs attached)."""
+        base = bases.active_base(self.store, state) if state.active is not None else None
+        if base is not None and base.kind == "live":
+            state = attrs.evolve(state, active=None)  # deleted since it was activated: the values stay, as set
+        elif base is not None and base.kind != "profile":  # a plain profile's activation copied its values
+            state = attrs.evolve(state, strengths=base.resolved(None, self.limits))
+        return answer(self.store, self.store.put(state), self.limits)
+
+    def _activated(self, state: ModelSteering, kind: str, name: str) -> SteeringState:
+        return self._put(attrs.evolve(state, active={"kind": kind, "name": name}))
+
+    def _reapplied(self, model: str, kind: str, name: str) -> SteeringState | None:
+        """After a dial moved: the model's next state if the base is active on it, else None."""
+        state = self.store.get(model)
+        return self._put(state) if state.active == {"kind": kind, "name": name} else None
+
+    def _profile(self, name: str, cluster: bool = False) -> dict:
+        profile = self.store.profile(name)
+        if profile is None or (cluster and not profile.get("cluster")):
+            raise GreenroomError("profile_not_found", f"no steering {'cluster' if cluster else 'profile'} named "
+                                 f"{name!r}", "name")
+        return profile
+
+    def _circuit(self, name: str) -> dict:
+        circuit = self.store.circuit(name)
+        if circuit is None:
+            raise GreenroomError("circuit_not_found", f"no circuit named {name!r}", "name")
+        return circuit
+
+    def _state_for_new(self, name: str, model: str) -> ModelSteering:
+        """The state of `model`, which a new profile or cluster named `name` is made for."""
+        if self.store.profile(name) is not None:
+            raise GreenroomError("profile_exists", f"a profile or cluster named {name!r} exists; update or delete it",
+                                 "name")
+        return self.store.get(model)
 
 
-def _circuit_command(store: SteeringStore, limits: rules.Limits, op: str, model: str, args: dict) -> dict:
-    if op == "circuit_list":
-        return {"circuits": [bases.circuit_summary(c, store) for c in store.circuits()]}
-    if op == "circuit_import":
-        return bases.circuit_summary(bases.new_circuit(store, store.get(model), args), store)
-    if op == "circuit_active":
-        state = store.get(model)
-        circuit = store.circuit(state.active["name"]) if (state.active or {}).get("kind") == "circuit" else None
-        serving = bases.serving(store, state, limits) if circuit is not None else None
-        return {"model": model, "circuit": bases.circuit_summary(circuit, store) if circuit else None,
-                "serving_mode": serving and serving["mode"], "reason": serving and serving["reason"],
-                "steering": _circuit_steering(store, state, serving, limits) if serving else None}
-    name = args["name"]
-    circuit = store.circuit(name)
-    if circuit is None:
-        raise GreenroomError("circuit_not_found", f"no circuit named {name!r}", "name")
-    if op == "circuit_get":
-        return bases.circuit_summary(circuit, store)
-    if op == "circuit_delete":  # a model it was active on keeps its live values, with no rung
-        store.delete_circuit(name)
-        return {"name": name, "deleted": True}
-    state = store.get(circuit["model"])
-    if op == "circuit_activate":
-        return _activated(store, limits, state, "circuit", name)
-    if op == "circuit_intensity":  # stored as dialled; serving clamps it into the circuit's range
-        _dial(args["intensity"], rules.ENVELOPE[1], "intensity")
-        circuit = {**circuit, "intensity": args["intensity"], "updated_at": int(time.time())}
-        store.put_circuit(circuit)
-        live = state.active == {"kind": "circuit", "name": name}
-        return {"circuit": bases.circuit_summary(circuit, store), "state": _put(store, limits, state) if live else None}
-    raise GreenroomError("invalid_parameter", f"unknown steering command {op!r}")
+HANDLERS: dict[type, Callable[[Coordinator, SteeringRequest], SteeringAnswer]] = {
+    GetSteering: Coordinator.get, AttachSAE: Coordinator.attach, AttachDefaultSAE: Coordinator.attach_default,
+    DetachSAE: Coordinator.detach, SetSteering: Coordinator.set_live,
+    ResolveRequestSteering: Coordinator.resolve_request,
+    ListProfiles: Coordinator.list_profiles, GetProfile: Coordinator.get_profile,
+    CreateProfile: Coordinator.create_profile, ImportProfile: Coordinator.import_profile,
+    UpdateProfile: Coordinator.update_profile, DeleteProfile: Coordinator.delete_profile,
+    ActivateProfile: Coordinator.activate_profile,
+    ListClusters: Coordinator.list_clusters, GetCluster: Coordinator.get_cluster,
+    ImportCluster: Coordinator.import_cluster, DialCluster: Coordinator.dial_cluster,
+    DeleteCluster: Coordinator.delete_cluster,
+    ListCircuits: Coordinator.list_circuits, GetCircuit: Coordinator.get_circuit,
+    ImportCircuit: Coordinator.import_circuit, ActivateCircuit: Coordinator.activate_circuit,
+    DialCircuit: Coordinator.dial_circuit, DeleteCircuit: Coordinator.delete_circuit,
+    GetActiveCircuit: Coordinator.active_circuit,
+    GetLock: Coordinator.get_lock, LockSteering: Coordinator.lock, UnlockSteering: Coordinator.unlock,
+}
 
 
-def _circuit_steering(store: SteeringStore, state: ModelSteering, serving: dict, limits: rules.Limits) -> dict | None:
+def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> SteeringState:
+    """A model's state as the front end receives it: the stored fields and `serving`, what the
+    active base is and, while a circuit genuinely steers, its rung."""
+    return SteeringState(**attrs.asdict(state), serving=bases.serving(store, state, limits))
+
+
+def _new_profile(req: CreateProfile | ImportCluster, state: ModelSteering) -> dict:
+    return {"name": req.name, "model": state.model, "description": req.description, "created_at": int(time.time()),
+            "cluster": None}
+
+
+def _deleted(name: str) -> SteeringDocument:
+    return SteeringDocument({"name": name, "deleted": True})
+
+
+def _circuit_steering(state: ModelSteering, serving: dict) -> dict | None:
     """GET /api/circuits/active's `steering`: present only while the circuit genuinely steers
     (what X-miLLM-Circuit-Rung says), with the values each layer applies."""
     if "rung" not in serving:

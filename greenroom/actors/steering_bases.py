@@ -1,9 +1,13 @@
-"""The steering coordinator's bases: what a model's steering comes from and how a dial scales
-it. A **base** is a plain profile, a cluster (a profile with an intensity range and a
-persistent dial), a circuit (members per layer, one dial for all), or the live values set
-directly. The model's *active* base is recorded beside its live values (store/steering.py);
-a request's base is its `profile`, else the active base, else the live values (spec:
-"Intensity coupling"). The dial rules themselves are in steering_rules.py.
+"""The steering coordinator's reasoning over stored state: it owns what a model's steering
+comes from (its bases, `serving`), a chat request's resolution (`request`), the checks against
+the SAEs attached now (strengths, SAE identities, a new circuit's members) and the summaries of
+clusters and circuits the routes answer. It runs in the coordinator and reads the store, never
+writes it (actors/steering_actor.py does); the dial rules themselves are steering_rules.py's.
+
+A **base** is a plain profile, a cluster (a profile with an intensity range and a persistent
+dial), a circuit (members per layer, one dial for all), or the live values set directly. The
+model's *active* base is recorded beside its live values (store/steering.py); a request's base
+is its `profile`, else the active base, else the live values (spec: "Intensity coupling").
 
 A circuit serves in one of three ways, decided by the SAEs attached now:
 - `circuit`: every member layer has an SAE attached (the one the document names, if it names
@@ -24,6 +28,7 @@ import attrs
 
 from greenroom.actors import steering_rules as rules
 from greenroom.errors import GreenroomError
+from greenroom.protocol import Dial, ImportCircuit, ResolvedSteering
 from greenroom.store.steering import ModelSteering, SteeringStore
 
 LOCK = "steering_lock"  # the settings key of the model locked for steering
@@ -124,13 +129,13 @@ def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) ->
     return out
 
 
-def request(store: SteeringStore, state: ModelSteering, name: str | None, dial, limits: rules.Limits) -> dict:
+def request(store: SteeringStore, state: ModelSteering, name: str | None, dial: Dial | None,
+            limits: rules.Limits) -> ResolvedSteering:
     """The steering of a chat request with a `profile` or a `dial` (an undialled request without
-    a profile is served by the live state, and its rung comes from `serving`): {"strengths":
-    the values its forwards use ({}: unsteered), "intensity": the λ to echo (None: no echo),
-    "rung": a circuit's rung when one genuinely steers it}. The spec's omissions: no echo
-    without an SAE, for an unknown profile at λ 0, for a dial-only request while steering is
-    disabled, or for an empty base; 0/"off" turns steering off without checking the base."""
+    a profile is served by the live state, and its rung comes from `serving`). The spec's
+    omissions: no echo without an SAE, for an unknown profile at λ 0, for a dial-only request
+    while steering is disabled, or for an empty base; 0/"off" turns steering off without
+    checking the base."""
     profile = store.profile(name) if name is not None else None
     off = dial == "off" or (dial is not None and not isinstance(dial, str) and dial == 0)
     if name is not None and profile is None and not off:
@@ -140,14 +145,14 @@ def request(store: SteeringStore, state: ModelSteering, name: str | None, dial, 
             else active_base(store, state)
         changes = bool(state.saes) and base is not None and bool(base.strengths) and (
             name is not None or state.enabled)
-        return {"strengths": {}, "intensity": 0.0 if changes else None, "rung": None}
+        return ResolvedSteering({}, 0.0 if changes else None, None)
     if not state.saes or (name is None and not state.enabled):  # nothing to steer with, or disabled
-        return {"strengths": {}, "intensity": None, "rung": None}
+        return ResolvedSteering({}, None, None)
     base = profile_base(profile, checked_strengths(state, profile)) if name is not None \
         else active_base(store, state)
     strengths = base.resolved(dial, limits)
-    return {"strengths": strengths, "intensity": base.lam(dial, limits) if dial is not None and base.strengths
-            else None, "rung": base.rung if base.kind == "circuit" and strengths else None}
+    return ResolvedSteering(strengths, base.lam(dial, limits) if dial is not None and base.strengths else None,
+                            base.rung if base.kind == "circuit" and strengths else None)
 
 
 # what names an SAE wherever it is attached: an imported profile's SAEs must match on these
@@ -233,20 +238,21 @@ def _label(labels: dict, feature: str) -> dict:
     return {"label": labels[feature]} if feature in labels else {}
 
 
-def new_circuit(store: SteeringStore, state: ModelSteering, args: dict) -> dict:
-    """A circuit document checked (the front end checked its shape): a name not taken, a backing
-    cluster that exists for the same model, and members fitting the SAEs attached now at their
-    layers (a layer with no SAE yet is checked when one is attached: until then it is unbound)."""
-    if store.circuit(args["name"]) is not None:
-        raise GreenroomError("circuit_exists", f"a circuit named {args['name']!r} exists; delete it first", "name")
-    fallback = args["slice_fallback"]
+def new_circuit(store: SteeringStore, state: ModelSteering, doc: ImportCircuit) -> dict:
+    """The circuit to store for document `doc` (the front end checked its shape), checked: a name
+    not taken, a backing cluster that exists for the same model, and members fitting the SAEs
+    attached now at their layers (a layer with no SAE yet is checked when one is attached:
+    until then it is unbound)."""
+    if store.circuit(doc.name) is not None:
+        raise GreenroomError("circuit_exists", f"a circuit named {doc.name!r} exists; delete it first", "name")
+    fallback = doc.slice_fallback
     if fallback is not None:
         profile = store.profile(fallback)
         if profile is None or not profile.get("cluster") or profile["model"] != state.model:
             raise GreenroomError("invalid_parameter", f"slice_fallback {fallback!r} is not a cluster of model "
                                  f"{state.model!r} (import the cluster first)", "slice_fallback")
     by_layer = {sae["layer"]: sae for sae in state.saes}
-    for i, layer in enumerate(args["layers"]):
+    for i, layer in enumerate(doc.layers):
         sae = by_layer.get(layer["layer"])
         if sae is None or layer["sae_id"] not in (None, sae["sae_id"]):
             continue
@@ -255,6 +261,4 @@ def new_circuit(store: SteeringStore, state: ModelSteering, args: dict) -> dict:
                 raise GreenroomError("invalid_feature_index", f"feature {f} is outside SAE {sae['sae_id']!r} at layer "
                                      f"{layer['layer']} (width {sae['width']})", f"layers[{i}].members")
     now = int(time.time())
-    circuit = {**args, "model": state.model, "created_at": now, "updated_at": now}
-    store.put_circuit(circuit)
-    return circuit
+    return {**attrs.asdict(doc), "model": state.model, "created_at": now, "updated_at": now}

@@ -1,5 +1,6 @@
 """How the coordinator turns a steering base and an intensity dial into strengths (spec:
-"Intensity coupling" and "X-miLLM-Circuit-Rung"). Pure functions: no store, no actor.
+"Intensity coupling" and "X-miLLM-Circuit-Rung"). Pure functions, no store, no actor: it owns
+the dial rules, the server's limits, the evidence ladder (RUNGS) and the two headers' format.
 
 - A **cluster** (a profile imported with `intensity_range` and a persistent dial) is applied as
   its stored strengths × λ. "min"/"max" are its declared range's ends within the [0, 2]

@@ -28,7 +28,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as ov_genai
 
-from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
+from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, context_length_exceeded, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
 
@@ -169,10 +169,8 @@ class OpenVINOEngine:
 
     def _check_prompt(self, n: int) -> None:
         if self.max_prompt_len is not None and n > self.max_prompt_len:
-            raise EngineError("context_length_exceeded", (
-                f"This model's maximum prompt length on the NPU is {self.max_prompt_len} tokens "
-                f"(MAX_PROMPT_LEN). However, your prompt has {n} tokens. Please reduce the length "
-                f"of the prompt."), "prompt")
+            raise context_length_exceeded(self.max_prompt_len, f"your prompt has {n} tokens", "prompt", "prompt",
+                                          window="prompt length on the NPU", setting="MAX_PROMPT_LEN")
 
     def _generation_config(self, params: SamplingParams, prompt_len: int) -> ov_genai.GenerationConfig:
         config = self.pipe.get_generation_config()

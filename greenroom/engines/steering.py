@@ -23,7 +23,7 @@ The unit direction makes strengths comparable across SAEs whether or not their t
 folded the decoder norms; ρ_L makes them comparable across layers and models, whose
 residual norms differ widely (≈12 at the tiny demo's layer 1, ≈30 at the 100m demo's layer 7).
 
-**State.** The steering coordinator (an actor, later) is the only writer: it pushes a
+**State.** The steering coordinator (actors/steering_actor.py) is the only writer: it pushes a
 `SteeringState` (per attached SAE, feature → strength; enabled; a version that increases
 with every change), and `Steering.apply` installs it if it is newer than the one held.
 The delta vectors are computed once per apply, so a steered forward pays one add per
