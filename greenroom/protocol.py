@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.strategies import configure_tagged_union
 
 from .engines.base import SamplingParams
 
@@ -149,28 +150,300 @@ class SteerUpdate:
     strengths: dict[str, dict[str, float]]
 
 
-# front end → steering coordinator
+# front end ⇄ steering coordinator. One class per kind of request (vLLM's EngineCoreRequestType,
+# as types): the front end sends `SteeringCall(rid, request)`, the coordinator answers
+# `SteeringReply(rid, answer)` or `Failed`. Request and answer travel tagged by class name under
+# "t", as every message does. Strength maps are {sae_id: {feature: strength}}, features as
+# decimal strings; their shape and the ±200 range are the front end's checks, everything that
+# depends on the SAEs attached (widths, identities) the coordinator's.
+Dial = float | str  # a request's steering_intensity: λ in [0, 2], or "off" | "min" | "max"
+
+
 @attrs.frozen
-class SteeringCommand:
-    """get | attach {sae, layer?, sae_id?, placement} | detach {sae_id} |
-    set {enabled?, strengths?} | default {sae, placement}: attach `sae` only if nothing was
-    ever set for the model. Profiles (by name; `model` only where one is created):
-    profile_list | profile_get {name} | profile_delete {name} | profile_create {name,
-    description, strengths} | profile_import {the same, saes: the identities to match} |
-    profile_update {name, description?, strengths?} | profile_activate {name}: its strengths
-    as the live state. Clusters (profiles with a dial): cluster_list | cluster_get | cluster_delete
-    {name} | cluster_import {name, description, sae_id, members, labels, intensity_range,
-    intensity} | cluster_intensity {name, intensity}. Circuits: circuit_list | circuit_get |
-    circuit_delete | circuit_activate {name} | circuit_import {name, description, rung, layers,
-    intensity_range, intensity, slice_fallback} | circuit_intensity {name, intensity} |
-    circuit_active. request {profile?, intensity?}: a chat request's own steering (a read).
-    lock_get | lock_set (`model`, "" to unlock). Answered with `SteeringSnapshot` (the model's
-    state with `serving`; for the other ops, their own dict) or `Failed`."""
+class ModelRequest:
+    """A request about `model`'s steering: the tree refuses it (400 steering_unsupported) unless
+    every engine the model is placed on can steer. For a named profile, cluster or circuit,
+    `model` is the one it steers (the route reads it first)."""
+
+    model: str
+
+
+@attrs.frozen
+class GetSteering:
+    """`model`'s state; a read, for any model."""
+
+    model: str
+
+
+@attrs.frozen
+class AttachSAE(ModelRequest):
+    """Load SAE `sae` (a directory, "demo:<size>[:<layer>]" or "random:<d_in>:<layer>"), check
+    it fits the model at `placement`, and record it attached."""
+
+    sae: str
+    layer: int | None = None  # the layer `sae` must read
+    sae_id: str | None = None  # None: a name derived from `sae`
+    placement: dict | None = None  # the model's first placement (Tree.steering fills it in)
+
+
+@attrs.frozen
+class AttachDefaultSAE(ModelRequest):
+    """The model's configured `sae`, attached only while nothing was ever set for it (version 0)."""
+
+    sae: str
+    placement: dict | None = None  # as AttachSAE's
+
+
+@attrs.frozen
+class DetachSAE(ModelRequest):
+    sae_id: str
+
+
+@attrs.frozen
+class SetSteering(ModelRequest):
+    """PUT /api/steering: `strengths` replace the live values (and end the active base);
+    `enabled` alone keeps them. None leaves a field as it is."""
+
+    enabled: bool | None = None
+    strengths: dict[str, dict[str, float]] | None = None
+
+
+@attrs.frozen
+class ResolveRequestSteering(ModelRequest):
+    """A chat request's own steering (a read): its `profile` and/or `intensity` dial."""
+
+    profile: str | None = None
+    intensity: Dial | None = None
+
+
+@attrs.frozen
+class ListProfiles:
+    pass
+
+
+@attrs.frozen
+class GetProfile:
+    name: str
+
+
+@attrs.frozen
+class CreateProfile(ModelRequest):
+    name: str
+    description: str
+    strengths: dict[str, dict[str, float]]
+
+
+@attrs.frozen
+class ImportProfile(CreateProfile):
+    """An exported profile: refused unless each SAE of `saes` (SAE identities: sae_id, source,
+    layer, hook_point, width, d_in, architecture) is attached as it was."""
+
+    saes: list[dict]
+
+
+@attrs.frozen
+class UpdateProfile(ModelRequest):
+    """None leaves a field as stored."""
+
+    name: str
+    description: str | None = None
+    strengths: dict[str, dict[str, float]] | None = None
+
+
+@attrs.frozen
+class DeleteProfile:
+    """A profile or a cluster; a model it was active on keeps its live values."""
+
+    name: str
+
+
+@attrs.frozen
+class ActivateProfile(ModelRequest):
+    """The profile's strengths (a cluster's: dialled) as the model's live state: its active base."""
+
+    name: str
+
+
+@attrs.frozen
+class ListClusters:
+    pass
+
+
+@attrs.frozen
+class GetCluster:
+    name: str
+
+
+@attrs.frozen
+class ImportCluster(ModelRequest):
+    """A cluster: a profile of one attached SAE's `members` with a range and a persistent dial."""
+
+    name: str
+    description: str
+    sae_id: str
+    members: dict[str, float]  # feature → strength
+    labels: dict[str, str]  # feature → label
+    intensity_range: list[float] | None
+    intensity: float
+
+
+@attrs.frozen
+class DialCluster(ModelRequest):
+    """The cluster's persistent dial, within [0, its cap]; an active cluster re-applies at once."""
+
+    name: str
+    intensity: float
+
+
+@attrs.frozen
+class DeleteCluster:
+    name: str
+
+
+@attrs.frozen
+class ListCircuits:
+    pass
+
+
+@attrs.frozen
+class GetCircuit:
+    name: str
+
+
+@attrs.frozen
+class ImportCircuit(ModelRequest):
+    """A circuit: members per layer, each steered through the SAE attached at its layer."""
+
+    name: str
+    description: str
+    rung: int  # the evidence rung, 0–3 (steering_rules.RUNGS)
+    layers: list[dict]  # [{"layer", "sae_id" (None: whichever is attached), "members", "labels"}]
+    intensity_range: list[float] | None
+    intensity: float
+    slice_fallback: str | None  # a cluster of the model's that steers while a member layer is unbound
+
+
+@attrs.frozen
+class ActivateCircuit(ModelRequest):
+    name: str
+
+
+@attrs.frozen
+class DialCircuit(ModelRequest):
+    """The circuit's persistent dial, within [0, 2] (serving clamps it into its range)."""
+
+    name: str
+    intensity: float
+
+
+@attrs.frozen
+class DeleteCircuit:
+    name: str
+
+
+@attrs.frozen
+class GetActiveCircuit(ModelRequest):
+    pass
+
+
+@attrs.frozen
+class GetLock:
+    pass
+
+
+@attrs.frozen
+class LockSteering(ModelRequest):
+    """Lock the server to `model`: /v1/models lists it alone."""
+
+
+@attrs.frozen
+class UnlockSteering:
+    pass
+
+
+SteeringRequest = (
+    GetSteering | AttachSAE | AttachDefaultSAE | DetachSAE | SetSteering | ResolveRequestSteering
+    | ListProfiles | GetProfile | CreateProfile | ImportProfile | UpdateProfile | DeleteProfile | ActivateProfile
+    | ListClusters | GetCluster | ImportCluster | DialCluster | DeleteCluster
+    | ListCircuits | GetCircuit | ImportCircuit | ActivateCircuit | DialCircuit | DeleteCircuit | GetActiveCircuit
+    | GetLock | LockSteering | UnlockSteering
+)
+
+
+@attrs.frozen
+class SteeringState:
+    """A model's steering as stored (store/steering.py's ModelSteering) and `serving`: what its
+    active base is — {"kind", "name", "mode"?, "reason"?, "intensity"?}, with "rung" and
+    "language" only while a circuit genuinely steers (steering_bases.serving); None: no base."""
+
+    model: str
+    version: int  # one more per change; 0: nothing was ever set
+    enabled: bool
+    saes: list[dict]  # {sae_id, source, path, layer, block, hook_point, width, d_in, architecture}
+    strengths: dict[str, dict[str, float]]
+    active: dict | None  # {"kind": "profile" | "circuit", "name"}
+    serving: dict | None
+
+
+@attrs.frozen
+class ResolvedSteering:
+    """A chat request's steering: the strengths its forwards use ({}: unsteered), the λ to echo
+    in X-miLLM-Steering-Intensity (None: no echo), and a circuit's rung when one genuinely
+    steers it (X-miLLM-Circuit-Rung)."""
+
+    strengths: dict[str, dict[str, float]]
+    intensity: float | None
+    rung: int | None
+
+
+@attrs.frozen
+class Dialled:
+    """A moved dial: the cluster's or circuit's summary, and the model's new state if it was active."""
+
+    summary: dict
+    state: SteeringState | None
+
+
+@attrs.frozen
+class ActiveCircuit:
+    """GET /api/circuits/active, per model: the active circuit's summary (None: none), how it
+    serves and why not, and `steering` ({rung, language, header, intensity, layers}) only while
+    it genuinely steers."""
+
+    model: str
+    circuit: dict | None
+    serving_mode: str | None
+    reason: str | None
+    steering: dict | None
+
+
+@attrs.frozen
+class SteeringLock:
+    model: str | None  # None: unlocked
+
+
+@attrs.frozen
+class SteeringDocument:
+    """A profile, a cluster's or circuit's summary, a listing or a deletion: the JSON the route answers."""
+
+    body: dict
+
+
+SteeringAnswer = SteeringState | ResolvedSteering | Dialled | ActiveCircuit | SteeringLock | SteeringDocument
+
+
+@attrs.frozen
+class SteeringCall:
+    """One request to the coordinator; the request's own class is its kind (the handler it runs)."""
 
     rid: str
-    op: str
-    model: str
-    args: dict = attrs.Factory(dict)
+    request: SteeringRequest
+
+
+@attrs.frozen
+class SteeringReply:
+    rid: str
+    answer: SteeringAnswer
 
 
 @attrs.frozen
@@ -262,25 +535,18 @@ class Steered:
     attached: list[dict]
 
 
-# steering coordinator → front end
-@attrs.frozen
-class SteeringSnapshot:
-    """A model's steering state after a command: {"model", "version", "enabled", "saes",
-    "strengths"} (store/steering.py's ModelSteering)."""
-
-    rid: str
-    state: dict
-
-
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status | Steered | SteeringSnapshot]
+    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status | Steered | SteeringReply]
 
 
 _TAGS: dict[str, type] = {c.__name__: c for c in (
     Generate, Embed, Score, Load, Unload, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Done, Failed,
-    Status, SteerUpdate, SteeringCommand, Steered, SteeringSnapshot)}
+    Status, SteerUpdate, SteeringCall, Steered, SteeringReply)}
 _conv = cattrs.Converter()
+_conv.register_structure_hook(Dial | None, lambda value, _: value)  # checked by the front end
+configure_tagged_union(SteeringRequest, _conv, tag_name="t")
+configure_tagged_union(SteeringAnswer, _conv, tag_name="t")
 
 
 def to_wire(msg: Any) -> dict:

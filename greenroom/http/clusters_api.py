@@ -11,21 +11,29 @@
 Activating either makes it the model's active base: its dialled strengths become the live
 steering (a versioned write pushed to the engines, as PUT /api/steering is). Moving the dial
 of the active one re-applies at once. Every answer that changes live steering carries the
-state with its `version` and `live`. The coordinator (actors/steering_actor.py) checks what
-depends on the SAEs attached; this module checks the documents' shapes.
+state with its `version` and `live`. This module owns the routes, the documents' shapes and
+their export (`document`); the coordinator (actors/steering_actor.py) checks what depends on
+the SAEs attached.
 """
 
 from __future__ import annotations
 
 import math
 
+import attrs
 from quart import Quart, request
 
 from greenroom.actors import steering_rules as rules
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
-from greenroom.http.steering_api import PROFILE_NAME, SAE_ID, check_description, check_name, read_body, write
+from greenroom.http.steering_api import (
+    PROFILE_NAME, SAE_ID, check_description, check_name, read_body, state_json, write,
+)
+from greenroom.protocol import (
+    ActivateCircuit, ActivateProfile, DeleteCircuit, DeleteCluster, DialCircuit, DialCluster, GetActiveCircuit,
+    GetCircuit, GetCluster, ImportCircuit, ImportCluster, ListCircuits, ListClusters,
+)
 from greenroom.supervisor.tree import Tree
 
 CLUSTER_FORMAT = "greenroom.cluster.v1"
@@ -38,7 +46,7 @@ LABEL_MAX = 200
 def register(app: Quart, tree: Tree) -> None:
     @app.get("/api/clusters")
     async def clusters():
-        return await tree.steering("cluster_list", None)
+        return (await tree.steering(ListClusters())).body
 
     @app.post("/api/clusters/import")
     async def import_cluster():
@@ -51,13 +59,13 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("missing_parameter" if sae_id is None else "invalid_parameter",
                                  "'sae_id' must name the attached SAE the members belong to", "sae_id")
         members, labels = _members(body.get("members"), "members")
-        return await tree.steering("cluster_import", model, name=check_name(body.get("name")),
-                                   description=check_description(body.get("description")) or "", sae_id=sae_id,
-                                   members=members, labels=labels, **_dialled(body))
+        return (await tree.steering(ImportCluster(model, check_name(body.get("name")),
+                                                  check_description(body.get("description")) or "", sae_id,
+                                                  members, labels, *_dialled(body)))).body
 
     @app.get("/api/circuits")
     async def circuits():
-        return await tree.steering("circuit_list", None)
+        return (await tree.steering(ListCircuits())).body
 
     @app.post("/api/circuits/import")
     async def import_circuit():
@@ -72,9 +80,10 @@ def register(app: Quart, tree: Tree) -> None:
         fallback = body.get("slice_fallback")
         if fallback is not None and not (isinstance(fallback, str) and PROFILE_NAME.match(fallback)):
             raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
-        return await tree.steering("circuit_import", model, name=check_name(body.get("name")),
-                                   description=check_description(body.get("description")) or "", rung=rung,
-                                   layers=_layers(body.get("layers")), slice_fallback=fallback, **_dialled(body))
+        name, description = check_name(body.get("name")), check_description(body.get("description")) or ""
+        layers = _layers(body.get("layers"))
+        return (await tree.steering(ImportCircuit(model, name, description, rung, layers, *_dialled(body),
+                                                  fallback))).body
 
     @app.get("/api/circuits/active")
     async def active_circuit():
@@ -83,39 +92,63 @@ def register(app: Quart, tree: Tree) -> None:
         with the reason."""
         name = request.args.get("model")
         models = [tree.resolve(name)] if name else tree.steerable()
-        return {"models": [await tree.steering("circuit_active", model) for model in models]}
+        return {"models": [attrs.asdict(await tree.steering(GetActiveCircuit(model))) for model in models]}
 
-    for kind, activate in (("cluster", "profile_activate"), ("circuit", "circuit_activate")):
-        _named_routes(app, tree, kind, activate)
+    for kind in KINDS:
+        _named_routes(app, tree, kind)
 
 
-def _named_routes(app: Quart, tree: Tree, kind: str, activate: str) -> None:
+@attrs.frozen
+class Kind:
+    """The requests behind /api/{name}s/<name>, one set per kind of document."""
+
+    name: str  # cluster | circuit
+    get: type
+    delete: type
+    dial: type
+    activate: type
+
+
+KINDS = (Kind("cluster", GetCluster, DeleteCluster, DialCluster, ActivateProfile),  # a cluster is a profile
+         Kind("circuit", GetCircuit, DeleteCircuit, DialCircuit, ActivateCircuit))
+
+
+def _named_routes(app: Quart, tree: Tree, kind: Kind) -> None:
     """/api/{kind}s/<name>: read, delete, the persistent dial (a cluster's within [0, its range's
     top, else the server's maximum]; a circuit's within [0, 2], clamped into its range when
     serving), and activation (its dialled strengths as the model's live steering)."""
-    root = f"/api/{kind}s/<name>"
+    root = f"/api/{kind.name}s/<name>"
+
+    async def summary(name: str) -> dict:
+        return (await tree.steering(kind.get(name))).body
 
     async def read(name: str):
-        return await tree.steering(f"{kind}_get", None, name=name)
+        return await summary(name)
 
     async def delete(name: str):
-        return await tree.steering(f"{kind}_delete", None, name=name)
+        return (await tree.steering(kind.delete(name))).body
 
     async def dial(name: str):
-        return await _dial(tree, kind, name)
+        body = await read_body({"intensity"})
+        if body.get("intensity") is None:
+            raise GreenroomError("missing_parameter", "you must provide intensity", "intensity")
+        model = (await summary(name))["model"]
+        dialled = await tree.steering(kind.dial(model, name, _number(body, "intensity")))
+        state = dialled.state  # the base is active: the live steering moved with it
+        return {kind.name: dialled.summary,
+                "state": None if state is None else state_json(state, await tree.push_model_steering(model, state))}
 
     async def activated(name: str):
-        model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
-        return await write(tree, activate, model, name=name)
+        return await write(tree, kind.activate((await summary(name))["model"], name))
 
     async def export(name: str):
-        return document(kind, await tree.steering(f"{kind}_get", None, name=name))
+        return document(kind.name, await summary(name))
 
-    app.add_url_rule(root, f"get_{kind}", read, methods=["GET"])
-    app.add_url_rule(root, f"delete_{kind}", delete, methods=["DELETE"])
-    app.add_url_rule(root + "/intensity", f"dial_{kind}", dial, methods=["PUT"])
-    app.add_url_rule(root + "/activate", f"activate_{kind}", activated, methods=["POST"])
-    app.add_url_rule(root + "/export", f"export_{kind}", export, methods=["GET"])
+    app.add_url_rule(root, f"get_{kind.name}", read, methods=["GET"])
+    app.add_url_rule(root, f"delete_{kind.name}", delete, methods=["DELETE"])
+    app.add_url_rule(root + "/intensity", f"dial_{kind.name}", dial, methods=["PUT"])
+    app.add_url_rule(root + "/activate", f"activate_{kind.name}", activated, methods=["POST"])
+    app.add_url_rule(root + "/export", f"export_{kind.name}", export, methods=["GET"])
 
 
 def document(kind: str, summary: dict) -> dict:
@@ -133,26 +166,15 @@ def document(kind: str, summary: dict) -> dict:
     return out
 
 
-async def _dial(tree: Tree, kind: str, name: str) -> dict:
-    body = await read_body({"intensity"})
-    if body.get("intensity") is None:
-        raise GreenroomError("missing_parameter", "you must provide intensity", "intensity")
-    model = (await tree.steering(f"{kind}_get", None, name=name))["model"]
-    answer = await tree.steering(f"{kind}_intensity", model, name=name, intensity=_number(body, "intensity"))
-    if answer["state"] is not None:  # it is active: the live steering moved with it
-        answer["state"] = {**answer["state"], "live": await tree.push_model_steering(model, answer["state"])}
-    return answer
-
-
 def _format(body: dict, expected: str) -> None:
     if body.get("format") != expected:
         raise GreenroomError("invalid_parameter", f"'format' must be {expected!r}", "format")
 
 
-def _dialled(body: dict) -> dict:
+def _dialled(body: dict) -> tuple[list[float] | None, float]:
     """The document's intensity_range and dial (default 1)."""
     dial = 1.0 if body.get("intensity") is None else _number(body, "intensity")
-    return {"intensity_range": rules.check_range(body.get("intensity_range"), "intensity_range"), "intensity": dial}
+    return rules.check_range(body.get("intensity_range"), "intensity_range"), dial
 
 
 def _number(body: dict, key: str) -> float:

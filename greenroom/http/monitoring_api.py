@@ -38,10 +38,10 @@ def owns(path: str) -> bool:
 
 
 def monitored(tree: Tree, gen: Generate) -> Generate:
-    """`gen` with the model's monitoring, when it is on (transformers models only: the others
+    """`gen` with the model's monitoring, when it is on (models that can steer only: the others
     have no SAE hooks)."""
     config = tree.monitoring.config(gen.model)
-    if not config.enabled or tree.capabilities(gen.model)[0] != "transformers":
+    if not config.enabled or not tree.steers(gen.model):
         return gen
     return attrs.evolve(gen, monitor={"sae_id": config.sae_id, "top_k": config.top_k})
 
@@ -85,10 +85,7 @@ def register(app: Quart, tree: Tree) -> None:
         if unknown:
             raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
         model = tree.resolve(openai_params.model_name(body))
-        engine, _ = tree.capabilities(model)
-        if engine != "transformers":
-            raise GreenroomError("steering_unsupported", f"model {model!r} runs on {engine}, which has no SAE "
-                                 "hooks: only transformers models are monitored", "model")
+        tree.require_steering(model, "monitored")
         enabled = body.get("enabled")
         if not isinstance(enabled, bool):
             raise GreenroomError("missing_parameter" if enabled is None else "invalid_parameter",

@@ -14,7 +14,7 @@ import attrs
 
 from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Generate, Score
+from greenroom.protocol import Generate, GetSteering, Score
 from greenroom.supervisor.tree import Tree
 
 FIELD = "return_sae_activations"
@@ -110,7 +110,7 @@ async def _sae(tree: Tree, model: str, sae_id) -> dict:
 async def attached_sae(tree: Tree, model: str, sae_id: str | None, param: str, ambiguous: str) -> dict:
     """The SAE `sae_id` attached to `model` (the coordinator's state), or left out the only one;
     refusals name `param`: sae_not_attached, or `ambiguous` naming the candidates."""
-    attached = (await tree.steering("get", model))["saes"]
+    attached = (await tree.steering(GetSteering(model))).saes
     names = [s["sae_id"] for s in attached]
     if sae_id is None:
         if len(attached) == 1:

@@ -3,8 +3,11 @@ steering values (read, replace) and profiles (named strengths for one model: cre
 update, delete, activate, export, import). JSON under /api/, beside Ollama's routes, with
 OpenAI's error envelope like the rest of greenroom's own API.
 
-Every write goes to the steering coordinator (the only writer, which persists it and
-versions it); the state it answers is then pushed to each engine actor holding the model.
+This module owns the routes, the checks of request shapes (names, descriptions, strength maps
+within ±200), the JSON of a model's state (`state_json`) and a chat request's own steering and
+headers (`request_steering`, `live_headers`); what depends on the SAEs attached is the
+coordinator's. Every write goes to the steering coordinator (the only writer, which persists it
+and versions it); the state it answers is then pushed to each engine actor holding the model.
 Each answer carries the state's `version` and `live`: whether every loaded placement of the
 model now holds that version (false while the model is not loaded, or its actor restarts:
 the tree pushes the state again when it is back).
@@ -25,7 +28,11 @@ from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
-from greenroom.protocol import Generate
+from greenroom.protocol import (
+    ActivateProfile, AttachSAE, CreateProfile, DeleteProfile, DetachSAE, Generate, GetProfile, GetSteering,
+    ImportProfile, ListProfiles, LockSteering, ModelRequest, ResolveRequestSteering, SetSteering, SteeringState,
+    UnlockSteering, UpdateProfile,
+)
 from greenroom.supervisor.tree import Tree
 
 PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering", "/api/steering/lock"})
@@ -35,7 +42,7 @@ SAE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PROFILE_NAME = SAE_ID
 DESCRIPTION_MAX = 4096
 EXPORT_FORMAT = "greenroom.steering_profile.v1"
-# the SAE identity fields an export carries (steering_actor.SAE_IDENTITY), with their JSON types
+# the SAE identity fields an export carries (steering_bases.SAE_IDENTITY), with their JSON types
 _SAE_FIELDS = {"sae_id": str, "source": str, "layer": int, "hook_point": str, "width": int, "d_in": int,
                "architecture": str}
 
@@ -49,7 +56,7 @@ def register(app: Quart, tree: Tree) -> None:
     @app.get("/api/saes")
     async def saes():
         """The SAEs attached to each steerable model, and the demo SAEs `attach` can build."""
-        return {"models": [await _answer(tree, model, await tree.steering("get", model)) for model in tree.steerable()],
+        return {"models": [await _answer(tree, model) for model in tree.steerable()],
                 "available": [{"sae": f"demo:{size}:{layer}", "model_size": size, "layer": layer}
                               for size in SIZES for layer in demo_sae_layers(size)]}
 
@@ -65,18 +72,17 @@ def register(app: Quart, tree: Tree) -> None:
         layer = body.get("layer")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 2**31):
             raise GreenroomError("invalid_parameter", "'layer' must be a non-negative integer", "layer")
-        return await write(tree, "attach", model, sae=sae, layer=layer, sae_id=_sae_id(body, required=False))
+        return await write(tree, AttachSAE(model, sae, layer, _sae_id(body, required=False)))
 
     @app.post("/api/saes/detach")
     async def detach():
         body = await read_body({"model", "sae_id"})
         model = tree.resolve(openai_params.model_name(body))
-        return await write(tree, "detach", model, sae_id=_sae_id(body, required=True))
+        return await write(tree, DetachSAE(model, _sae_id(body, required=True)))
 
     @app.get("/api/steering")
     async def steering():
-        return {"models": [await _answer(tree, model, await tree.steering("get", model))
-                           for model in tree.steerable()]}
+        return {"models": [await _answer(tree, model) for model in tree.steerable()]}
 
     @app.put("/api/steering")
     async def set_steering():
@@ -85,7 +91,7 @@ def register(app: Quart, tree: Tree) -> None:
         enabled = body.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
-        return await write(tree, "set", model, enabled=enabled, strengths=_strengths(body.get("strengths")))
+        return await write(tree, SetSteering(model, enabled, _strengths(body.get("strengths"))))
 
     @app.get("/api/steering/lock")
     async def steering_lock():
@@ -95,48 +101,48 @@ def register(app: Quart, tree: Tree) -> None:
     async def lock_steering():
         """Lock the server to one steerable model: /v1/models then lists it alone."""
         body = await read_body({"model"})
-        return await tree.steering("lock_set", tree.resolve(openai_params.model_name(body)))
+        return attrs.asdict(await tree.steering(LockSteering(tree.resolve(openai_params.model_name(body)))))
 
     @app.delete("/api/steering/lock")
     async def unlock_steering():
-        return await tree.steering("lock_set", None)
+        return attrs.asdict(await tree.steering(UnlockSteering()))
 
     @app.get(PROFILES)
     async def profiles():
-        return await tree.steering("profile_list", None)
+        return (await tree.steering(ListProfiles())).body
 
     @app.post(PROFILES)
     async def create_profile():
         body = await read_body({"name", "model", "description", "strengths"})
         model = tree.resolve(openai_params.model_name(body))
-        return await tree.steering("profile_create", model, name=check_name(body.get("name")),
-                                   description=check_description(body.get("description")) or "",
-                                   strengths=_strengths(body.get("strengths")) or {})
+        return (await tree.steering(CreateProfile(model, check_name(body.get("name")),
+                                                  check_description(body.get("description")) or "",
+                                                  _strengths(body.get("strengths")) or {}))).body
 
     @app.get(PROFILES + "/<name>")
     async def profile(name: str):
-        return await tree.steering("profile_get", None, name=name)
+        return (await tree.steering(GetProfile(name))).body
 
     @app.put(PROFILES + "/<name>")
     async def update_profile(name: str):
         body = await read_body({"description", "strengths"})
         description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
-        model = (await tree.steering("profile_get", None, name=name))["model"]
-        return await tree.steering("profile_update", model, name=name, description=description, strengths=strengths)
+        model = (await tree.steering(GetProfile(name))).body["model"]
+        return (await tree.steering(UpdateProfile(model, name, description, strengths))).body
 
     @app.delete(PROFILES + "/<name>")
     async def delete_profile(name: str):
-        return await tree.steering("profile_delete", None, name=name)
+        return (await tree.steering(DeleteProfile(name))).body
 
     @app.post(PROFILES + "/<name>/activate")
     async def activate_profile(name: str):
         """The profile's strengths become the model's live steering, as PUT /api/steering writes them."""
-        model = (await tree.steering("profile_get", None, name=name))["model"]
-        return await write(tree, "profile_activate", model, name=name)
+        model = (await tree.steering(GetProfile(name))).body["model"]
+        return await write(tree, ActivateProfile(model, name))
 
     @app.get(PROFILES + "/<name>/export")
     async def export_profile(name: str):
-        profile = await tree.steering("profile_get", None, name=name)
+        profile = (await tree.steering(GetProfile(name))).body
         return {"format": EXPORT_FORMAT,
                 "profile": {k: profile[k] for k in ("name", "model", "description", "strengths")},
                 "saes": profile["saes"]}
@@ -170,9 +176,9 @@ def register(app: Quart, tree: Tree) -> None:
             if sae_id not in listed:
                 raise GreenroomError("invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'",
                                      f"strengths.{sae_id}")
-        return await tree.steering("profile_import", model, name=check_name(profile.get("name")),
-                                   description=check_description(profile.get("description")) or "",
-                                   strengths=strengths, saes=saes)
+        return (await tree.steering(ImportProfile(model, check_name(profile.get("name")),
+                                                  check_description(profile.get("description")) or "", strengths,
+                                                  saes))).body
 
 
 async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Generate, dict[str, str]]:
@@ -187,19 +193,20 @@ async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Gener
         raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
     if name is None and dial is None:
         return gen, live_headers(tree, gen.model)
-    resolved = await tree.steering("request", gen.model, profile=name, intensity=dial)
+    resolved = await tree.steering(ResolveRequestSteering(gen.model, name, dial))
     headers = {}
-    if resolved["intensity"] is not None:
-        headers["X-miLLM-Steering-Intensity"] = rules.intensity_header(resolved["intensity"])
-    if resolved["rung"] is not None:
-        headers["X-miLLM-Circuit-Rung"] = rules.rung_header(resolved["rung"])
-    return attrs.evolve(gen, request_strengths=resolved["strengths"]), headers
+    if resolved.intensity is not None:
+        headers["X-miLLM-Steering-Intensity"] = rules.intensity_header(resolved.intensity)
+    if resolved.rung is not None:
+        headers["X-miLLM-Circuit-Rung"] = rules.rung_header(resolved.rung)
+    return attrs.evolve(gen, request_strengths=resolved.strengths), headers
 
 
 def live_headers(tree: Tree, model: str) -> dict[str, str]:
     """X-miLLM-Circuit-Rung of a request the live state steers: while the model's active
-    circuit genuinely steers (the coordinator's `serving` says so with a rung)."""
-    serving = (tree.steering_states.get(model) or {}).get("serving") or {}
+    circuit genuinely steers (the coordinator's last `serving` says so with a rung)."""
+    state = tree.last_steering_states.get(model)
+    serving = (state.serving if state is not None else None) or {}
     return {"X-miLLM-Circuit-Rung": rules.rung_header(serving["rung"])} if "rung" in serving else {}
 
 
@@ -216,13 +223,20 @@ def intensity(value) -> float | str | None:
     return float(value)
 
 
-async def write(tree: Tree, op: str, model: str, **args) -> dict:
-    state = await tree.steering(op, model, **args)
-    return {**state, "live": await tree.push_model_steering(model, state)}
+async def write(tree: Tree, request: ModelRequest) -> dict:
+    """A steering write answered with the model's state, once pushed to its engine actors."""
+    state = await tree.steering(request)
+    return state_json(state, await tree.push_model_steering(state.model, state))
 
 
-async def _answer(tree: Tree, model: str, state: dict) -> dict:
-    return {**state, "live": await tree.steering_live(model, state)}
+async def _answer(tree: Tree, model: str) -> dict:
+    state = await tree.steering(GetSteering(model))
+    return state_json(state, await tree.steering_live(model, state))
+
+
+def state_json(state: SteeringState, live: bool) -> dict:
+    """A model's state as every route answers it, with `live`."""
+    return {**attrs.asdict(state), "live": live}
 
 
 async def read_body(allowed: set[str]) -> dict:

@@ -7,8 +7,10 @@ change. One row per profile: a named set of strengths for one model's SAEs, with
 identities of the SAEs it refers to, so an export is self-contained; a cluster is a profile
 with an intensity range and a persistent dial. One row per circuit: members per layer, its
 evidence rung, range, dial and backing cluster. One row of settings: the model locked for
-steering. The steering coordinator actor (actors/steering_actor.py) is the only writer;
-engine actors receive the state it resolves, never this file.
+steering. This module owns the rows and their SQL, nothing of what they mean (bases, dials and
+checks are actors/steering_bases.py's and steering_rules.py's). The steering coordinator actor
+(actors/steering_actor.py) is its only user and so the only writer; engine actors receive the
+state it resolves, never this file.
 """
 
 from __future__ import annotations

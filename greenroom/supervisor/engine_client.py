@@ -17,7 +17,7 @@ from greenroom.errors import GreenroomError
 from greenroom.metrics import TokenClock
 from greenroom.protocol import (
     Admitted, Cancel, Done, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Steered,
-    SteeringSnapshot, Text, from_wire, to_wire,
+    SteeringReply, Text, from_wire, to_wire,
 )
 
 CANCEL_SEND_TIMEOUT_S = 1.0
@@ -25,7 +25,7 @@ CANCEL_SEND_TIMEOUT_S = 1.0
 
 class RequestEvents:
     """The events of one request, ending after a Failed, an Embedded, a Scores, a Done, a
-    Steered, a SteeringSnapshot, or as many finishing Texts (a finish_reason set) as the
+    Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
     request has choices."""
 
     def __init__(self, recv: trio.MemoryReceiveChannel, choices: int, clock: TokenClock | None = None):
@@ -59,7 +59,7 @@ class RequestEvents:
                 self._clock.text(event.completion_tokens)
             if event.finish_reason:
                 self._unfinished -= 1
-        if isinstance(event, (Failed, Embedded, Scores, Done, Steered, SteeringSnapshot)) or self._unfinished == 0:
+        if isinstance(event, (Failed, Embedded, Scores, Done, Steered, SteeringReply)) or self._unfinished == 0:
             self.finished = True
         return event
 

@@ -27,10 +27,13 @@ from greenroom.actors.service_actors import service_session
 from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
-from greenroom.engines.capabilities import Capabilities, common
+from greenroom.engines.capabilities import ENGINES, Capabilities, capabilities_of, common
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Failed, Load, SteeringCommand, SteerUpdate, Unload
+from greenroom.protocol import (
+    AttachDefaultSAE, AttachSAE, Dialled, Failed, GetLock, GetSteering, Load, ModelRequest, SteeringAnswer,
+    SteeringCall, SteeringLock, SteeringRequest, SteeringState, SteerUpdate, Unload,
+)
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.monitoring import Monitoring
 
@@ -91,9 +94,11 @@ class Tree:
         }
         self._engine_actors = names
         self._default_saes = {model.id: model.sae for model in config.models if model.sae}
-        # the coordinator's last answer per model (every steering write goes through `steering`),
-        # so an undialled request knows its circuit rung without an actor round trip
-        self.steering_states: dict[str, dict] = {}
+        # The steering coordinator's last state answer per model, the front end's one cache of it:
+        # written only by `steering`, through which every steering write goes (so it is current).
+        # It exists so that a request with no profile or dial reads its circuit rung
+        # (steering_api.live_headers) without a round trip to the coordinator.
+        self.last_steering_states: dict[str, SteeringState] = {}
         self.locked_model: str | None = None  # locked for steering: /v1/models lists it alone
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for name in names:
@@ -485,75 +490,86 @@ class Tree:
             m.changed.set()
 
     # steering -------------------------------------------------------------------------
-    async def steering(self, op: str, model: str | None, **args) -> dict:
-        """Run a command on the steering coordinator (the only writer of steering state) and
-        return the model's resulting state; writes refuse a model whose engine cannot steer.
-        `model` None: a profile command by name, which concerns no model's state."""
-        replicas = self.replicas_of(model) if model is not None else []
-        if model is not None and op != "get":
-            engines = {m.placement["engine"] for m in replicas}
-            if engines != {"transformers"}:
-                raise GreenroomError("steering_unsupported", f"model {model!r} runs on {'/'.join(sorted(engines))}, "
-                                     "which has no SAE hooks: only transformers models are steered", "model")
-            if op in ("attach", "default"):
-                args["placement"] = replicas[0].placement  # the SAE must fit the model (the coordinator checks)
-        client = await self._actor_client(self.slots["steering"], model or "steering")
-        async with client.submit(SteeringCommand(f"steer-{uuid.uuid4().hex[:12]}", op, model or "", args)) as events:
+    async def steering(self, request: SteeringRequest) -> SteeringAnswer:
+        """Send `request` to the steering coordinator (the only writer of steering state) and
+        return its answer. A `ModelRequest` for a model that cannot steer is refused here, before
+        it is sent. Every model state answered is kept in `last_steering_states`."""
+        if isinstance(request, ModelRequest):
+            self.require_steering(request.model)
+            if isinstance(request, (AttachSAE, AttachDefaultSAE)):  # the coordinator checks the SAE fits the model
+                request = attrs.evolve(request, placement=self.replicas_of(request.model)[0].placement)
+        elif isinstance(request, GetSteering):
+            self.state_of(request.model)  # 404 for an unknown name; a read for any engine
+        model = request.model if isinstance(request, (ModelRequest, GetSteering)) else "steering"
+        client = await self._actor_client(self.slots["steering"], model)
+        async with client.submit(SteeringCall(f"steer-{uuid.uuid4().hex[:12]}", request)) as events:
             reply = await events.__anext__()
         if isinstance(reply, Failed):
             raise GreenroomError.from_wire(reply.error)
-        for state in (reply.state, reply.state.get("state")):
-            if isinstance(state, dict) and "serving" in state:
-                self.steering_states[state["model"]] = state
-        if op in ("lock_get", "lock_set"):
-            self.locked_model = reply.state["model"]
-        return reply.state
+        state = reply.answer.state if isinstance(reply.answer, Dialled) else reply.answer
+        if isinstance(state, SteeringState):
+            self.last_steering_states[state.model] = state
+        if isinstance(reply.answer, SteeringLock):
+            self.locked_model = reply.answer.model
+        return reply.answer
+
+    def steers(self, model: str) -> bool:
+        """Whether `model` can steer: every engine it is placed on has the `steering` capability
+        (engines/capabilities.py, the one place that says which engines have SAE hooks)."""
+        return self.capabilities(model)[1].steering
+
+    def require_steering(self, model: str, done: str = "steered") -> None:
+        """400 steering_unsupported unless `model` can steer; `done`: what the refusal says only
+        steering engines' models are (steered, monitored)."""
+        if not self.steers(model):
+            engines = "/".join(e for e, caps in ENGINES.items() if caps.steering)
+            raise GreenroomError("steering_unsupported", f"model {model!r} runs on {self.capabilities(model)[0]}, "
+                                 f"which has no SAE hooks: only {engines} models are {done}", "model")
 
     def steerable(self) -> list[str]:
-        """The models whose every placement runs on an engine with SAE hooks (transformers)."""
-        return [model for model, replicas in self.replicas.items()
-                if all(m.placement["engine"] == "transformers" for m in replicas)]
+        """The models that can steer (`steers`)."""
+        return [model for model in self.replicas if self.steers(model)]
 
-    async def push_steering(self, m: ModelState, state: dict) -> bool:
+    async def push_steering(self, m: ModelState, state: SteeringState) -> bool:
         """Send `state` to the engine actor holding placement `m`; whether it is live there
         (a placement not loaded, or not steerable, holds none)."""
-        if m.placement["engine"] != "transformers" or m.state != "loaded" or m.slot.client is None:
+        if not capabilities_of(m.placement["engine"]).steering or m.state != "loaded" or m.slot.client is None:
             return False
-        if state["version"] == 0:
+        if state.version == 0:
             return True  # nothing was ever set: the engine's unsteered start is the state
-        update = SteerUpdate(f"steer-{uuid.uuid4().hex[:12]}", m.id, state["version"], state["enabled"],
-                             [{"sae_id": s["sae_id"], "path": s["path"]} for s in state["saes"]], state["strengths"])
+        update = SteerUpdate(f"steer-{uuid.uuid4().hex[:12]}", m.id, state.version, state.enabled,
+                             [{"sae_id": s["sae_id"], "path": s["path"]} for s in state.saes], state.strengths)
         async with m.slot.client.submit(update) as events:
             reply = await events.__anext__()
         if isinstance(reply, Failed):
-            log.warning("steering of %s (version %d) not applied on %s: %s", m.id, state["version"], m.slot.name,
+            log.warning("steering of %s (version %d) not applied on %s: %s", m.id, state.version, m.slot.name,
                         reply.error["message"])
             return False
-        return reply.version >= state["version"]
+        return reply.version >= state.version
 
-    async def push_model_steering(self, model: str, state: dict) -> bool:
+    async def push_model_steering(self, model: str, state: SteeringState) -> bool:
         """`state` to every placement of `model`; whether each loaded one now holds it."""
         live = True
         for m in self.replicas_of(model):
             live = await self.push_steering(m, state) and live
         return live
 
-    async def steering_live(self, model: str, state: dict) -> bool:
+    async def steering_live(self, model: str, state: SteeringState) -> bool:
         """Whether every loaded placement of `model` holds `state`'s version (from the actors' status)."""
         for m in self.replicas_of(model):
             status = await m.slot.client.status() if m.state == "loaded" and m.slot.client is not None else None
             held = ((status or {}).get("steering") or {}).get(model)
-            if held is None or held["version"] < state["version"]:
+            if held is None or held["version"] < state.version:
                 return False
         return True
 
     async def _push_steering_quietly(self, m: ModelState) -> None:
         """After an engine (re)start or a load: the model's current state. A failure is
         logged, never the load's or the actor's: the model then runs as the engine holds it."""
-        if m.placement["engine"] != "transformers":
+        if not capabilities_of(m.placement["engine"]).steering:
             return
         try:
-            await self.push_steering(m, await self.steering("get", m.id))
+            await self.push_steering(m, await self.steering(GetSteering(m.id)))
         except Exception as exc:
             log.warning("steering of %s not pushed to %s: %s", m.id, m.slot.name, exc)
 
@@ -562,18 +578,18 @@ class Tree:
         for it): later starts restore what the store holds, detached or not. Then the steering
         lock and every steerable model's state, as the store holds them."""
         try:
-            await self.steering("lock_get", None)
+            await self.steering(GetLock())
         except Exception as exc:
             log.error("the steering lock was not read: %s", exc)
         for model, sae in self._default_saes.items():
             try:
-                await self.push_model_steering(model, await self.steering("default", model, sae=sae))
+                await self.push_model_steering(model, await self.steering(AttachDefaultSAE(model, sae)))
             except Exception as exc:
                 log.error("default SAE %r of model %s not attached: %s", sae, model, exc)
         for model in self.steerable():
-            if model not in self.steering_states:
+            if model not in self.last_steering_states:
                 try:
-                    await self.steering("get", model)
+                    await self.steering(GetSteering(model))
                 except Exception as exc:
                     log.error("steering state of model %s not read: %s", model, exc)
 
