@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from conftest import MODEL
-from greenroom.http import ollama_api
+from greenroom.http import ollama_envelope
 
 KEY = "s3cret-key"
 BODIES = {
@@ -97,7 +97,7 @@ def test_every_route_needs_the_key_but_health_and_index(keyed):
                 continue
             assert r.status_code == 401, (method, path, headers, r.text)
             body = r.json()
-            if ollama_api.owns(path):
+            if ollama_envelope.owns(path):
                 assert body["code"] == "invalid_api_key" and "request id" in body["error"]
             else:
                 assert body["error"]["code"] == "invalid_api_key"
@@ -175,7 +175,7 @@ def test_another_sites_page_is_refused_before_any_work(keyed, path):
         assert r.status_code == 403, r.text
         assert "Access-Control-Allow-Origin" not in r.headers
         body = r.json()
-        assert (body["code"] if ollama_api.owns(path) else body["error"]["code"]) == "origin_not_allowed"
+        assert (body["code"] if ollama_envelope.owns(path) else body["error"]["code"]) == "origin_not_allowed"
 
 
 def test_configured_origins_are_allowed(own_server):

@@ -14,7 +14,8 @@ from werkzeug.exceptions import HTTPException
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
 from greenroom.http import (
-    clusters_api, cors, manage_api, monitoring_api, ollama_api, ollama_models, openai_api, openapi, steering_api,
+    clusters_api, cors, manage_api, monitoring_api, ollama_api, ollama_embed, ollama_envelope, ollama_models, openai_api,
+    openapi, steering_api,
 )
 from greenroom.supervisor.tree import Tree
 
@@ -101,8 +102,8 @@ def create_app(tree: Tree) -> Quart:
         if err.code == "queue_full" and request.path.startswith("/v1/needle/"):
             err = GreenroomError("engine_busy", err.message, err.param)  # Needle's 429
         headers = {"Retry-After": str(RETRY_AFTER_S)} if err.code in RETRYABLE else {}
-        if ollama_api.owns(request.path):  # Ollama's flat envelope on its /api surface
-            return jsonify(ollama_api.error_body(err)), err.status, headers
+        if ollama_envelope.owns(request.path):  # Ollama's flat envelope on its /api surface
+            return jsonify(ollama_envelope.error_body(err)), err.status, headers
         return jsonify(err.openai_body()), err.status, headers
 
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
@@ -127,7 +128,7 @@ def create_app(tree: Tree) -> Quart:
 
     @app.after_request
     async def request_id_and_count(response):
-        response.headers[ollama_api.REQUEST_ID_HEADER] = ollama_api.request_id()
+        response.headers[ollama_envelope.REQUEST_ID_HEADER] = ollama_envelope.request_id()
         origin = request.headers.get("Origin")
         if origin is not None and origins.allows(origin):
             response.headers.update(cors.response_headers(origin))
@@ -182,6 +183,7 @@ def create_app(tree: Tree) -> Quart:
 
     openai_api.register(app, tree)
     ollama_api.register(app, tree)
+    ollama_embed.register(app, tree)
     manage_api.register(app, tree)
     steering_api.register(app, tree)
     clusters_api.register(app, tree)

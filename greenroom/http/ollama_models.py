@@ -15,8 +15,6 @@ the body. The server's own Hugging Face credentials are never used for a pull.
 from __future__ import annotations
 
 import collections
-import contextlib
-import json
 import logging
 import re
 import threading
@@ -27,8 +25,11 @@ from quart import Quart, Response, request
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, ollama_api, ollama_params, openai_params
-from greenroom.http.openai_api import StreamBody
+from greenroom.http import framing, ledger, ollama_api, ollama_params, openai_params
+from greenroom.http.answering import streamed
+from greenroom.http.ollama_envelope import error_body, request_id
+from greenroom.http.ollama_request import served
+from greenroom.http.ollama_templates import apply_template
 from greenroom.store import catalogue, hub
 from greenroom.store.registry import DEFAULTS_KEY, Entry, Registry, place
 from greenroom.supervisor.tree import Tree
@@ -82,29 +83,19 @@ def _required(body: dict, name: str) -> str:
     return value
 
 
-def _string(body: dict, name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise GreenroomError("invalid_parameter", f"'{name}' must be a string", name)
-    return value
-
-
 def _ndjson(frames, headers: dict) -> Response:
     """Status frames as an NDJSON stream; a failure after the stream started is its last
     line, in the flat envelope."""
-    rid = ollama_api.request_id()
+    rid = request_id()
 
     async def lines():
         try:
             async for frame in frames:
-                yield json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+                yield framing.ndjson(frame)
         except GreenroomError as exc:
-            yield json.dumps(ollama_api.error_body(exc, rid)).encode() + b"\n"
+            yield framing.ndjson(error_body(exc, rid))
 
-    response = Response(StreamBody(lines(), contextlib.AsyncExitStack()), content_type=ollama_api.NDJSON,
-                        headers=headers)
-    response.timeout = None
-    return response
+    return streamed(lines(), framing.NDJSON, headers)
 
 
 async def _last(frames) -> dict:
@@ -243,7 +234,7 @@ def register(app: Quart, tree: Tree) -> None:
     @app.delete("/api/delete")
     async def ollama_delete():
         body, headers = await _body(DELETE, "on /api/delete")
-        model = ollama_api._served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
+        model = served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
         entry = registry.get(model)
         if entry is None:
             raise GreenroomError("model_configured", f"model '{model}' comes from the server's configuration, not "
@@ -258,7 +249,7 @@ def register(app: Quart, tree: Tree) -> None:
     @app.post("/api/copy")
     async def ollama_copy():
         body, headers = await _body(COPY, "on /api/copy")
-        source = ollama_api._served(tree, _required(body, "source"))
+        source = served(tree, _required(body, "source"))
         destination = _new_name(body.get("destination"), "destination")
         if destination in tree.model_states:
             raise GreenroomError("model_exists", f"a model named '{destination}' already exists", "destination")
@@ -275,7 +266,7 @@ def register(app: Quart, tree: Tree) -> None:
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
-        base = ollama_api._served(tree, _required(body, "from"))
+        base = served(tree, _required(body, "from"))
         defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement["engine"]))
         parent = dict(tree.state_of(base).placement.get(DEFAULTS_KEY) or {})
         merged = {**parent, **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
@@ -348,9 +339,9 @@ def _count(args, name: str, default: int, hi: int | None, lo: int = 0) -> int:
 def _create_defaults(body: dict, caps: Capabilities) -> dict:
     """A created model's system, template, parameters and messages, validated as a request
     carrying them would be."""
-    system, template = _string(body, "system"), _string(body, "template")
+    system, template = openai_params.string(body, "system"), openai_params.string(body, "template")
     if template:
-        ollama_api._apply_template(template, system, "")  # refuses what greenroom cannot render
+        apply_template(template, system, "")  # refuses what greenroom cannot render
     parameters = body.get("parameters")
     if parameters is not None:
         if not isinstance(parameters, dict):
@@ -368,6 +359,6 @@ def _create_defaults(body: dict, caps: Capabilities) -> dict:
     if messages is not None:
         if not isinstance(messages, list):
             raise GreenroomError("invalid_parameter", "'messages' must be an array", "messages")
-        ollama_api._conversation(messages)
+        ollama_api.conversation(messages)
         messages = [{k: m[k] for k in ("role", "content", "tool_calls") if k in m} for m in messages]
     return {"system": system, "template": template, "parameters": parameters or {}, "messages": messages}

@@ -3,22 +3,18 @@ models. Every request goes through the field ledger before anything is loaded.""
 
 from __future__ import annotations
 
-import array
 import base64
-import contextlib
 import json
 import time
 
 import attrs
-from quart import Quart, Response, request
+from quart import Quart, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import (
-    ledger, monitoring_api, needle, openai_params, sae_activations, scoring, sse, steering_api, structured,
-)
+from greenroom.http import framing, ledger, needle, openai_params, sae_activations, scoring, steering_api, structured
+from greenroom.http.answering import answer, single, vectors
 from greenroom.http.openai_params import Streaming
-from greenroom.protocol import Admitted, Embedded, Failed, Generate, Score, Text
-from greenroom.supervisor.engine_client import admit
+from greenroom.protocol import Admitted, Failed, Generate, Score, Text
 from greenroom.supervisor.tree import Tree
 
 
@@ -57,27 +53,6 @@ async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
     return Prepared(body, model, ignored, strict)
 
 
-class StreamBody:
-    """A streamed response body that always releases its request: quart calls
-    `aclose` when the client goes away, even before the first chunk."""
-
-    def __init__(self, chunks, stack: contextlib.AsyncExitStack):
-        self._chunks = chunks
-        self._stack = stack
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()
-        finally:
-            await self._stack.aclose()
-
-
 def register(app: Quart, tree: Tree) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions():
@@ -112,13 +87,10 @@ def register(app: Quart, tree: Tree) -> None:
         embed, fmt = openai_params.embedding_request(req.body, req.model)
         headers = req.headers()
         client, _ = await tree.client_for(req.model)
-        async with client.submit(embed) as events:
-            async for event in events:
-                if isinstance(event, Failed):
-                    raise GreenroomError.from_wire(event.error)
-        assert isinstance(event, Embedded)
+        event = await single(client, embed)
+        floats = vectors(event) if fmt == "float" else None
         data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v).decode() if fmt == "base64" else _floats(v)}
+                 "embedding": base64.b64encode(v).decode() if floats is None else floats[i]}
                 for i, v in enumerate(event.vectors)]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
         return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, headers
@@ -161,10 +133,6 @@ _CREATED = int(time.time())
 
 def _model_card(model_id: str) -> dict:
     return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "greenroom"}
-
-
-def _floats(raw: bytes) -> list[float]:
-    return array.array("f", raw).tolist()
 
 
 def fingerprint(info: dict) -> str:
@@ -210,10 +178,7 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
         "X-miLLM-Steering": "none"}  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, info = await tree.client_for(score.model)
-    async with client.submit(score) as events:
-        async for event in events:
-            if isinstance(event, Failed):
-                raise GreenroomError.from_wire(event.error)
+    event = await single(client, score)
     response = shape(score, event, req.body, fingerprint(info))
     if event.sae_activations is not None:
         response["millm"] = sae_activations.millm(event.sae_activations)
@@ -229,22 +194,10 @@ async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared,
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
-    gen = monitoring_api.monitored(tree, gen)
-    stack = contextlib.AsyncExitStack()
-    try:
-        events, first = await admit(stack, client, gen)
-        events = monitoring_api.recorded(tree, gen, request.path, events)
-        if stream.on:
-            body = StreamBody(_stream_chunks(gen, events, first, plan, stream.include_usage, extras), stack)
-            response = Response(body, content_type="text/event-stream", headers=headers)
-            response.headers["Cache-Control"] = "no-cache"
-            response.timeout = None
-            return response
-        async with stack:
-            return await _collect(gen, events, first, plan, fingerprint(info), extras), 200, headers
-    except BaseException:
-        await stack.aclose()
-        raise
+    return await answer(
+        tree, client, gen, framing=framing.SSE if stream.on else None, headers=lambda _: headers,
+        frames=lambda events, first: _stream_chunks(gen, events, first, plan, stream.include_usage, extras),
+        collect=lambda events, first: _collect(gen, events, first, plan, fingerprint(info), extras))
 
 
 async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.Plan | None,
@@ -303,7 +256,7 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
         body = {**head, "choices": [choice], **extra}
         if finish and unfinished == 0:  # the request's last chunk carries its usage
             body["usage"] = _usage(admitted, completion_tokens)
-        return sse.frame(body)
+        return framing.sse(body)
 
     def text_chunks(index: int, text: str, final: bool = False):
         if not chat:
@@ -321,8 +274,8 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
                 for index, text in pending.items():
                     for c in text_chunks(index, "".join(text)):
                         yield c
-                yield sse.error_frame(GreenroomError.from_wire(event.error).openai_body())
-                yield sse.DONE
+                yield framing.sse_error(GreenroomError.from_wire(event.error).openai_body())
+                yield framing.SSE_DONE
                 return
             pending.setdefault(event.index, []).append(event.text)
             if event.finish_reason:
@@ -342,10 +295,10 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
             for c in text_chunks(index, "".join(text)):
                 yield c
     if include_usage:  # OpenAI's usage-only chunk
-        yield sse.frame({**head, "choices": [], "usage": _usage(admitted, completion_tokens)})
+        yield framing.sse({**head, "choices": [], "usage": _usage(admitted, completion_tokens)})
     if read is not None:  # the spec: one last chunk with no choices, before [DONE]
-        yield sse.frame({**head, "choices": [], "millm": sae_activations.millm(read)})
-    yield sse.DONE
+        yield framing.sse({**head, "choices": [], "millm": sae_activations.millm(read)})
+    yield framing.SSE_DONE
 
 
 def _usage(admitted: Admitted, completion_tokens: int) -> dict:

@@ -77,6 +77,13 @@ def boolean(body: dict, name: str, default: bool) -> bool:
     return value
 
 
+def string(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be a string", name)
+    return value
+
+
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:

@@ -1,0 +1,98 @@
+"""From an engine request to an HTTP answer: the one skeleton both API surfaces use.
+
+submit → wait for `Admitted` (the engine's refusals are then plain typed errors, never a
+broken stream) → stream the frames, or collect one answer. Closing the response body (the
+client went away) or leaving early cancels the request in the engine.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+from typing import AsyncIterator, Awaitable, Callable
+
+from quart import Response, request
+
+from greenroom.errors import GreenroomError
+from greenroom.http import monitoring_api
+from greenroom.http.framing import Framing
+from greenroom.protocol import Admitted, Embedded, Failed, Generate
+from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admit
+from greenroom.supervisor.tree import Tree
+
+
+class StreamBody:
+    """A streamed response body that always releases its request: quart calls
+    `aclose` when the client goes away, even before the first chunk."""
+
+    def __init__(self, chunks, stack: contextlib.AsyncExitStack):
+        self._chunks = chunks
+        self._stack = stack
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._stack.aclose()
+
+
+def streamed(chunks: AsyncIterator[bytes], framing: Framing, headers: dict[str, str],
+             stack: contextlib.AsyncExitStack | None = None) -> Response:
+    """A response that streams `chunks` for as long as they come (no response timeout)."""
+    response = Response(StreamBody(chunks, stack or contextlib.AsyncExitStack()),
+                        content_type=framing.content_type, headers={**headers, **framing.headers})
+    response.timeout = None
+    return response
+
+
+async def answer(tree: Tree, client: EngineClient, gen: Generate, *, framing: Framing | None,
+                 headers: Callable[[Admitted], dict[str, str]],
+                 frames: Callable[[RequestEvents, Admitted], AsyncIterator[bytes]],
+                 collect: Callable[[RequestEvents, Admitted], Awaitable[dict]],
+                 done: Callable[[], None] | None = None):
+    """Run `gen` (monitored where its model's monitoring is on) and answer it: streamed in
+    `framing` (None: one collected answer), with `headers(admitted)`. `done` runs once the
+    answer is complete — after the last frame, or once collected."""
+    gen = monitoring_api.monitored(tree, gen)
+    stack = contextlib.AsyncExitStack()
+    try:
+        events, first = await admit(stack, client, gen)
+        events = monitoring_api.recorded(tree, gen, request.path, events)
+        answered = headers(first)
+        if framing is not None:
+            return streamed(_then(frames(events, first), done), framing, answered, stack)
+        async with stack:
+            result = await collect(events, first)
+        if done is not None:
+            done()
+        return result, 200, answered
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+async def _then(chunks: AsyncIterator[bytes], done: Callable[[], None] | None):
+    async for chunk in chunks:
+        yield chunk
+    if done is not None:
+        done()
+
+
+async def single(client: EngineClient, message):
+    """The one answer of a request that is answered whole (Embed, Score), or its typed error."""
+    async with client.submit(message) as events:
+        async for event in events:
+            if isinstance(event, Failed):
+                raise GreenroomError.from_wire(event.error)
+    return event
+
+
+def vectors(embedded: Embedded) -> list[list[float]]:
+    """An Embedded's float32 vectors as lists."""
+    return [array.array("f", raw).tolist() for raw in embedded.vectors]

@@ -1,0 +1,102 @@
+"""Ollama's embeddings: /api/embed (current: normalised vectors, `dimensions`) and
+/api/embeddings (legacy: the raw vector), validated by the spec's table before any engine
+is asked anything."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from quart import Quart
+
+from greenroom.errors import GreenroomError
+from greenroom.http import ledger, openai_params
+from greenroom.http.answering import single, vectors
+from greenroom.http.keep_alive import parse as parse_keep_alive
+from greenroom.http.ollama_request import Prepared, prepare
+from greenroom.protocol import Embed, Embedded
+from greenroom.supervisor.tree import Tree
+
+MAX_ITEMS = 128
+MAX_TEXT_CHARS = 8192
+MAX_REQUEST_CHARS = 65536
+
+EMBED = {"model": ledger.USE, "input": ledger.USE, "truncate": ledger.USE, "dimensions": ledger.USE,
+         "options": ledger.REPORTED, "keep_alive": ledger.USE}
+EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.USE}
+
+
+def texts(value, param: str) -> list[str]:
+    """The validation table, in order."""
+    if value is None:
+        raise GreenroomError("missing_parameter", f"'{param}' is a required property", param)
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(t, str) for t in items):
+        raise GreenroomError("invalid_parameter", f"'{param}' must be a string or an array of strings", param)
+    if not items:
+        raise GreenroomError("empty_input", "Embedding input must contain at least one item", param)
+    if len(items) > MAX_ITEMS:
+        raise GreenroomError("embedding_batch_too_large", "Embedding input batch is too large", param)
+    for text in items:
+        if not text.strip():
+            raise GreenroomError("empty_input", "Embedding input text must not be empty", param)
+    for text in items:
+        if len(text) > MAX_TEXT_CHARS:
+            raise GreenroomError("embedding_input_too_large", "Embedding input text is too large", param)
+    if sum(len(t) for t in items) > MAX_REQUEST_CHARS:
+        raise GreenroomError("embedding_request_too_large", "Embedding request is too large", param)
+    return items
+
+
+async def _embed(tree: Tree, req: Prepared, inputs: list[str]) -> tuple[Embedded, int]:
+    if not req.caps.embeddings:
+        raise GreenroomError("field_not_honoured", "this model's engine serves no embeddings", "model")
+    load_started = time.monotonic_ns()
+    client, _ = await tree.client_for(req.model, wait_unload=True)
+    load_ns = time.monotonic_ns() - load_started
+    return await single(client, Embed(openai_params.new_rid("embd"), req.model, texts=inputs)), load_ns
+
+
+def _normalised(v: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in v))
+    return [x / norm for x in v] if norm > 0 else v
+
+
+def register(app: Quart, tree: Tree) -> None:
+    @app.post("/api/embed")
+    async def ollama_embed():
+        req = await prepare(tree, EMBED, "on /api/embed")
+        body = req.body
+        inputs = texts(body.get("input"), "input")
+        openai_params.boolean(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
+        dimensions = body.get("dimensions")
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or dimensions < 1):
+            raise GreenroomError("invalid_parameter", "'dimensions' must be a positive integer", "dimensions")
+        keep_alive = parse_keep_alive(body)
+        also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
+        headers = req.headers(also)
+        embedded, load_ns = await _embed(tree, req, inputs)
+        if keep_alive is not None:
+            tree.keep_alive(req.model, keep_alive)
+        floats = vectors(embedded)
+        if dimensions is not None:
+            if dimensions > len(floats[0]):
+                raise GreenroomError("invalid_parameter", f"'dimensions' is {dimensions}, but this model's "
+                                     f"embeddings have {len(floats[0])}", "dimensions")
+            floats = [v[:dimensions] for v in floats]
+        return {"model": req.sent_model, "embeddings": [_normalised(v) for v in floats],
+                "total_duration": time.monotonic_ns() - req.started_ns, "load_duration": load_ns,
+                "prompt_eval_count": embedded.prompt_tokens}, 200, headers
+
+    @app.post("/api/embeddings")
+    async def ollama_embeddings():
+        req = await prepare(tree, EMBEDDINGS, "on /api/embeddings")
+        openai_params.string(req.body, "prompt")
+        inputs = texts(req.body.get("prompt"), "prompt")
+        keep_alive = parse_keep_alive(req.body)
+        headers = req.headers()
+        embedded, _ = await _embed(tree, req, inputs)
+        if keep_alive is not None:
+            tree.keep_alive(req.model, keep_alive)
+        return {"embedding": vectors(embedded)[0]}, 200, headers
