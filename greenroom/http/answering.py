@@ -11,44 +11,14 @@ import array
 import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
-from quart import Response, request
+from quart import request
 
 from greenroom.errors import GreenroomError
 from greenroom.http import monitoring_api
-from greenroom.http.framing import Framing
+from greenroom.http.framing import Framing, streamed
 from greenroom.protocol import Admitted, Embedded, Failed, Generate
 from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admit
 from greenroom.supervisor.tree import Tree
-
-
-class StreamBody:
-    """A streamed response body that always releases its request: quart calls
-    `aclose` when the client goes away, even before the first chunk."""
-
-    def __init__(self, chunks, stack: contextlib.AsyncExitStack):
-        self._chunks = chunks
-        self._stack = stack
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()
-        finally:
-            await self._stack.aclose()
-
-
-def streamed(chunks: AsyncIterator[bytes], framing: Framing, headers: dict[str, str],
-             stack: contextlib.AsyncExitStack | None = None) -> Response:
-    """A response that streams `chunks` for as long as they come (no response timeout)."""
-    response = Response(StreamBody(chunks, stack or contextlib.AsyncExitStack()),
-                        content_type=framing.content_type, headers={**headers, **framing.headers})
-    response.timeout = None
-    return response
 
 
 async def answer(tree: Tree, client: EngineClient, gen: Generate, *, framing: Framing | None,

@@ -1,11 +1,15 @@
 """How streamed answers are framed on the wire: server-sent events (/v1 and the monitoring
-stream) and newline-delimited JSON (the Ollama surface). One place for each format."""
+stream) and newline-delimited JSON (the Ollama surface), and the streamed response that
+carries them. One place for each format."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from typing import AsyncIterator
 
 import attrs
+from quart import Response
 
 
 @attrs.frozen
@@ -39,3 +43,33 @@ def sse_error(body: dict) -> bytes:
 def ndjson(obj: dict) -> bytes:
     """One line of an NDJSON stream."""
     return _json(obj) + b"\n"
+
+
+class StreamBody:
+    """A streamed response body that always releases its request: quart calls
+    `aclose` when the client goes away, even before the first chunk."""
+
+    def __init__(self, chunks, stack: contextlib.AsyncExitStack):
+        self._chunks = chunks
+        self._stack = stack
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._stack.aclose()
+
+
+def streamed(chunks: AsyncIterator[bytes], framing: Framing, headers: dict[str, str],
+             stack: contextlib.AsyncExitStack | None = None) -> Response:
+    """A response that streams `chunks` for as long as they come (no response timeout)."""
+    response = Response(StreamBody(chunks, stack or contextlib.AsyncExitStack()),
+                        content_type=framing.content_type, headers={**headers, **framing.headers})
+    response.timeout = None
+    return response

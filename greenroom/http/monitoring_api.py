@@ -11,14 +11,13 @@ every SAE hook suppressed besides. A monitored request is served on the serial p
 
 from __future__ import annotations
 
-import json
 
 import attrs
 import trio
-from quart import Quart, Response, request
+from quart import Quart, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params, sae_activations
+from greenroom.http import framing, openai_params, sae_activations
 from greenroom.protocol import Generate, Text
 from greenroom.store.monitoring import MonitorConfig
 from greenroom.supervisor.monitoring import RING_SIZE
@@ -129,18 +128,11 @@ def register(app: Quart, tree: Tree) -> None:
                     if item is None:
                         yield b": keep-alive\n\n"
                     elif item[0] == "dropped":  # this reader fell behind; /records still has them
-                        yield _event("dropped", {"dropped": item[1]})
+                        yield framing.sse({"dropped": item[1]}, "dropped")
                     else:
-                        yield _event(None, item[1])
+                        yield framing.sse(item[1])
 
-        response = Response(events(), content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        response.timeout = None
-        return response
-
-
-def _event(name: str | None, data: dict) -> bytes:
-    head = f"event: {name}\n".encode() if name else b""
-    return head + b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        return framing.streamed(events(), framing.SSE, {})
 
 
 def _config(config: MonitorConfig) -> dict:

@@ -26,7 +26,6 @@ from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.http import framing, ledger, ollama_api, ollama_params, openai_params
-from greenroom.http.answering import streamed
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import served
 from greenroom.http.ollama_templates import apply_template
@@ -95,7 +94,7 @@ def _ndjson(frames, headers: dict) -> Response:
         except GreenroomError as exc:
             yield framing.ndjson(error_body(exc, rid))
 
-    return streamed(lines(), framing.NDJSON, headers)
+    return framing.streamed(lines(), framing.NDJSON, headers)
 
 
 async def _last(frames) -> dict:
