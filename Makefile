@@ -17,7 +17,7 @@ LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=
                -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 PORT   ?= 8000
 
-.PHONY: install serve test bench clean
+.PHONY: install serve lint test bench clean
 
 install: $(STAMP)
 
@@ -48,7 +48,12 @@ $(STAMP): pyproject.toml overrides.txt Makefile
 serve: install
 	$(VENV)/bin/greenroom serve --port $(PORT)
 
-test: install
+# lint first: a lint or format finding fails CI before the 15-minute suite runs
+lint: install
+	$(VENV)/bin/ruff check greenroom tests bench
+	$(VENV)/bin/ruff format --check greenroom tests bench
+
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: install

@@ -67,8 +67,7 @@ def main() -> None:
 
     gen_cfg = GenerationConfig(max_new_tokens=args.tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     # sized for the run: on the CPU the default KV cache takes gigabytes (DESIGN.md)
-    cb_cfg = ContinuousBatchingConfig(num_blocks=args.n * (args.tokens // 32 + 3), page_size=32,
-                                      max_batch_tokens=512)
+    cb_cfg = ContinuousBatchingConfig(num_blocks=args.n * (args.tokens // 32 + 3), page_size=32, max_batch_tokens=512)
 
     def manager():
         model.generate_batch(prompts, generation_config=gen_cfg, continuous_batching_config=cb_cfg, warmup=False)
@@ -79,8 +78,14 @@ def main() -> None:
 
     def static():
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.tokens,
-                           min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=args.tokens,
+                min_new_tokens=args.tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     def greenroom():
         batch = engine.new_batch(GREEDY)
@@ -90,8 +95,12 @@ def main() -> None:
 
     print(f"demo:{args.size} on {args.device}, {args.n} sequences × {args.tokens} tokens (greedy)")
     base = None
-    for name, fn in [("serial (one at a time)", serial), ("transformers generate_batch", manager),
-                     ("static batch (generate)", static), ("greenroom DecodeBatch", greenroom)]:
+    for name, fn in [
+        ("serial (one at a time)", serial),
+        ("transformers generate_batch", manager),
+        ("static batch (generate)", static),
+        ("greenroom DecodeBatch", greenroom),
+    ]:
         rate = total / timed(fn, args.repeat)
         base = base or rate
         print(f"  {name:<28} {rate:>9.1f} tok/s  {rate / base:>5.2f}× serial")

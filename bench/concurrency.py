@@ -29,8 +29,12 @@ from bench.server import start_server  # noqa: E402
 
 
 def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
-    body = {"model": "bench", "messages": [{"role": "user", "content": f"Story number {i}"}],
-            "max_tokens": tokens, "stream": True}
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": f"Story number {i}"}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
     start, ttft, n = time.perf_counter(), None, 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
@@ -44,9 +48,11 @@ def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
 
 
 def run(mode: str, size: str, tokens: int, levels: list[int]) -> list[float]:
-    proc, url = start_server(f'log_level = "warning"\nmax_queue = {max(levels)}\nollama_port = 0\n'
-                             f'continuous_batching = {"true" if mode == "batching" else "false"}\n'
-                             f'[[models]]\nid = "bench"\nsource = "demo:{size}"\n')
+    proc, url = start_server(
+        f'log_level = "warning"\nmax_queue = {max(levels)}\nollama_port = 0\n'
+        f"continuous_batching = {'true' if mode == 'batching' else 'false'}\n"
+        f'[[models]]\nid = "bench"\nsource = "demo:{size}"\n'
+    )
     rates = []
     try:
         backend = httpx.get(url + "/api/health/inference", timeout=10).json()["backend"]

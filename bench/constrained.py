@@ -27,12 +27,19 @@ from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E4
 
 SCHEMAS = {
     # one long string field: the random demo model keeps writing it, so every run reaches max_tokens
-    "story": {"type": "object", "properties": {"label": {"enum": ["a", "b"]}, "story": {"type": "string"}},
-              "required": ["label", "story"], "additionalProperties": False},
+    "story": {
+        "type": "object",
+        "properties": {"label": {"enum": ["a", "b"]}, "story": {"type": "string"}},
+        "required": ["label", "story"],
+        "additionalProperties": False,
+    },
     # numbers only, in an array without end: every token is inside a number or between two
-    "numbers": {"type": "object", "properties": {"values": {"type": "array", "items": {"type": "number"},
-                                                            "minItems": 10000}},
-                "required": ["values"], "additionalProperties": False},
+    "numbers": {
+        "type": "object",
+        "properties": {"values": {"type": "array", "items": {"type": "number"}, "minItems": 10000}},
+        "required": ["values"],
+        "additionalProperties": False,
+    },
 }
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper, as JSON."}]
 
@@ -65,9 +72,11 @@ def main() -> None:
     tps_free = statistics.median(r[0] for r in free)
     tps_con = statistics.median(r[0] for r in constrained)
     per_token_ms = (1 / tps_con - 1 / tps_free) * 1000
-    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params), {free[0][1]} vs "
-          f"{constrained[0][1]} tokens, median of {args.runs} runs; schema {args.schema!r} compiled in "
-          f"{compile_ms:.1f} ms")
+    print(
+        f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params), {free[0][1]} vs "
+        f"{constrained[0][1]} tokens, median of {args.runs} runs; schema {args.schema!r} compiled in "
+        f"{compile_ms:.1f} ms"
+    )
     print(f"unconstrained : {tps_free:8.1f} tok/s")
     print(f"json_schema   : {tps_con:8.1f} tok/s   (+{per_token_ms:.3f} ms/token)")
     print(f"ratio constrained/unconstrained: {tps_con / tps_free:.3f}")

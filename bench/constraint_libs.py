@@ -45,7 +45,8 @@ SEPARATORS = (", ", ": ")  # what greenroom's llguidance grammars write; xgramma
 SIMPLE = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-    "required": ["name", "age"], "additionalProperties": False,
+    "required": ["name", "age"],
+    "additionalProperties": False,
 }
 RICH = {
     "type": "object",
@@ -53,75 +54,155 @@ RICH = {
         "label": {"enum": ["humor", "not_humor", "unsure"]},
         "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
         "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 1, "maxItems": 3},
-        "owner": {"type": "object", "properties": {
-            "age": {"type": "integer", "minimum": 18, "maximum": 99},
-            "name": {"type": "string", "minLength": 1, "maxLength": 8}},
-            "required": ["age", "name"], "additionalProperties": False},
+        "owner": {
+            "type": "object",
+            "properties": {
+                "age": {"type": "integer", "minimum": 18, "maximum": 99},
+                "name": {"type": "string", "minLength": 1, "maxLength": 8},
+            },
+            "required": ["age", "name"],
+            "additionalProperties": False,
+        },
     },
-    "required": ["label", "code", "tags", "owner"], "additionalProperties": False,
+    "required": ["label", "code", "tags", "owner"],
+    "additionalProperties": False,
     "$defs": {"tag": {"type": "string", "maxLength": 6}},
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                         "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 5},
-                                         "b": {"type": "integer", "minimum": -5, "maximum": 5}},
-        "required": ["a", "b"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 10},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": -5, "maximum": 5},
+                    "b": {"type": "integer", "minimum": -5, "maximum": 5},
+                },
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 
 # One schema per keyword of the subset (docs/structured-output.md), bounded so that a random
 # model can finish it within the token budget.
 COVERAGE: dict[str, dict] = {
-    "type (all seven)": {"type": "object", "properties": {
-        "s": {"type": "string", "maxLength": 4}, "n": {"type": "number", "minimum": 0, "maximum": 9},
-        "i": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}, "z": {"type": "null"},
-        "a": {"type": "array", "maxItems": 2, "items": {"type": "boolean"}},
-        "o": {"type": "object", "properties": {}, "additionalProperties": False}},
-        "required": ["s", "n", "i", "b", "z", "a", "o"], "additionalProperties": False},
-    "type (list)": {"type": "array", "maxItems": 4, "items": {"type": ["integer", "null"], "minimum": 0,
-                                                               "maximum": 99}},
-    "properties+required": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
-                                                             "b": {"type": "boolean"}},
-                            "required": ["b"], "additionalProperties": False},
-    "additionalProperties: false": {"type": "object", "properties": {"x": {"type": "boolean"}},
-                                    "additionalProperties": False},
-    "additionalProperties: schema": {"type": "object", "properties": {"k": {"type": "boolean"}},
-                                     "required": ["k"], "additionalProperties": {"type": "integer", "minimum": 0,
-                                                                                 "maximum": 3}},
-    "items+minItems+maxItems": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99},
-                                "minItems": 2, "maxItems": 4},
+    "type (all seven)": {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "maxLength": 4},
+            "n": {"type": "number", "minimum": 0, "maximum": 9},
+            "i": {"type": "integer", "minimum": 0, "maximum": 9},
+            "b": {"type": "boolean"},
+            "z": {"type": "null"},
+            "a": {"type": "array", "maxItems": 2, "items": {"type": "boolean"}},
+            "o": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+        "required": ["s", "n", "i", "b", "z", "a", "o"],
+        "additionalProperties": False,
+    },
+    "type (list)": {
+        "type": "array",
+        "maxItems": 4,
+        "items": {"type": ["integer", "null"], "minimum": 0, "maximum": 99},
+    },
+    "properties+required": {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+        "required": ["b"],
+        "additionalProperties": False,
+    },
+    "additionalProperties: false": {
+        "type": "object",
+        "properties": {"x": {"type": "boolean"}},
+        "additionalProperties": False,
+    },
+    "additionalProperties: schema": {
+        "type": "object",
+        "properties": {"k": {"type": "boolean"}},
+        "required": ["k"],
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 3},
+    },
+    "items+minItems+maxItems": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 99},
+        "minItems": 2,
+        "maxItems": 4,
+    },
     "enum": {"enum": ["red", "green", 3, None, {"k": [1, 2]}]},
-    "const": {"type": "object", "properties": {"v": {"const": "fixed"}, "w": {"const": 7}},
-              "required": ["v", "w"], "additionalProperties": False},
-    "minimum+maximum (integer)": {"type": "array", "maxItems": 6, "items": {"type": "integer", "minimum": -3,
-                                                                            "maximum": 7}},
-    "minimum+maximum (number)": {"type": "array", "maxItems": 6, "items": {"type": "number", "minimum": -1.5,
-                                                                           "maximum": 2.25}},
-    "minLength+maxLength": {"type": "array", "maxItems": 3, "items": {"type": "string", "minLength": 3,
-                                                                      "maxLength": 6}},
+    "const": {
+        "type": "object",
+        "properties": {"v": {"const": "fixed"}, "w": {"const": 7}},
+        "required": ["v", "w"],
+        "additionalProperties": False,
+    },
+    "minimum+maximum (integer)": {
+        "type": "array",
+        "maxItems": 6,
+        "items": {"type": "integer", "minimum": -3, "maximum": 7},
+    },
+    "minimum+maximum (number)": {
+        "type": "array",
+        "maxItems": 6,
+        "items": {"type": "number", "minimum": -1.5, "maximum": 2.25},
+    },
+    "minLength+maxLength": {
+        "type": "array",
+        "maxItems": 3,
+        "items": {"type": "string", "minLength": 3, "maxLength": 6},
+    },
     "pattern": {"type": "array", "maxItems": 3, "items": {"type": "string", "pattern": "^[a-z]{2}[0-9]{2}$"}},
-    "pattern+maxLength": {"type": "array", "maxItems": 3, "items": {"type": "string", "pattern": "^[a-z ]+$",
-                                                                    "maxLength": 5}},
-    "pattern+minLength": {"type": "array", "maxItems": 3, "items": {"type": "string", "pattern": "^[a-c]{1,8}$",
-                                                                    "minLength": 6}},
-    "anyOf": {"type": "array", "maxItems": 4, "items": {"anyOf": [
-        {"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "maxLength": 3}]}},
-    "$ref into $defs": {"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}, "q": {"$ref": "#/$defs/P"}},
-                        "required": ["p", "q"], "additionalProperties": False,
-                        "$defs": {"P": {"type": "integer", "minimum": 1, "maximum": 3}}},
+    "pattern+maxLength": {
+        "type": "array",
+        "maxItems": 3,
+        "items": {"type": "string", "pattern": "^[a-z ]+$", "maxLength": 5},
+    },
+    "pattern+minLength": {
+        "type": "array",
+        "maxItems": 3,
+        "items": {"type": "string", "pattern": "^[a-c]{1,8}$", "minLength": 6},
+    },
+    "anyOf": {
+        "type": "array",
+        "maxItems": 4,
+        "items": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "maxLength": 3}]},
+    },
+    "$ref into $defs": {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/P"}, "q": {"$ref": "#/$defs/P"}},
+        "required": ["p", "q"],
+        "additionalProperties": False,
+        "$defs": {"P": {"type": "integer", "minimum": 1, "maximum": 3}},
+    },
 }
 
 
 # -- the two libraries behind one small interface ---------------------------------------------
+
 
 class Llguidance:
     name = "llguidance"
 
     def __init__(self, engine):
         from greenroom.engines.constraints import Constraints
+
         start = time.perf_counter()
         self.c = Constraints(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, cache_size=0)
         self.setup_s = time.perf_counter() - start
@@ -141,11 +222,13 @@ class Xgrammar:
 
     def __init__(self, engine):
         import xgrammar as xgr
+
         self.xgr = xgr
         start = time.perf_counter()
         eos = sorted(engine.eos_token_ids)
-        self.info = xgr.TokenizerInfo.from_huggingface(engine.tokenizer, vocab_size=engine.vocab_size,
-                                                       stop_token_ids=eos)
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            engine.tokenizer, vocab_size=engine.vocab_size, stop_token_ids=eos
+        )
         self.compiler = xgr.GrammarCompiler(self.info, cache_enabled=False, max_threads=1)
         self.setup_s = time.perf_counter() - start
         self.vocab = engine.vocab_size
@@ -158,8 +241,9 @@ class Xgrammar:
             return self.compiler.compile_json_schema(json.dumps(payload), any_whitespace=False, separators=SEPARATORS)
         G = self.xgr.Grammar
         calls = [self._json(_call_schema(t["function"])) for t in payload]
-        grammar = G.concat(G.from_ebnf('root ::= "<tool_call>\\n"'), G.union(*calls),
-                           G.from_ebnf('root ::= "\\n</tool_call>"'))
+        grammar = G.concat(
+            G.from_ebnf('root ::= "<tool_call>\\n"'), G.union(*calls), G.from_ebnf('root ::= "\\n</tool_call>"')
+        )
         return self.compiler.compile_grammar(grammar)
 
     def matcher(self, compiled):
@@ -179,11 +263,16 @@ class Xgrammar:
 
 
 def _call_schema(fn: dict) -> dict:
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 # -- measurements -----------------------------------------------------------------------------
+
 
 class SyntheticModel:
     """A byte-level BPE tokenizer of `vocab` tokens trained on generated pseudo-words (no
@@ -197,24 +286,34 @@ class SyntheticModel:
 
         rng = random.Random(seed)
         syllables = [a + b for a in "bcdfghjklmnpqrstvwxyz" for b in "aeiouy"] + list("aeiou")
-        lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
-                   for _ in range(max(60_000, vocab * 3))]
+        lexicon = [
+            "".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(max(60_000, vocab * 3))
+        ]
         extra = [".", ",", ":", '"', "{", "}", "[", "]", "(", ")", "0", "1", "42", "3.14", "\n", "  "]
-        lines = (" ".join(rng.choice(lexicon) if rng.random() < 0.85 else rng.choice(extra) for _ in range(20))
-                 for _ in range(max(20_000, vocab)))
+        lines = (
+            " ".join(rng.choice(lexicon) if rng.random() < 0.85 else rng.choice(extra) for _ in range(20))
+            for _ in range(max(20_000, vocab))
+        )
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(lines, trainer=trainers.BpeTrainer(
-            vocab_size=vocab, special_tokens=["<s>", "</s>"], show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.train_from_iterator(
+            lines,
+            trainer=trainers.BpeTrainer(
+                vocab_size=vocab,
+                special_tokens=["<s>", "</s>"],
+                show_progress=False,
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            ),
+        )
         self.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
         self.vocab_size = tok.get_vocab_size()
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
 
 
-def synthetic_mask_us(model: SyntheticModel, lib, compiled, seeds: int,
-                      max_tokens: int = 200) -> tuple[float, float, int]:
+def synthetic_mask_us(
+    model: SyntheticModel, lib, compiled, seeds: int, max_tokens: int = 200
+) -> tuple[float, float, int]:
     """Median and p90 µs of mask (compute + apply) while walking the grammar with random
     logits (a uniform choice among the allowed tokens)."""
     times = []
@@ -258,8 +357,11 @@ def generate(engine, lib, compiled, seed: int, max_tokens: int, timings: dict | 
     with torch.inference_mode():
         for _ in range(max_tokens):
             t0 = time.perf_counter()
-            logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                  **{engine.cache_arg: cache}).logits[0, -1].float()
+            logits = (
+                engine.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{engine.cache_arg: cache})
+                .logits[0, -1]
+                .float()
+            )
             t1 = time.perf_counter()
             mask(logits)
             t2 = time.perf_counter()
@@ -323,20 +425,29 @@ def main() -> None:
             libs.append({"llguidance": Llguidance, "xgrammar": Xgrammar}[name](engine))
         except ImportError:
             print(f"# {name} is not installed: skipped")
-    print(f"# demo {args.size}: vocab {engine.vocab_size}, {torch.get_num_threads()} torch thread(s), "
-          f"{os.cpu_count()} cores\n")
+    print(
+        f"# demo {args.size}: vocab {engine.vocab_size}, {torch.get_num_threads()} torch thread(s), "
+        f"{os.cpu_count()} cores\n"
+    )
 
-    grammars = {"simple object": ("json", SIMPLE), "enum+pattern+minItems+$ref": ("json", RICH),
-                "tool call (2 tools)": ("tools", TOOLS)}
+    grammars = {
+        "simple object": ("json", SIMPLE),
+        "enum+pattern+minItems+$ref": ("json", RICH),
+        "tool call (2 tools)": ("tools", TOOLS),
+    }
     print("## set-up and compile (ms; compile = median of 15 fresh compiles, caches off)\n")
     header = "| library | version | import (s) | tokenizer set-up | " + " | ".join(grammars) + " |"
     print(header)
     print("|" + " --- |" * (4 + len(grammars)))
     from importlib.metadata import version
+
     for lib in libs:
         cells = [f"{compile_ms(lib, kind, payload):.2f}" for kind, payload in grammars.values()]
-        print(f"| {lib.name} | {version(lib.name)} | {import_seconds(lib.name):.2f} | {lib.setup_s * 1e3:.1f} | "
-              + " | ".join(cells) + " |")
+        print(
+            f"| {lib.name} | {version(lib.name)} | {import_seconds(lib.name):.2f} | {lib.setup_s * 1e3:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
 
     print(f"\n## per-token cost (µs, median over every step of {args.perf_seeds} seeded generations)\n")
     print("| library | grammar | steps | forward | mask (compute + apply) | consume | mask p90 |")
@@ -349,8 +460,10 @@ def main() -> None:
                 generate(engine, lib, compiled, seed, args.max_tokens, timings)
             med = {k: statistics.median(v) * 1e6 for k, v in timings.items()}
             p90 = statistics.quantiles(timings["mask"], n=10)[-1] * 1e6
-            print(f"| {lib.name} | {gname} | {len(timings['mask'])} | {med['forward']:.0f} | {med['mask']:.0f} | "
-                  f"{med['consume']:.0f} | {p90:.0f} |")
+            print(
+                f"| {lib.name} | {gname} | {len(timings['mask'])} | {med['forward']:.0f} | {med['mask']:.0f} | "
+                f"{med['consume']:.0f} | {p90:.0f} |"
+            )
 
     sizes = [int(v) for v in args.vocab.split(",") if v]
     if sizes:
@@ -365,13 +478,17 @@ def main() -> None:
             for gname, (kind, payload) in grammars.items():
                 compile_time = compile_ms(big, kind, payload, runs=5)
                 med, p90, steps = synthetic_mask_us(model, big, big.compile(kind, payload), args.perf_seeds)
-                print(f"| {lib.name} | {model.vocab_size:,} | {gname} | {big.setup_s * 1e3:.0f} | {compile_time:.1f} | "
-                      f"{steps} | {med:.0f} | {p90:.0f} |")
+                print(
+                    f"| {lib.name} | {model.vocab_size:,} | {gname} | {big.setup_s * 1e3:.0f} | {compile_time:.1f} | "
+                    f"{steps} | {med:.0f} | {p90:.0f} |"
+                )
 
     if not args.seeds:
         return
-    print(f"\n## keyword coverage: valid / finished of {args.seeds} seeds (max {args.max_tokens} tokens), "
-          "validated with jsonschema\n")
+    print(
+        f"\n## keyword coverage: valid / finished of {args.seeds} seeds (max {args.max_tokens} tokens), "
+        "validated with jsonschema\n"
+    )
     print("| keyword | " + " | ".join(lib.name for lib in libs) + " |")
     print("| --- |" + " --- |" * len(libs))
     failures = []

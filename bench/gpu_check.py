@@ -55,8 +55,9 @@ def main() -> None:
     cfg.write_text(CONFIG)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)], cwd=ROOT
+    )
     http = httpx.Client(timeout=300)
     try:
         while True:
@@ -69,18 +70,32 @@ def main() -> None:
                 check("serve", False, returncode=proc.poll())
             time.sleep(0.5)
         actors = {a["name"]: a for a in http.get(url + "/api/actors").json()["actors"]}
-        check("tree", ACTOR in actors and actors[ACTOR]["state"] == "ready"
-              and actors[ACTOR]["pid"] != actors["supervisor"]["pid"], startup_s=round(time.monotonic() - t0, 1),
-              actors={k: [v["pid"], v["state"], v["models"]] for k, v in actors.items()})
+        check(
+            "tree",
+            ACTOR in actors
+            and actors[ACTOR]["state"] == "ready"
+            and actors[ACTOR]["pid"] != actors["supervisor"]["pid"],
+            startup_s=round(time.monotonic() - t0, 1),
+            actors={k: [v["pid"], v["state"], v["models"]] for k, v in actors.items()},
+        )
         for model in ("greenroom-demo", "greenroom-demo-1b"):
             r = chat(http, url, model, max_tokens=32, temperature=0)
-            check(f"chat {model}", r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 32,
-                  text=r.json()["choices"][0]["message"]["content"][:60] if r.status_code == 200 else r.text)
-        a, b = (chat(http, url, "greenroom-demo-1b", max_tokens=24, seed=5).json()["choices"][0]["message"]["content"]
-                for _ in range(2))
+            check(
+                f"chat {model}",
+                r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 32,
+                text=r.json()["choices"][0]["message"]["content"][:60] if r.status_code == 200 else r.text,
+            )
+        a, b = (
+            chat(http, url, "greenroom-demo-1b", max_tokens=24, seed=5).json()["choices"][0]["message"]["content"]
+            for _ in range(2)
+        )
         check("seed repeats", a == b)
-        body = {"model": "greenroom-demo-1b", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 3000,
-                "stream": True}
+        body = {
+            "model": "greenroom-demo-1b",
+            "messages": [{"role": "user", "content": "Go"}],
+            "max_tokens": 3000,
+            "stream": True,
+        }
         gpu_pid, killed, error = actors[ACTOR]["pid"], None, None
         with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
             n = 0
@@ -91,13 +106,20 @@ def main() -> None:
                     killed = time.monotonic()
                 if '"error"' in line:
                     error = json.loads(line[6:])["error"]["code"], round(time.monotonic() - killed, 3)
-        check(f"kill -9 {ACTOR} mid-stream → error event", error is not None and error[0] == "engine_crashed"
-              and error[1] < 2, error=error)
+        check(
+            f"kill -9 {ACTOR} mid-stream → error event",
+            error is not None and error[0] == "engine_crashed" and error[1] < 2,
+            error=error,
+        )
         t = time.monotonic()
         r = chat(http, url, "greenroom-demo-1b", max_tokens=8)
         actors = {a["name"]: a for a in http.get(url + "/api/actors").json()["actors"]}
-        check("restart, next request served", r.status_code == 200 and actors[ACTOR]["pid"] != gpu_pid,
-              wait_s=round(time.monotonic() - t, 1), restarts=actors[ACTOR]["restarts"])
+        check(
+            "restart, next request served",
+            r.status_code == 200 and actors[ACTOR]["pid"] != gpu_pid,
+            wait_s=round(time.monotonic() - t, 1),
+            restarts=actors[ACTOR]["restarts"],
+        )
         pids = [a["pid"] for a in actors.values()]
     finally:
         proc.send_signal(signal.SIGTERM)

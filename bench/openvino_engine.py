@@ -62,25 +62,34 @@ def main() -> None:
     args = parser.parse_args()
     engines = {
         "transformers (cpu, float32)": {"engine": "transformers", "source": f"demo:{args.size}", "device": "cpu"},
-        "openvino CPU (default precision)": {"engine": "openvino", "source": f"demo-openvino:{args.size}",
-                                             "device": "cpu"},
-        "openvino CPU (float32)": {"engine": "openvino", "source": f"demo-openvino:{args.size}", "device": "cpu",
-                                   "dtype": "float32"},
-        "openvino NPU pipeline on CPU": {"engine": "openvino", "source": f"demo-openvino:{args.size}",
-                                         "device": "npu:0", "max_prompt_len": 256,
-                                         "min_response_len": args.tokens + 64},
+        "openvino CPU (default precision)": {
+            "engine": "openvino",
+            "source": f"demo-openvino:{args.size}",
+            "device": "cpu",
+        },
+        "openvino CPU (float32)": {
+            "engine": "openvino",
+            "source": f"demo-openvino:{args.size}",
+            "device": "cpu",
+            "dtype": "float32",
+        },
+        "openvino NPU pipeline on CPU": {
+            "engine": "openvino",
+            "source": f"demo-openvino:{args.size}",
+            "device": "npu:0",
+            "max_prompt_len": 256,
+            "min_response_len": args.tokens + 64,
+        },
     }
     results = {}
     for name, spec in engines.items():
         results[name] = measure({"id": "bench", **spec}, args.tokens, args.runs)
         print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
     base = results["transformers (cpu, float32)"]
-    print(f"demo model {args.size}, {args.tokens} greedy tokens, median of {args.runs} runs, "
-          f"{os.cpu_count()} CPUs")
+    print(f"demo model {args.size}, {args.tokens} greedy tokens, median of {args.runs} runs, {os.cpu_count()} CPUs")
     print(f"{'engine':34} {'load s':>7} {'TTFT ms':>8} {'tok/s':>8} {'× transformers':>15}")
     for name, r in results.items():
-        print(f"{name:34} {r['load_s']:7.2f} {r['ttft_ms']:8.1f} {r['tok_s']:8.0f} "
-              f"{r['tok_s'] / base['tok_s']:15.2f}")
+        print(f"{name:34} {r['load_s']:7.2f} {r['ttft_ms']:8.1f} {r['tok_s']:8.0f} {r['tok_s'] / base['tok_s']:15.2f}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ def start_server(config: str, timeout_s: float = 400) -> tuple[subprocess.Popen,
         port = s.getsockname()[1]
     cfg = Path(tempfile.mkdtemp()) / "bench.toml"
     cfg.write_text(config)
-    proc = subprocess.Popen([sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)],
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)], cwd=ROOT
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

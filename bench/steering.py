@@ -94,9 +94,11 @@ def main() -> None:
         for mode, results in modes.items():
             results.append(once(mode, args.tokens))
     tps = {mode: statistics.median(r[0] for r in results) for mode, results in modes.items()}
-    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params, {engine.info.dtype}, "
-          f"{engine.info.device}); SAE {info.hook_point} width {info.width} ({info.architecture}), "
-          f"8 features steered; {modes['none'][0][1]} tokens greedy, median of {args.runs} interleaved runs")
+    print(
+        f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params, {engine.info.dtype}, "
+        f"{engine.info.device}); SAE {info.hook_point} width {info.width} ({info.architecture}), "
+        f"8 features steered; {modes['none'][0][1]} tokens greedy, median of {args.runs} interleaved runs"
+    )
     for mode, value in tps.items():
         print(f"  {mode:<17} {value:9.1f} tok/s   ratio to none {value / tps['none']:.3f}")
 

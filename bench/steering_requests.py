@@ -26,8 +26,10 @@ from bench.server import start_server  # noqa: E402
 
 MODEL = "greenroom-demo"
 SAE = "sae_demo_tiny_l1"
-CONFIG = f'log_level = "warning"\nollama_port = 0\nnpu_actors = []\n[[models]]\nid = "{MODEL}"\n' \
-         'source = "demo:tiny"\nsae = "demo:tiny"\n'
+CONFIG = (
+    f'log_level = "warning"\nollama_port = 0\nnpu_actors = []\n[[models]]\nid = "{MODEL}"\n'
+    'source = "demo:tiny"\nsae = "demo:tiny"\n'
+)
 MODES = {  # the request's extra fields; "circuit" runs with a circuit active instead of live values
     "live state": {},
     "steering_intensity": {"steering_intensity": 0.5},
@@ -43,12 +45,31 @@ def setup(url: str) -> None:
 
     strengths = {SAE: {"5": 60.0, "9": -30.0}}
     ok(httpx.post(url + "/api/profiles", json={"name": "bench", "model": MODEL, "strengths": strengths}))
-    ok(httpx.post(url + "/api/clusters/import", json={
-        "format": "greenroom.cluster.v1", "name": "bench-cluster", "model": MODEL, "sae_id": SAE,
-        "intensity_range": [0.5, 1.5], "members": [{"feature": 5, "strength": 60}, {"feature": 9, "strength": -30}]}))
-    ok(httpx.post(url + "/api/circuits/import", json={
-        "format": "greenroom.circuit.v1", "name": "bench-circuit", "model": MODEL, "rung": 2,
-        "layers": [{"layer": 1, "members": [{"feature": 5, "strength": 60}]}]}))
+    ok(
+        httpx.post(
+            url + "/api/clusters/import",
+            json={
+                "format": "greenroom.cluster.v1",
+                "name": "bench-cluster",
+                "model": MODEL,
+                "sae_id": SAE,
+                "intensity_range": [0.5, 1.5],
+                "members": [{"feature": 5, "strength": 60}, {"feature": 9, "strength": -30}],
+            },
+        )
+    )
+    ok(
+        httpx.post(
+            url + "/api/circuits/import",
+            json={
+                "format": "greenroom.circuit.v1",
+                "name": "bench-circuit",
+                "model": MODEL,
+                "rung": 2,
+                "layers": [{"layer": 1, "members": [{"feature": 5, "strength": 60}]}],
+            },
+        )
+    )
 
 
 def mode_state(url: str, mode: str) -> None:
@@ -56,14 +77,20 @@ def mode_state(url: str, mode: str) -> None:
     if mode == "active circuit":
         r = httpx.post(url + "/api/circuits/bench-circuit/activate", timeout=30)
     else:
-        r = httpx.put(url + "/api/steering", json={"model": MODEL, "strengths": {SAE: {"5": 60.0, "9": -30.0}}},
-                      timeout=30)
+        r = httpx.put(
+            url + "/api/steering", json={"model": MODEL, "strengths": {SAE: {"5": 60.0, "9": -30.0}}}, timeout=30
+        )
     assert r.status_code == 200 and r.json()["live"], r.text
 
 
 def request(client: httpx.Client, mode: str, tokens: int) -> tuple[float, int]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
-            "max_tokens": tokens, "temperature": 0, **MODES[mode]}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        **MODES[mode],
+    }
     start = time.perf_counter()
     r = client.post("/v1/chat/completions", json=body)
     elapsed = time.perf_counter() - start
@@ -98,8 +125,10 @@ def main() -> None:
         print(f"{'mode':<20} {'1-token ms':>10} {'Δ ms':>7} {'tok/s':>8} {'ratio':>6}")
         for mode in MODES:
             lat, tps = statistics.median(latency[mode]), statistics.median(speed[mode])
-            print(f"{mode:<20} {lat * 1000:>10.1f} {(lat - base_latency) * 1000:>+7.1f} {tps:>8.1f} "
-                  f"{tps / base_speed:>6.3f}")
+            print(
+                f"{mode:<20} {lat * 1000:>10.1f} {(lat - base_latency) * 1000:>+7.1f} {tps:>8.1f} "
+                f"{tps / base_speed:>6.3f}"
+            )
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -71,8 +71,9 @@ def main() -> None:
     # the same device the server's first engine actor gets: gpu0 → cuda:0, else cpu
     device = "cuda:0" if detect_engine_actors()[0] == "gpu0" else "cpu"
     engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size), device=device)
-    proc, url = start_server(f'log_level = "warning"\nollama_port = 0\n'
-                             f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n')
+    proc, url = start_server(
+        f'log_level = "warning"\nollama_port = 0\n[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n'
+    )
     try:
         with httpx.Client(timeout=600) as http:  # one connection, as a real client keeps
             # warm both paths at full length: on CUDA a thread's first generations run
@@ -92,8 +93,10 @@ def main() -> None:
     assert {r[2] for r in local} == {r[2] for r in remote}, "both paths must generate the same tokens"
     tps_l, tps_r = med(local, 0), med(remote, 0)
     ttft_l, ttft_r = med(local, 1), med(remote, 1)
-    print(f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params, {engine.info.dtype} on "
-          f"{engine.info.device}), {local[0][2]} tokens, median of {args.runs} runs")
+    print(
+        f"model demo:{args.size} ({engine.info.parameters / 1e6:.1f}M params, {engine.info.dtype} on "
+        f"{engine.info.device}), {local[0][2]} tokens, median of {args.runs} runs"
+    )
     print(f"in-process : {tps_l:8.1f} tok/s   TTFT {ttft_l * 1000:7.1f} ms")
     print(f"HTTP stream: {tps_r:8.1f} tok/s   TTFT {ttft_r * 1000:7.1f} ms")
     print(f"ratio tokens/s HTTP/in-process: {tps_r / tps_l:.3f}   TTFT overhead: {(ttft_r - ttft_l) * 1000:+.1f} ms")

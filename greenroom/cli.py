@@ -23,23 +23,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-extras", action="store_true", help="leave the x_needle block out of chat completions")
-    p.add_argument("--continuous-batching", action="store_true", default=None,
-                   help="batch requests that use the fixed sampling parameters (see GET /api/health/inference)")
+    p.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        default=None,
+        help="batch requests that use the fixed sampling parameters (see GET /api/health/inference)",
+    )
 
     p = sub.add_parser("ps", help="print the live actor tree of a running server")
     p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
     p.add_argument("--json", action="store_true", help="print GET /api/actors as JSON")
-    p.add_argument("--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or "
-                   "$NEEDLE_API_KEY)")
+    p.add_argument(
+        "--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or $NEEDLE_API_KEY)"
+    )
 
-    p = sub.add_parser("demo-model", help="build the demo checkpoint, its two SAEs and, for float32 sizes, its "
-                       "GGUF files and OpenVINO IR (deterministic, no download)")
+    p = sub.add_parser(
+        "demo-model",
+        help="build the demo checkpoint, its two SAEs and, for float32 sizes, its "
+        "GGUF files and OpenVINO IR (deterministic, no download)",
+    )
     p.add_argument("--size", default="tiny", help="tiny (default), 100m or 1b")
     p.add_argument("--cache-dir", default=None, help="cache root (default: $GREENROOM_CACHE or ~/.cache/greenroom)")
 
-    p = sub.add_parser("convert", help="export a Hugging Face checkpoint directory to an OpenVINO model "
-                       "directory (source of an engine = \"openvino\" model); with --from-gguf, turn a GGUF "
-                       "file into a Hugging Face checkpoint directory (float32, for the transformers engine)")
+    p = sub.add_parser(
+        "convert",
+        help="export a Hugging Face checkpoint directory to an OpenVINO model "
+        'directory (source of an engine = "openvino" model); with --from-gguf, turn a GGUF '
+        "file into a Hugging Face checkpoint directory (float32, for the transformers engine)",
+    )
     p.add_argument("--from-gguf", metavar="FILE", help="a GGUF file to dequantise into OUT")
     p.add_argument("checkpoint", nargs="?", help="a Hugging Face checkpoint directory (not with --from-gguf)")
     p.add_argument("out", help="the directory to write")
@@ -55,9 +66,14 @@ def _serve(args) -> int:
 
     from greenroom.supervisor.serve import serve
 
-    config = load_config(args.config, host=args.host, port=args.port, log_level=args.log_level,
-                         expose_extras=False if args.no_extras else None,
-                         continuous_batching=args.continuous_batching)
+    config = load_config(
+        args.config,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        expose_extras=False if args.no_extras else None,
+        continuous_batching=args.continuous_batching,
+    )
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve, config)
     return 0
@@ -83,8 +99,10 @@ def _ps(args) -> int:
     print(f"{'NAME':<{width}} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS")
     for a in actors:
         rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
-        print(f"{a['name']:<{width}} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
-              f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}")
+        print(
+            f"{a['name']:<{width}} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
+            f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}"
+        )
     return 0
 
 
@@ -105,8 +123,9 @@ def _convert(args) -> int:
     optimum = shutil.which("optimum-cli")
     if optimum:
         print(f"exporting with {optimum}")
-        return subprocess.call([optimum, "export", "openvino", "--model", str(src), "--task",
-                                "text-generation-with-past", str(out)])
+        return subprocess.call(
+            [optimum, "export", "openvino", "--model", str(src), "--task", "text-generation-with-past", str(out)]
+        )
     from greenroom.engines.demo_openvino import export_llama
 
     print("optimum-cli is not installed: exporting with greenroom's Llama exporter (LlamaForCausalLM only)")

@@ -72,8 +72,15 @@ def _on(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-_ENV_FIELDS = {"host": str, "port": int, "ollama_port": int, "log_level": str, "default_max_tokens": int,
-               "max_queue": int, "continuous_batching": _on}
+_ENV_FIELDS = {
+    "host": str,
+    "port": int,
+    "ollama_port": int,
+    "log_level": str,
+    "default_max_tokens": int,
+    "max_queue": int,
+    "continuous_batching": _on,
+}
 
 
 def load_config(path: str | Path | None = None, **overrides) -> Config:
@@ -123,8 +130,11 @@ def detect_engine_actors() -> list[str]:
     else:
         gpus = Path("/proc/driver/nvidia/gpus")
         # sandboxed kernels (gVisor) may lack the /proc entry but still have the device nodes
-        cards = sorted(gpus.iterdir()) if gpus.is_dir() else [
-            d for d in Path("/dev").glob("nvidia*") if d.name[len("nvidia"):].isdigit()]
+        cards = (
+            sorted(gpus.iterdir())
+            if gpus.is_dir()
+            else [d for d in Path("/dev").glob("nvidia*") if d.name[len("nvidia") :].isdigit()]
+        )
     return [f"gpu{i}" for i in range(len(cards))] or ["cpu"]
 
 

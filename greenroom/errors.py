@@ -119,5 +119,5 @@ class GreenroomError(Exception):
         return {"code": self.code, "message": self.message, "param": self.param}
 
     @classmethod
-    def from_wire(cls, d: dict) -> "GreenroomError":
+    def from_wire(cls, d: dict) -> GreenroomError:
         return cls(d["code"], d["message"], d.get("param"))

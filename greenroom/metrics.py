@@ -13,21 +13,36 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 REGISTRY = CollectorRegistry()
 
-REQUESTS = Counter("greenroom_requests", "HTTP requests by route, method and status",
-                   ("route", "method", "status"), registry=REGISTRY)
+REQUESTS = Counter(
+    "greenroom_requests", "HTTP requests by route, method and status", ("route", "method", "status"), registry=REGISTRY
+)
 TOKENS = Counter("greenroom_tokens_generated", "Tokens generated, by model", ("model",), registry=REGISTRY)
-TTFT = Histogram("greenroom_time_to_first_token_seconds", "From a request's submission to its first token",
-                 ("model",), registry=REGISTRY,
-                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-INTER_TOKEN = Histogram("greenroom_inter_token_seconds", "Time per token after the first", ("model",),
-                        registry=REGISTRY,
-                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
-QUEUE_DEPTH = Gauge("greenroom_queue_depth", "Requests queued or running in an engine actor", ("actor",),
-                    registry=REGISTRY)
-MODEL_EVENTS = Counter("greenroom_model_events", "Model loads and unloads after start-up", ("model", "event"),
-                       registry=REGISTRY)
-ACTOR_EVENTS = Counter("greenroom_actor_events", "Actor lifecycle: started (models loaded), stopped (unloaded), "
-                       "failed", ("actor", "event"), registry=REGISTRY)
+TTFT = Histogram(
+    "greenroom_time_to_first_token_seconds",
+    "From a request's submission to its first token",
+    ("model",),
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+INTER_TOKEN = Histogram(
+    "greenroom_inter_token_seconds",
+    "Time per token after the first",
+    ("model",),
+    registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+QUEUE_DEPTH = Gauge(
+    "greenroom_queue_depth", "Requests queued or running in an engine actor", ("actor",), registry=REGISTRY
+)
+MODEL_EVENTS = Counter(
+    "greenroom_model_events", "Model loads and unloads after start-up", ("model", "event"), registry=REGISTRY
+)
+ACTOR_EVENTS = Counter(
+    "greenroom_actor_events",
+    "Actor lifecycle: started (models loaded), stopped (unloaded), failed",
+    ("actor", "event"),
+    registry=REGISTRY,
+)
 
 
 class TokenClock:

@@ -106,6 +106,11 @@ class Score:
     tools: list[dict] | None = None
     # return_sae_activations (one row), as on Generate: read on the unsteered scoring pass
     sae_activations: dict | None = None
+    # echo (/v1/completions): each row's prompt comes back — its text, and with echo_logprobs (the
+    # alternatives per prompt position) every prompt token's log-probability (engine.prompt_logprobs)
+    echo: bool = False
+    echo_logprobs: int | None = None
+    next_token: bool = True  # False (echo with max_tokens 0): the prompt alone, no token scored after it
 
     @property
     def rows(self) -> int:
@@ -119,7 +124,7 @@ class Load:
     """Load a model into the engine actor (queued behind the requests before it)."""
 
     rid: str
-    spec: dict  # {"id", "source", "engine", "device", "dtype", "cache_dir"}
+    spec: dict  # the model's placement (supervisor/placements.Placement.to_spec)
 
 
 @attrs.frozen
@@ -183,7 +188,7 @@ class AttachSAE(ModelRequest):
     sae: str
     layer: int | None = None  # the layer `sae` must read
     sae_id: str | None = None  # None: a name derived from `sae`
-    placement: dict | None = None  # the model's first placement (Tree.steering fills it in)
+    placement: dict | None = None  # the model's first placement's to_spec() (the steering relay fills it in)
 
 
 @attrs.frozen
@@ -362,11 +367,34 @@ class UnlockSteering:
 
 
 SteeringRequest = (
-    GetSteering | AttachSAE | AttachDefaultSAE | DetachSAE | SetSteering | ResolveRequestSteering
-    | ListProfiles | GetProfile | CreateProfile | ImportProfile | UpdateProfile | DeleteProfile | ActivateProfile
-    | ListClusters | GetCluster | ImportCluster | DialCluster | DeleteCluster
-    | ListCircuits | GetCircuit | ImportCircuit | ActivateCircuit | DialCircuit | DeleteCircuit | GetActiveCircuit
-    | GetLock | LockSteering | UnlockSteering
+    GetSteering
+    | AttachSAE
+    | AttachDefaultSAE
+    | DetachSAE
+    | SetSteering
+    | ResolveRequestSteering
+    | ListProfiles
+    | GetProfile
+    | CreateProfile
+    | ImportProfile
+    | UpdateProfile
+    | DeleteProfile
+    | ActivateProfile
+    | ListClusters
+    | GetCluster
+    | ImportCluster
+    | DialCluster
+    | DeleteCluster
+    | ListCircuits
+    | GetCircuit
+    | ImportCircuit
+    | ActivateCircuit
+    | DialCircuit
+    | DeleteCircuit
+    | GetActiveCircuit
+    | GetLock
+    | LockSteering
+    | UnlockSteering
 )
 
 
@@ -490,11 +518,15 @@ class Embedded:
 
 @attrs.frozen
 class ScoredRow:
-    token: list  # [id, text, utf-8 bytes]
-    logprob: float
+    token: list | None  # [id, text, utf-8 bytes]; None: nothing scored after the prompt (Score.next_token)
+    logprob: float | None
     top: list[list]  # [[id, text, utf-8 bytes, logprob], …], most probable first
     prompt_tokens: int
     prompt_chars: int  # length of the prompt's text: OpenAI's text_offset of the answer
+    prompt_text: str | None = None  # with Score.echo
+    # with Score.echo_logprobs: each prompt token [id, text, logprob, [[id, text, logprob], …]] — the first
+    # with logprob and alternatives None (nothing predicts it)
+    prompt: list[list] | None = None
 
 
 @attrs.frozen
@@ -540,9 +572,29 @@ class Events:
     events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status | Steered | SteeringReply]
 
 
-_TAGS: dict[str, type] = {c.__name__: c for c in (
-    Generate, Embed, Score, Load, Unload, Cancel, StatusQuery, Admitted, Text, Embedded, Scores, Done, Failed,
-    Status, SteerUpdate, SteeringCall, Steered, SteeringReply)}
+_TAGS: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        Generate,
+        Embed,
+        Score,
+        Load,
+        Unload,
+        Cancel,
+        StatusQuery,
+        Admitted,
+        Text,
+        Embedded,
+        Scores,
+        Done,
+        Failed,
+        Status,
+        SteerUpdate,
+        SteeringCall,
+        Steered,
+        SteeringReply,
+    )
+}
 _conv = cattrs.Converter()
 _conv.register_structure_hook(Dial | None, lambda value, _: value)  # checked by the front end
 configure_tagged_union(SteeringRequest, _conv, tag_name="t")

@@ -27,8 +27,9 @@ def free_port() -> int:
 class Server:
     """A `greenroom serve` subprocess; `stop()` sends SIGTERM and waits."""
 
-    def __init__(self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180,
-                 extra_env: dict | None = None):
+    def __init__(
+        self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180, extra_env: dict | None = None
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"server-{self.port}.log"
@@ -38,8 +39,13 @@ class Server:
             cfg.write_text(config)
             cmd += ["--config", str(cfg)]
         # servers run side by side: none takes Ollama's fixed port (test_serve_ports.py checks it)
-        env = {**os.environ, "GREENROOM_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "GREENROOM_OLLAMA_PORT": "0",
-               **(extra_env or {})}
+        env = {
+            **os.environ,
+            "GREENROOM_CACHE": str(cache),
+            "PYTHONUNBUFFERED": "1",
+            "GREENROOM_OLLAMA_PORT": "0",
+            **(extra_env or {}),
+        }
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.wait_healthy(startup_s)

@@ -35,9 +35,15 @@ class Repo:
         self.sha = hashlib.sha1(b"".join(hashlib.sha256(files[n]).digest() for n in sorted(files))).hexdigest()
 
     @classmethod
-    def from_dir(cls, path: Path, token: str | None = None, only: tuple[str, ...] = ()) -> "Repo":
-        return cls({p.name: p.read_bytes() for p in sorted(Path(path).iterdir())
-                    if p.is_file() and (not only or p.name.endswith(only))}, token)
+    def from_dir(cls, path: Path, token: str | None = None, only: tuple[str, ...] = ()) -> Repo:
+        return cls(
+            {
+                p.name: p.read_bytes()
+                for p in sorted(Path(path).iterdir())
+                if p.is_file() and (not only or p.name.endswith(only))
+            },
+            token,
+        )
 
     def sibling(self, name: str) -> dict:
         data = self.files[name]
@@ -78,7 +84,7 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self._thread.start()
         return self
 
@@ -96,9 +102,16 @@ class FakeHub:
                 return
             if m.group(2) not in (None, "main", repo.sha):
                 return _send(h, 404, {"error": "Revision Not Found"}, {"X-Error-Code": "RevisionNotFound"}, body)
-            info = {"id": m.group(1), "modelId": m.group(1), "sha": repo.sha, "private": repo.token is not None,
-                    "gated": False, "disabled": False, "tags": [],
-                    "siblings": [repo.sibling(n) for n in sorted(repo.files)]}
+            info = {
+                "id": m.group(1),
+                "modelId": m.group(1),
+                "sha": repo.sha,
+                "private": repo.token is not None,
+                "gated": False,
+                "disabled": False,
+                "tags": [],
+                "siblings": [repo.sibling(n) for n in sorted(repo.files)],
+            }
             return _send(h, 200, info, {}, body)
         if m := _RESOLVE.match(path):
             repo = self._allowed(h, m.group(1), auth)
@@ -111,8 +124,11 @@ class FakeHub:
                 return _send(h, 500, {"error": "Internal Error"}, {}, body)
             data = repo.files[name]
             sibling = repo.sibling(name)
-            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{sibling["blobId"]}"',
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": repo.sha,
+                "ETag": f'"{sibling["blobId"]}"',
+                "Content-Type": "application/octet-stream",
+            }
             if "lfs" in sibling:
                 headers.update({"X-Linked-Etag": f'"{sibling["lfs"]["sha256"]}"', "X-Linked-Size": str(len(data))})
             return _send_bytes(h, data, headers, body)

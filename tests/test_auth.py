@@ -5,21 +5,34 @@ import httpx
 import ollama
 import openai
 import pytest
-
 from conftest import MODEL
-from greenroom.http import ollama_envelope
+
+from greenroom.http import routes
+from greenroom.http.routes import Surface
 
 KEY = "s3cret-key"
 BODIES = {
     "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
     "/v1/completions": {"model": MODEL, "prompt": "x", "max_tokens": 1},
     "/v1/embeddings": {"model": MODEL, "input": "x"},
-    "/v1/needle/extract": {"text": "x", "name": "n", "schema": {"type": "object", "properties": {
-        "a": {"enum": [1]}}, "required": ["a"], "additionalProperties": False}},
+    "/v1/needle/extract": {
+        "text": "x",
+        "name": "n",
+        "schema": {
+            "type": "object",
+            "properties": {"a": {"enum": [1]}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    },
     "/v1/needle/complete": {"query": "x", "max_tokens": 1},
     "/api/generate": {"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 1}},
-    "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": False,
-                  "options": {"num_predict": 1}},
+    "/api/chat": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": False,
+        "options": {"num_predict": 1},
+    },
     "/api/embed": {"model": MODEL, "input": "x"},
     "/api/embeddings": {"model": MODEL, "prompt": "x"},
     "/api/show": {"model": MODEL},
@@ -36,15 +49,28 @@ BODIES = {
     # deleted by the fixture
     "/api/profiles": {"name": "auth-profile", "model": "other"},
     "/api/profiles/auth-profile": {"description": "updated"},
-    "/api/profiles/import": {"format": "greenroom.steering_profile.v1", "saes": [],
-                             "profile": {"name": "auth-imported", "model": "other"}},
+    "/api/profiles/import": {
+        "format": "greenroom.steering_profile.v1",
+        "saes": [],
+        "profile": {"name": "auth-imported", "model": "other"},
+    },
     # a cluster (on auth_sae, still attached: its detach is walked last) and a circuit of "other",
     # imported, dialled, activated and deleted; the lock set and lifted
-    "/api/clusters/import": {"format": "greenroom.cluster.v1", "name": "auth-profile", "model": "other",
-                             "sae_id": "auth_sae", "members": [{"feature": 1, "strength": 10}]},
+    "/api/clusters/import": {
+        "format": "greenroom.cluster.v1",
+        "name": "auth-profile",
+        "model": "other",
+        "sae_id": "auth_sae",
+        "members": [{"feature": 1, "strength": 10}],
+    },
     "/api/clusters/auth-profile/intensity": {"intensity": 0.5},
-    "/api/circuits/import": {"format": "greenroom.circuit.v1", "name": "auth-profile", "model": "other", "rung": 1,
-                             "layers": [{"layer": 2, "members": [{"feature": 1, "strength": 10}]}]},
+    "/api/circuits/import": {
+        "format": "greenroom.circuit.v1",
+        "name": "auth-profile",
+        "model": "other",
+        "rung": 1,
+        "layers": [{"layer": 2, "members": [{"feature": 1, "strength": 10}]}],
+    },
     "/api/circuits/auth-profile/intensity": {"intensity": 0.5},
     "/api/steering/lock": {"model": "other"},
     "/api/monitoring": {"model": "other", "enabled": False},
@@ -59,20 +85,38 @@ NEEDS_THE_HUB = {"/api/pull": {"model": "someone/some-repo", "stream": False}}
 def keyed(tmp_path_factory, model_cache):
     from conftest import Server
 
-    config = ('[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
-              '[[models]]\nid = "other"\nsource = "demo:tiny"\npreload = false\n')
+    config = (
+        '[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
+        '[[models]]\nid = "other"\nsource = "demo:tiny"\npreload = false\n'
+    )
     srv = Server(tmp_path_factory.mktemp("auth"), model_cache, config, extra_env={"NEEDLE_API_KEY": KEY})
     yield srv
     for name in ("auth-copy", "auth-made"):  # the registry is the session's cache's: leave nothing to others
-        httpx.request("DELETE", srv.url + "/api/delete", json={"model": name},
-                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        httpx.request(
+            "DELETE",
+            srv.url + "/api/delete",
+            json={"model": name},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+        )
     httpx.delete(srv.url + "/api/profiles/auth-imported", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     srv.stop()
 
 
-def routes(srv):
+PARAMETERS = {"{id}": MODEL, "{name}": "auth-profile"}  # what each path parameter is walked with
+
+
+def walked(srv):
+    """The route table, as the index lists it, each path parameter filled in."""
     index = httpx.get(srv.url + "/").json()["endpoints"]
-    return [(e["method"], e["path"].replace("{id}", MODEL).replace("{name}", "auth-profile")) for e in index]
+    assert [(e["method"], e["path"]) for e in index] == [(r.method, r.path) for r in routes.TABLE]
+    out = []
+    for e in index:
+        path = e["path"]
+        for parameter, value in PARAMETERS.items():
+            path = path.replace(parameter, value)
+        out.append((e["method"], path, routes.BY_ENDPOINT[f"{e['method']} {e['path']}"].surface))
+    return out
 
 
 def call(srv, method, path, headers):
@@ -82,13 +126,14 @@ def call(srv, method, path, headers):
             if r.status_code != 200:
                 r.read()
             return r
-    return httpx.request(method, srv.url + path, json=body if method in ("POST", "PUT", "DELETE") else None,
-                         headers=headers, timeout=60)
+    return httpx.request(
+        method, srv.url + path, json=body if method in ("POST", "PUT", "DELETE") else None, headers=headers, timeout=60
+    )
 
 
 def test_every_route_needs_the_key_but_health_and_index(keyed):
     # /api/create before /api/delete removes what it made; the SAE attached before the cluster is made
-    for method, path in sorted(routes(keyed), key=lambda r: r[1] in LAST):
+    for method, path, surface in sorted(walked(keyed), key=lambda r: r[1] in LAST):
         open_route = path in ("/", "/health")
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = call(keyed, method, path, headers)
@@ -97,7 +142,7 @@ def test_every_route_needs_the_key_but_health_and_index(keyed):
                 continue
             assert r.status_code == 401, (method, path, headers, r.text)
             body = r.json()
-            if ollama_envelope.owns(path):
+            if surface is Surface.OLLAMA:
                 assert body["code"] == "invalid_api_key" and "request id" in body["error"]
             else:
                 assert body["error"]["code"] == "invalid_api_key"
@@ -127,11 +172,17 @@ def test_ps_with_the_key(keyed):
     from conftest import ROOT
 
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("GREENROOM_API_KEY", "NEEDLE_API_KEY")}
-    denied = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+    denied = subprocess.run(
+        [sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert denied.returncode == 1
-    ok = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", keyed.url], cwd=ROOT,
-                        env={**env, "GREENROOM_API_KEY": KEY}, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "greenroom", "ps", "--url", keyed.url],
+        cwd=ROOT,
+        env={**env, "GREENROOM_API_KEY": KEY},
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "cpu" in ok.stdout
 
 
@@ -158,8 +209,12 @@ def test_a_cors_preflight_never_needs_the_key(keyed, path):
 
 def test_an_allowed_origin_gets_cors_headers_on_answers_and_errors(keyed):
     origin = {"Origin": "http://127.0.0.1:8080"}
-    ok = httpx.post(keyed.url + "/v1/chat/completions", json=BODIES["/v1/chat/completions"], timeout=60,
-                    headers={**origin, "Authorization": f"Bearer {KEY}"})
+    ok = httpx.post(
+        keyed.url + "/v1/chat/completions",
+        json=BODIES["/v1/chat/completions"],
+        timeout=60,
+        headers={**origin, "Authorization": f"Bearer {KEY}"},
+    )
     assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8080"
     assert ok.headers["Access-Control-Expose-Headers"] == "*"  # X-Request-ID, X-miLLM-* readable by the page
     denied = httpx.get(keyed.url + "/v1/models", headers=origin, timeout=30)
@@ -175,13 +230,20 @@ def test_another_sites_page_is_refused_before_any_work(keyed, path):
         assert r.status_code == 403, r.text
         assert "Access-Control-Allow-Origin" not in r.headers
         body = r.json()
-        assert (body["code"] if ollama_envelope.owns(path) else body["error"]["code"]) == "origin_not_allowed"
+        assert (
+            body["code"] if routes.surface(path) is Surface.OLLAMA else body["error"]["code"]
+        ) == "origin_not_allowed"
 
 
 def test_configured_origins_are_allowed(own_server):
-    srv = own_server('cors_origins = ["https://*.example.org"]\n[[models]]\nid = "greenroom-demo"\n'
-                     'source = "demo:tiny"\n', extra_env={"OLLAMA_ORIGINS": "https://webui.lan:3000"})
-    for origin, status in (("https://chat.example.org", 200), ("https://webui.lan:3000", 200),
-                           ("https://example.org.evil.com", 403)):
+    srv = own_server(
+        'cors_origins = ["https://*.example.org"]\n[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n',
+        extra_env={"OLLAMA_ORIGINS": "https://webui.lan:3000"},
+    )
+    for origin, status in (
+        ("https://chat.example.org", 200),
+        ("https://webui.lan:3000", 200),
+        ("https://example.org.evil.com", 403),
+    ):
         r = httpx.get(srv.url + "/api/tags", headers={"Origin": origin}, timeout=30)
         assert r.status_code == status, (origin, r.text)

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
+
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.generation import generate
@@ -24,8 +24,13 @@ def batching(tmp_path_factory, model_cache):
 
 
 def chat(url: str, max_tokens: int, stream: bool = False, **extra) -> httpx.Response | dict:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Tell me about {max_tokens}"}],
-            "max_tokens": max_tokens, "stream": stream, **extra}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Tell me about {max_tokens}"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
     if not stream:
         return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
     text, last = "", None
@@ -100,8 +105,16 @@ def test_greedy_batched_equals_greedy_serial(model_cache):
     """Left padding, the mask and the position ids leave every row computing what it would
     alone: sequences of different lengths, joining at different steps, one with a stop."""
     engine = TransformersEngine(MODEL, ensure_demo_model(default_cache_dir(), "tiny"))
-    prompts = [engine.tokenize(t) for t in ("Once upon a time", "Hi", "x y z", "Story five",
-                                            "A much longer prompt about lighthouses, the sea and their keepers")]
+    prompts = [
+        engine.tokenize(t)
+        for t in (
+            "Once upon a time",
+            "Hi",
+            "x y z",
+            "Story five",
+            "A much longer prompt about lighthouses, the sea and their keepers",
+        )
+    ]
     params = [SamplingParams(max_tokens=m, temperature=0) for m in (30, 12, 40, 20, 25)]
     serial = ["".join(d.text for d in generate(engine, p, q)) for p, q in zip(prompts, params)]
     stop = serial[2][10:14]
@@ -173,8 +186,9 @@ def test_cancelled_batched_stream_leaves_the_batch(batching):
     assert response.json()["usage"]["completion_tokens"] <= 400
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        counters = next(a for a in httpx.get(batching.url + "/api/actors", timeout=10).json()["actors"]
-                        if a["name"] == "cpu")["counters"]
+        counters = next(
+            a for a in httpx.get(batching.url + "/api/actors", timeout=10).json()["actors"] if a["name"] == "cpu"
+        )["counters"]
         if counters["active"] == 0:
             break
         time.sleep(0.05)
@@ -191,8 +205,9 @@ def test_cuda_out_of_memory_during_generation_is_insufficient_memory_naming_the_
 
     from greenroom.actors.engine_actor import EngineLoop
 
-    error = EngineLoop({}, 1, 1, "cuda:0")._typed(torch.cuda.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail"))
+    error = EngineLoop({}, 1, 1, "cuda:0")._typed(
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    )
     assert (error.code, error.status) == ("insufficient_memory", 503)
     assert error.message.startswith("cuda:0 ran out of memory") and "Tried to allocate 2.00 GiB" in error.message
     assert "more detail" not in error.message

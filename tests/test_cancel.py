@@ -3,7 +3,6 @@
 import time
 
 import httpx
-
 from conftest import MODEL
 
 

@@ -8,11 +8,12 @@ import shutil
 import httpx
 import ollama
 import pytest
-
 from conftest import Server
 
-CONCATENATING = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CONCATENATING = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 ONLY_CONTENT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
@@ -26,26 +27,34 @@ def srv(tmp_path_factory, model_cache):
     config.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp / "concatenating.jinja").write_text(CONCATENATING)
-    toml = (f'[[models]]\nid = "bare"\nsource = "{bare}"\n'
-            f'[[models]]\nid = "inline"\nsource = "{bare}"\nchat_template = "{ONLY_CONTENT}"\npreload = false\n'
-            f'[[models]]\nid = "gguf-file-template"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
-            f'chat_template = "{tmp / "concatenating.jinja"}"\n')
+    toml = (
+        f'[[models]]\nid = "bare"\nsource = "{bare}"\n'
+        f'[[models]]\nid = "inline"\nsource = "{bare}"\nchat_template = "{ONLY_CONTENT}"\npreload = false\n'
+        f'[[models]]\nid = "gguf-file-template"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+        f'chat_template = "{tmp / "concatenating.jinja"}"\n'
+    )
     server = Server(tmp, model_cache, toml)
     yield server
     server.stop()
 
 
 def chat(srv, model, messages, **extra):
-    return httpx.post(srv.url + "/v1/chat/completions", timeout=60,
-                      json={"model": model, "messages": messages, "max_tokens": 3, **extra})
+    return httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": model, "messages": messages, "max_tokens": 3, **extra},
+    )
 
 
 def test_chat_without_a_template_is_no_chat_template_on_both_surfaces(srv):
     r = chat(srv, "bare", [{"role": "user", "content": "hi"}])
     assert r.status_code == 400 and r.json()["error"]["code"] == "no_chat_template", r.text
     assert "chat_template" in r.json()["error"]["message"]
-    r = httpx.post(srv.url + "/api/chat", timeout=60, json={
-        "model": "bare", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        srv.url + "/api/chat",
+        timeout=60,
+        json={"model": "bare", "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 400 and r.json()["code"] == "no_chat_template"
 
 
@@ -53,9 +62,17 @@ def test_generate_without_a_template_sends_the_prompt_as_it_is(srv, model_cache)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_cache / "models" / "greenroom-demo-tiny")
-    r = httpx.post(srv.url + "/api/generate", timeout=60, json={
-        "model": "bare", "stream": False, "prompt": "Once upon a time", "system": "Be brief.",
-        "options": {"num_predict": 3}})
+    r = httpx.post(
+        srv.url + "/api/generate",
+        timeout=60,
+        json={
+            "model": "bare",
+            "stream": False,
+            "prompt": "Once upon a time",
+            "system": "Be brief.",
+            "options": {"num_predict": 3},
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == len(tokenizer.encode("Once upon a time"))  # BOS + the prompt
     assert '"system"' in r.headers["X-miLLM-Ignored-Fields"]  # {{ .Prompt }} has no place for it
@@ -75,10 +92,21 @@ def test_an_inline_chat_template_replaces_the_models(srv, model_cache):
 def test_a_template_file_on_a_gguf_model_and_content_null(srv):
     """A template that concatenates content gets "" for an assistant turn that only called
     tools (OpenAI sends content: null there), as llama.cpp renders it."""
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                    "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+    ]
     r = chat(srv, "gguf-file-template", messages)
     assert r.status_code == 200, r.text
     plain = chat(srv, "gguf-file-template", [{"role": "user", "content": "Weather in Paris?"}])
@@ -87,5 +115,9 @@ def test_a_template_file_on_a_gguf_model_and_content_null(srv):
 
 def test_a_chat_template_that_is_neither_file_nor_jinja_stops_the_start(tmp_path, model_cache):
     with pytest.raises(RuntimeError, match="chat_template is neither"):
-        Server(tmp_path, model_cache, '[[models]]\nid = "x"\nsource = "demo:tiny"\nchat_template = "nope.jinja"\n',
-               startup_s=60)
+        Server(
+            tmp_path,
+            model_cache,
+            '[[models]]\nid = "x"\nsource = "demo:tiny"\nchat_template = "nope.jinja"\n',
+            startup_s=60,
+        )

@@ -15,7 +15,6 @@ import types
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_intensity import ECHO, chat, text
@@ -24,8 +23,10 @@ from test_steering_api import CONFIG, SAE_ID, put
 L2 = "sae_demo_tiny_l2"
 RUNG = "X-miLLM-Circuit-Rung"
 EDGE = '2; language="causally validated (edge)"'
-LAYERS = [{"layer": 1, "members": [{"feature": 5, "strength": 80}]},
-          {"layer": 2, "sae_id": L2, "members": [{"feature": 7, "strength": 180, "label": "strong"}]}]
+LAYERS = [
+    {"layer": 1, "members": [{"feature": 5, "strength": 80}]},
+    {"layer": 2, "sae_id": L2, "members": [{"feature": 7, "strength": 180, "label": "strong"}]},
+]
 _names = itertools.count()
 
 
@@ -35,13 +36,31 @@ def site(tmp_path_factory, model_cache):
     site = types.SimpleNamespace(tmp=tmp, cache=server_cache(tmp, model_cache))
     site.server = srv = Server(tmp, site.cache, CONFIG)
     assert post(srv, "/api/saes/attach", {"model": MODEL, "sae": "demo:tiny:2"}).status_code == 200
-    docs = [("edge", {"rung": 2, "layers": LAYERS, "intensity_range": [0.5, 1.5]}),
-            ("loose", {"rung": 0, "layers": LAYERS}),  # no range: [CIRCUIT_INTENSITY_MIN, the server's max]
-            ("backed", {"rung": 3, "layers": [*LAYERS, {"layer": 3, "members": [{"feature": 1, "strength": 50}]}],
-                        "intensity_range": [0.5, 1.5], "slice_fallback": "slice"}),
-            ("nowhere", {"rung": 1, "layers": [{"layer": 3, "members": [{"feature": 1, "strength": 50}]}]})]
-    r = post(srv, "/api/clusters/import", {"format": "greenroom.cluster.v1", "name": "slice", "model": MODEL,
-                                           "sae_id": SAE_ID, "members": [{"feature": 5, "strength": 100}]})
+    docs = [
+        ("edge", {"rung": 2, "layers": LAYERS, "intensity_range": [0.5, 1.5]}),
+        ("loose", {"rung": 0, "layers": LAYERS}),  # no range: [CIRCUIT_INTENSITY_MIN, the server's max]
+        (
+            "backed",
+            {
+                "rung": 3,
+                "layers": [*LAYERS, {"layer": 3, "members": [{"feature": 1, "strength": 50}]}],
+                "intensity_range": [0.5, 1.5],
+                "slice_fallback": "slice",
+            },
+        ),
+        ("nowhere", {"rung": 1, "layers": [{"layer": 3, "members": [{"feature": 1, "strength": 50}]}]}),
+    ]
+    r = post(
+        srv,
+        "/api/clusters/import",
+        {
+            "format": "greenroom.cluster.v1",
+            "name": "slice",
+            "model": MODEL,
+            "sae_id": SAE_ID,
+            "members": [{"feature": 5, "strength": 100}],
+        },
+    )
     assert r.status_code == 200, r.text
     for name, doc in docs:
         r = post(srv, "/api/circuits/import", {"format": "greenroom.circuit.v1", "name": name, "model": MODEL, **doc})
@@ -76,8 +95,11 @@ def under(srv: Server, strengths: dict) -> str:
 
 def active_circuit(srv: Server, **params) -> dict:
     """GET /api/circuits/active's entry for the demo model (one per steerable model; ?model= narrows)."""
-    (entry,) = [e for e in httpx.get(srv.url + "/api/circuits/active", params=params, timeout=30).json()["models"]
-                if e["model"] == MODEL]
+    (entry,) = [
+        e
+        for e in httpx.get(srv.url + "/api/circuits/active", params=params, timeout=30).json()["models"]
+        if e["model"] == MODEL
+    ]
     return entry
 
 
@@ -132,8 +154,7 @@ def test_the_dial_is_absolute_not_compounding_on_the_stored_one(srv):
         r = chat(srv, steering_intensity=1)
         assert r.headers[ECHO] == "1" and text(r) == under(srv, scaled(1))  # not 1 × 1.5
     finally:
-        assert httpx.put(srv.url + "/api/circuits/edge/intensity", json={"intensity": 1}, timeout=30).status_code \
-            == 200
+        assert httpx.put(srv.url + "/api/circuits/edge/intensity", json={"intensity": 1}, timeout=30).status_code == 200
 
 
 def test_without_a_range_the_floor_is_circuit_intensity_min_and_min_is_off(srv):
@@ -180,9 +201,17 @@ def test_no_rung_for_an_unparseable_definition(srv):
     # imported while layer 2 had no SAE, so its member past the SAE's width was not checked then
     assert post(srv, "/api/saes/detach", {"model": MODEL, "sae_id": L2}).status_code == 200
     try:
-        r = post(srv, "/api/circuits/import", {"format": "greenroom.circuit.v1", "name": "wider", "model": MODEL,
-                                               "rung": 3, "layers": [{"layer": 2, "members": [
-                                                   {"feature": 100000, "strength": 10}]}]})
+        r = post(
+            srv,
+            "/api/circuits/import",
+            {
+                "format": "greenroom.circuit.v1",
+                "name": "wider",
+                "model": MODEL,
+                "rung": 3,
+                "layers": [{"layer": 2, "members": [{"feature": 100000, "strength": 10}]}],
+            },
+        )
         assert r.status_code == 200, r.text
     finally:
         assert post(srv, "/api/saes/attach", {"model": MODEL, "sae": "demo:tiny:2"}).status_code == 200
@@ -200,17 +229,32 @@ def test_no_rung_while_steering_is_disabled(srv):
 
 
 def test_a_member_past_an_attached_sae_is_refused_at_import(srv):
-    r = post(srv, "/api/circuits/import", {"format": "greenroom.circuit.v1", "name": "bad", "model": MODEL,
-                                           "rung": 1, "layers": [{"layer": 1, "members": [
-                                               {"feature": 100000, "strength": 10}]}]})
+    r = post(
+        srv,
+        "/api/circuits/import",
+        {
+            "format": "greenroom.circuit.v1",
+            "name": "bad",
+            "model": MODEL,
+            "rung": 1,
+            "layers": [{"layer": 1, "members": [{"feature": 100000, "strength": 10}]}],
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_feature_index", r.text
 
 
-@pytest.mark.parametrize("doc,param", [
-    ({"rung": 4}, "rung"), ({"rung": True}, "rung"), ({"layers": []}, "layers"),
-    ({"layers": [LAYERS[0], LAYERS[0]]}, "layers[1].layer"), ({"slice_fallback": "nothing"}, "slice_fallback"),
-    ({"intensity_range": [1, 0.5]}, "intensity_range"), ({"name": "edge"}, "name"),
-])
+@pytest.mark.parametrize(
+    "doc,param",
+    [
+        ({"rung": 4}, "rung"),
+        ({"rung": True}, "rung"),
+        ({"layers": []}, "layers"),
+        ({"layers": [LAYERS[0], LAYERS[0]]}, "layers[1].layer"),
+        ({"slice_fallback": "nothing"}, "slice_fallback"),
+        ({"intensity_range": [1, 0.5]}, "intensity_range"),
+        ({"name": "edge"}, "name"),
+    ],
+)
 def test_a_bad_circuit_document_is_refused(srv, doc, param):
     body = {"format": "greenroom.circuit.v1", "name": "bad2", "model": MODEL, "rung": 2, "layers": LAYERS, **doc}
     r = post(srv, "/api/circuits/import", body)
@@ -246,8 +290,9 @@ def test_the_lock_lists_one_model_and_everything_survives_a_restart(site):
     assert r.status_code == 400 and r.json()["error"]["code"] == "steering_unsupported", r.text
     activate(srv, "edge")
     assert httpx.put(srv.url + "/api/circuits/edge/intensity", json={"intensity": 0.8}, timeout=30).status_code == 200
-    before = {p: httpx.get(srv.url + p, timeout=30).json() for p in ("/api/circuits", "/api/clusters",
-                                                                     "/api/circuits/active")}
+    before = {
+        p: httpx.get(srv.url + p, timeout=30).json() for p in ("/api/circuits", "/api/clusters", "/api/circuits/active")
+    }
     steered = chat(srv)
     srv.stop()
     site.server = srv = Server(site.tmp, site.cache, CONFIG)
@@ -261,8 +306,12 @@ def test_the_lock_lists_one_model_and_everything_survives_a_restart(site):
 
 def test_a_generation_stays_steered_while_embeddings_and_scoring_run_between_its_steps(srv):
     activate(srv, "edge")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 120,
-            "temperature": 0}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 120,
+        "temperature": 0,
+    }
     alone = text(post(srv, "/v1/chat/completions", body))
     unsteered_embedding = post(srv, "/v1/embeddings", {"model": MODEL, "input": "stone bridges"}).json()
     parts = []
@@ -274,17 +323,31 @@ def test_a_generation_stays_steered_while_embeddings_and_scoring_run_between_its
             chunk = json.loads(line[6:])
             parts += [c["delta"].get("content") or "" for c in chunk["choices"]]
             if len(parts) == 3:  # mid-generation: unsteered passes between its decode steps
-                assert post(srv, "/v1/embeddings", {"model": MODEL, "input": "stone bridges"}).json()["data"] \
+                assert (
+                    post(srv, "/v1/embeddings", {"model": MODEL, "input": "stone bridges"}).json()["data"]
                     == unsteered_embedding["data"]
-                assert post(srv, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1,
-                                                     "logprobs": 1}).status_code == 200
+                )
+                assert (
+                    post(
+                        srv, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "logprobs": 1}
+                    ).status_code
+                    == 200
+                )
     assert "".join(parts) == alone  # every step of the generation was steered as when it ran alone
 
 
 def test_a_circuit_exports_to_the_document_import_takes(srv):
-    body = {"format": "greenroom.circuit.v1", "name": "trip", "model": MODEL, "description": "round trip",
-            "rung": 3, "layers": LAYERS, "intensity_range": [0.5, 1.5], "intensity": 0.7,
-            "slice_fallback": "slice"}
+    body = {
+        "format": "greenroom.circuit.v1",
+        "name": "trip",
+        "model": MODEL,
+        "description": "round trip",
+        "rung": 3,
+        "layers": LAYERS,
+        "intensity_range": [0.5, 1.5],
+        "intensity": 0.7,
+        "slice_fallback": "slice",
+    }
     assert post(srv, "/api/circuits/import", body).status_code == 200
     doc = httpx.get(srv.url + "/api/circuits/trip/export", timeout=30).json()
     assert doc == body
@@ -293,26 +356,37 @@ def test_a_circuit_exports_to_the_document_import_takes(srv):
     assert httpx.get(srv.url + "/api/circuits/trip/export", timeout=30).status_code == 404
     assert post(srv, "/api/circuits/import", doc).status_code == 200
     after = httpx.get(srv.url + "/api/circuits/trip", timeout=30).json()
-    assert {k: v for k, v in after.items() if not k.endswith("_at")} == \
-        {k: v for k, v in before.items() if not k.endswith("_at")}
+    assert {k: v for k, v in after.items() if not k.endswith("_at")} == {
+        k: v for k, v in before.items() if not k.endswith("_at")
+    }
 
 
-@pytest.mark.parametrize("method,path,body,status,code,param", [
-    ("PUT", "/api/steering/lock", {}, 400, "missing_parameter", "model"),
-    ("PUT", "/api/steering/lock", {"model": "nowhere"}, 404, "model_not_found", "model"),
-    ("PUT", "/api/steering/lock", {"model": MODEL, "colour": "red"}, 400, "invalid_parameter", "colour"),
-    ("GET", "/api/circuits/active?model=nowhere", None, 404, "model_not_found", "model"),
-    ("GET", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
-    ("GET", "/api/clusters/absent/export", None, 404, "profile_not_found", "name"),
-    ("POST", "/api/circuits/absent/activate", None, 404, "circuit_not_found", "name"),
-    ("POST", "/api/clusters/absent/activate", None, 404, "profile_not_found", "name"),
-    ("PUT", "/api/circuits/absent/intensity", {"intensity": 1}, 404, "circuit_not_found", "name"),
-    ("PUT", "/api/circuits/edge/intensity", {}, 400, "missing_parameter", "intensity"),
-    ("PUT", "/api/circuits/edge/intensity", {"intensity": "max"}, 400, "invalid_parameter", "intensity"),
-    ("PUT", "/api/circuits/edge/intensity", {"intensity": 2.5}, 400, "invalid_parameter", "intensity"),
-    ("PUT", "/api/clusters/slice/intensity", {"intensity": 1, "reapply": True}, 400, "invalid_parameter", "reapply"),
-    ("DELETE", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
-])
+@pytest.mark.parametrize(
+    "method,path,body,status,code,param",
+    [
+        ("PUT", "/api/steering/lock", {}, 400, "missing_parameter", "model"),
+        ("PUT", "/api/steering/lock", {"model": "nowhere"}, 404, "model_not_found", "model"),
+        ("PUT", "/api/steering/lock", {"model": MODEL, "colour": "red"}, 400, "invalid_parameter", "colour"),
+        ("GET", "/api/circuits/active?model=nowhere", None, 404, "model_not_found", "model"),
+        ("GET", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
+        ("GET", "/api/clusters/absent/export", None, 404, "profile_not_found", "name"),
+        ("POST", "/api/circuits/absent/activate", None, 404, "circuit_not_found", "name"),
+        ("POST", "/api/clusters/absent/activate", None, 404, "profile_not_found", "name"),
+        ("PUT", "/api/circuits/absent/intensity", {"intensity": 1}, 404, "circuit_not_found", "name"),
+        ("PUT", "/api/circuits/edge/intensity", {}, 400, "missing_parameter", "intensity"),
+        ("PUT", "/api/circuits/edge/intensity", {"intensity": "max"}, 400, "invalid_parameter", "intensity"),
+        ("PUT", "/api/circuits/edge/intensity", {"intensity": 2.5}, 400, "invalid_parameter", "intensity"),
+        (
+            "PUT",
+            "/api/clusters/slice/intensity",
+            {"intensity": 1, "reapply": True},
+            400,
+            "invalid_parameter",
+            "reapply",
+        ),
+        ("DELETE", "/api/circuits/absent", None, 404, "circuit_not_found", "name"),
+    ],
+)
 def test_bad_input_on_the_document_and_lock_routes_is_typed(srv, method, path, body, status, code, param):
     r = httpx.request(method, srv.url + path, json=body, timeout=30)
     assert r.status_code == status, r.text

@@ -33,8 +33,10 @@ SCHEMA = {
         "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 1, "maxItems": 3},
         "owner": {
             "type": "object",
-            "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
-                           "name": {"type": "string", "minLength": 1, "maxLength": 8}},
+            "properties": {
+                "age": {"type": "integer", "minimum": 18, "maximum": 99},
+                "name": {"type": "string", "minLength": 1, "maxLength": 8},
+            },
             "required": ["age", "name"],
             "additionalProperties": False,
         },
@@ -45,16 +47,35 @@ SCHEMA = {
 }
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10},
-                       "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object",
-        "properties": {"a": {"$ref": "#/$defs/small"}, "b": {"$ref": "#/$defs/small"}},
-        "required": ["a", "b"], "additionalProperties": False,
-        "$defs": {"small": {"type": "integer", "minimum": -5, "maximum": 5}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "minLength": 1, "maxLength": 10},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/small"}, "b": {"$ref": "#/$defs/small"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+                "$defs": {"small": {"type": "integer", "minimum": -5, "maximum": 5}},
+            },
+        },
+    },
 ]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
@@ -81,8 +102,9 @@ def run(engine, constraints, grammar, seed: int, max_tokens: int = 200, prompt: 
     out: list[int] = []
     with torch.inference_mode():
         for _ in range(max_tokens):
-            logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                  **{engine.cache_arg: cache}).logits[0, -1]
+            logits = engine.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{engine.cache_arg: cache}).logits[
+                0, -1
+            ]
             matcher.mask(logits)
             token = sample(logits, params, gen, torch.tensor(out, dtype=torch.long))
             matcher.consume(token)
@@ -98,6 +120,7 @@ def run(engine, constraints, grammar, seed: int, max_tokens: int = 200, prompt: 
 
 
 # -- JSON schema and JSON object -------------------------------------------------------------
+
 
 def test_json_schema_documents_validate_on_20_seeds(engine, constraints):
     grammar = constraints.json_schema(SCHEMA)
@@ -150,7 +173,7 @@ def test_ids_past_the_tokenizer_are_forbidden(engine):
     matcher = padded.matcher(padded.json_object())
     logits = torch.zeros(engine.vocab_size + 40)
     matcher.mask(logits)
-    assert torch.isinf(logits[engine.vocab_size:]).all()
+    assert torch.isinf(logits[engine.vocab_size :]).all()
     assert torch.isfinite(logits[: engine.vocab_size]).sum() >= 1
 
 
@@ -184,6 +207,7 @@ def test_unsatisfiable_schemas_fail_to_compile(constraints):
 
 # -- numbers: only what every client holds ---------------------------------------------------
 
+
 def accepts(engine, constraints, grammar, text: str) -> bool:
     """The grammar admits `text` as a complete document."""
     matcher = constraints.matcher(grammar)
@@ -200,17 +224,31 @@ def accepts(engine, constraints, grammar, text: str) -> bool:
 PLACES = {
     "type": "object",
     "properties": {
-        "n": {"type": "number"}, "i": {"type": "integer"}, "items": {"type": "array", "items": {"type": "number"}},
-        "any_of": {"anyOf": [{"type": "string"}, {"type": "number"}]}, "ref": {"$ref": "#/$defs/N"},
-        "extra": {"type": "object", "additionalProperties": {"type": "number"}}, "typeless": {"minimum": -1e15},
-        "yes": True, "object": {"type": "object"}, "nested": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/N"}]}},
+        "n": {"type": "number"},
+        "i": {"type": "integer"},
+        "items": {"type": "array", "items": {"type": "number"}},
+        "any_of": {"anyOf": [{"type": "string"}, {"type": "number"}]},
+        "ref": {"$ref": "#/$defs/N"},
+        "extra": {"type": "object", "additionalProperties": {"type": "number"}},
+        "typeless": {"minimum": -1e15},
+        "yes": True,
+        "object": {"type": "object"},
+        "nested": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/N"}]}},
     },
     "additionalProperties": False,
     "$defs": {"N": {"type": ["number", "null"]}},
 }
 DOCUMENTS = {  # as the property's value: where it is allowed to go
-    "n": "{}", "i": "{}", "items": "[{}]", "any_of": "{}", "ref": "{}", "extra": '{{"k": {}}}', "typeless": "{}",
-    "yes": "{}", "object": '{{"k": [{}]}}', "nested": "[{}]",
+    "n": "{}",
+    "i": "{}",
+    "items": "[{}]",
+    "any_of": "{}",
+    "ref": "{}",
+    "extra": '{{"k": {}}}',
+    "typeless": "{}",
+    "yes": "{}",
+    "object": '{{"k": [{}]}}',
+    "nested": "[{}]",
 }
 BAD_NUMBERS = ["1e5", "2E-3", "1234567890123456", "0.12345678901", "123456.123456789012", "9" * 40]
 GOOD_NUMBERS = ["0", "-3", "12345.5", "0.1234567891", "999999999999999", "-99999999999999.9"]
@@ -229,29 +267,42 @@ def test_every_number_a_schema_admits_is_one_clients_hold(engine, constraints):
     tool = constraints.tool_calls([{"type": "function", "function": {"name": "f", "parameters": PLACES}}])
     for number in GOOD_NUMBERS:
         assert accepts(engine, constraints, obj, f'{{"a": [{{"b": {number}}}]}}')
-        assert accepts(engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"n": {number}}}}}\n'
-                                                  '</tool_call>')
+        assert accepts(
+            engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"n": {number}}}}}\n</tool_call>'
+        )
     for number in BAD_NUMBERS:
         assert not accepts(engine, constraints, obj, f'{{"a": [{{"b": {number}}}]}}')
-        assert not accepts(engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"yes": '
-                                                      f'{number}}}}}\n</tool_call>')
+        assert not accepts(
+            engine, constraints, tool, f'<tool_call>\n{{"name": "f", "arguments": {{"yes": {number}}}}}\n</tool_call>'
+        )
 
 
 def test_explicit_bounds_still_hold(engine, constraints):
-    cases = [({"type": "number", "minimum": -1.5, "maximum": 2}, ["-1.5", "2", "0.25", "1.9999999999"],
-              ["2.5", "-2", "-1.51", "1e0", "3"]),
-             ({"type": "integer", "minimum": 18, "maximum": 99}, ["18", "99", "42"], ["17", "100", "50.5"]),
-             ({"type": "number", "minimum": 0, "maximum": 1e9}, ["1000000000", "999999999.5", "0"],
-              ["1000000000.5", "-1", "1e9"]),
-             ({"type": "integer", "minimum": 10 ** 14, "maximum": 10 ** 20}, [str(INTEGER_MAX), str(10 ** 14)],
-              [str(INTEGER_MAX + 1), str(10 ** 14 - 1)])]
+    cases = [
+        (
+            {"type": "number", "minimum": -1.5, "maximum": 2},
+            ["-1.5", "2", "0.25", "1.9999999999"],
+            ["2.5", "-2", "-1.51", "1e0", "3"],
+        ),
+        ({"type": "integer", "minimum": 18, "maximum": 99}, ["18", "99", "42"], ["17", "100", "50.5"]),
+        (
+            {"type": "number", "minimum": 0, "maximum": 1e9},
+            ["1000000000", "999999999.5", "0"],
+            ["1000000000.5", "-1", "1e9"],
+        ),
+        (
+            {"type": "integer", "minimum": 10**14, "maximum": 10**20},
+            [str(INTEGER_MAX), str(10**14)],
+            [str(INTEGER_MAX + 1), str(10**14 - 1)],
+        ),
+    ]
     for schema, good, bad in cases:
         grammar = constraints.json_schema(schema)
         for text in good:
             assert accepts(engine, constraints, grammar, text), (schema, text)
         for text in bad:
             assert not accepts(engine, constraints, grammar, text), (schema, text)
-    for schema in ({"type": "number", "minimum": 1e20}, {"type": "integer", "maximum": -10 ** 16}):
+    for schema in ({"type": "number", "minimum": 1e20}, {"type": "integer", "maximum": -(10**16)}):
         with pytest.raises(GrammarError, match="15 digits"):
             constraints.json_schema(schema)
 
@@ -272,6 +323,7 @@ def test_sampled_numbers_parse_to_values_clients_hold_on_16_seeds(engine, constr
 
 # -- the decoder's guard on a constrained tool-call answer -------------------------------------
 
+
 def decode(engine, grammar, text: str, max_tokens: int = 500):
     """Feed `text`'s tokens to the decoder a constrained tool-call answer runs under."""
     decoder = Decoder(engine, SamplingParams(max_tokens=max_tokens), None, CallGuard(grammar.functions))
@@ -291,8 +343,12 @@ def test_a_repeated_call_ends_the_answer_unreleased(engine, constraints):
     assert deltas[-1].finish_reason == "stop"
     assert "".join(d.text for d in deltas) == one + "\n" + two + "\n"  # parallel calls to one function stay
     assert all(d.text in ("", one, two) or not d.text.strip() for d in deltas)  # a call only once it closed
-    cut = decode(engine, grammar, one + "\n" + two[:20], max_tokens=len(engine.tokenize(one + "\n" + two[:20],
-                                                                                      add_special_tokens=False)))
+    cut = decode(
+        engine,
+        grammar,
+        one + "\n" + two[:20],
+        max_tokens=len(engine.tokenize(one + "\n" + two[:20], add_special_tokens=False)),
+    )
     assert cut[-1].finish_reason == "length" and "".join(d.text for d in cut) == one + "\n" + two[:20]
 
 
@@ -306,6 +362,7 @@ def test_a_constrained_call_that_does_not_validate_fails_the_answer(engine, cons
 
 
 # -- tool calls ------------------------------------------------------------------------------
+
 
 def calls_of(text: str) -> list[dict]:
     """The calls in `text`, which must be nothing but "\\n"-separated <tool_call> blocks."""
@@ -354,8 +411,11 @@ def test_tool_call_tags_as_one_token_or_spelled_out(engine, constraints):
     text = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": -2}}\n</tool_call>'
     as_tokens = engine.tokenize(text, add_special_tokens=False)
     assert as_tokens[0] == tool_call  # how a Hermes/Qwen model writes it
-    spelled = [t for piece in ("<", "tool_call>", text[len("<tool_call>"):]) for t in
-               engine.tokenize(piece, add_special_tokens=False)]
+    spelled = [
+        t
+        for piece in ("<", "tool_call>", text[len("<tool_call>") :])
+        for t in engine.tokenize(piece, add_special_tokens=False)
+    ]
     assert tool_call not in spelled  # how the demo model (which never emits the tag token) writes it
     grammar = constraints.tool_calls(TOOLS, parallel=False)
     for ids in (as_tokens, spelled):
@@ -372,19 +432,23 @@ def test_a_function_without_parameters_takes_empty_arguments(engine, constraints
     assert text == '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
 
 
-@pytest.mark.parametrize("tools, name", [
-    ([], None),
-    ([{"type": "function", "function": {"description": "no name"}}], None),
-    ([{"type": "code_interpreter"}], None),
-    (TOOLS, "missing"),
-    (TOOLS + TOOLS[:1], None),
-])
+@pytest.mark.parametrize(
+    "tools, name",
+    [
+        ([], None),
+        ([{"type": "function", "function": {"description": "no name"}}], None),
+        ([{"type": "code_interpreter"}], None),
+        (TOOLS, "missing"),
+        (TOOLS + TOOLS[:1], None),
+    ],
+)
 def test_bad_tool_lists_are_refused(constraints, tools, name):
     with pytest.raises(GrammarError):
         constraints.tool_calls(tools, name=name)
 
 
 # -- the supported JSON Schema subset (greenroom/http/schema_subset.py) ------------------------
+
 
 def refusal(schema) -> str:
     with pytest.raises(GreenroomError) as info:
@@ -395,14 +459,35 @@ def refusal(schema) -> str:
 
 
 UNSUPPORTED = [
-    ("multipleOf", 2), ("not", {"type": "string"}), ("uniqueItems", True), ("allOf", [{"type": "string"}]),
-    ("oneOf", [{"type": "string"}]), ("if", {"type": "string"}), ("then", {}), ("else", {}),
-    ("format", "email"), ("patternProperties", {"^a": {}}), ("dependentRequired", {"a": ["b"]}),
-    ("dependentSchemas", {"a": {}}), ("$schema", "https://json-schema.org/draft/2020-12/schema"),
-    ("exclusiveMinimum", 0), ("exclusiveMaximum", 9), ("minProperties", 1), ("maxProperties", 3),
-    ("prefixItems", [{}]), ("contains", {}), ("minContains", 1), ("propertyNames", {"maxLength": 3}),
-    ("unevaluatedProperties", False), ("definitions", {}), ("$id", "x"), ("$comment", "x"),
-    ("$anchor", "a"), ("$dynamicRef", "#a"), ("nullable", True), ("x-anything", 1),
+    ("multipleOf", 2),
+    ("not", {"type": "string"}),
+    ("uniqueItems", True),
+    ("allOf", [{"type": "string"}]),
+    ("oneOf", [{"type": "string"}]),
+    ("if", {"type": "string"}),
+    ("then", {}),
+    ("else", {}),
+    ("format", "email"),
+    ("patternProperties", {"^a": {}}),
+    ("dependentRequired", {"a": ["b"]}),
+    ("dependentSchemas", {"a": {}}),
+    ("$schema", "https://json-schema.org/draft/2020-12/schema"),
+    ("exclusiveMinimum", 0),
+    ("exclusiveMaximum", 9),
+    ("minProperties", 1),
+    ("maxProperties", 3),
+    ("prefixItems", [{}]),
+    ("contains", {}),
+    ("minContains", 1),
+    ("propertyNames", {"maxLength": 3}),
+    ("unevaluatedProperties", False),
+    ("definitions", {}),
+    ("$id", "x"),
+    ("$comment", "x"),
+    ("$anchor", "a"),
+    ("$dynamicRef", "#a"),
+    ("nullable", True),
+    ("x-anything", 1),
 ]
 
 
@@ -413,18 +498,26 @@ def test_each_unsupported_keyword_is_refused_with_its_pointer(keyword, value):
 
 
 def test_every_unsupported_keyword_is_named_in_one_message():
-    message = refusal({
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object",
-        "properties": {
-            "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "email"}},
-            "a/b~c": {"type": "integer", "multipleOf": 3},
-            "choice": {"oneOf": [{"type": "string"}, {"not": {"type": "null"}}]},
-        },
-        "$defs": {"D": {"type": "string", "minProperties": 1}},
-    })
-    for ptr in ["/$schema", "/properties/tags/uniqueItems", "/properties/tags/items/format",
-                "/properties/a~1b~0c/multipleOf", "/properties/choice/oneOf", "/$defs/D/minProperties"]:
+    message = refusal(
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "email"}},
+                "a/b~c": {"type": "integer", "multipleOf": 3},
+                "choice": {"oneOf": [{"type": "string"}, {"not": {"type": "null"}}]},
+            },
+            "$defs": {"D": {"type": "string", "minProperties": 1}},
+        }
+    )
+    for ptr in [
+        "/$schema",
+        "/properties/tags/uniqueItems",
+        "/properties/tags/items/format",
+        "/properties/a~1b~0c/multipleOf",
+        "/properties/choice/oneOf",
+        "/$defs/D/minProperties",
+    ]:
         assert ptr in message, ptr
     assert "/properties/choice/oneOf/1/not" not in message  # not walked into an unsupported keyword
 
@@ -438,30 +531,37 @@ def test_refs_must_be_local_into_defs():
 
 
 def test_names_and_data_are_not_schemas():
-    check_schema({
-        "type": "object",
-        "title": "Names and data",
-        "description": "keyword-looking names and values",
-        "properties": {"format": {"type": "string"}, "not": {"type": "integer"}, "$ref": {"type": "null"}},
-        "required": ["format", "not"],
-        "additionalProperties": {"enum": [{"uniqueItems": True}, {"format": "x"}]},
-        "$defs": {"oneOf": {"const": {"multipleOf": 2}}},
-        "default": {"format": "email", "allOf": []},
-        "examples": [{"not": 1}],
-    })
+    check_schema(
+        {
+            "type": "object",
+            "title": "Names and data",
+            "description": "keyword-looking names and values",
+            "properties": {"format": {"type": "string"}, "not": {"type": "integer"}, "$ref": {"type": "null"}},
+            "required": ["format", "not"],
+            "additionalProperties": {"enum": [{"uniqueItems": True}, {"format": "x"}]},
+            "$defs": {"oneOf": {"const": {"multipleOf": 2}}},
+            "default": {"format": "email", "allOf": []},
+            "examples": [{"not": 1}],
+        }
+    )
 
 
 def test_the_supported_subset_is_accepted_and_compiles(constraints):
     schema = {
-        "title": "everything", "description": "d", "default": {}, "examples": [{}],
+        "title": "everything",
+        "description": "d",
+        "default": {},
+        "examples": [{}],
         "type": "object",
         "properties": {
             "s": {"type": "string", "minLength": 1, "maxLength": 5, "pattern": "^[a-z]+$"},
             "n": {"type": ["number", "null"], "minimum": -1.5, "maximum": 2},
             "i": {"type": "integer", "minimum": 0, "maximum": 9},
-            "b": {"type": "boolean"}, "z": {"type": "null"},
+            "b": {"type": "boolean"},
+            "z": {"type": "null"},
             "a": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3},
-            "e": {"enum": ["x", 1, None]}, "c": {"const": "k"},
+            "e": {"enum": ["x", 1, None]},
+            "c": {"const": "k"},
             "u": {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]},
             "o": {"type": "object", "additionalProperties": {"type": "boolean"}},
             "t": True,
@@ -477,21 +577,24 @@ def test_the_supported_subset_is_accepted_and_compiles(constraints):
         check_schema(tool["function"]["parameters"])
 
 
-@pytest.mark.parametrize("schema, where", [
-    ({"type": "text"}, "/type"),
-    ({"type": ["string", "string"]}, "/type"),
-    ({"required": "a"}, "/required"),
-    ({"minItems": -1}, "/minItems"),
-    ({"maxLength": 2.5}, "/maxLength"),
-    ({"minimum": True}, "/minimum"),
-    ({"minimum": 5, "maximum": 1}, "/maximum"),
-    ({"enum": []}, "/enum"),
-    ({"anyOf": []}, "/anyOf"),
-    ({"items": [{"type": "string"}]}, "/items"),
-    ({"properties": {"a": 3}}, "/properties/a"),
-    ({"pattern": "^(?=a)b"}, "/pattern"),
-    ({"pattern": "(a)\\1"}, "/pattern"),
-])
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "text"}, "/type"),
+        ({"type": ["string", "string"]}, "/type"),
+        ({"required": "a"}, "/required"),
+        ({"minItems": -1}, "/minItems"),
+        ({"maxLength": 2.5}, "/maxLength"),
+        ({"minimum": True}, "/minimum"),
+        ({"minimum": 5, "maximum": 1}, "/maximum"),
+        ({"enum": []}, "/enum"),
+        ({"anyOf": []}, "/anyOf"),
+        ({"items": [{"type": "string"}]}, "/items"),
+        ({"properties": {"a": 3}}, "/properties/a"),
+        ({"pattern": "^(?=a)b"}, "/pattern"),
+        ({"pattern": "(a)\\1"}, "/pattern"),
+    ],
+)
 def test_malformed_values_are_refused_with_their_pointer(schema, where):
     assert f"{where}:" in refusal(schema)
 

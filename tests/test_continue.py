@@ -8,8 +8,10 @@ import jinja2
 
 from greenroom.engines.chat import render_conversation
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Qwen3-style: the generation prompt opens a thought block
 THINKING = CHATML.replace("assistant\n{% endif %}", "assistant\n<think>\n{% endif %}")
 USER = [{"role": "user", "content": "hi"}]

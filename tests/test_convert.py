@@ -15,8 +15,9 @@ from greenroom.engines.loader import load_engine
 
 
 def convert(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "greenroom", "convert", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "greenroom", "convert", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_llama_checkpoint_converts_and_answers_as_the_demo_ir(model_cache, tmp_path):
@@ -26,8 +27,16 @@ def test_a_llama_checkpoint_converts_and_answers_as_the_demo_ir(model_cache, tmp
     greedy = SamplingParams(max_tokens=24, temperature=0)
     texts = []
     for source in (str(tmp_path / "ov"), "demo-openvino:tiny"):
-        engine = load_engine({"id": "m", "source": source, "engine": "openvino", "device": "cpu",
-                              "dtype": "float32", "cache_dir": str(model_cache)})
+        engine = load_engine(
+            {
+                "id": "m",
+                "source": source,
+                "engine": "openvino",
+                "device": "cpu",
+                "dtype": "float32",
+                "cache_dir": str(model_cache),
+            }
+        )
         ids = engine.render_chat([{"role": "user", "content": "Tell me about the sea."}])
         texts.append("".join(d.text for d in generate(engine, ids, greedy)))
         engine.unload()
@@ -56,8 +65,14 @@ def test_a_gguf_file_converts_back_to_the_checkpoint_it_was_made_from(model_cach
     for source in (str(tmp_path / "hf"), "demo:tiny"):
         engine = load_engine({"id": "m", "source": source, "engine": "transformers", "cache_dir": str(model_cache)})
         ids = engine.render_chat(chat)
-        seen.append((ids, engine.tokenize("x  2, <tool_call> 3.5"), engine.eos_token_ids,
-                     "".join(d.text for d in generate(engine, ids, greedy))))
+        seen.append(
+            (
+                ids,
+                engine.tokenize("x  2, <tool_call> 3.5"),
+                engine.eos_token_ids,
+                "".join(d.text for d in generate(engine, ids, greedy)),
+            )
+        )
         engine.unload()
     assert seen[0] == seen[1] and seen[0][3]
 

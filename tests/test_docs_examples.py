@@ -49,7 +49,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import ROOT, Server
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -71,32 +70,47 @@ OUTPUTS = {
     # SmolLM2's temperature-0 answers (README, engines.md): transformers float32 on this machine
     "# The capital of France is Paris.": [r"The capital of France is Paris\."],
     '# {"capital": "Paris"}': [r'\{"capital": "Paris"\}'],
-    "# tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')":
-        [re.escape("tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')")],
+    "# tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')": [
+        re.escape("tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')")
+    ],
     # scoring with allowed_token_ids: the distribution is renormalised over the listed ids
     "# normalised over the two ids": [normalised],
     # the refusal of a bare GGUF repository name naming both quantizations
-    "# 400 AMBIGUOUS_MODEL_NAME: Q8_0, Q4_0": [r'"code":\s*"AMBIGUOUS_MODEL_NAME"',
-                                               r"greenroom-demo-gguf:Q8_0, greenroom-demo-gguf:Q4_0"],
+    "# 400 AMBIGUOUS_MODEL_NAME: Q8_0, Q4_0": [
+        r'"code":\s*"AMBIGUOUS_MODEL_NAME"',
+        r"greenroom-demo-gguf:Q8_0, greenroom-demo-gguf:Q4_0",
+    ],
     # Needle's envelopes: the object names and keys (the values are the demo model's samples)
     '# {"object": "needle.extraction"': [r'"object":\s*"needle\.extraction"', r'"matched":', r'"data":'],
-    '# {"object": "needle.completion"': [r'"object":\s*"needle\.completion"', r'"tool_calls":',
-                                         r'"finish_reason":'],
+    '# {"object": "needle.completion"': [r'"object":\s*"needle\.completion"', r'"tool_calls":', r'"finish_reason":'],
     # the server's backend once batching is on; nothing batched yet on a server just started
-    '# {"backend": "continuous_batching"': [r'^\{"actors":.*"backend":\s*"continuous_batching"',
-                                            r'"name":\s*"cpu"', r'"batched":\s*0\b', r'"fixed_sampling":\s*\{'],
+    '# {"backend": "continuous_batching"': [
+        r'^\{"actors":.*"backend":\s*"continuous_batching"',
+        r'"name":\s*"cpu"',
+        r'"batched":\s*0\b',
+        r'"fixed_sampling":\s*\{',
+    ],
     # per-request SAE activations: the SAE, layer and read point asked for
-    '"millm": {"sae_activations": {"sae_id": "sae_demo_tiny_l1", "layer": 1, "read_point": "post_steering"':
-        [r'"sae_activations":\s*\{', r'"sae_id":\s*"sae_demo_tiny_l1"', r'"layer":\s*1\b',
-         r'"read_point":\s*"post_steering"', r'"positions":\s*\[\{'],
+    '"millm": {"sae_activations": {"sae_id": "sae_demo_tiny_l1", "layer": 1, "read_point": "post_steering"': [
+        r'"sae_activations":\s*\{',
+        r'"sae_id":\s*"sae_demo_tiny_l1"',
+        r'"layer":\s*1\b',
+        r'"read_point":\s*"post_steering"',
+        r'"positions":\s*\[\{',
+    ],
     # a monitoring record of the chat completion just made
-    '# {"records": [{"id": 1': [r'"records":\s*\[\{', r'"endpoint":\s*"/v1/chat/completions"',
-                                r'"sae_id":\s*"sae_demo_tiny_l1"', r'"next":\s*\d'],
+    '# {"records": [{"id": 1': [
+        r'"records":\s*\[\{',
+        r'"endpoint":\s*"/v1/chat/completions"',
+        r'"sae_id":\s*"sae_demo_tiny_l1"',
+        r'"next":\s*\d',
+    ],
     # the steering lock: /v1/models lists the locked model alone
     "# only greenroom-demo, while locked": [r'^\{"data":\[\{[^\[\]]*"id":"greenroom-demo"[^\[\]]*\}\],'],
     # the engine-level readout: one entry per prompt position, each with its features
-    '# [{"position", "token_id", "features": [{"index", "value"}]}, …]':
-        [r"\[\{'position': 0, 'token_id': \d+, 'features': \[\{'index': \d+, 'value': "],
+    '# [{"position", "token_id", "features": [{"index", "value"}]}, …]': [
+        r"\[\{'position': 0, 'token_id': \d+, 'features': \[\{'index': \d+, 'value': "
+    ],
 }
 
 
@@ -136,8 +150,15 @@ def parse(path: Path) -> tuple[list[Block], list[int]]:
         if fence:
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
             m = MARKER.match(lines[i - 1]) if i else None
-            blocks.append(Block(page, i + 1, fence.group(1), "\n".join(lines[i + 1:end]) + "\n",
-                                (m.group(1), m.group(2)) if m else None))
+            blocks.append(
+                Block(
+                    page,
+                    i + 1,
+                    fence.group(1),
+                    "\n".join(lines[i + 1 : end]) + "\n",
+                    (m.group(1), m.group(2)) if m else None,
+                )
+            )
             i = end
         i += 1
     return blocks, stray
@@ -200,8 +221,11 @@ def run_block(block: Block, url: str) -> subprocess.CompletedProcess:
     code = substitute(block.code, url)
     with tempfile.TemporaryDirectory(prefix="docs-example-") as cwd:
         (Path(cwd) / ".venv").symlink_to(ROOT / ".venv", target_is_directory=True)
-        env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1",
+        }
         if block.lang == "python":
             (Path(cwd) / "example.py").write_text(code)
             cmd = [sys.executable, "example.py"]
@@ -236,8 +260,9 @@ class Servers:
 
 
 def loaded(server) -> set[str]:
-    return {m["id"] for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"]
-            if m["state"] == "loaded"}
+    return {
+        m["id"] for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"] if m["state"] == "loaded"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +281,9 @@ def servers(server, smollm2, tmp_path_factory, model_cache):
 def test_example_runs(block, servers):
     srv = servers.get(block.server_spec)
     done = run_block(block, srv.url)
-    report = f"{block.id} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    report = (
+        f"{block.id} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    )
     assert done.returncode == 0, report
     stdout = done.stdout
     if block.lang == "sh":
@@ -268,17 +295,21 @@ def test_example_runs(block, servers):
             ok = status == want if want else 200 <= status < 300
             assert ok, f"{command.strip()[:200]!r} answered {status}, the page shows {want or '2xx'}\n{report}"
         for name, value in header_comments(block.code):
-            assert re.search(rf"(?im)^{re.escape(name)}:\s*{re.escape(value)}\s*$", stdout), \
+            assert re.search(rf"(?im)^{re.escape(name)}:\s*{re.escape(value)}\s*$", stdout), (
                 f"header {name}: {value} not in the output\n{report}"
+            )
     for text in comments(block.code):
         for key, patterns in OUTPUTS.items():
             if key in "# " + text or key in text:
                 for pattern in patterns:
                     ok = pattern(stdout) if callable(pattern) else re.search(pattern, stdout, re.MULTILINE)
-                    assert ok, f"{getattr(pattern, '__name__', pattern)!r} (shown as {key!r}) fails on the output\n{report}"
+                    assert ok, (
+                        f"{getattr(pattern, '__name__', pattern)!r} (shown as {key!r}) fails on the output\n{report}"
+                    )
 
 
 # --- without a server ------------------------------------------------------------------------
+
 
 def all_blocks() -> list[Block]:
     return [b for path in DOCS for b in parse(path)[0]]

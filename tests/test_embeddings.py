@@ -6,14 +6,16 @@ import struct
 
 import httpx
 import pytest
-
 from conftest import MODEL
 
 
 def test_float_and_base64_agree(client, server):
     floats = client.embeddings.create(model=MODEL, input="The quick brown fox", encoding_format="float")
-    raw = httpx.post(server.url + "/v1/embeddings", timeout=60, json={
-        "model": MODEL, "input": "The quick brown fox", "encoding_format": "base64"}).json()
+    raw = httpx.post(
+        server.url + "/v1/embeddings",
+        timeout=60,
+        json={"model": MODEL, "input": "The quick brown fox", "encoding_format": "base64"},
+    ).json()
     packed = base64.b64decode(raw["data"][0]["embedding"])
     decoded = list(struct.unpack(f"<{len(packed) // 4}f", packed))
     assert decoded == pytest.approx(floats.data[0].embedding, abs=0)
@@ -46,15 +48,18 @@ def test_input_past_the_context_window_is_refused(server):
     assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "32768" in err["message"]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": MODEL}, "input"),
-    ({"model": MODEL, "input": ""}, "input"),
-    ({"model": MODEL, "input": []}, "input"),
-    ({"model": MODEL, "input": [1, "a"]}, "input"),
-    ({"model": MODEL, "input": [[10**9]]}, "input"),
-    ({"model": MODEL, "input": "x", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "x"}, "model"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": MODEL}, "input"),
+        ({"model": MODEL, "input": ""}, "input"),
+        ({"model": MODEL, "input": []}, "input"),
+        ({"model": MODEL, "input": [1, "a"]}, "input"),
+        ({"model": MODEL, "input": [[10**9]]}, "input"),
+        ({"model": MODEL, "input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x"}, "model"),
+    ],
+)
 def test_bad_embedding_requests_are_typed_400(server, body, param):
     r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

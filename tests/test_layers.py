@@ -9,8 +9,10 @@ from conftest import ROOT
 
 
 def imported_after(modules: list[str]) -> set[str]:
-    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
-            "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
+    code = (
+        f"import sys\nfor m in {modules!r}: __import__(m)\n"
+        "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return set(out.split())
 
@@ -25,7 +27,12 @@ def test_engines_do_not_import_the_runtime_or_web_stack():
     forbidden = {"trio", "tractor", "quart", "quart_trio", "hypercorn", "greenroom"}
     for path in (ROOT / "greenroom" / "engines").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{path.name} imports {name}"

@@ -9,7 +9,6 @@ import httpx
 import openai
 import psutil
 import pytest
-
 from conftest import MODEL
 
 
@@ -21,8 +20,9 @@ def test_kill_engine_mid_stream_errors_restarts_and_serves_again(own_server):
     srv = own_server()
     client = openai_client(srv)
     old_pid = srv.actors()["cpu"]["pid"]
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}],
-                                            max_tokens=1800, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=1800, stream=True
+    )
     killed_at = None
     with pytest.raises(openai.APIError) as exc:
         for chunk in stream:
@@ -154,13 +154,19 @@ def test_request_timeout_is_504_and_cancels(own_server):
     import httpx
 
     srv = own_server(extra_env={"NEEDLE_REQUEST_TIMEOUT": "0.5"})
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1800})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1800},
+    )
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
     deadline = time.monotonic() + 5
     while srv.actors()["cpu"]["counters"]["cancelled"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert srv.actors()["cpu"]["counters"]["active"] == 0
-    quick = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    quick = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+    )
     assert quick.status_code == 200

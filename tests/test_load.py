@@ -5,7 +5,6 @@ import asyncio
 import collections
 
 import httpx
-
 from conftest import MODEL
 
 SMALL = 'max_queue = 8\n[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
@@ -14,9 +13,14 @@ SMALL = 'max_queue = 8\n[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\
 async def storm(url: str, n: int) -> collections.Counter:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
         async def one(i: int) -> str:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"client {i}"}], "max_tokens": 16,
-                    "stream": i % 2 == 0}
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"client {i}"}],
+                "max_tokens": 16,
+                "stream": i % 2 == 0,
+            }
             r = await client.post(url + "/v1/chat/completions", json=body)
             if r.status_code == 200:
                 assert r.text.endswith("data: [DONE]\n\n") if body["stream"] else r.json()["choices"]
@@ -40,5 +44,11 @@ def test_200_concurrent_clients(own_server):
     print(dict(outcomes), {n: round((after[n] - before[n]) / 2**20, 1) for n in ("supervisor", "cpu")}, "MiB")
     for name in ("supervisor", "cpu"):
         assert after[name] - before[name] < 4 * 2**20, (name, (after[name] - before[name]) / 2**20)
-    assert httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}).status_code == 200
+    assert (
+        httpx.post(
+            srv.url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        ).status_code
+        == 200
+    )

@@ -2,7 +2,6 @@
 Portal.run leaks per call; greenroom multiplexes one stream per actor instead)."""
 
 import httpx
-
 from conftest import MODEL
 
 

@@ -4,7 +4,6 @@ queue depth per actor, actor lifecycle events."""
 import re
 
 import httpx
-
 from conftest import MODEL
 
 
@@ -19,10 +18,16 @@ def sample(text: str, name: str, **labels) -> float:
 
 def test_metrics(server, client):
     before = httpx.get(server.url + "/metrics").text
-    tokens_before = sample(before, "greenroom_tokens_generated_total", model=MODEL) if \
-        "greenroom_tokens_generated_total{" in before else 0.0
-    list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=7,
-                                        stream=True))
+    tokens_before = (
+        sample(before, "greenroom_tokens_generated_total", model=MODEL)
+        if "greenroom_tokens_generated_total{" in before
+        else 0.0
+    )
+    list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=7, stream=True
+        )
+    )
     client.completions.create(model=MODEL, prompt="x", max_tokens=5)
     r = httpx.get(server.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -34,5 +39,7 @@ def test_metrics(server, client):
     assert sample(text, "greenroom_queue_depth", actor="cpu") == 0
     assert sample(text, "greenroom_actor_events_total", actor="cpu", event="started") >= 1
     httpx.get(server.url + "/nowhere")
-    assert sample(httpx.get(server.url + "/metrics").text, "greenroom_requests_total", route="unmatched",
-                  status="404") >= 1
+    assert (
+        sample(httpx.get(server.url + "/metrics").text, "greenroom_requests_total", route="unmatched", status="404")
+        >= 1
+    )

@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import MODEL
 
 TWO = """
@@ -26,8 +25,9 @@ def states(srv) -> dict:
 
 
 def chat(srv, model, max_tokens=4, **kw):
-    return httpx.post(srv.url + "/v1/chat/completions", timeout=120,
-                      json={"model": model, **CHAT, "max_tokens": max_tokens, **kw})
+    return httpx.post(
+        srv.url + "/v1/chat/completions", timeout=120, json={"model": model, **CHAT, "max_tokens": max_tokens, **kw}
+    )
 
 
 def wait_for(predicate, seconds=10.0):
@@ -73,8 +73,9 @@ def test_unload_under_load(srv):
         assert wait_for(lambda: states(srv)[MODEL] == "unloading")
         busy = chat(srv, MODEL)  # the same model, and any other model of the actor: refused, told to retry
         other = chat(srv, "lazy")
-        streamed = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
-                              json={"model": MODEL, **CHAT, "max_tokens": 4, "stream": True})
+        streamed = httpx.post(
+            srv.url + "/v1/chat/completions", timeout=60, json={"model": MODEL, **CHAT, "max_tokens": 4, "stream": True}
+        )
         for r in (busy, other, streamed):
             assert r.status_code == 503 and r.json()["error"]["code"] == "model_busy", r.text
             assert r.headers["Retry-After"]
@@ -98,8 +99,11 @@ def test_grace_period_then_running_requests_are_ended(own_server):
 
 
 def test_ollama_keep_alive(srv):
-    r = httpx.post(srv.url + "/api/generate", timeout=60, json={
-        "model": "lazy", "prompt": "x", "stream": False, "keep_alive": 0, "options": {"num_predict": 2}})
+    r = httpx.post(
+        srv.url + "/api/generate",
+        timeout=60,
+        json={"model": "lazy", "prompt": "x", "stream": False, "keep_alive": 0, "options": {"num_predict": 2}},
+    )
     assert r.status_code == 200 and "X-miLLM-Ignored-Fields" not in r.headers
     assert wait_for(lambda: states(srv)["lazy"] == "unloaded")
     r = httpx.post(srv.url + "/api/generate", timeout=60, json={"model": "lazy", "keep_alive": "1s"})
@@ -144,8 +148,11 @@ def test_a_quantization_this_server_cannot_load_is_refused_before_loading(own_se
 def test_a_keep_alive_past_gos_longest_duration_is_refused_and_ps_keeps_answering(server, value):
     """A keep_alive longer than Go's longest duration (~292 years) is a typed 400 naming
     it; it never reaches the tree, so /api/ps (which renders every deadline) keeps working."""
-    r = httpx.post(server.url + "/api/generate", timeout=60, json={
-        "model": MODEL, "prompt": "x", "stream": False, "keep_alive": value, "options": {"num_predict": 1}})
+    r = httpx.post(
+        server.url + "/api/generate",
+        timeout=60,
+        json={"model": MODEL, "prompt": "x", "stream": False, "keep_alive": value, "options": {"num_predict": 1}},
+    )
     assert r.status_code == 400 and r.json()["code"] == "invalid_parameter"
     assert "keep_alive" in r.json()["error"]
     assert httpx.get(server.url + "/api/ps", timeout=30).status_code == 200
@@ -167,13 +174,15 @@ def test_ollama_requests_after_keep_alive_0_wait_for_the_unload(own_server):
     transformers and GGUF models alike. /v1 keeps the spec's model_busy."""
     import ollama
 
-    srv = own_server(TWO + '[[models]]\nid = "greenroom-demo-gguf:Q8_0"\nsource = "demo-gguf:Q8_0"\n'
-                     'engine = "llama.cpp"\n')
+    srv = own_server(
+        TWO + '[[models]]\nid = "greenroom-demo-gguf:Q8_0"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+    )
     client = ollama.Client(host=srv.url, timeout=120)
     for model in ("lazy", "greenroom-demo-gguf:Q8_0"):
         for _ in range(6):
-            reply = client.chat(model=model, messages=[{"role": "user", "content": "hi"}], keep_alive=0,
-                                options={"num_predict": 2})
+            reply = client.chat(
+                model=model, messages=[{"role": "user", "content": "hi"}], keep_alive=0, options={"num_predict": 2}
+            )
             assert reply.done
 
 
@@ -182,14 +191,17 @@ def test_a_load_that_fails_is_model_load_failed(own_server, tmp_path):
     model_load_failed (a transformers source that is gone, an OpenVINO source that is a file)."""
     afile = tmp_path / "model.bin"
     afile.write_bytes(b"not a model")
-    srv = own_server(TWO + f'[[models]]\nid = "gone"\nsource = "{tmp_path / "nowhere"}"\npreload = false\n'
-                     f'[[models]]\nid = "ov-file"\nsource = "{afile}"\nengine = "openvino"\nactor = "npu0"\n'
-                     'preload = false\n')
+    srv = own_server(
+        TWO + f'[[models]]\nid = "gone"\nsource = "{tmp_path / "nowhere"}"\npreload = false\n'
+        f'[[models]]\nid = "ov-file"\nsource = "{afile}"\nengine = "openvino"\nactor = "npu0"\n'
+        "preload = false\n"
+    )
     for model in ("gone", "ov-file"):
         r = chat(srv, model)
         assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed", r.text
         assert model in r.json()["error"]["message"]
-        r = httpx.post(srv.url + "/api/chat", timeout=60, json={"model": model, "stream": False,
-                                                              "messages": CHAT["messages"]})
+        r = httpx.post(
+            srv.url + "/api/chat", timeout=60, json={"model": model, "stream": False, "messages": CHAT["messages"]}
+        )
         assert r.status_code == 500 and r.json()["code"] == "model_load_failed"
     assert chat(srv, MODEL).status_code == 200  # nothing else was disturbed

@@ -12,10 +12,11 @@ import json
 import httpx
 import pytest
 import torch
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG as STEERING_CONFIG, GGUF
+from test_steering_api import CONFIG as STEERING_CONFIG
+from test_steering_api import GGUF
+
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
@@ -29,6 +30,7 @@ CHAT = [{"role": "user", "content": "Tell me about the river and the old stone b
 
 
 # --- the engine, in-process -----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def engine(model_cache):
@@ -62,8 +64,10 @@ def test_engine_monitor_reads_before_steering_and_nothing_under_suppression(engi
     top = monitor.result()["features"][0]["index"]
     steering.apply(SteeringState(steering.state.version + 1, True, {"sae": {top: 200.0}}))
     try:
-        monitor, pre = steering.monitor("sae", top_k=8), steering.readout(len(ids), positions="all", top_k=16,
-                                                                          read_point="pre_steering")
+        monitor, pre = (
+            steering.monitor("sae", top_k=8),
+            steering.readout(len(ids), positions="all", top_k=16, read_point="pre_steering"),
+        )
         fed = _run(engine, ids, readout=pre, monitor=monitor)
         post = steering.readout(len(ids), positions="all", features=[top], read_point="post_steering")
         _run(engine, ids, readout=post)
@@ -91,6 +95,7 @@ def test_engine_monitor_reads_before_steering_and_nothing_under_suppression(engi
 
 # --- the server ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, model_cache):
     return server_cache(tmp_path_factory.mktemp("monitoring-cache"), model_cache)
@@ -114,8 +119,9 @@ def records(srv: Server, since: int, **params) -> tuple[list[dict], int]:
 
 
 def chat(srv: Server, **body) -> dict:
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 6,
-                                                            **body}, timeout=60)
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 6, **body}, timeout=60
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -134,7 +140,11 @@ def test_records_are_pre_steering_per_choice_from_every_generation_route(srv):
     body = chat(srv)  # the fixed sampling: batchable, but monitored, so served serially
     (record,), since = records(srv, since)
     assert (record["model"], record["request_id"], record["endpoint"], record["choice"]) == (
-        MODEL, body["id"], "/v1/chat/completions", 0)
+        MODEL,
+        body["id"],
+        "/v1/chat/completions",
+        0,
+    )
     assert (record["sae_id"], record["layer"]) == (SAE_ID, 1)
     usage = body["usage"]
     assert record["positions"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1  # the last never fed
@@ -147,8 +157,9 @@ def test_records_are_pre_steering_per_choice_from_every_generation_route(srv):
         read = {"sae_id": SAE_ID, "positions": "all", "top_k": 16}
         pre = chat(srv, temperature=0, return_sae_activations={**read, "read_point": "pre_steering"})
         (record,), since = records(srv, since)
-        post = chat(srv, temperature=0, return_sae_activations={**read, "features": [top],
-                                                                 "read_point": "post_steering"})
+        post = chat(
+            srv, temperature=0, return_sae_activations={**read, "features": [top], "read_point": "post_steering"}
+        )
         _, since = records(srv, since)
     finally:
         set_steering(srv, {})
@@ -162,12 +173,14 @@ def test_records_are_pre_steering_per_choice_from_every_generation_route(srv):
     chat(srv, n=2)
     got, since = records(srv, since)
     assert [r["choice"] for r in got] == [0, 1]
-    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 3},
-                   timeout=60)
+    r = httpx.post(
+        srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 3}, timeout=60
+    )
     assert r.status_code == 200, r.text
     for path, body in (("/api/generate", {"prompt": "Once upon"}), ("/api/chat", {"messages": CHAT})):
-        r = httpx.post(srv.url + path, json={"model": MODEL, "stream": False, "options": {"num_predict": 3},
-                                              **body}, timeout=60)
+        r = httpx.post(
+            srv.url + path, json={"model": MODEL, "stream": False, "options": {"num_predict": 3}, **body}, timeout=60
+        )
         assert r.status_code == 200, r.text
     got, since = records(srv, since)
     assert [r["endpoint"] for r in got] == ["/v1/completions", "/api/generate", "/api/chat"]
@@ -185,15 +198,20 @@ def test_stream_scoring_embeddings_and_monitoring_off(srv):
     with httpx.stream("GET", srv.url + "/api/monitoring/stream", params={"model": MODEL}, timeout=60) as stream:
         lines = stream.iter_lines()
         assert next(lines) == ": monitoring"  # subscribed from here on
-        for path, body in (("/v1/completions", {"prompt": "Once upon", "max_tokens": 1, "logprobs": 2}),
-                           ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "logprobs": True}),
-                           ("/v1/embeddings", {"input": "Once upon"}),
-                           ("/api/embed", {"input": "Once upon"})):
+        for path, body in (
+            ("/v1/completions", {"prompt": "Once upon", "max_tokens": 1, "logprobs": 2}),
+            ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "logprobs": True}),
+            ("/v1/embeddings", {"input": "Once upon"}),
+            ("/api/embed", {"input": "Once upon"}),
+        ):
             r = httpx.post(srv.url + path, json={"model": MODEL, **body}, timeout=60)
             assert r.status_code == 200, (path, r.text)
         assert records(srv, since)[0] == []  # scoring and embeddings record nothing
-        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 4,
-                                                                "stream": True}, timeout=60)
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": CHAT, "max_tokens": 4, "stream": True},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text  # streamed: recorded too
         data = next(line for line in lines if line.startswith("data: "))
     record = json.loads(data.removeprefix("data: "))
@@ -206,18 +224,21 @@ def test_stream_scoring_embeddings_and_monitoring_off(srv):
     assert records(srv, record["id"])[0] == []
 
 
-@pytest.mark.parametrize("body,status,code,param", [
-    ({"model": "nope", "enabled": True}, 404, "model_not_found", "model"),
-    ({"model": GGUF, "enabled": True}, 400, "steering_unsupported", "model"),
-    ({"enabled": "yes"}, 400, "invalid_parameter", "enabled"),
-    ({}, 400, "missing_parameter", "enabled"),
-    ({"enabled": True, "top_k": 0}, 400, "invalid_parameter", "top_k"),
-    ({"enabled": True, "top_k": 65}, 400, "invalid_parameter", "top_k"),
-    ({"enabled": True, "top_k": True}, 400, "invalid_parameter", "top_k"),
-    ({"enabled": True, "sae_id": "sae_elsewhere"}, 400, "sae_not_attached", "sae_id"),
-    ({"enabled": True, "sae_id": 3}, 400, "invalid_parameter", "sae_id"),
-    ({"enabled": True, "colour": "red"}, 400, "invalid_parameter", "colour"),
-])
+@pytest.mark.parametrize(
+    "body,status,code,param",
+    [
+        ({"model": "nope", "enabled": True}, 404, "model_not_found", "model"),
+        ({"model": GGUF, "enabled": True}, 400, "steering_unsupported", "model"),
+        ({"enabled": "yes"}, 400, "invalid_parameter", "enabled"),
+        ({}, 400, "missing_parameter", "enabled"),
+        ({"enabled": True, "top_k": 0}, 400, "invalid_parameter", "top_k"),
+        ({"enabled": True, "top_k": 65}, 400, "invalid_parameter", "top_k"),
+        ({"enabled": True, "top_k": True}, 400, "invalid_parameter", "top_k"),
+        ({"enabled": True, "sae_id": "sae_elsewhere"}, 400, "sae_not_attached", "sae_id"),
+        ({"enabled": True, "sae_id": 3}, 400, "invalid_parameter", "sae_id"),
+        ({"enabled": True, "colour": "red"}, 400, "invalid_parameter", "colour"),
+    ],
+)
 def test_put_refusals_are_typed(srv, body, status, code, param):
     r = httpx.put(srv.url + "/api/monitoring", json={"model": MODEL, **body}, timeout=30)
     assert r.status_code == status, r.text
@@ -225,13 +246,16 @@ def test_put_refusals_are_typed(srv, body, status, code, param):
     assert (error["code"], error["param"]) == (code, param), error
 
 
-@pytest.mark.parametrize("path,params,status,code,param", [
-    ("/api/monitoring/records", {"since": "-1"}, 400, "invalid_parameter", "since"),
-    ("/api/monitoring/records", {"limit": "0"}, 400, "invalid_parameter", "limit"),
-    ("/api/monitoring/records", {"limit": "1001"}, 400, "invalid_parameter", "limit"),
-    ("/api/monitoring/records", {"model": "nope"}, 404, "model_not_found", "model"),
-    ("/api/monitoring/stream", {"model": "nope"}, 404, "model_not_found", "model"),
-])
+@pytest.mark.parametrize(
+    "path,params,status,code,param",
+    [
+        ("/api/monitoring/records", {"since": "-1"}, 400, "invalid_parameter", "since"),
+        ("/api/monitoring/records", {"limit": "0"}, 400, "invalid_parameter", "limit"),
+        ("/api/monitoring/records", {"limit": "1001"}, 400, "invalid_parameter", "limit"),
+        ("/api/monitoring/records", {"model": "nope"}, 404, "model_not_found", "model"),
+        ("/api/monitoring/stream", {"model": "nope"}, 404, "model_not_found", "model"),
+    ],
+)
 def test_read_refusals_are_typed(srv, path, params, status, code, param):
     r = httpx.get(srv.url + path, params=params, timeout=30)
     assert r.status_code == status, r.text

@@ -5,17 +5,39 @@ import json
 import httpx
 import jsonschema
 import pytest
-
 from conftest import MODEL
 
-INVOICE = {"type": "object",
-           "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}, "due_date": {"type": "string"}},
-           "required": ["vendor", "total", "due_date"]}
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
-    "additionalProperties": False}}}
-FIELDS = {"type", "confidence", "reasoning", "validation", "prefill_tps", "decode_tps", "peak_ram_mb",
-          "replayed_turns", "reinitialized", "queue_wait_seconds", "compute_seconds", "warnings"}
+INVOICE = {
+    "type": "object",
+    "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}, "due_date": {"type": "string"}},
+    "required": ["vendor", "total", "due_date"],
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+FIELDS = {
+    "type",
+    "confidence",
+    "reasoning",
+    "validation",
+    "prefill_tps",
+    "decode_tps",
+    "peak_ram_mb",
+    "replayed_turns",
+    "reinitialized",
+    "queue_wait_seconds",
+    "compute_seconds",
+    "warnings",
+}
 
 
 def post(server, path, body):
@@ -25,8 +47,16 @@ def post(server, path, body):
 
 
 def test_x_needle_on_chat_completions(server):
-    body = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [
-        {"role": "user", "content": "I don't want rain in Lagos"}], "max_tokens": 20, "foo": 1})
+    body = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "I don't want rain in Lagos"}],
+            "max_tokens": 20,
+            "foo": 1,
+        },
+    )
     x = body["x_needle"]
     assert set(x) == FIELDS
     assert x["type"] == "respond" and 0 < x["confidence"] <= 1
@@ -38,13 +68,22 @@ def test_x_needle_on_chat_completions(server):
 
 
 def test_x_needle_call_with_ungrounded_arguments(server):
-    body = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [
-        {"role": "user", "content": "Weather in Lagos?"}], "max_tokens": 80, "seed": 3, "tools": [TOOL],
-        "tool_choice": "required"})
+    body = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Weather in Lagos?"}],
+            "max_tokens": 80,
+            "seed": 3,
+            "tools": [TOOL],
+            "tool_choice": "required",
+        },
+    )
     x, message = body["x_needle"], body["choices"][0]["message"]
     assert x["type"] == "call" and message["tool_calls"]
     expected = []
-    for i, call in enumerate(message["tool_calls"]):
+    for call in message["tool_calls"]:
         city = json.loads(call["function"]["arguments"])["city"]
         if city and city.lower() not in "weather in lagos?":
             expected.append("get_weather.city")
@@ -54,8 +93,12 @@ def test_x_needle_call_with_ungrounded_arguments(server):
 
 
 def test_x_needle_rides_on_the_streamed_finish_chunk(server):
-    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
-            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True},
+    ) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert len(finish) == 1 and set(finish[0]["x_needle"]) == FIELDS
@@ -63,20 +106,32 @@ def test_x_needle_rides_on_the_streamed_finish_chunk(server):
 
 
 def test_extract_invoice(server):
-    body = post(server, "/v1/needle/extract", {
-        "text": "Invoice from Acme Corp, $1,200.00, due 2026-09-01", "name": "Invoice", "schema": INVOICE, "seed": 1})
+    body = post(
+        server,
+        "/v1/needle/extract",
+        {"text": "Invoice from Acme Corp, $1,200.00, due 2026-09-01", "name": "Invoice", "schema": INVOICE, "seed": 1},
+    )
     assert body["object"] == "needle.extraction" and body["matched"] is True
     jsonschema.validate(body["data"], INVOICE)
     assert set(body["x_needle"]) == FIELDS
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"name": "Invoice", "schema": INVOICE}, "text"),
-    ({"text": "x", "schema": INVOICE}, "name"),
-    ({"text": "x", "name": "Invoice"}, "schema"),
-    ({"text": "x", "name": "I", "schema": {"type": "object", "properties": {"a": {"type": "string",
-                                                                               "format": "date"}}}}, "response_format"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"name": "Invoice", "schema": INVOICE}, "text"),
+        ({"text": "x", "schema": INVOICE}, "name"),
+        ({"text": "x", "name": "Invoice"}, "schema"),
+        (
+            {
+                "text": "x",
+                "name": "I",
+                "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}},
+            },
+            "response_format",
+        ),
+    ],
+)
 def test_extract_refusals(server, body, param):
     r = httpx.post(server.url + "/v1/needle/extract", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -84,29 +139,44 @@ def test_extract_refusals(server, body, param):
 
 def test_complete_with_query_and_flat_tools_as_string(server):
     tools = [{"name": "get_weather", "parameters": TOOL["function"]["parameters"]}]
-    body = post(server, "/v1/needle/complete", {"query": "what is it like in Lagos right now?",
-                                                "system": "Be brief.", "tools": json.dumps(tools), "max_tokens": 10})
+    body = post(
+        server,
+        "/v1/needle/complete",
+        {
+            "query": "what is it like in Lagos right now?",
+            "system": "Be brief.",
+            "tools": json.dumps(tools),
+            "max_tokens": 10,
+        },
+    )
     assert body["object"] == "needle.completion" and body["model"] == MODEL
     assert body["finish_reason"] in ("stop", "length", "tool_calls") and isinstance(body["tool_calls"], list)
     assert set(body["x_needle"]) == FIELDS
 
 
 def test_complete_with_messages_and_unknown_model_says_so(server):
-    body = post(server, "/v1/needle/complete", {"model": "needle-2", "max_tokens": 4,
-                                                "messages": [{"role": "user", "content": "hello"}]})
+    body = post(
+        server,
+        "/v1/needle/complete",
+        {"model": "needle-2", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert body["model"] == MODEL
     assert any("needle-2" in w for w in body["x_needle"]["warnings"])
 
 
 def test_no_extras(own_server):
     srv = own_server('expose_extras = false\n[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n')
-    body = post(srv, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                              "max_tokens": 3})
+    body = post(
+        srv, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+    )
     assert "x_needle" not in body
 
 
 def test_extract_out_of_range_number_is_not_matched(server):
-    body = post(server, "/v1/needle/extract", {"text": "hello", "name": "x", "schema": {"type": "number"},
-                                               "seed": 7, "max_tokens": 64})
+    body = post(
+        server,
+        "/v1/needle/extract",
+        {"text": "hello", "name": "x", "schema": {"type": "number"}, "seed": 7, "max_tokens": 64},
+    )
     assert body["data"] is None or isinstance(body["data"], (int, float)) and abs(body["data"]) < float("inf")
     assert set(body["x_needle"]) == FIELDS

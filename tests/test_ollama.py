@@ -9,14 +9,20 @@ import os
 import signal
 import time
 
+import http_sf
 import httpx
 import ollama
 import pytest
-
 from conftest import MODEL
 
-METRICS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
-           "eval_duration")
+METRICS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
 
 
 @pytest.fixture
@@ -51,6 +57,7 @@ def rfc3339(text: str) -> datetime.datetime:
 
 # --- generate and chat -----------------------------------------------------------------------
 
+
 def test_generate_streamed_and_not_agree(oc):
     # the default seed (0, the table's) makes the two runs the same sampling
     whole = oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12})
@@ -62,7 +69,7 @@ def test_generate_streamed_and_not_agree(oc):
     assert last.done_reason == whole.done_reason and last.eval_count == whole.eval_count <= 12
     assert whole.prompt_eval_count == last.prompt_eval_count > 0
     assert whole.total_duration >= whole.eval_duration > 0 and whole.prompt_eval_duration > 0
-    assert abs(rfc3339(whole.created_at) - datetime.datetime.now(datetime.timezone.utc)).total_seconds() < 60
+    assert abs(rfc3339(whole.created_at) - datetime.datetime.now(datetime.UTC)).total_seconds() < 60
 
 
 def test_chat_streamed_and_not_agree(oc):
@@ -75,8 +82,12 @@ def test_chat_streamed_and_not_agree(oc):
 
 
 def test_stream_is_the_default_and_ndjson_with_ollama_final_fields(server):
-    with httpx.stream("POST", server.url + "/api/generate", timeout=60, json={
-            "model": MODEL, "prompt": "Hi", "options": {"num_predict": 4}}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/api/generate",
+        timeout=60,
+        json={"model": MODEL, "prompt": "Hi", "options": {"num_predict": 4}},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
         assert r.headers["X-Request-ID"]
         frames = lines(r)
@@ -97,14 +108,19 @@ def test_raw_and_template_prompts(oc):
     turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
     greedy = {"num_predict": 6, "temperature": 0}
     raw = oc.generate(model=MODEL, prompt=turn.format("Hi"), raw=True, options=greedy)
-    templated = oc.generate(model=MODEL, prompt="Hi", options=greedy,
-                            template=turn.format("{{ .Prompt }}") + "{{ .Response }}")
+    templated = oc.generate(
+        model=MODEL, prompt="Hi", options=greedy, template=turn.format("{{ .Prompt }}") + "{{ .Response }}"
+    )
     assert raw.response == templated.response and raw.prompt_eval_count == templated.prompt_eval_count
 
 
 def test_format_json_schema_is_enforced_streamed_and_not(oc):
-    schema = {"type": "object", "properties": {"label": {"enum": ["humor", "not_humor"]}},
-              "required": ["label"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["humor", "not_humor"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
     messages = [{"role": "user", "content": "Classify: a joke"}]
     r = oc.chat(model=MODEL, messages=messages, format=schema, options={"num_predict": 200})
     assert r.done_reason == "stop" and json.loads(r.message.content)["label"] in ("humor", "not_humor")
@@ -113,18 +129,35 @@ def test_format_json_schema_is_enforced_streamed_and_not(oc):
 
 
 def test_tools_and_tool_results_are_rendered(oc):
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
-    r = oc.chat(model=MODEL, tools=tools, options={"num_predict": 8}, messages=[
-        {"role": "user", "content": "Weather in Lagos?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Lagos"}}}]},
-        {"role": "tool", "content": "31 C, sunny", "tool_name": "get_weather"}])
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    r = oc.chat(
+        model=MODEL,
+        tools=tools,
+        options={"num_predict": 8},
+        messages=[
+            {"role": "user", "content": "Weather in Lagos?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Lagos"}}}],
+            },
+            {"role": "tool", "content": "31 C, sunny", "tool_name": "get_weather"},
+        ],
+    )
     assert r.done and r.message.role == "assistant"
 
 
 # --- options on the wire ---------------------------------------------------------------------
+
 
 def test_seed_and_temperature(oc):
     def text(**options):
@@ -145,8 +178,11 @@ def test_num_predict_minus_one_fills_the_requested_window(oc):
 
 
 def test_num_ctx_past_the_model_is_refused(server):
-    err = flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 40000}}),
-               400, "invalid_parameter")
+    err = flat(
+        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 40000}}),
+        400,
+        "invalid_parameter",
+    )
     assert "32768" in err and "options.num_ctx" in err
 
 
@@ -154,52 +190,89 @@ def test_a_prompt_past_num_ctx_is_cut_by_ollamas_rule(server):
     """Ollama never refuses a long prompt: the oldest messages go (never a system one nor the
     last), then the prompt's middle; X-Greenroom-Truncated says what went."""
     messages = [{"role": "system", "content": "Be brief."}] + [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 20} for i in range(9)]
-    r = httpx.post(server.url + "/api/chat", timeout=60, json={
-        "model": MODEL, "stream": False, "messages": messages, "options": {"num_ctx": 256, "num_predict": 8}})
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 20} for i in range(9)
+    ]
+    r = httpx.post(
+        server.url + "/api/chat",
+        timeout=60,
+        json={"model": MODEL, "stream": False, "messages": messages, "options": {"num_ctx": 256, "num_predict": 8}},
+    )
     assert r.status_code == 200, r.text
-    dropped = dict(part.split("=") for part in r.headers["X-Greenroom-Truncated"].split(", "))
-    assert int(dropped["messages"]) > 0 and dropped["tokens"] == "0"
+    dropped = http_sf.parse(r.headers["X-Greenroom-Truncated"].encode(), tltype="dictionary")
+    assert dropped["messages"][0] > 0 and dropped["tokens"] == (0, {})
     body = r.json()
     assert body["prompt_eval_count"] <= 256 - 8 and body["eval_count"] <= 8
     # one message longer than the window: its middle goes, its first num_keep tokens stay
-    r = httpx.post(server.url + "/api/generate", timeout=60, json={
-        "model": MODEL, "stream": False, "prompt": "word " * 600, "raw": True,
-        "options": {"num_ctx": 128, "num_predict": 4, "num_keep": 10}})
+    r = httpx.post(
+        server.url + "/api/generate",
+        timeout=60,
+        json={
+            "model": MODEL,
+            "stream": False,
+            "prompt": "word " * 600,
+            "raw": True,
+            "options": {"num_ctx": 128, "num_predict": 4, "num_keep": 10},
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.headers["X-Greenroom-Truncated"].startswith("messages=0, tokens=")
     assert r.json()["prompt_eval_count"] == 128 - 4
     # the answer never passes the window: num_predict above it stops at the window
-    r = httpx.post(server.url + "/api/generate", timeout=60, json={
-        "model": MODEL, "stream": False, "prompt": "x", "options": {"num_predict": 4000, "num_ctx": 64}})
+    r = httpx.post(
+        server.url + "/api/generate",
+        timeout=60,
+        json={"model": MODEL, "stream": False, "prompt": "x", "options": {"num_predict": 4000, "num_ctx": 64}},
+    )
     assert r.status_code == 200 and r.json()["prompt_eval_count"] + r.json()["eval_count"] <= 64
     assert "X-Greenroom-Truncated" not in r.headers
 
 
 def test_unapplied_and_unknown_options_are_reported(server):
-    r = post(server, "/api/generate", {"model": MODEL, "prompt": "x", "stream": False, "options": {
-        "num_predict": 2, "top_k": 5, "mirostat": 0, "min_p": 0.2, "bogus": 1}, "keep_alive": -1})
+    r = post(
+        server,
+        "/api/generate",
+        {
+            "model": MODEL,
+            "prompt": "x",
+            "stream": False,
+            "options": {"num_predict": 2, "top_k": 5, "mirostat": 0, "min_p": 0.2, "bogus": 1},
+            "keep_alive": -1,
+        },
+    )
     assert r.status_code == 200
     reported = r.headers["X-miLLM-Ignored-Fields"]
     assert all(f'"{f}"' in reported for f in ("options.min_p", "options.bogus"))
     assert "keep_alive" not in reported  # honoured (see test_model_lifecycle.py)
     assert "mirostat" not in reported and "top_k" not in reported  # a no-change value; honoured
-    r = post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"min_p": 0.3}},
-             headers={"X-miLLM-Strict": "true"})
+    r = post(
+        server,
+        "/api/generate",
+        {"model": MODEL, "prompt": "x", "options": {"min_p": 0.3}},
+        headers={"X-miLLM-Strict": "true"},
+    )
     flat(r, 400, "unused_fields_refused")
 
 
-@pytest.mark.parametrize("options,where", [
-    ({"temperature": "hot"}, "options.temperature"), ({"num_predict": 1.5}, "options.num_predict"),
-    ({"top_p": 2}, "options.top_p"), ({"stop": [1]}, "options.stop"), ({"num_predict": -3}, "options.num_predict"),
-    ({"repeat_penalty": 0}, "options.repeat_penalty"), ({"seed": 2**40}, "options.seed"),
-])
+@pytest.mark.parametrize(
+    "options,where",
+    [
+        ({"temperature": "hot"}, "options.temperature"),
+        ({"num_predict": 1.5}, "options.num_predict"),
+        ({"top_p": 2}, "options.top_p"),
+        ({"stop": [1]}, "options.stop"),
+        ({"num_predict": -3}, "options.num_predict"),
+        ({"repeat_penalty": 0}, "options.repeat_penalty"),
+        ({"seed": 2**40}, "options.seed"),
+    ],
+)
 def test_bad_option_values_are_typed_400(server, options, where):
-    assert where in flat(post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": options}),
-                         400, "invalid_parameter")
+    assert where in flat(
+        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": options}), 400, "invalid_parameter"
+    )
 
 
 # --- embeddings ------------------------------------------------------------------------------
+
 
 def test_embed_and_legacy_embeddings(oc):
     r = oc.embed(model=MODEL, input=["alpha", "beta", "alpha"])
@@ -239,6 +312,7 @@ def test_embedding_batch_limit_is_inclusive(oc):
 
 # --- models ----------------------------------------------------------------------------------
 
+
 def test_list_show_ps_version(oc, server):
     listed = {m.model: m for m in oc.list().models}
     demo = listed[MODEL]
@@ -252,14 +326,17 @@ def test_list_show_ps_version(oc, server):
     assert shown.details.parameter_size == demo.details.parameter_size
     running = {m.model: m for m in oc.ps().models}[MODEL]
     assert running.context_length == 32768 and running.size == demo.size and running.size_vram == 0
-    assert running.expires_at > datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=365)
+    assert running.expires_at > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)
     assert httpx.get(server.url + "/api/version").json()["version"]
     assert oc.show(MODEL + ":latest").modelinfo == shown.modelinfo  # Ollama's default tag
 
 
 def _files(path) -> list:
-    return [p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                                                                   p.relative_to(path).parts)]
+    return [
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    ]
 
 
 def test_each_format_is_listed_and_shown_from_its_files(oc, server, model_cache):
@@ -302,6 +379,7 @@ def test_each_format_is_listed_and_shown_from_its_files(oc, server, model_cache)
 
 # --- errors ----------------------------------------------------------------------------------
 
+
 def test_unknown_model_is_404_through_the_client(oc, server):
     with pytest.raises(ollama.ResponseError) as exc:
         oc.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -309,28 +387,52 @@ def test_unknown_model_is_404_through_the_client(oc, server):
     flat(post(server, "/api/show", {"model": "nope"}), 404, "model_not_found")
 
 
-@pytest.mark.parametrize("path,body,status,code", [
-    ("/api/generate", b"{not json", 400, "invalid_json"),
-    ("/api/chat", b"[1]", 400, "invalid_json"),
-    ("/api/generate", {"prompt": "x"}, 400, "missing_parameter"),
-    ("/api/embed", {"model": MODEL}, 400, "missing_parameter"),
-    ("/api/embeddings", {"model": MODEL}, 400, "missing_parameter"),
-    ("/api/chat", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_parameter"),
-    ("/api/chat", {"model": MODEL, "messages": "hi"}, 400, "invalid_parameter"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "invalid_parameter"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "format": "yaml"}, 400, "invalid_parameter"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "format": {"type": "object", "oneOf": []}}, 400,
-     "response_format_unsupported"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "images": ["aGk="]}, 400, "field_not_honoured"),
-    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400,
-     "field_not_honoured"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "keep_alive": "soon"}, 400, "invalid_parameter"),
-    ("/api/embeddings", {"model": MODEL, "prompt": ["x"]}, 400, "invalid_parameter"),
-    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": "json",
-                   "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "invalid_parameter"),
-    ("/api/generate", {"model": MODEL, "prompt": "x", "template": "{{ if .System }}x{{ end }}{{ .Prompt }}"}, 400,
-     "field_not_honoured"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code",
+    [
+        ("/api/generate", b"{not json", 400, "invalid_json"),
+        ("/api/chat", b"[1]", 400, "invalid_json"),
+        ("/api/generate", {"prompt": "x"}, 400, "missing_parameter"),
+        ("/api/embed", {"model": MODEL}, 400, "missing_parameter"),
+        ("/api/embeddings", {"model": MODEL}, 400, "missing_parameter"),
+        ("/api/chat", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_parameter"),
+        ("/api/chat", {"model": MODEL, "messages": "hi"}, 400, "invalid_parameter"),
+        ("/api/generate", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "invalid_parameter"),
+        ("/api/generate", {"model": MODEL, "prompt": "x", "format": "yaml"}, 400, "invalid_parameter"),
+        (
+            "/api/generate",
+            {"model": MODEL, "prompt": "x", "format": {"type": "object", "oneOf": []}},
+            400,
+            "response_format_unsupported",
+        ),
+        ("/api/generate", {"model": MODEL, "prompt": "x", "images": ["aGk="]}, 400, "field_not_honoured"),
+        (
+            "/api/chat",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+            400,
+            "field_not_honoured",
+        ),
+        ("/api/generate", {"model": MODEL, "prompt": "x", "keep_alive": "soon"}, 400, "invalid_parameter"),
+        ("/api/embeddings", {"model": MODEL, "prompt": ["x"]}, 400, "invalid_parameter"),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "format": "json",
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "/api/generate",
+            {"model": MODEL, "prompt": "x", "template": "{{ if .System }}x{{ end }}{{ .Prompt }}"},
+            400,
+            "field_not_honoured",
+        ),
+    ],
+)
 def test_bad_requests_are_typed_in_the_flat_envelope(server, path, body, status, code):
     flat(post(server, path, body), status, code)
 
@@ -358,7 +460,7 @@ def test_kill_engine_mid_stream_ends_with_the_error_object(own_server):
     # the real client raises it; the restarted engine serves the next request
     oc = ollama.Client(host=srv.url, timeout=60)
     with pytest.raises(ollama.ResponseError) as exc:
-        for i, part in enumerate(oc.generate(model=MODEL, prompt="Go", options={"num_predict": 1800}, stream=True)):
+        for i, _part in enumerate(oc.generate(model=MODEL, prompt="Go", options={"num_predict": 1800}, stream=True)):
             if i == 1:
                 os.kill(srv.actors()["cpu"]["pid"], signal.SIGKILL)
     assert "died" in exc.value.error

@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import ollama
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import CONFIG, PUBLIC
+
 from greenroom.engines.demo_model import default_cache_dir
 
 GREEDY = {"num_predict": 8, "temperature": 0}
@@ -43,6 +43,7 @@ def flat(r, status, code):
 
 
 # --- copy and delete ----------------------------------------------------------------------------------
+
 
 def test_copy_is_a_new_name_for_the_same_model(oc, server):
     oc.copy(MODEL, "demo-copy")
@@ -79,8 +80,9 @@ def test_pulled_files_go_with_the_last_name_that_uses_them(oc, server, cache):
     assert oc.chat(model="tiny-copy", messages=[{"role": "user", "content": "Hi"}], options=GREEDY).done
     oc.delete("tiny-copy")
     assert "tiny-copy" not in names(oc) and not files.exists()
-    assert not any(m["model"] in (PUBLIC, "tiny-copy") for m in httpx.get(server.url + "/api/ps", timeout=10)
-                   .json()["models"])
+    assert not any(
+        m["model"] in (PUBLIC, "tiny-copy") for m in httpx.get(server.url + "/api/ps", timeout=10).json()["models"]
+    )
     # a created model that used them, replaced by one made from another model, lets them go too
     oc.pull(PUBLIC)
     oc.create(model="swap", from_=PUBLIC, system="Hi.")
@@ -93,15 +95,26 @@ def test_pulled_files_go_with_the_last_name_that_uses_them(oc, server, cache):
 
 # --- create ------------------------------------------------------------------------------------------
 
+
 def test_created_model_applies_its_system_prompt_and_parameters_on_chat(oc):
-    frames = list(oc.create(model="pirate", from_=MODEL, system="You are a pirate.",
-                            parameters={"temperature": 0, "num_predict": 6}, stream=True))
+    frames = list(
+        oc.create(
+            model="pirate",
+            from_=MODEL,
+            system="You are a pirate.",
+            parameters={"temperature": 0, "num_predict": 6},
+            stream=True,
+        )
+    )
     assert frames[0].status == f"using base model {MODEL}" and frames[-1].status == "success"
     assert "pirate" in names(oc)
     hi = [{"role": "user", "content": "Hello"}]
     made = oc.chat(model="pirate", messages=hi)
-    by_hand = oc.chat(model=MODEL, messages=[{"role": "system", "content": "You are a pirate."}] + hi,
-                      options={"temperature": 0, "num_predict": 6})
+    by_hand = oc.chat(
+        model=MODEL,
+        messages=[{"role": "system", "content": "You are a pirate."}] + hi,
+        options={"temperature": 0, "num_predict": 6},
+    )
     plain = oc.chat(model=MODEL, messages=hi, options={"temperature": 0, "num_predict": 6})
     assert made.message.content == by_hand.message.content
     assert made.prompt_eval_count == by_hand.prompt_eval_count > plain.prompt_eval_count
@@ -111,19 +124,34 @@ def test_created_model_applies_its_system_prompt_and_parameters_on_chat(oc):
 
 
 def test_created_model_applies_its_template_on_generate_and_messages_on_chat(oc):
-    template = "<|im_start|>system\n{{ .System }}<|im_end|>\n<|im_start|>user\n{{ .Prompt }}<|im_end|>\n" \
-               "<|im_start|>assistant\n{{ .Response }}"
+    template = (
+        "<|im_start|>system\n{{ .System }}<|im_end|>\n<|im_start|>user\n{{ .Prompt }}<|im_end|>\n"
+        "<|im_start|>assistant\n{{ .Response }}"
+    )
     history = [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "A tester."}]
-    assert oc.create(model="templated", from_=MODEL, template=template, system="Be brief.", messages=history,
-                     parameters={"temperature": 0}).status == "success"
+    assert (
+        oc.create(
+            model="templated",
+            from_=MODEL,
+            template=template,
+            system="Be brief.",
+            messages=history,
+            parameters={"temperature": 0},
+        ).status
+        == "success"
+    )
     made = oc.generate(model="templated", prompt="Hi", options={"num_predict": 6})
-    by_hand = oc.generate(model=MODEL, prompt="Hi", template=template, system="Be brief.", options=GREEDY | {
-        "num_predict": 6})
+    by_hand = oc.generate(
+        model=MODEL, prompt="Hi", template=template, system="Be brief.", options=GREEDY | {"num_predict": 6}
+    )
     assert made.response == by_hand.response and made.prompt_eval_count == by_hand.prompt_eval_count
     hi = [{"role": "user", "content": "Hello"}]
     chat = oc.chat(model="templated", messages=hi, options={"num_predict": 6})
-    by_hand = oc.chat(model=MODEL, messages=[{"role": "system", "content": "Be brief."}] + history + hi,
-                      options=GREEDY | {"num_predict": 6})
+    by_hand = oc.chat(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}] + history + hi,
+        options=GREEDY | {"num_predict": 6},
+    )
     assert chat.message.content == by_hand.message.content and chat.prompt_eval_count == by_hand.prompt_eval_count
 
 
@@ -133,8 +161,11 @@ def test_create_again_replaces_a_created_model_and_derives_from_one(oc):
     oc.create(model="layered-child", from_="layered", parameters={"num_predict": 4})
     hi = [{"role": "user", "content": "Hello"}]
     child = oc.chat(model="layered-child", messages=hi)
-    by_hand = oc.chat(model=MODEL, messages=[{"role": "system", "content": "Second."}] + hi,
-                      options={"temperature": 0, "num_predict": 4})
+    by_hand = oc.chat(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Second."}] + hi,
+        options={"temperature": 0, "num_predict": 4},
+    )
     assert child.message.content == by_hand.message.content and child.eval_count <= 4
     assert oc.create(model="layered", from_=MODEL, stream=False).status == "success"
     oc.delete("layered-child")
@@ -151,8 +182,7 @@ def test_create_refusals(server):
     flat(create({"model": "x", "from": "nosuch"}), 404, "model_not_found")
     flat(create({"model": MODEL, "from": MODEL}), 409, "model_exists")  # a configured model is never replaced
     flat(create({"model": "x", "from": MODEL, "parameters": {"nosuch": 1}}), 400, "invalid_parameter")
-    error = flat(create({"model": "x", "from": MODEL, "parameters": {"temperature": "hot"}}), 400,
-                 "invalid_parameter")
+    error = flat(create({"model": "x", "from": MODEL, "parameters": {"temperature": "hot"}}), 400, "invalid_parameter")
     assert "parameters.temperature" in error
     flat(create({"model": "x", "from": MODEL, "template": "{{ .Foo }}"}), 400, "field_not_honoured")
     flat(create({"model": "x", "from": MODEL, "files": {"a.gguf": "sha256:00"}}), 400, "field_not_honoured")
@@ -162,6 +192,7 @@ def test_create_refusals(server):
 
 
 # --- the known-model catalogue --------------------------------------------------------------------------
+
 
 def test_known_models_list_the_spec_aliases(server):
     known = httpx.get(server.url + "/api/models/known", timeout=10).json()["models"]
@@ -197,6 +228,7 @@ def test_search_filters_the_catalogue(server):
 
 
 # --- restart (last: it stops the module's server) ------------------------------------------------
+
 
 def test_copied_and_created_models_survive_a_restart(server, cache, hub, tmp_path):
     oc = ollama.Client(host=server.url, timeout=60)

@@ -13,8 +13,10 @@ import openai
 import pytest
 
 TOOLS = json.loads((Path(__file__).parent / "data" / "open_webui_tools.json").read_text())
-MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "Hello! What can you do?"}]
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello! What can you do?"},
+]
 
 
 def served(server) -> list[str]:
@@ -24,9 +26,13 @@ def served(server) -> list[str]:
 @pytest.fixture(autouse=True)
 def as_found(server):
     """The session's server is shared: the models these tests load are unloaded after them."""
+
     def loaded() -> set[str]:
-        return {m["id"] for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"]
-                if m["state"] == "loaded"}
+        return {
+            m["id"]
+            for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"]
+            if m["state"] == "loaded"
+        }
 
     before = loaded()
     yield
@@ -41,8 +47,7 @@ def test_the_tools_are_what_open_webui_sends():
 def test_every_model_answers_on_the_ollama_surface(server):
     client = ollama.Client(host=server.url, timeout=300)
     for model in served(server):
-        parts = list(client.chat(model=model, messages=MESSAGES, tools=TOOLS, stream=True,
-                                 options={"num_predict": 8}))
+        parts = list(client.chat(model=model, messages=MESSAGES, tools=TOOLS, stream=True, options={"num_predict": 8}))
         assert parts[-1].done and parts[-1].done_reason in ("stop", "length"), model
         assert parts[-1].prompt_eval_count <= 2048 - 8, model  # the default num_ctx held it
 
@@ -50,11 +55,11 @@ def test_every_model_answers_on_the_ollama_surface(server):
 def test_every_model_whose_window_holds_it_answers_on_v1(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     for model in served(server):
-        window = next(m for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"]
-                      if m["id"] == model)
+        window = next(m for m in httpx.get(server.url + "/api/models", timeout=30).json()["models"] if m["id"] == model)
         try:
-            stream = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=8,
-                                                    stream=True)
+            stream = client.chat.completions.create(
+                model=model, messages=MESSAGES, tools=TOOLS, max_tokens=8, stream=True
+            )
             chunks = list(stream)
         except openai.BadRequestError as exc:
             # only a window smaller than the prompt refuses it (the NPU pipeline's static shapes)

@@ -3,7 +3,6 @@
 import time
 
 import httpx
-
 from conftest import MODEL
 
 
@@ -18,32 +17,44 @@ def test_chat_completion(client):
 
 
 def test_all_roles_and_content_parts(client):
-    r = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
-        {"role": "system", "content": "You are concise."},
-        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
-        {"role": "assistant", "content": "4"},
-        {"role": "user", "content": "And 3+3?"},
-    ])
+    r = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=4,
+        messages=[
+            {"role": "system", "content": "You are concise."},
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+    )
     assert r.choices[0].message.content is not None
 
 
 def test_stream_role_first_then_content_then_finish_with_usage(client):
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, stream=True,
-        temperature=0))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Tell me a story"}],
+            max_tokens=20,
+            stream=True,
+            temperature=0,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     final = chunks[-1]
     assert final.choices[0].finish_reason == "length" and final.usage.completion_tokens == 20
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     whole = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0)
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0
+    )
     assert streamed == whole.choices[0].message.content
 
 
 def test_stream_chunks_arrive_while_generating(client, server):
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Go on"}], max_tokens=1500, stream=True)
+        model=MODEL, messages=[{"role": "user", "content": "Go on"}], max_tokens=1500, stream=True
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             break
@@ -56,8 +67,9 @@ def test_stream_chunks_arrive_while_generating(client, server):
 def test_text_completion_streamed_and_not(client):
     r = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0)
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
-    parts = list(client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8,
-                                           temperature=0, stream=True))
+    parts = list(
+        client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0, stream=True)
+    )
     assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
     assert parts[-1].choices[0].finish_reason == "length"
 
@@ -67,8 +79,9 @@ def test_stop_sequence_streamed_and_not(client):
     stop = base[10:13]
     r = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=[stop])
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
-    parts = list(client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0,
-                                           stop=stop, stream=True))
+    parts = list(
+        client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=stop, stream=True)
+    )
     assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
     assert parts[-1].choices[0].finish_reason == "stop"
 
@@ -91,7 +104,8 @@ def test_health_index_and_actors(server):
     assert health["status"] == "ok" and MODEL in health["models"]
     index = httpx.get(server.url + "/").json()
     assert {"method": "POST", "path": "/v1/chat/completions"}.items() <= {
-        **next(e for e in index["endpoints"] if e["path"] == "/v1/chat/completions")}.items()
+        **next(e for e in index["endpoints"] if e["path"] == "/v1/chat/completions")
+    }.items()
     actors = server.actors()
     assert {"supervisor", "scheduler", "steering", "cpu"} <= set(actors)
     assert actors["cpu"]["pid"] != actors["supervisor"]["pid"] == server.proc.pid
@@ -102,8 +116,11 @@ def test_concurrent_requests_all_complete(client):
     import concurrent.futures as cf
 
     def one(i):
-        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"n{i}"}],
-                                              max_tokens=5).choices[0].finish_reason
+        return (
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"n{i}"}], max_tokens=5)
+            .choices[0]
+            .finish_reason
+        )
 
     t = time.monotonic()
     with cf.ThreadPoolExecutor(6) as pool:

@@ -21,8 +21,9 @@ MAX_PROMPT_LEN, MIN_RESPONSE_LEN = 64, 64
 
 
 def load(device: str, **spec):
-    return load_engine({"id": "greenroom-demo", "source": "demo-openvino:tiny", "engine": "openvino",
-                        "device": device} | spec)
+    return load_engine(
+        {"id": "greenroom-demo", "source": "demo-openvino:tiny", "engine": "openvino", "device": device} | spec
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +66,20 @@ def test_demo_export_is_deterministic_and_cached(model_cache, tmp_path):
 
 
 def test_info(cpu, npu):
-    assert (cpu.info.engine, cpu.info.device, cpu.info.dtype, cpu.info.context_length) == \
-        ("openvino", "CPU", "float32", 32768)
+    assert (cpu.info.engine, cpu.info.device, cpu.info.dtype, cpu.info.context_length) == (
+        "openvino",
+        "CPU",
+        "float32",
+        32768,
+    )
     assert cpu.info.revision.startswith("demo-tiny-") and cpu.info.quantization == "F32"
     # the NPU pipeline's KV cache is its window: the NPU stand-in computes on the CPU
     assert (npu.info.device, npu.info.context_length) == ("CPU", MAX_PROMPT_LEN + MIN_RESPONSE_LEN)
-    assert cpu.eos_token_ids == npu.eos_token_ids == frozenset(cpu.tokenize("<|im_end|><|end_of_text|>",
-                                                                            add_special_tokens=False))
+    assert (
+        cpu.eos_token_ids
+        == npu.eos_token_ids
+        == frozenset(cpu.tokenize("<|im_end|><|end_of_text|>", add_special_tokens=False))
+    )
 
 
 def test_same_ids_as_the_transformers_engine(cpu):
@@ -80,16 +88,20 @@ def test_same_ids_as_the_transformers_engine(cpu):
     from greenroom.engines.transformers_engine import TransformersEngine
 
     hf = TransformersEngine("greenroom-demo", ensure_demo_model(default_cache_dir()))
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"},
-            {"role": "assistant", "content": "The lighthouse keeper"}]
-    for text in (PROMPT, "café <tool_call>{\"a\": 1}</tool_call>\n\tdef f():"):
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me a story"},
+        {"role": "assistant", "content": "The lighthouse keeper"},
+    ]
+    for text in (PROMPT, 'café <tool_call>{"a": 1}</tool_call>\n\tdef f():'):
         assert cpu.tokenize(text) == hf.tokenize(text)
         assert cpu.tokenize(text, add_special_tokens=False) == hf.tokenize(text, add_special_tokens=False)
     ids = cpu.render_chat(chat)
     assert ids == hf.render_chat(chat)
     greedy = SamplingParams(max_tokens=40, temperature=0)
-    assert [t for (t, _), _ in zip(cpu.generate_ids(ids, greedy), range(40))] == \
-        [t for (t, _), _ in zip(hf.generate_ids(ids, greedy), range(40))]
+    assert [t for (t, _), _ in zip(cpu.generate_ids(ids, greedy), range(40))] == [
+        t for (t, _), _ in zip(hf.generate_ids(ids, greedy), range(40))
+    ]
     mine, theirs = cpu.embed([cpu.tokenize(PROMPT)])[0], hf.embed([hf.tokenize(PROMPT)])[0]
     np.testing.assert_allclose(mine, theirs, atol=1e-5)
 
@@ -106,7 +118,7 @@ def test_stop_string_finishes_with_stop(engine):
     text, _ = run(engine, SamplingParams(max_tokens=20, temperature=0))
     stop = text[6:10]
     cut, deltas = run(engine, SamplingParams(max_tokens=20, temperature=0, stop=(stop,)))
-    assert deltas[-1].finish_reason == "stop" and cut == text[:text.index(stop)]
+    assert deltas[-1].finish_reason == "stop" and cut == text[: text.index(stop)]
 
 
 def test_streamed_ids_are_the_text(engine):
@@ -146,8 +158,9 @@ def test_repetition_penalty_changes_greedy_text(engine):
     # the prompt is the model's own greedy continuation: a penalised token is soon one of it
     text, _ = run(engine, SamplingParams(max_tokens=30, temperature=0))
     plain, _ = run(engine, SamplingParams(max_tokens=30, temperature=0), prompt=PROMPT + text)
-    penalised, _ = run(engine, SamplingParams(max_tokens=30, temperature=0, repetition_penalty=3.0),
-                       prompt=PROMPT + text)
+    penalised, _ = run(
+        engine, SamplingParams(max_tokens=30, temperature=0, repetition_penalty=3.0), prompt=PROMPT + text
+    )
     assert plain != penalised
 
 
@@ -165,7 +178,7 @@ def test_embeddings(cpu, npu):
 
 
 def test_npu_prompt_limit_is_a_typed_refusal(npu):
-    too_long = npu.tokenize(" ".join(["time"] * (MAX_PROMPT_LEN + 5)))[:MAX_PROMPT_LEN + 1]
+    too_long = npu.tokenize(" ".join(["time"] * (MAX_PROMPT_LEN + 5)))[: MAX_PROMPT_LEN + 1]
     with pytest.raises(EngineError) as refused:
         next(npu.generate_ids(too_long, SamplingParams(max_tokens=4, temperature=0)))
     assert refused.value.code == "context_length_exceeded" and "MAX_PROMPT_LEN" in refused.value.message
@@ -181,8 +194,13 @@ def run_ids(engine, ids, params):
 
 
 def test_npu_compiled_blobs_are_cached(model_cache, tmp_path):
-    load("npu", source=str(ensure_demo_openvino(default_cache_dir())), cache_dir=str(tmp_path),
-         max_prompt_len=MAX_PROMPT_LEN, min_response_len=MIN_RESPONSE_LEN)
+    load(
+        "npu",
+        source=str(ensure_demo_openvino(default_cache_dir())),
+        cache_dir=str(tmp_path),
+        max_prompt_len=MAX_PROMPT_LEN,
+        min_response_len=MIN_RESPONSE_LEN,
+    )
     assert list((tmp_path / "openvino-cache").glob("*.blob"))
 
 
@@ -243,15 +261,30 @@ def test_tools_are_described_and_required_is_refused(oai):
     message); a required call needs constrained decoding, which OpenVINO has not."""
     from openai import BadRequestError
 
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    r = oai.chat.completions.create(model=OV_MODEL, messages=[{"role": "user", "content": "Weather?"}], max_tokens=4,
-                                    tools=tools)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    r = oai.chat.completions.create(
+        model=OV_MODEL, messages=[{"role": "user", "content": "Weather?"}], max_tokens=4, tools=tools
+    )
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
     with pytest.raises(BadRequestError) as refused:
-        oai.chat.completions.create(model=OV_MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4,
-                                    tools=tools, tool_choice="required")
-    assert refused.value.body["code"] == "field_not_honoured" and "constrained decoding" in refused.value.body["message"]
+        oai.chat.completions.create(
+            model=OV_MODEL,
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=4,
+            tools=tools,
+            tool_choice="required",
+        )
+    assert (
+        refused.value.body["code"] == "field_not_honoured" and "constrained decoding" in refused.value.body["message"]
+    )
 
 
 def test_served_embeddings_and_refusals(oai):

@@ -10,7 +10,6 @@ import json
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_steering_api import CONFIG, GGUF, SAE_ID, greedy, put, steering
@@ -24,8 +23,9 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}]
 def srv(tmp_path_factory, model_cache):
     tmp = tmp_path_factory.mktemp("profile-requests")
     server = Server(tmp, server_cache(tmp, model_cache), CONFIG)
-    r = httpx.post(server.url + "/api/profiles", json={"name": "loud", "model": MODEL, "strengths": STRENGTHS},
-                   timeout=30)
+    r = httpx.post(
+        server.url + "/api/profiles", json={"name": "loud", "model": MODEL, "strengths": STRENGTHS}, timeout=30
+    )
     assert r.status_code == 200, r.text
     yield server
     server.stop()
@@ -57,11 +57,18 @@ def test_an_unknown_profile_is_a_404(srv):
 def test_a_profile_whose_sae_was_detached_is_a_400(srv):
     r = httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2"}, timeout=60)
     assert r.status_code == 200, r.text
-    r = httpx.post(srv.url + "/api/profiles", json={"name": "l2", "model": MODEL,
-                                                    "strengths": {"sae_demo_tiny_l2": {"1": 9}}}, timeout=30)
+    r = httpx.post(
+        srv.url + "/api/profiles",
+        json={"name": "l2", "model": MODEL, "strengths": {"sae_demo_tiny_l2": {"1": 9}}},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
-    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"},
-                      timeout=30).status_code == 200
+    assert (
+        httpx.post(
+            srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"}, timeout=30
+        ).status_code
+        == 200
+    )
     r = chat(srv, profile="l2")
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("sae_not_attached", "profile")
@@ -72,16 +79,22 @@ def test_gguf_is_refused_before_any_load(srv):
         return any(GGUF in a["models"] for a in srv.actors().values())
 
     was = loaded()
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
-        "model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "profile": "loud"})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "profile": "loud"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured", r.text
     assert r.json()["error"]["param"] == "profile" and loaded() == was
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {**CHAT, "max_tokens": 1, "logprobs": True}),  # scoring: always unsteered
-    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4}),  # the spec: chat only
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {**CHAT, "max_tokens": 1, "logprobs": True}),  # scoring: always unsteered
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4}),  # the spec: chat only
+    ],
+)
 def test_scoring_and_text_completions_refuse_a_profile(srv, path, body):
     r = httpx.post(srv.url + path, json={**body, "profile": "loud"}, timeout=60)
     assert r.status_code == 400, r.text
@@ -90,8 +103,12 @@ def test_scoring_and_text_completions_refuse_a_profile(srv, path, body):
 
 def test_a_steering_write_mid_stream_wins(srv):
     assert put(srv, {"strengths": {}}).json()["live"]
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120, json={
-            **CHAT, "max_tokens": 400, "temperature": 1, "seed": 1, "stream": True, "profile": "loud"}) as r:
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/chat/completions",
+        timeout=120,
+        json={**CHAT, "max_tokens": 400, "temperature": 1, "seed": 1, "stream": True, "profile": "loud"},
+    ) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))  # generating now
@@ -112,10 +129,13 @@ def greedy_with(srv: Server, strengths: dict) -> str:
 def test_with_no_sae_attached_a_profile_request_runs_unsteered(srv):
     assert put(srv, {"strengths": {}}).json()["live"]
     unsteered = greedy(srv)
-    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": SAE_ID},
-                      timeout=30).status_code == 200
+    assert (
+        httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": SAE_ID}, timeout=30).status_code == 200
+    )
     r = chat(srv, profile="loud")
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == unsteered
-    assert httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny"},
-                      timeout=60).status_code == 200
+    assert (
+        httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny"}, timeout=60).status_code
+        == 200
+    )

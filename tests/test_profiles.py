@@ -9,7 +9,6 @@ import types
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_steering_api import CONFIG, GGUF, SAE_ID, greedy, put, steering
@@ -38,7 +37,12 @@ def test_create_read_update_delete(site):
     made = r.json()
     assert (made["name"], made["model"], made["description"], made["strengths"]) == ("crud", MODEL, "loud", STRENGTHS)
     (sae,) = made["saes"]
-    assert (sae["sae_id"], sae["width"], sae["layer"], sae["hook_point"]) == (SAE_ID, 512, 1, "blocks.1.hook_resid_post")
+    assert (sae["sae_id"], sae["width"], sae["layer"], sae["hook_point"]) == (
+        SAE_ID,
+        512,
+        1,
+        "blocks.1.hook_resid_post",
+    )
     assert call(site, "GET", "/crud").json() == made
     assert made in call(site, "GET", "").json()["profiles"]
     again = call(site, "POST", "", {"name": "crud", "model": MODEL})
@@ -75,19 +79,28 @@ def test_activate_steers_as_the_same_strengths_set_directly(site):
 
 
 def test_export_delete_import_round_trip(site):
-    made = call(site, "POST", "", {"name": "trip", "model": MODEL, "description": "there and back",
-                                   "strengths": {SAE_ID: {"3": 40, "11": -7.5}}}).json()
+    made = call(
+        site,
+        "POST",
+        "",
+        {"name": "trip", "model": MODEL, "description": "there and back", "strengths": {SAE_ID: {"3": 40, "11": -7.5}}},
+    ).json()
     document = call(site, "GET", "/trip/export").json()
     assert document["format"] == "greenroom.steering_profile.v1"
-    assert document["profile"] == {"name": "trip", "model": MODEL, "description": "there and back",
-                                   "strengths": made["strengths"]}
+    assert document["profile"] == {
+        "name": "trip",
+        "model": MODEL,
+        "description": "there and back",
+        "strengths": made["strengths"],
+    }
     assert document["saes"] == made["saes"] and document["saes"][0]["sae_id"] == SAE_ID
     assert call(site, "DELETE", "/trip").status_code == 200
     r = call(site, "POST", "/import", document)
     assert r.status_code == 200, r.text
     back = call(site, "GET", "/trip").json()
-    assert {k: back[k] for k in ("name", "model", "description", "strengths", "saes")} == \
-        {k: made[k] for k in ("name", "model", "description", "strengths", "saes")}
+    assert {k: back[k] for k in ("name", "model", "description", "strengths", "saes")} == {
+        k: made[k] for k in ("name", "model", "description", "strengths", "saes")
+    }
     again = call(site, "POST", "/import", document)
     assert again.status_code == 409 and again.json()["error"]["code"] == "profile_exists"
 
@@ -100,32 +113,60 @@ def _document(strengths: dict, **changes):
 
     def document(sae: dict) -> dict:
         identity = {k: sae[k] for k in ("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture")}
-        return {"format": "greenroom.steering_profile.v1", "saes": [{**identity, **sae_changes}],
-                "profile": {"name": "p", "model": MODEL, "strengths": strengths}, **fields}
+        return {
+            "format": "greenroom.steering_profile.v1",
+            "saes": [{**identity, **sae_changes}],
+            "profile": {"name": "p", "model": MODEL, "strengths": strengths},
+            **fields,
+        }
+
     return document
 
 
-@pytest.mark.parametrize("path,body,status,code,param", [
-    ("", {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"5": 201}}}, 400, "invalid_parameter",
-     f"strengths.{SAE_ID}.5"),
-    ("", {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"512": 1}}}, 400, "invalid_feature_index",
-     f"strengths.{SAE_ID}.512"),
-    ("", {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"x": 1}}}, 400, "invalid_feature_index",
-     f"strengths.{SAE_ID}.x"),
-    ("", {"name": "p", "model": MODEL, "strengths": {"sae_nope": {"5": 1}}}, 400, "sae_not_attached",
-     "strengths.sae_nope"),
-    ("", {"name": "no spaces", "model": MODEL}, 400, "invalid_parameter", "name"),
-    ("", {"model": MODEL}, 400, "missing_parameter", "name"),
-    ("", {"name": "p", "model": MODEL, "enabled": True}, 400, "invalid_parameter", "enabled"),
-    ("", {"name": "p", "model": GGUF}, 400, "steering_unsupported", "model"),
-    ("", {"name": "p", "model": "nope"}, 404, "model_not_found", "model"),
-    ("/import", _document({"sae_other": {"5": 1}}, sae_id="sae_other"), 400, "sae_not_attached", "saes[0]"),
-    ("/import", _document({SAE_ID: {"5": 1}}, width=1024), 400, "sae_not_attached", "saes[0]"),
-    ("/import", _document({SAE_ID: {"600": 1}}), 400, "invalid_feature_index", f"strengths.{SAE_ID}.600"),
-    ("/import", _document({}, format="other"), 400, "invalid_parameter", "format"),
-    ("/import", _document({}, saes=[{"sae_id": SAE_ID}]), 400, "invalid_parameter", "saes"),
-    ("/import", _document({SAE_ID: {"5": 1}}, saes=[]), 400, "invalid_parameter", f"strengths.{SAE_ID}"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code,param",
+    [
+        (
+            "",
+            {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"5": 201}}},
+            400,
+            "invalid_parameter",
+            f"strengths.{SAE_ID}.5",
+        ),
+        (
+            "",
+            {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"512": 1}}},
+            400,
+            "invalid_feature_index",
+            f"strengths.{SAE_ID}.512",
+        ),
+        (
+            "",
+            {"name": "p", "model": MODEL, "strengths": {SAE_ID: {"x": 1}}},
+            400,
+            "invalid_feature_index",
+            f"strengths.{SAE_ID}.x",
+        ),
+        (
+            "",
+            {"name": "p", "model": MODEL, "strengths": {"sae_nope": {"5": 1}}},
+            400,
+            "sae_not_attached",
+            "strengths.sae_nope",
+        ),
+        ("", {"name": "no spaces", "model": MODEL}, 400, "invalid_parameter", "name"),
+        ("", {"model": MODEL}, 400, "missing_parameter", "name"),
+        ("", {"name": "p", "model": MODEL, "enabled": True}, 400, "invalid_parameter", "enabled"),
+        ("", {"name": "p", "model": GGUF}, 400, "steering_unsupported", "model"),
+        ("", {"name": "p", "model": "nope"}, 404, "model_not_found", "model"),
+        ("/import", _document({"sae_other": {"5": 1}}, sae_id="sae_other"), 400, "sae_not_attached", "saes[0]"),
+        ("/import", _document({SAE_ID: {"5": 1}}, width=1024), 400, "sae_not_attached", "saes[0]"),
+        ("/import", _document({SAE_ID: {"600": 1}}), 400, "invalid_feature_index", f"strengths.{SAE_ID}.600"),
+        ("/import", _document({}, format="other"), 400, "invalid_parameter", "format"),
+        ("/import", _document({}, saes=[{"sae_id": SAE_ID}]), 400, "invalid_parameter", "saes"),
+        ("/import", _document({SAE_ID: {"5": 1}}, saes=[]), 400, "invalid_parameter", f"strengths.{SAE_ID}"),
+    ],
+)
 def test_refusals_are_typed(site, path, body, status, code, param):
     before = call(site, "GET", "").json()
     if callable(body):
@@ -141,8 +182,12 @@ def test_activating_a_profile_whose_sae_was_detached_is_refused(site):
     r = httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2"}, timeout=60)
     assert r.status_code == 200, r.text
     assert call(site, "POST", "", {"name": "l2", "model": MODEL, "strengths": {"sae_demo_tiny_l2": {"1": 9}}}).json()
-    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"},
-                      timeout=30).status_code == 200
+    assert (
+        httpx.post(
+            srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"}, timeout=30
+        ).status_code
+        == 200
+    )
     before = steering(srv)["version"]
     r = call(site, "POST", "/l2/activate")
     assert r.status_code == 400 and r.json()["error"]["code"] == "sae_not_attached", r.text

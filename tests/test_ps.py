@@ -7,8 +7,13 @@ from conftest import ROOT
 
 
 def test_ps_shows_engine_actor_in_its_own_process(server):
-    out = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", server.url], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "greenroom", "ps", "--url", server.url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert {"supervisor", "scheduler", "steering", "cpu"} <= set(rows)
     assert rows["cpu"][1] != rows["supervisor"][1]
@@ -17,6 +22,10 @@ def test_ps_shows_engine_actor_in_its_own_process(server):
 
 
 def test_ps_without_server_says_so():
-    r = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", "http://127.0.0.1:9"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "greenroom", "ps", "--url", "http://127.0.0.1:9"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "no server answered" in r.stderr

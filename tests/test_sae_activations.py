@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
 
@@ -24,8 +23,11 @@ def post(server, path: str, body: dict) -> httpx.Response:
 
 
 def completion(server, read: dict, **body) -> dict:
-    r = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0,
-                                          "return_sae_activations": read, **body})
+    r = post(
+        server,
+        "/v1/completions",
+        {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "return_sae_activations": read, **body},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -43,9 +45,16 @@ def steering(server) -> dict:
 
 
 def test_chat_answer_carries_the_millm_object(server):
-    r = post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4, "temperature": 0,
-        "return_sae_activations": {"sae_id": SAE_ID, "features": [12, 99], "top_k": 8, "positions": "completion"}})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "return_sae_activations": {"sae_id": SAE_ID, "features": [12, 99], "top_k": 8, "positions": "completion"},
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     read = body["millm"]["sae_activations"]
@@ -67,9 +76,20 @@ def test_no_millm_key_without_the_field(server):
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_streamed_activations_come_in_one_last_chunk_before_done(server, path):
     body = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": PROMPT}
-    with httpx.stream("POST", server.url + path, timeout=60, json={
-            "model": MODEL, **body, "max_tokens": 4, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "return_sae_activations": {"positions": "all", "top_k": 3}}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + path,
+        timeout=60,
+        json={
+            "model": MODEL,
+            **body,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_sae_activations": {"positions": "all", "top_k": 3},
+        },
+    ) as r:
         assert r.status_code == 200
         data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
@@ -85,13 +105,16 @@ def test_streamed_activations_come_in_one_last_chunk_before_done(server, path):
     assert all(len(p["features"]) <= 3 for p in read["positions"])
 
 
-@pytest.mark.parametrize("positions,expected", [
-    ("last", lambda fed: [fed - 1]),
-    ("prompt", lambda fed: list(range(len(PROMPT)))),
-    ("completion", lambda fed: list(range(len(PROMPT), fed))),
-    ("all", lambda fed: list(range(fed))),
-    ({"start": 2, "end": 8}, lambda fed: list(range(2, min(8, fed)))),
-])
+@pytest.mark.parametrize(
+    "positions,expected",
+    [
+        ("last", lambda fed: [fed - 1]),
+        ("prompt", lambda fed: list(range(len(PROMPT)))),
+        ("completion", lambda fed: list(range(len(PROMPT), fed))),
+        ("all", lambda fed: list(range(fed))),
+        ({"start": 2, "end": 8}, lambda fed: list(range(2, min(8, fed)))),
+    ],
+)
 def test_positions(server, positions, expected):
     body = completion(server, {"positions": positions, "top_k": 4})
     fed = len(PROMPT) + body["usage"]["completion_tokens"] - 1
@@ -115,8 +138,11 @@ def test_pre_and_post_steering_differ_only_while_steering(server):
     unsteered_text = completion(server, {"features": [5]})["choices"][0]["text"]
     before = steering(server)
     try:
-        r = httpx.put(server.url + "/api/steering", timeout=30, json={
-            "model": MODEL, "enabled": True, "strengths": {SAE_ID: {"5": 150}}})
+        r = httpx.put(
+            server.url + "/api/steering",
+            timeout=30,
+            json={"model": MODEL, "enabled": True, "strengths": {SAE_ID: {"5": 150}}},
+        )
         assert r.status_code == 200 and r.json()["live"], r.text
         pre, post_ = read("pre_steering"), read("post_steering")
         assert all(b > a for a, b in zip(pre, post_))  # this layer's delta raises feature 5
@@ -124,25 +150,38 @@ def test_pre_and_post_steering_differ_only_while_steering(server):
         assert "removes only this layer's own" in body["millm"]["sae_activations"]["note"]
         assert body["choices"][0]["text"] != unsteered_text  # and the logits moved: greedy output changed
     finally:
-        r = httpx.put(server.url + "/api/steering", timeout=30, json={
-            "model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]})
+        r = httpx.put(
+            server.url + "/api/steering",
+            timeout=30,
+            json={"model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]},
+        )
         assert r.status_code == 200 and r.json()["live"], r.text
 
 
-@pytest.mark.parametrize("path,body,code,param", [
-    ("/v1/chat/completions", {"n": 2}, "field_not_honoured", "n"),
-    ("/v1/chat/completions", {"extra_messages": [[{"role": "user", "content": "Hey"}]]},
-     "field_not_honoured", "extra_messages"),
-    ("/v1/completions", {"prompt": ["one", "two"]}, "field_not_honoured", "prompt"),
-])
+@pytest.mark.parametrize(
+    "path,body,code,param",
+    [
+        ("/v1/chat/completions", {"n": 2}, "field_not_honoured", "n"),
+        (
+            "/v1/chat/completions",
+            {"extra_messages": [[{"role": "user", "content": "Hey"}]]},
+            "field_not_honoured",
+            "extra_messages",
+        ),
+        ("/v1/completions", {"prompt": ["one", "two"]}, "field_not_honoured", "prompt"),
+    ],
+)
 def test_refused_without_a_single_sequence(server, path, body, code, param):
     base = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
     refused(post(server, path, {**base, "max_tokens": 2, **body, "return_sae_activations": {}}), code, param)
 
 
 def test_refused_for_an_sae_not_attached(server):
-    error = refused(post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"sae_id": "sae_nope"}}),
-                    "sae_not_attached", "return_sae_activations.sae_id")
+    error = refused(
+        post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"sae_id": "sae_nope"}}),
+        "sae_not_attached",
+        "return_sae_activations.sae_id",
+    )
     assert SAE_ID in error["message"]
 
 
@@ -150,46 +189,74 @@ def test_refused_when_sae_id_is_ambiguous_naming_the_candidates(server):
     r = httpx.post(server.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2"}, timeout=60)
     assert r.status_code == 200, r.text
     try:
-        error = refused(post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {}}),
-                        "invalid_parameter", "return_sae_activations.sae_id")
+        error = refused(
+            post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {}}),
+            "invalid_parameter",
+            "return_sae_activations.sae_id",
+        )
         assert SAE_ID in error["message"] and "sae_demo_tiny_l2" in error["message"]
         # named, either one reads
         read = completion(server, {"sae_id": "sae_demo_tiny_l2"})["millm"]["sae_activations"]
         assert (read["sae_id"], read["layer"]) == ("sae_demo_tiny_l2", 2)
     finally:
-        r = httpx.post(server.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"},
-                       timeout=30)
+        r = httpx.post(server.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"}, timeout=30)
         assert r.status_code == 200, r.text
 
 
 def test_refused_for_a_feature_past_the_width(server):
-    refused(post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"features": [3, 512]}}),
-            "invalid_feature_index", "return_sae_activations.features")
+    refused(
+        post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"features": [3, 512]}}),
+        "invalid_feature_index",
+        "return_sae_activations.features",
+    )
 
 
 def test_refused_for_top_k_over_the_cap(server):
-    error = refused(post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"top_k": 65}}),
-                    "invalid_parameter", "return_sae_activations.top_k")
+    error = refused(
+        post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": {"top_k": 65}}),
+        "invalid_parameter",
+        "return_sae_activations.top_k",
+    )
     assert "SAE_ACTIVATIONS_MAX_TOP_K" in error["message"]
     completion(server, {"top_k": 64})  # the cap itself is served
 
 
-@pytest.mark.parametrize("positions,max_tokens", [
-    ("completion", 1025),  # 1,025 × 64 > 65,536: max_tokens counted in full
-    ("all", 1024),  # 1,024 alone fits; the prompt's tokens count too
-])
+@pytest.mark.parametrize(
+    "positions,max_tokens",
+    [
+        ("completion", 1025),  # 1,025 × 64 > 65,536: max_tokens counted in full
+        ("all", 1024),  # 1,024 alone fits; the prompt's tokens count too
+    ],
+)
 def test_refused_when_the_worst_case_exceeds_the_entry_cap(server, positions, max_tokens):
     before = server.actors()["cpu"]["counters"]["tokens_generated"]
-    refused(post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens,
-                                             "return_sae_activations": {"positions": positions, "top_k": 64}}),
-            "invalid_parameter", "return_sae_activations")
+    refused(
+        post(
+            server,
+            "/v1/completions",
+            {
+                "prompt": PROMPT,
+                "max_tokens": max_tokens,
+                "return_sae_activations": {"positions": positions, "top_k": 64},
+            },
+        ),
+        "invalid_parameter",
+        "return_sae_activations",
+    )
     assert server.actors()["cpu"]["counters"]["tokens_generated"] == before  # nothing was generated
 
 
-@pytest.mark.parametrize("body", [
-    {"positions": "first"}, {"positions": {"start": 3, "end": 3}}, {"read_point": "middle"}, {"top_k": 0},
-    {"features": []}, {"layer": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"positions": "first"},
+        {"positions": {"start": 3, "end": 3}},
+        {"read_point": "middle"},
+        {"top_k": 0},
+        {"features": []},
+        {"layer": 1},
+    ],
+)
 def test_refused_for_malformed_values(server, body):
     r = post(server, "/v1/completions", {"prompt": "Hi", "return_sae_activations": body})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
@@ -200,8 +267,11 @@ def test_gguf_is_refused_before_any_load(server):
         return any(GGUF in a["models"] for a in server.actors().values())
 
     was = loaded()
-    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-        "model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "return_sae_activations": {}})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "return_sae_activations": {}},
+    )
     refused(r, "field_not_honoured", "return_sae_activations")
     assert loaded() == was
 
@@ -209,8 +279,11 @@ def test_gguf_is_refused_before_any_load(server):
 def test_scoring_reports_steering_none(server):
     r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 1, "logprobs": 2})
     assert r.status_code == 200 and r.headers["X-miLLM-Steering"] == "none"
-    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
-                                              "logprobs": True})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True},
+    )
     assert r.status_code == 200 and r.headers["X-miLLM-Steering"] == "none"
     r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 1})
     assert "X-miLLM-Steering" not in r.headers  # a generation is steered as the server is
@@ -218,8 +291,17 @@ def test_scoring_reports_steering_none(server):
 
 def test_scoring_reads_the_unsteered_pass(server):
     def score_read(**extra) -> dict:
-        r = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logprobs": 2, **extra,
-                                             "return_sae_activations": {"features": [5, 9], "positions": "all"}})
+        r = post(
+            server,
+            "/v1/completions",
+            {
+                "prompt": PROMPT,
+                "max_tokens": 1,
+                "logprobs": 2,
+                **extra,
+                "return_sae_activations": {"features": [5, 9], "positions": "all"},
+            },
+        )
         assert r.status_code == 200 and r.headers["X-miLLM-Steering"] == "none", r.text
         return r.json()["millm"]["sae_activations"]
 
@@ -230,25 +312,42 @@ def test_scoring_reads_the_unsteered_pass(server):
     assert [p["position"] for p in unsteered["positions"]] == list(range(len(PROMPT)))
     generation = completion(server, {"features": [5, 9], "positions": "prompt"})["millm"]["sae_activations"]
     try:
-        r = httpx.put(server.url + "/api/steering", timeout=30, json={
-            "model": MODEL, "enabled": True, "strengths": {SAE_ID: {"5": 150}}})
+        r = httpx.put(
+            server.url + "/api/steering",
+            timeout=30,
+            json={"model": MODEL, "enabled": True, "strengths": {SAE_ID: {"5": 150}}},
+        )
         assert r.status_code == 200 and r.json()["live"], r.text
         assert score_read() == unsteered  # live steering changes nothing a scoring pass reads
         steered = completion(server, {"features": [5, 9], "positions": "prompt"})["millm"]["sae_activations"]
         assert steered["positions"] != unsteered["positions"]
     finally:
-        r = httpx.put(server.url + "/api/steering", timeout=30, json={
-            "model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]})
+        r = httpx.put(
+            server.url + "/api/steering",
+            timeout=30,
+            json={"model": MODEL, "enabled": before["enabled"], "strengths": before["strengths"]},
+        )
         assert r.status_code == 200 and r.json()["live"], r.text
     if not before["strengths"]:  # the server unsteered: the generation's prefill read the same values
         assert generation["positions"] == unsteered["positions"]
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"prompt": ["Hi", "Ho"], "max_tokens": 1, "logprobs": 1}, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True,
-                              "extra_messages": [[{"role": "user", "content": "Ho"}]]}, "extra_messages"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"prompt": ["Hi", "Ho"], "max_tokens": 1, "logprobs": 1}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 1,
+                "logprobs": True,
+                "extra_messages": [[{"role": "user", "content": "Ho"}]],
+            },
+            "extra_messages",
+        ),
+    ],
+)
 def test_scoring_with_several_rows_refuses_activations(server, path, body, param):
     refused(post(server, path, {**body, "return_sae_activations": {}}), "field_not_honoured", param)
 

@@ -6,7 +6,6 @@ import re
 import httpx
 import openai
 import pytest
-
 from conftest import MODEL
 
 MSG = [{"role": "user", "content": "Tell me something"}]
@@ -32,14 +31,18 @@ def test_same_seed_is_byte_identical_and_echoed(client):
 def test_seed_header_absent_without_seed_and_on_streams(client, server):
     r = client.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=2)
     assert "X-miLLM-Seed" not in r.headers
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json={
-            "model": MODEL, "messages": MSG, "max_tokens": 2, "stream": True, "seed": 0}) as s:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MSG, "max_tokens": 2, "stream": True, "seed": 0},
+    ) as s:
         assert s.headers["X-miLLM-Seed"] == '0;scope="request"'
 
 
 def test_seed_is_echoed_on_greedy_requests(client):
-    r = client.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=2, temperature=0,
-                                                          seed=4294967295)
+    r = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MSG, max_tokens=2, temperature=0, seed=4294967295
+    )
     assert r.headers["X-miLLM-Seed"] == '4294967295;scope="request"'
 
 
@@ -51,8 +54,9 @@ def test_bad_seeds_are_refused(server, seed):
 
 def test_each_prompt_of_a_list_is_seeded_separately(server):
     one = post(server, "/v1/completions", {"model": MODEL, "prompt": "abc", "max_tokens": 12, "seed": 9}).json()
-    two = post(server, "/v1/completions", {"model": MODEL, "prompt": ["xyz", "abc"], "max_tokens": 12,
-                                           "seed": 9}).json()
+    two = post(
+        server, "/v1/completions", {"model": MODEL, "prompt": ["xyz", "abc"], "max_tokens": 12, "seed": 9}
+    ).json()
     assert [c["index"] for c in two["choices"]] == [0, 1]
     assert two["choices"][1]["text"] == one["choices"][0]["text"]
 
@@ -93,8 +97,11 @@ def test_penalties_change_greedy_output(client):
 
 
 def test_stream_options_include_usage_adds_a_usage_chunk(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=MSG, max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage.total_tokens > 5
 
@@ -107,7 +114,7 @@ def token_boundary_stop(client, prompt):
         head = client.completions.create(model=MODEL, prompt=prompt, max_tokens=k, temperature=0).choices[0].text
         nxt = client.completions.create(model=MODEL, prompt=prompt, max_tokens=k + 1, temperature=0).choices[0].text
         if head and len(nxt) > len(head):
-            stop = nxt[len(head) - 1: len(head) + 1]
+            stop = nxt[len(head) - 1 : len(head) + 1]
             if full.index(stop) == len(head) - 1:
                 return stop, full
     raise AssertionError("no token boundary found")
@@ -118,8 +125,11 @@ def test_stop_across_two_tokens_stops_streamed_and_not(client):
     expected = full[: full.index(stop)]
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0, stop=stop)
     assert r.choices[0].text == expected and r.choices[0].finish_reason == "stop"
-    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0,
-                                            stop=[stop], stream=True))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0, stop=[stop], stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -142,8 +152,9 @@ def test_trailing_assistant_message_is_continued(client, server):
     messages = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": partial}]
     rendered = tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False) + partial
     chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
-    raw = client.completions.create(model=MODEL, prompt=rendered, max_tokens=12, temperature=0,
-                                    extra_body={"add_special_tokens": False})
+    raw = client.completions.create(
+        model=MODEL, prompt=rendered, max_tokens=12, temperature=0, extra_body={"add_special_tokens": False}
+    )
     assert chat.choices[0].message.content == raw.choices[0].text
     restarted = client.chat.completions.create(model=MODEL, messages=messages[:1], max_tokens=12, temperature=0)
     assert chat.choices[0].message.content != restarted.choices[0].message.content
@@ -154,10 +165,10 @@ def test_completion_prompt_list_and_token_prompts(client):
     assert [c.index for c in r.choices] == [0, 1, 2]
     ids = client.completions.create(model=MODEL, prompt=[[5, 6, 7]], max_tokens=4, temperature=0)
     assert ids.usage.prompt_tokens == 3
-    chunks = list(client.completions.create(model=MODEL, prompt=["one", "two"], max_tokens=4, temperature=0,
-                                            stream=True))
-    by_index = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
-                for i in (0, 1)}
+    chunks = list(
+        client.completions.create(model=MODEL, prompt=["one", "two"], max_tokens=4, temperature=0, stream=True)
+    )
+    by_index = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)}
     assert by_index == {0: r.choices[0].text, 1: r.choices[1].text}
     assert chunks[-1].usage.completion_tokens == 8
 

@@ -16,8 +16,11 @@ ON = SchedulingPolicy(continuous_batching=True)
 OFF = SchedulingPolicy(continuous_batching=False)
 # how the engines describe themselves: transformers batches under the flag (fixed sampling only),
 # llama.cpp batches any sampling in a fixed number of slots, a sliding-window model never batches
-MODELS = {"tf": ModelBatching(batches=True), "gguf": ModelBatching(batches=True, any_sampling=True, capacity=2),
-          "sliding": ModelBatching()}
+MODELS = {
+    "tf": ModelBatching(batches=True),
+    "gguf": ModelBatching(batches=True, any_sampling=True, capacity=2),
+    "sliding": ModelBatching(),
+}
 
 
 def gen(rid: str, model: str = "tf", params: SamplingParams = FIXED_SAMPLING, **fields) -> Generate:
@@ -25,8 +28,10 @@ def gen(rid: str, model: str = "tf", params: SamplingParams = FIXED_SAMPLING, **
 
 
 def schedule(queued, policy=ON, serial=False, batched=None, models=MODELS) -> list[tuple[str, Lane]]:
-    return [(start.request.rid, start.lane)
-            for start in policy.schedule(queued, models, serial=serial, batched=batched or {})]
+    return [
+        (start.request.rid, start.lane)
+        for start in policy.schedule(queued, models, serial=serial, batched=batched or {})
+    ]
 
 
 def test_batchable_requests_at_the_head_start_together_in_queue_order():
@@ -68,8 +73,14 @@ def test_the_continuous_batching_flag_batches_only_the_fixed_sampling_parameters
     assert schedule([gen("a")], policy=OFF) == [("a", Lane.SERIAL)]
     assert schedule([gen("a")], policy=ON) == [("a", Lane.BATCH)]
     # what the batch samples alike: any other temperature, top_p, top_k, penalty, or a seed, is served alone
-    for other in (dict(temperature=0), dict(temperature=0.7), dict(top_p=0.9), dict(top_k=40),
-                  dict(repetition_penalty=1.1), dict(seed=7)):
+    for other in (
+        dict(temperature=0),
+        dict(temperature=0.7),
+        dict(top_p=0.9),
+        dict(top_k=40),
+        dict(repetition_penalty=1.1),
+        dict(seed=7),
+    ):
         assert schedule([gen("a", params=SamplingParams(**other))]) == [("a", Lane.SERIAL)], other
     # each row keeps its own length and stops
     assert schedule([gen("a", params=SamplingParams(max_tokens=5, stop=("\n",)))]) == [("a", Lane.BATCH)]
@@ -78,8 +89,7 @@ def test_the_continuous_batching_flag_batches_only_the_fixed_sampling_parameters
 def test_an_engine_that_batches_any_sampling_batches_with_the_flag_off_too():
     sampled = SamplingParams(temperature=0.3, top_p=0.8, top_k=5, seed=11, repetition_penalty=1.2)
     for policy in (ON, OFF):
-        assert schedule([gen("a", "gguf", sampled), gen("b", "gguf")], policy) == [
-            ("a", Lane.BATCH), ("b", Lane.BATCH)]
+        assert schedule([gen("a", "gguf", sampled), gen("b", "gguf")], policy) == [("a", Lane.BATCH), ("b", Lane.BATCH)]
 
 
 def test_an_engine_that_does_not_batch_and_an_unknown_model_take_the_serial_path():
@@ -88,13 +98,16 @@ def test_an_engine_that_does_not_batch_and_an_unknown_model_take_the_serial_path
 
 
 def test_requests_that_read_or_steer_one_sequence_per_forward_never_batch():
-    one_of_each = [dict(constraint={"type": "json_object"}),
-                   dict(sae_activations={"sae_id": "s", "features": None, "top_k": 4, "positions": "all",
-                                         "read_point": "pre"}),
-                   dict(monitor={"sae_id": "s", "top_k": 4}),
-                   dict(request_strengths={"s": {"3": 2.0}}),
-                   dict(request_strengths={}),  # even unsteered: a profile request is served serially
-                   dict(n=2), dict(prompts=["one", "two"]), dict(prompts=None, conversations=[[], []])]
+    one_of_each = [
+        dict(constraint={"type": "json_object"}),
+        dict(sae_activations={"sae_id": "s", "features": None, "top_k": 4, "positions": "all", "read_point": "pre"}),
+        dict(monitor={"sae_id": "s", "top_k": 4}),
+        dict(request_strengths={"s": {"3": 2.0}}),
+        dict(request_strengths={}),  # even unsteered: a profile request is served serially
+        dict(n=2),
+        dict(prompts=["one", "two"]),
+        dict(prompts=None, conversations=[[], []]),
+    ]
     for fields in one_of_each:
         for model in ("tf", "gguf"):
             assert not ON.batchable(gen("a", model, **fields), MODELS[model]), fields
@@ -123,8 +136,10 @@ def test_a_model_is_described_by_what_its_engine_declares():
 
 
 def test_the_policy_imports_no_runtime():
-    code = ("import sys, greenroom.actors.scheduling\n"
-            "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
-    loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.split())
+    code = "import sys, greenroom.actors.scheduling\nprint(' '.join(sorted({n.split('.')[0] for n in sys.modules})))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
     assert not loaded & {"trio", "tractor", "torch", "quart"}

@@ -7,10 +7,10 @@ import shutil
 import httpx
 import pytest
 import torch
+from conftest import MODEL
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import MODEL
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 
 PROMPT = "[kind] noul\n[question] is it true?\n[decision]:"
@@ -65,8 +65,9 @@ def test_completion_scoring_matches_torch(server, reference):
 def test_allowed_token_ids_renormalise_and_every_listed_token_is_returned(server, reference):
     _, tok = reference
     allowed = [300, 400, 500, 600]
-    body = completion(server, logprobs=1, allowed_token_ids=allowed, return_tokens_as_token_ids=True,
-                      add_special_tokens=False)
+    body = completion(
+        server, logprobs=1, allowed_token_ids=allowed, return_tokens_as_token_ids=True, add_special_tokens=False
+    )
     expected = torch_logprobs(reference, tok.encode(PROMPT, add_special_tokens=False), allowed=allowed)
     got = body["choices"][0]["logprobs"]["top_logprobs"][0]
     assert set(got) == {f"token_id:{t}" for t in allowed}
@@ -99,11 +100,27 @@ def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(server, r
     messages = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Is the sky green?"}]
     rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     allowed = [300, 400, 500]
-    chat = post(server, "/v1/chat/completions", {
-        "model": MODEL, "messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 3,
-        "allowed_token_ids": allowed, "return_tokens_as_token_ids": True}).json()
-    comp = completion(server, prompt=rendered, add_special_tokens=False, logprobs=3, allowed_token_ids=allowed,
-                      return_tokens_as_token_ids=True)
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 1,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "allowed_token_ids": allowed,
+            "return_tokens_as_token_ids": True,
+        },
+    ).json()
+    comp = completion(
+        server,
+        prompt=rendered,
+        add_special_tokens=False,
+        logprobs=3,
+        allowed_token_ids=allowed,
+        return_tokens_as_token_ids=True,
+    )
     content = chat["choices"][0]["logprobs"]["content"][0]
     comp_lp = comp["choices"][0]["logprobs"]
     assert content["token"] == comp_lp["tokens"][0]
@@ -120,8 +137,9 @@ def test_chat_scoring_top_logprobs_counts_and_null(server):
     assert len(two["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
     none = post(server, "/v1/chat/completions", {**base, "logprobs": True}).json()
     assert none["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
-    capped = post(server, "/v1/chat/completions", {**base, "logprobs": True, "top_logprobs": 5,
-                                                   "allowed_token_ids": [300, 400]}).json()
+    capped = post(
+        server, "/v1/chat/completions", {**base, "logprobs": True, "top_logprobs": 5, "allowed_token_ids": [300, 400]}
+    ).json()
     assert len(capped["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
     constrained = post(server, "/v1/chat/completions", {**base, "allowed_token_ids": [300, 400]}).json()
     assert constrained["choices"][0]["logprobs"] is None
@@ -129,28 +147,43 @@ def test_chat_scoring_top_logprobs_counts_and_null(server):
 
 def test_extra_messages_one_choice_each_in_order(server):
     convs = [[{"role": "user", "content": f"question {i}"}] for i in range(3)]
-    body = {"model": MODEL, "messages": convs[0], "extra_messages": convs[1:], "max_tokens": 1, "logprobs": True,
-            "seed": 5}
+    body = {
+        "model": MODEL,
+        "messages": convs[0],
+        "extra_messages": convs[1:],
+        "max_tokens": 1,
+        "logprobs": True,
+        "seed": 5,
+    }
     r = post(server, "/v1/chat/completions", body)
     assert r.headers["X-miLLM-Seed"] == '5;scope="batch-shape"'
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2]
     for i, conv in enumerate(convs):
-        single = post(server, "/v1/chat/completions", {"model": MODEL, "messages": conv, "max_tokens": 1,
-                                                       "logprobs": True}).json()["choices"][0]
+        single = post(
+            server, "/v1/chat/completions", {"model": MODEL, "messages": conv, "max_tokens": 1, "logprobs": True}
+        ).json()["choices"][0]
         assert single["logprobs"] == choices[i]["logprobs"]
 
 
 def test_failing_extra_conversation_names_its_index(server):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "logprobs": True,
-            "extra_messages": [[{"role": "user", "content": "b"}], [{"role": "robot", "content": "c"}]]}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a"}],
+        "max_tokens": 1,
+        "logprobs": True,
+        "extra_messages": [[{"role": "user", "content": "b"}], [{"role": "robot", "content": "c"}]],
+    }
     r = post(server, "/v1/chat/completions", body)
     assert r.status_code == 400 and "extra_messages[1]" in r.json()["error"]["message"]
 
 
 def test_scoring_requests_are_reported_not_applicable_fields(server):
-    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1, "logprobs": 1,
-                                         "top_p": 0.5, "stop": ["a"]})
+    r = post(
+        server,
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "max_tokens": 1, "logprobs": 1, "top_p": 0.5, "stop": ["a"]},
+    )
     assert r.status_code == 200 and r.headers["X-miLLM-Ignored-Fields"] == '"top_p", "stop"'
 
 
@@ -167,37 +200,77 @@ COMP = {"model": MODEL, "prompt": "x", "max_tokens": 1, "logprobs": 2}
 CHATS = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "logprobs": True}
 
 
-@pytest.mark.parametrize("path,body,status,code,param", [
-    ("/v1/completions", {**COMP, "max_tokens": 100}, 400, "invalid_scoring_request", "max_tokens"),  # behaviour change
-    ("/v1/completions", {**COMP, "max_tokens": None}, 400, "invalid_scoring_request", "max_tokens"),
-    ("/v1/completions", {**COMP, "max_tokens": None, "max_completion_tokens": 1}, 200, None, None),
-    ("/v1/completions", {**COMP, "n": 2}, 400, "field_not_honoured", "n"),
-    ("/v1/completions", {**COMP, "logprobs": 21}, 400, "invalid_parameter", "logprobs"),
-    ("/v1/completions", {**COMP, "allowed_token_ids": [5, 10**7]}, 400, "invalid_scoring_request",
-     "allowed_token_ids"),
-    ("/v1/completions", {**COMP, "allowed_token_ids": [-1]}, 400, "invalid_scoring_request", "allowed_token_ids"),
-    ("/v1/completions", {**COMP, "prompt": "", "add_special_tokens": False}, 400, "invalid_scoring_request", "prompt"),
-    ("/v1/completions", {**COMP, "temperature": 0.0005}, 400, "invalid_parameter", "temperature"),
-    ("/v1/completions", {**COMP, "temperature": 0.001}, 200, None, None),
-    ("/v1/completions", {**COMP, "stream": True}, 400, "invalid_scoring_request", "stream"),
-    ("/v1/completions", {**COMP, "profile": "p"}, 400, "field_not_honoured", "profile"),
-    ("/v1/completions", {**COMP, "response_format": {"type": "json_object"}}, 400, "field_not_honoured",
-     "response_format"),
-    ("/v1/chat/completions", {**CHATS, "max_tokens": 2}, 400, "invalid_scoring_request", "max_tokens"),
-    ("/v1/chat/completions", {**CHATS, "n": 2}, 400, "invalid_scoring_request", "n"),
-    ("/v1/chat/completions", {**CHATS, "stream": True}, 400, "invalid_scoring_request", "stream"),
-    ("/v1/chat/completions", {**CHATS, "temperature": 0.0001}, 400, "invalid_parameter", "temperature"),
-    ("/v1/chat/completions", {**CHATS, "logprobs": False, "top_logprobs": 2}, 400, "invalid_parameter",
-     "top_logprobs"),
-    ("/v1/chat/completions", {**CHATS, "top_logprobs": 21}, 400, "invalid_parameter", "top_logprobs"),
-    ("/v1/chat/completions", {**CHATS, "allowed_token_ids": [10**7]}, 400, "invalid_scoring_request",
-     "allowed_token_ids"),
-    ("/v1/chat/completions", {**CHATS, "profile": "p"}, 400, "field_not_honoured", "profile"),
-    ("/v1/chat/completions", {**CHATS, "steering_intensity": 1}, 400, "field_not_honoured", "steering_intensity"),
-    ("/v1/chat/completions", {**CHATS, "steering": {"1": 2}}, 400, "field_not_honoured", "steering"),
-    ("/v1/chat/completions", {**CHATS, "response_format": {"type": "json_object"}}, 400, "field_not_honoured",
-     "response_format"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code,param",
+    [
+        (
+            "/v1/completions",
+            {**COMP, "max_tokens": 100},
+            400,
+            "invalid_scoring_request",
+            "max_tokens",
+        ),  # behaviour change
+        ("/v1/completions", {**COMP, "max_tokens": None}, 400, "invalid_scoring_request", "max_tokens"),
+        ("/v1/completions", {**COMP, "max_tokens": None, "max_completion_tokens": 1}, 200, None, None),
+        ("/v1/completions", {**COMP, "n": 2}, 400, "field_not_honoured", "n"),
+        ("/v1/completions", {**COMP, "logprobs": 21}, 400, "invalid_parameter", "logprobs"),
+        (
+            "/v1/completions",
+            {**COMP, "allowed_token_ids": [5, 10**7]},
+            400,
+            "invalid_scoring_request",
+            "allowed_token_ids",
+        ),
+        ("/v1/completions", {**COMP, "allowed_token_ids": [-1]}, 400, "invalid_scoring_request", "allowed_token_ids"),
+        (
+            "/v1/completions",
+            {**COMP, "prompt": "", "add_special_tokens": False},
+            400,
+            "invalid_scoring_request",
+            "prompt",
+        ),
+        ("/v1/completions", {**COMP, "temperature": 0.0005}, 400, "invalid_parameter", "temperature"),
+        ("/v1/completions", {**COMP, "temperature": 0.001}, 200, None, None),
+        ("/v1/completions", {**COMP, "stream": True}, 400, "invalid_scoring_request", "stream"),
+        ("/v1/completions", {**COMP, "profile": "p"}, 400, "field_not_honoured", "profile"),
+        (
+            "/v1/completions",
+            {**COMP, "response_format": {"type": "json_object"}},
+            400,
+            "field_not_honoured",
+            "response_format",
+        ),
+        ("/v1/chat/completions", {**CHATS, "max_tokens": 2}, 400, "invalid_scoring_request", "max_tokens"),
+        ("/v1/chat/completions", {**CHATS, "n": 2}, 400, "invalid_scoring_request", "n"),
+        ("/v1/chat/completions", {**CHATS, "stream": True}, 400, "invalid_scoring_request", "stream"),
+        ("/v1/chat/completions", {**CHATS, "temperature": 0.0001}, 400, "invalid_parameter", "temperature"),
+        (
+            "/v1/chat/completions",
+            {**CHATS, "logprobs": False, "top_logprobs": 2},
+            400,
+            "invalid_parameter",
+            "top_logprobs",
+        ),
+        ("/v1/chat/completions", {**CHATS, "top_logprobs": 21}, 400, "invalid_parameter", "top_logprobs"),
+        (
+            "/v1/chat/completions",
+            {**CHATS, "allowed_token_ids": [10**7]},
+            400,
+            "invalid_scoring_request",
+            "allowed_token_ids",
+        ),
+        ("/v1/chat/completions", {**CHATS, "profile": "p"}, 400, "field_not_honoured", "profile"),
+        ("/v1/chat/completions", {**CHATS, "steering_intensity": 1}, 400, "field_not_honoured", "steering_intensity"),
+        ("/v1/chat/completions", {**CHATS, "steering": {"1": 2}}, 400, "field_not_honoured", "steering"),
+        (
+            "/v1/chat/completions",
+            {**CHATS, "response_format": {"type": "json_object"}},
+            400,
+            "field_not_honoured",
+            "response_format",
+        ),
+    ],
+)
 def test_scoring_refusals(server, path, body, status, code, param):
     if status == 200:
         assert post(server, path, body).status_code == 200
@@ -251,6 +324,7 @@ source = "{broken}"
     refusal(srv, "/v1/completions", {**b, "allowed_token_ids": [400, 500]}, 500, "non_finite_logits")  # -inf reported
     ok = post(srv, "/v1/completions", {**b, "allowed_token_ids": [500, 600]})  # ±inf outside the set is fine
     assert ok.status_code == 200, ok.text
-    chat_ok = post(srv, "/v1/chat/completions", {**CHATS, "model": "broken", "allowed_token_ids": [400, 500],
-                                                 "top_logprobs": 1})  # -inf allowed but not reported
+    chat_ok = post(
+        srv, "/v1/chat/completions", {**CHATS, "model": "broken", "allowed_token_ids": [400, 500], "top_logprobs": 1}
+    )  # -inf allowed but not reported
     assert chat_ok.status_code == 200, chat_ok.text

@@ -5,7 +5,6 @@ import socket
 
 import httpx
 import ollama
-
 from conftest import MODEL, free_port
 
 

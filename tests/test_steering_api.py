@@ -11,9 +11,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server
 from fake_hub import server_cache
+
 from greenroom.config import load_config
 
 SAE_ID = "sae_demo_tiny_l1"  # the demo SAE of the tiny demo model's first SAE layer
@@ -60,9 +60,16 @@ def put(srv: Server, body: dict) -> httpx.Response:
 
 
 def greedy(srv: Server) -> str:
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12,
-        "temperature": 0})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 12,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
 
@@ -90,8 +97,9 @@ def test_attach_list_detach(srv):
     listed = httpx.get(srv.url + "/api/saes", timeout=30).json()["models"]
     assert {s["sae_id"] for m in listed if m["model"] == MODEL for s in m["saes"]} == {SAE_ID, "sae_demo_tiny_l2"}
     # one SAE per block
-    again = httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2", "sae_id": "x"},
-                       timeout=60)
+    again = httpx.post(
+        srv.url + "/api/saes/attach", json={"model": MODEL, "sae": "demo:tiny:2", "sae_id": "x"}, timeout=60
+    )
     assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_parameter"
     r = httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_demo_tiny_l2"}, timeout=30)
     assert r.status_code == 200 and r.json()["live"] and r.json()["version"] == before + 2
@@ -109,8 +117,10 @@ def test_an_sae_in_a_folder_named_sae_is_named_once(srv, model_cache, tmp_path):
     r = httpx.post(srv.url + "/api/saes/attach", json={"model": MODEL, "sae": str(folder)}, timeout=60)
     assert r.status_code == 200, r.text
     assert "sae_layer-2" in {s["sae_id"] for s in r.json()["saes"]}
-    assert httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_layer-2"},
-                      timeout=30).status_code == 200
+    assert (
+        httpx.post(srv.url + "/api/saes/detach", json={"model": MODEL, "sae_id": "sae_layer-2"}, timeout=30).status_code
+        == 200
+    )
 
 
 def test_strength_steers_greedy_output_and_clearing_restores_it(srv):
@@ -129,20 +139,23 @@ def test_strength_steers_greedy_output_and_clearing_restores_it(srv):
     assert greedy(srv) == unsteered
 
 
-@pytest.mark.parametrize("path,body,code,param", [
-    ("steering", {"strengths": {SAE_ID: {"5": 201}}}, "invalid_parameter", f"strengths.{SAE_ID}.5"),
-    ("steering", {"strengths": {SAE_ID: {"5": -200.5}}}, "invalid_parameter", f"strengths.{SAE_ID}.5"),
-    ("steering", {"strengths": {SAE_ID: {"512": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.512"),
-    ("steering", {"strengths": {SAE_ID: {"-1": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.-1"),
-    ("steering", {"strengths": {"sae_nope": {"5": 1}}}, "sae_not_attached", "strengths.sae_nope"),
-    ("steering", {"model": GGUF, "strengths": {}}, "steering_unsupported", "model"),
-    ("steering", {"enabled": "yes"}, "invalid_parameter", "enabled"),
-    ("steering", {"strength": {}}, "invalid_parameter", "strength"),
-    ("detach", {"sae_id": "sae_nope"}, "sae_not_attached", "sae_id"),
-    ("attach", {"model": GGUF, "sae": "demo:tiny"}, "steering_unsupported", "model"),
-    ("attach", {"sae": "/etc/passwd"}, "invalid_sae", "sae"),
-    ("attach", {"sae": "demo:tiny:9"}, "invalid_sae", "sae"),
-])
+@pytest.mark.parametrize(
+    "path,body,code,param",
+    [
+        ("steering", {"strengths": {SAE_ID: {"5": 201}}}, "invalid_parameter", f"strengths.{SAE_ID}.5"),
+        ("steering", {"strengths": {SAE_ID: {"5": -200.5}}}, "invalid_parameter", f"strengths.{SAE_ID}.5"),
+        ("steering", {"strengths": {SAE_ID: {"512": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.512"),
+        ("steering", {"strengths": {SAE_ID: {"-1": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.-1"),
+        ("steering", {"strengths": {"sae_nope": {"5": 1}}}, "sae_not_attached", "strengths.sae_nope"),
+        ("steering", {"model": GGUF, "strengths": {}}, "steering_unsupported", "model"),
+        ("steering", {"enabled": "yes"}, "invalid_parameter", "enabled"),
+        ("steering", {"strength": {}}, "invalid_parameter", "strength"),
+        ("detach", {"sae_id": "sae_nope"}, "sae_not_attached", "sae_id"),
+        ("attach", {"model": GGUF, "sae": "demo:tiny"}, "steering_unsupported", "model"),
+        ("attach", {"sae": "/etc/passwd"}, "invalid_sae", "sae"),
+        ("attach", {"sae": "demo:tiny:9"}, "invalid_sae", "sae"),
+    ],
+)
 def test_refusals_are_typed_400s(srv, path, body, code, param):
     before = steering(srv)
     url = srv.url + ("/api/steering" if path == "steering" else f"/api/saes/{path}")

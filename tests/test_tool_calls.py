@@ -7,8 +7,10 @@ import pytest
 
 from greenroom.engines.tool_calls import MAX_SAFE_INTEGER, CallGuard, ToolCall, ToolCallStream, load_json, parse
 
-HERMES = ('Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lagos"}}\n</tool_call>\n'
-          '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+HERMES = (
+    'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lagos"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+)
 
 
 def test_hermes_form_with_parallel_calls_keeps_argument_text():
@@ -41,13 +43,16 @@ def test_call_cut_short_is_dropped():
 def test_stream_gives_the_same_calls_in_any_pieces(step):
     stream, events = ToolCallStream(), []
     for i in range(0, len(HERMES), step):
-        events += stream.feed(HERMES[i:i + step])
+        events += stream.feed(HERMES[i : i + step])
     events += stream.finish()
     content = "".join(e[1] for e in events if e[0] == "content")
     assert content.strip() == "Let me look."
     assert [e for e in events if e[0] != "content"] == [
-        ("call", 0, "get_weather"), ("arguments", 0, '{"city": "Lagos"}'), ("call", 1, "add"),
-        ("arguments", 1, '{"a": 1, "b": 2}')]
+        ("call", 0, "get_weather"),
+        ("arguments", 0, '{"city": "Lagos"}'),
+        ("call", 1, "add"),
+        ("arguments", 1, '{"a": 1, "b": 2}'),
+    ]
     assert stream.calls == parse(HERMES)[1]
 
 
@@ -71,34 +76,49 @@ def test_an_answer_cut_anywhere_gives_the_same_content_whole_and_streamed_and_ne
         events = [e for ch in text for e in stream.feed(ch)] + stream.finish()
         assert content_of(events) == content and stream.calls == calls, cut
         assert "Let me look.".startswith(content), (cut, content)
-        assert calls == parse(HERMES)[1][:len(calls)]
+        assert calls == parse(HERMES)[1][: len(calls)]
 
 
-TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}, "required": ["a"],
-    "additionalProperties": False}}}, {"type": "function", "function": {"name": "now"}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "now"}},
+]
 
 
 def block(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
 
-@pytest.mark.parametrize("arguments,name", [
-    ('{"a": 1, "b": 1e999}', "add"),  # parses to inf
-    ('{"a": 12345678901234567}', "add"),  # past 2**53: JSON.parse rounds it
-    ('{"a": NaN}', "add"),
-    ('{"a": 1.5}', "add"),  # not an integer
-    ('{"b": 1}', "add"),  # a required argument missing
-    ('{"a": 1, "c": 2}', "add"),  # additionalProperties false
-    ('{"x": 1}', "now"),  # a function without parameters takes {}
-    ('{}', "nope"),  # not one of the tools
-])
+@pytest.mark.parametrize(
+    "arguments,name",
+    [
+        ('{"a": 1, "b": 1e999}', "add"),  # parses to inf
+        ('{"a": 12345678901234567}', "add"),  # past 2**53: JSON.parse rounds it
+        ('{"a": NaN}', "add"),
+        ('{"a": 1.5}', "add"),  # not an integer
+        ('{"b": 1}', "add"),  # a required argument missing
+        ('{"a": 1, "c": 2}', "add"),  # additionalProperties false
+        ('{"x": 1}', "now"),  # a function without parameters takes {}
+        ("{}", "nope"),  # not one of the tools
+    ],
+)
 def test_a_call_that_does_not_validate_is_dropped_whole_and_streamed(arguments, name):
     good = block("add", '{"a": 2}')
     text = f"Sure.\n{block(name, arguments)}\n{good}"
     assert parse(text, TOOLS) == ("Sure.", [ToolCall("add", '{"a": 2}')])
     stream = ToolCallStream(TOOLS)
-    events = [e for i in range(0, len(text), 7) for e in stream.feed(text[i:i + 7])] + stream.finish()
+    events = [e for i in range(0, len(text), 7) for e in stream.feed(text[i : i + 7])] + stream.finish()
     assert content_of(events) == "Sure." and stream.calls == [ToolCall("add", '{"a": 2}')]
 
 
@@ -112,8 +132,12 @@ def test_the_answer_ends_at_a_call_that_repeats_an_earlier_one():
 
 
 def test_the_json_form_streamed_gives_what_parse_gives():
-    for text in ['{"name": "add", "parameters": {"a": 1}}', '{"name": "add", "parameters": {"a": 1e999}}',
-                 ' {"answer": 42}', '[1, 2] and <tool_call>{"name": "now", "arguments": {}}</tool_call>']:
+    for text in [
+        '{"name": "add", "parameters": {"a": 1}}',
+        '{"name": "add", "parameters": {"a": 1e999}}',
+        ' {"answer": 42}',
+        '[1, 2] and <tool_call>{"name": "now", "arguments": {}}</tool_call>',
+    ]:
         stream = ToolCallStream(TOOLS)
         events = [e for ch in text for e in stream.feed(ch)] + stream.finish()
         assert (content_of(events), stream.calls) == parse(text, TOOLS), text
@@ -133,7 +157,7 @@ def test_the_guard_holds_a_call_until_it_is_known_not_to_repeat():
     first, again = block("add", '{"a": 1}'), block("add", '{"a": 1}')
     released = [guard.feed(ch) for ch in first + "\n" + again]
     assert "".join(released) == first + "\n" and guard.ended  # the repeat never released
-    assert all(r in ("", first) for r in released[:len(first)])  # nothing of a call before it closes
+    assert all(r in ("", first) for r in released[: len(first)])  # nothing of a call before it closes
     guard = CallGuard(functions)
     assert guard.feed(block("add", '{"a": "x"}')) == "" and "add" in guard.invalid and not guard.ended
     guard = CallGuard(functions)

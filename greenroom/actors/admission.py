@@ -26,26 +26,47 @@ def admit(engine, req: Generate, default_max_tokens: int) -> tuple[list[list[int
         fitted, params = _fitted(engine, req, rows[0])
         rows = [fitted.ids]
     else:  # a constrained document is ended by its grammar, not cut by the server's default
-        params = [_resolve_max_tokens(engine, ids, req.params, name, default_max_tokens,
-                                      whole_room=req.constraint is not None)
-                  for ids, name in zip(rows, names)]
+        params = [
+            _resolve_max_tokens(
+                engine, ids, req.params, name, default_max_tokens, whole_room=req.constraint is not None
+            )
+            for ids, name in zip(rows, names)
+        ]
     as_is = req.conversations is not None and not engine.has_chat_template
     return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is)
 
 
 def score_rows(engine, req: Score) -> tuple[list[list[int]], list[str]]:
-    """Each row's prompt ids and name, every row leaving room for the one token scored."""
+    """Each row's prompt ids and name, every row leaving room for the one token scored (an
+    echo with max_tokens 0 scores none: its prompt may fill the window)."""
     if req.conversations is not None and not engine.has_chat_template:
-        raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template: chat scoring "
-                             "would score a prompt the model was never trained on; use /v1/completions")
+        raise GreenroomError(
+            "no_chat_template",
+            f"model {req.model!r} has no chat template: chat scoring "
+            "would score a prompt the model was never trained on; use /v1/completions",
+        )
     rows, names = _rows(engine, req)
     for ids, name in zip(rows, names):
         if not ids:
-            raise GreenroomError("invalid_scoring_request", f"{name} tokenises to nothing: there is no "
-                                 "position to score", name.split("[")[0])
-        if len(ids) >= engine.info.context_length:
-            raise context_length_exceeded(engine.info.context_length, f"you requested {len(ids) + 1} tokens "
-                                          f"({len(ids)} in the {name}, 1 in the completion)", name)
+            raise GreenroomError(
+                "invalid_scoring_request",
+                f"{name} tokenises to nothing: there is no position to score",
+                name.split("[")[0],
+            )
+        outside = [t for t in ids if not 0 <= t < engine.vocab_size]
+        if outside:
+            raise GreenroomError(
+                "invalid_scoring_request",
+                f"{name} has token ids outside the vocabulary (0–{engine.vocab_size - 1}): {outside[:5]}",
+                name.split("[")[0],
+            )
+        if len(ids) + req.next_token > engine.info.context_length:
+            raise context_length_exceeded(
+                engine.info.context_length,
+                f"you requested {len(ids) + req.next_token} "
+                f"tokens ({len(ids)} in the {name}, {int(req.next_token)} in the completion)",
+                name,
+            )
     return rows, names
 
 
@@ -61,19 +82,25 @@ def embed_rows(engine, req: Embed) -> list[list[int]]:
     return rows
 
 
-def _resolve_max_tokens(engine, prompt_ids: list[int], params: SamplingParams, where: str, default_max_tokens: int,
-                        whole_room: bool = False) -> SamplingParams:
+def _resolve_max_tokens(
+    engine, prompt_ids: list[int], params: SamplingParams, where: str, default_max_tokens: int, whole_room: bool = False
+) -> SamplingParams:
     limit = engine.info.context_length
     room = limit - len(prompt_ids)
     if params.max_tokens is None:
         if room <= 0:
-            raise context_length_exceeded(limit, f"your {where} resulted in {len(prompt_ids)} tokens",
-                                          where.split("[")[0])
+            raise context_length_exceeded(
+                limit, f"your {where} resulted in {len(prompt_ids)} tokens", where.split("[")[0]
+            )
         return attrs.evolve(params, max_tokens=room if whole_room else min(default_max_tokens, room))
     if len(prompt_ids) + params.max_tokens > limit:
-        raise context_length_exceeded(limit, f"you requested {len(prompt_ids) + params.max_tokens} tokens "
-                                      f"({len(prompt_ids)} in the {where}, {params.max_tokens} in the completion)",
-                                      "max_tokens", f"{where} or completion")
+        raise context_length_exceeded(
+            limit,
+            f"you requested {len(prompt_ids) + params.max_tokens} tokens "
+            f"({len(prompt_ids)} in the {where}, {params.max_tokens} in the completion)",
+            "max_tokens",
+            f"{where} or completion",
+        )
     return params
 
 
@@ -101,8 +128,7 @@ def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
     if req.conversations is not None:
         names = ["messages"] + [f"extra_messages[{i}]" for i in range(len(req.conversations) - 1)]
         return [_renderer(engine, req, name)(c) for c, name in zip(req.conversations, names)], names
-    rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens)
-                                    for p in req.prompts]
+    rows = req.prompt_token_ids or [engine.tokenize(p, add_special_tokens=req.add_special_tokens) for p in req.prompts]
     return rows, ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
 
 
@@ -113,16 +139,21 @@ def _renderer(engine, req: Generate | Score, name: str):
     if not engine.has_chat_template:
         if getattr(req, "as_is_without_template", False):
             return lambda messages: engine.tokenize(messages[-1].get("content") or "")
-        raise GreenroomError("no_chat_template", f"model {req.model!r} has no chat template, so a conversation "
-                             "cannot be rendered for it: give its [[models]] entry a chat_template, or send a plain "
-                             "prompt (/v1/completions; /api/generate renders a prompt as it is)", name)
+        raise GreenroomError(
+            "no_chat_template",
+            f"model {req.model!r} has no chat template, so a conversation "
+            "cannot be rendered for it: give its [[models]] entry a chat_template, or send a plain "
+            "prompt (/v1/completions; /api/generate renders a prompt as it is)",
+            name,
+        )
 
     def render(messages: list[dict]) -> list[int]:
         try:
             return engine.render_chat(messages, req.template_kwargs, req.tools)
         except Exception as exc:  # a template error names the conversation it came from
-            raise GreenroomError("invalid_parameter", f"{name} cannot be rendered with the model's chat "
-                                 f"template: {exc}", name) from None
+            raise GreenroomError(
+                "invalid_parameter", f"{name} cannot be rendered with the model's chat template: {exc}", name
+            ) from None
 
     return render
 
@@ -132,5 +163,8 @@ def _check_ids(engine, ids: list[int], where: str, param: str) -> None:
         raise GreenroomError("invalid_parameter", f"{where} is empty", param)
     bad = [t for t in ids if not 0 <= t < engine.vocab_size]
     if bad:
-        raise GreenroomError("invalid_parameter", f"{where} has token ids outside the vocabulary "
-                             f"(0–{engine.vocab_size - 1}): {bad[:5]}", param)
+        raise GreenroomError(
+            "invalid_parameter",
+            f"{where} has token ids outside the vocabulary (0–{engine.vocab_size - 1}): {bad[:5]}",
+            param,
+        )

@@ -34,18 +34,41 @@ from greenroom.actors.admission import admit, embed_rows, score_rows
 from greenroom.actors.outbox import Outbox
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, Request, SchedulingPolicy, Start
-from greenroom.errors import GreenroomError
 from greenroom.engines.base import EngineError
+from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    Admitted, Cancel, Done, Embed, Embedded, Failed, Generate, Load, Score, ScoredRow, Scores, Status,
-    StatusQuery, Steered, SteerUpdate, Text, Unload, from_wire,
+    Admitted,
+    Cancel,
+    Done,
+    Embed,
+    Embedded,
+    Failed,
+    Generate,
+    Load,
+    Score,
+    ScoredRow,
+    Scores,
+    Status,
+    StatusQuery,
+    Steered,
+    SteerUpdate,
+    Text,
+    Unload,
+    from_wire,
 )
 
 
 @tractor.context
-async def engine_session(ctx, parent_pid: int, models: list[dict], max_queue: int, default_max_tokens: int,
-                         device: str, continuous_batching: bool = False):
-    """`models`: [{"id", "engine", "path", "device", "dtype"}]. Loads them, reports
+async def engine_session(
+    ctx,
+    parent_pid: int,
+    models: list[dict],
+    max_queue: int,
+    default_max_tokens: int,
+    device: str,
+    continuous_batching: bool = False,
+):
+    """`models`: placements as they cross here (engines/loader.load_engine's spec). Loads them, reports
     {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
     value, then serves the stream until the front end closes it."""
     die_with_parent(parent_pid)
@@ -96,8 +119,9 @@ class EngineLoop:
     """The actor's state, shared by its two threads: the trio loop routes messages (`serve`,
     `_handle`); the worker thread runs turns (`_work`) and the runners."""
 
-    def __init__(self, engines: dict, max_queue: int, default_max_tokens: int, device: str,
-                 continuous_batching: bool = False):
+    def __init__(
+        self, engines: dict, max_queue: int, default_max_tokens: int, device: str, continuous_batching: bool = False
+    ):
         self.engines = engines
         self.device = device
         self.max_queue = max_queue
@@ -138,9 +162,14 @@ class EngineLoop:
     def _handle(self, msg) -> None:
         if isinstance(msg, (Generate, Embed, Score)):
             if len(self._queue) + len(self._running) >= self.max_queue:
-                self._outbox.put(Failed(msg.rid, GreenroomError(
-                    "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
-                ).to_wire()))
+                self._outbox.put(
+                    Failed(
+                        msg.rid,
+                        GreenroomError(
+                            "queue_full", f"the engine queue is full ({self.max_queue} requests); retry later"
+                        ).to_wire(),
+                    )
+                )
                 return
             with self._wakeup:
                 self._queue.append(msg)
@@ -169,8 +198,11 @@ class EngineLoop:
             "max_queue_depth": self.max_queue,
             "inference": self.inference(),
             # each steerable model's applied steering version and attached SAEs (the front end's "live")
-            "steering": {m: self._applied.get(m, {"version": 0, "saes": []})
-                         for m, e in list(self.engines.items()) if hasattr(e, "steering")},
+            "steering": {
+                m: self._applied.get(m, {"version": 0, "saes": []})
+                for m, e in list(self.engines.items())
+                if hasattr(e, "steering")
+            },
             **attrs.asdict(self.counters),
         }
 
@@ -179,17 +211,28 @@ class EngineLoop:
         once it is on and a loaded model's engine batches (`models`)."""
         native = {m: e for m, e in self.engines.items() if getattr(e, "batches_any_sampling", False)}
         if native:  # llama.cpp decodes its sequences together whatever the flag, each sampling alone
-            return {"backend": "llama.cpp_parallel", "models": sorted(native),
-                    "parallel": max(e.parallel for e in native.values()), "batched": len(self._choices),
-                    # one llama_decode for all, or in turns where that measured faster at load
-                    "decode": "together" if all(e.decode_together for e in native.values()) else "in_turns"}
+            return {
+                "backend": "llama.cpp_parallel",
+                "models": sorted(native),
+                "parallel": max(e.parallel for e in native.values()),
+                "batched": len(self._choices),
+                # one llama_decode for all, or in turns where that measured faster at load
+                "decode": "together" if all(e.decode_together for e in native.values()) else "in_turns",
+            }
         models = sorted(m for m, e in self.engines.items() if getattr(e, "batchable", False))
         if not self.continuous_batching or not models:
             return {"backend": "serial"}
-        return {"backend": "continuous_batching", "models": models, "batched": len(self._choices),
-                "fixed_sampling": {"temperature": FIXED_SAMPLING.temperature, "top_p": FIXED_SAMPLING.top_p,
-                                   "top_k": FIXED_SAMPLING.top_k,
-                                   "repetition_penalty": FIXED_SAMPLING.repetition_penalty}}
+        return {
+            "backend": "continuous_batching",
+            "models": models,
+            "batched": len(self._choices),
+            "fixed_sampling": {
+                "temperature": FIXED_SAMPLING.temperature,
+                "top_p": FIXED_SAMPLING.top_p,
+                "top_k": FIXED_SAMPLING.top_k,
+                "repetition_penalty": FIXED_SAMPLING.repetition_penalty,
+            },
+        }
 
     async def _run_worker(self) -> None:
         await trio.to_thread.run_sync(self._work, abandon_on_cancel=True)
@@ -221,8 +264,12 @@ class EngineLoop:
 
     def _take(self) -> list[Start]:
         """The requests that start now, as the policy says (scheduling.py), off the queue."""
-        starting = self.policy.schedule(self._queue, self._models, serial=self._serial is not None,
-                                        batched={model: len(batch) for model, batch in self._batches.items()})
+        starting = self.policy.schedule(
+            self._queue,
+            self._models,
+            serial=self._serial is not None,
+            batched={model: len(batch) for model, batch in self._batches.items()},
+        )
         for start in starting:
             self._queue.popleft()
             self._running.add(start.request.rid)
@@ -276,9 +323,12 @@ class EngineLoop:
 
             if isinstance(exc, torch.cuda.OutOfMemoryError):
                 torch.cuda.empty_cache()  # what the failed step held goes back to the card now
-                return GreenroomError("insufficient_memory", f"{self.device} ran out of memory during generation "
-                                      "(the prompt and its KV cache do not fit beside the model): "
-                                      f"{str(exc).splitlines()[0]}")
+                return GreenroomError(
+                    "insufficient_memory",
+                    f"{self.device} ran out of memory during generation "
+                    "(the prompt and its KV cache do not fit beside the model): "
+                    f"{str(exc).splitlines()[0]}",
+                )
         return GreenroomError("generation_failed", f"generation failed: {type(exc).__name__}: {exc}")
 
     def _run(self, req):
@@ -308,8 +358,11 @@ class EngineLoop:
                 try:
                     self.engines[req.spec["id"]] = load_engine(req.spec)
                 except Exception as exc:  # a missing source, a file the engine cannot read: the load's error
-                    raise GreenroomError("model_load_failed", f"model {req.spec['id']!r} could not be loaded: "
-                                         f"{type(exc).__name__}: {exc}", "model") from None
+                    raise GreenroomError(
+                        "model_load_failed",
+                        f"model {req.spec['id']!r} could not be loaded: {type(exc).__name__}: {exc}",
+                        "model",
+                    ) from None
                 self._models[req.spec["id"]] = ModelBatching.of(self.engines[req.spec["id"]])
             self._outbox.put_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
             return
@@ -327,8 +380,9 @@ class EngineLoop:
         version held is as new (a stale push). Answered with the version now held."""
         steering = getattr(self.engines.get(update.model), "steering", None)
         if steering is None:
-            raise GreenroomError("steering_unsupported", f"model {update.model!r} is not loaded here with an engine "
-                                 "that steers", "model")
+            raise GreenroomError(
+                "steering_unsupported", f"model {update.model!r} is not loaded here with an engine that steers", "model"
+            )
         if update.version > steering.state.version:
             from greenroom.engines.sae import load_sae
             from greenroom.engines.steering import SteeringState
@@ -341,8 +395,13 @@ class EngineLoop:
             for sae_id, path in wanted.items():
                 if sae_id not in held:
                     steering.attach(sae_id, load_sae(path))
-            steering.apply(SteeringState(update.version, update.enabled, {
-                sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()}))
+            steering.apply(
+                SteeringState(
+                    update.version,
+                    update.enabled,
+                    {sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()},
+                )
+            )
         attached = steering.attached()
         self._applied[update.model] = {"version": steering.state.version, "saes": [i.sae_id for i in attached]}
         self._outbox.put_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
@@ -355,12 +414,11 @@ class EngineLoop:
         out = []
         for ids, name in zip(rows, names):
             try:
-                scored = engine.score(ids, req.temperature, req.allowed_token_ids, req.report, readout)
+                out.append(
+                    _scored_row(engine, req, ids, req.prompts[len(out)] if req.prompts is not None else None, readout)
+                )
             except EngineError as exc:
                 raise EngineError(exc.code, f"{name}: {exc.message}", exc.param) from None
-            prompt_text = req.prompts[len(out)] if req.prompts is not None else engine.decode(ids)
-            out.append(ScoredRow(_token(engine, scored.token_id), scored.logprob,
-                                 [_token(engine, i) + [lp] for i, lp in scored.top], len(ids), len(prompt_text)))
         self.counters.completed += 1
         activations = {**read, "read_point": "unsteered", "positions": readout.result(rows[0])} if read else None
         self._outbox.put_from_thread(Scores(req.rid, out, activations))
@@ -377,19 +435,34 @@ class EngineLoop:
 
         rows, params, admitted = admit(engine, req, self.default_max_tokens)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
-        readout, read = self._readout(engine, req, rows[0], params[0].max_tokens) \
-            if req.sae_activations is not None else (None, None)
+        readout, read = (
+            self._readout(engine, req, rows[0], params[0].max_tokens)
+            if req.sae_activations is not None
+            else (None, None)
+        )
         # a profile steers this request's forwards only (engines/steering.py: the live state is
         # never changed, so there is nothing to restore, and a newer state applied meanwhile wins)
-        scope = contextlib.nullcontext() if req.request_strengths is None else engine.steering.steered(
-            engine.steering.for_request({sae_id: {int(f): s for f, s in features.items()}
-                                         for sae_id, features in req.request_strengths.items()}))
+        scope = (
+            contextlib.nullcontext()
+            if req.request_strengths is None
+            else engine.steering.steered(
+                engine.steering.for_request(
+                    {
+                        sae_id: {int(f): s for f, s in features.items()}
+                        for sae_id, features in req.request_strengths.items()
+                    }
+                )
+            )
+        )
         started = self._admitted(req, admitted)
         queue_wait = started - self._enqueued.get(req.rid, started)
         for row, (ids, row_params) in enumerate(zip(rows, params)):
             for j in range(req.n):
-                choice_params = row_params if j == 0 or row_params.seed is None else attrs.evolve(
-                    row_params, seed=_choice_seed(row_params.seed, j))
+                choice_params = (
+                    row_params
+                    if j == 0 or row_params.seed is None
+                    else attrs.evolve(row_params, seed=_choice_seed(row_params.seed, j))
+                )
                 choice = _Choice(req.rid, row * req.n + j, started, queue_wait, engine.capabilities.token_logprobs)
                 deltas = generate(engine, ids, choice_params, grammar, readout, self._monitor(engine, req))
                 while True:
@@ -419,11 +492,19 @@ class EngineLoop:
         finishing event says of it."""
         steering = getattr(engine, "steering", None)
         if steering is None:
-            raise GreenroomError("field_not_honoured", f"model {req.model!r} has no SAE hooks on this engine",
-                                 "return_sae_activations")
+            raise GreenroomError(
+                "field_not_honoured", f"model {req.model!r} has no SAE hooks on this engine", "return_sae_activations"
+            )
         spec = req.sae_activations
-        readout = steering.readout(len(ids), sae_id=spec["sae_id"], top_k=spec["top_k"], positions=spec["positions"],
-                                   features=spec["features"], read_point=spec["read_point"], max_tokens=max_tokens)
+        readout = steering.readout(
+            len(ids),
+            sae_id=spec["sae_id"],
+            top_k=spec["top_k"],
+            positions=spec["positions"],
+            features=spec["features"],
+            read_point=spec["read_point"],
+            max_tokens=max_tokens,
+        )
         layer = next(info.layer for info in steering.attached() if info.sae_id == readout.sae_id)
         return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 
@@ -455,8 +536,13 @@ class EngineLoop:
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)
         started = self._admitted(req, admitted)
-        self._choices[req.rid] = _Choice(req.rid, 0, started, started - self._enqueued.get(req.rid, started),
-                                         self._engine(req).capabilities.token_logprobs)
+        self._choices[req.rid] = _Choice(
+            req.rid,
+            0,
+            started,
+            started - self._enqueued.get(req.rid, started),
+            self._engine(req).capabilities.token_logprobs,
+        )
         return req.rid, ids, params
 
     def _step_batch(self, model: str, batch) -> None:
@@ -482,7 +568,7 @@ class EngineLoop:
         if not len(batch):
             del self._batches[model]
 
-    def _deliver(self, choice: "_Choice", delta, read: dict | None = None) -> None:
+    def _deliver(self, choice: _Choice, delta, read: dict | None = None) -> None:
         """A choice's step as a Text event (none while the text is held back), with the
         engine's own figures on the finishing one, the activations read (`read`: which) and
         the monitor's record."""
@@ -491,14 +577,28 @@ class EngineLoop:
         choice.logprob_sum += delta.logprob
         stats = None
         if delta.finish_reason:
-            stats = {"logprob_sum": choice.logprob_sum if choice.logprobs else None,
-                     "prefill_s": choice.first_token - choice.start,
-                     "decode_s": now - choice.first_token, "queue_wait_s": choice.queue_wait,
-                     "compute_s": now - choice.started, "peak_rss_mb": _peak_rss_mb()}
+            stats = {
+                "logprob_sum": choice.logprob_sum if choice.logprobs else None,
+                "prefill_s": choice.first_token - choice.start,
+                "decode_s": now - choice.first_token,
+                "queue_wait_s": choice.queue_wait,
+                "compute_s": now - choice.started,
+                "peak_rss_mb": _peak_rss_mb(),
+            }
         if delta.text or delta.finish_reason:
             activations = {**read, "positions": delta.sae_activations} if read and delta.finish_reason else None
-            self._outbox.put_from_thread(Text(choice.rid, choice.index, delta.text, delta.completion_tokens,
-                                              delta.finish_reason, stats, activations, delta.monitor))
+            self._outbox.put_from_thread(
+                Text(
+                    choice.rid,
+                    choice.index,
+                    delta.text,
+                    delta.completion_tokens,
+                    delta.finish_reason,
+                    stats,
+                    activations,
+                    delta.monitor,
+                )
+            )
 
     def _embed(self, engine, req: Embed) -> None:
         rows = embed_rows(engine, req)
@@ -511,6 +611,50 @@ class EngineLoop:
 def _token(engine, token_id: int) -> list:
     text = engine.decode([token_id])
     return [token_id, text, list(text.encode("utf-8"))]
+
+
+def _scored_row(engine, req: Score, ids: list[int], prompt: str | None, readout) -> ScoredRow:
+    """One row of a Score: the token after the prompt (engine.score); with echo, the prompt's
+    text too, and with echo_logprobs every prompt token's log-probability from one pass over
+    the prompt (engine.prompt_logprobs), the token after it read from the same pass."""
+    prompt_text = prompt if prompt is not None else engine.decode(ids)
+    scored, echoed = None, None
+    if req.echo_logprobs is not None or (readout is not None and not req.next_token):  # a readout reads a pass
+        result = engine.prompt_logprobs(
+            ids,
+            req.temperature,
+            req.echo_logprobs or 0,
+            req.allowed_token_ids,
+            req.report if req.next_token else None,
+            readout,
+        )
+        scored, echoed = result.next, result.tokens if req.echo_logprobs is not None else None
+    elif req.next_token:
+        scored = engine.score(ids, req.temperature, req.allowed_token_ids, req.report, readout)
+    texts: dict[int, str] = {}
+
+    def text(token_id: int) -> str:
+        if token_id not in texts:
+            texts[token_id] = engine.decode([token_id])
+        return texts[token_id]
+
+    tokens = (
+        None
+        if echoed is None
+        else [[ids[0], text(ids[0]), None, None]]
+        + [[t, text(t), p.logprob, [[i, text(i), lp] for i, lp in p.top]] for t, p in zip(ids[1:], echoed)]
+    )
+    if scored is None:
+        return ScoredRow(None, None, [], len(ids), len(prompt_text), prompt_text if req.echo else None, tokens)
+    return ScoredRow(
+        _token(engine, scored.token_id),
+        scored.logprob,
+        [_token(engine, i) + [lp] for i, lp in scored.top],
+        len(ids),
+        len(prompt_text),
+        prompt_text if req.echo else None,
+        tokens,
+    )
 
 
 def _device_memory(device: str) -> dict:

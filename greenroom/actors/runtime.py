@@ -22,8 +22,8 @@ import select
 import socket
 import threading
 import warnings
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
 
 import attrs
 import trio
@@ -58,9 +58,7 @@ def tractor_loglevel(level: str) -> str:
 
 @asynccontextmanager
 async def open_root(name: str, loglevel: str) -> AsyncIterator[None]:
-    async with tractor.open_root_actor(
-        name=name, arbiter_addr=("127.0.0.1", free_port()), loglevel=loglevel
-    ):
+    async with tractor.open_root_actor(name=name, arbiter_addr=("127.0.0.1", free_port()), loglevel=loglevel):
         yield
 
 

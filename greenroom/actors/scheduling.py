@@ -41,8 +41,11 @@ class ModelBatching:
     @classmethod
     def of(cls, engine) -> ModelBatching:
         """An engine's description, from the attributes a batching engine declares (base.py)."""
-        return cls(getattr(engine, "batchable", False), getattr(engine, "batches_any_sampling", False),
-                   getattr(engine, "parallel", None))
+        return cls(
+            getattr(engine, "batchable", False),
+            getattr(engine, "batches_any_sampling", False),
+            getattr(engine, "parallel", None),
+        )
 
 
 class Lane(enum.Enum):
@@ -66,20 +69,41 @@ class SchedulingPolicy:
         batches; and — the spec's rule for the continuous-batching backend — with it on, the
         fixed sampling parameters (no seed, no penalty). An engine whose sequences each sample
         alone takes any sampling, always."""
-        if (not isinstance(req, Generate) or model is None or not model.batches or req.n != 1 or req.rows != 1
-                or req.constraint is not None
-                or req.sae_activations is not None or req.monitor is not None  # they read one sequence per forward
-                or req.request_strengths is not None):  # the spec: a profile request is served serially
+        if (
+            not isinstance(req, Generate)
+            or model is None
+            or not model.batches
+            or req.n != 1
+            or req.rows != 1
+            or req.constraint is not None
+            or req.sae_activations is not None
+            or req.monitor is not None  # they read one sequence per forward
+            or req.request_strengths is not None
+        ):  # the spec: a profile request is served serially
             return False
         if model.any_sampling:
             return True
         p = req.params
-        return self.continuous_batching and p.seed is None and (
-            p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (
-            FIXED_SAMPLING.temperature, FIXED_SAMPLING.top_p, FIXED_SAMPLING.top_k, FIXED_SAMPLING.repetition_penalty)
+        return (
+            self.continuous_batching
+            and p.seed is None
+            and (p.temperature, p.top_p, p.top_k, p.repetition_penalty)
+            == (
+                FIXED_SAMPLING.temperature,
+                FIXED_SAMPLING.top_p,
+                FIXED_SAMPLING.top_k,
+                FIXED_SAMPLING.repetition_penalty,
+            )
+        )
 
-    def schedule(self, queued: Iterable[Request], models: Mapping[str, ModelBatching], *, serial: bool,
-                 batched: Mapping[str, int]) -> list[Start]:
+    def schedule(
+        self,
+        queued: Iterable[Request],
+        models: Mapping[str, ModelBatching],
+        *,
+        serial: bool,
+        batched: Mapping[str, int],
+    ) -> list[Start]:
         """What starts this turn, in queue order (a prefix of `queued`). `serial`: the serial
         path is taken; `batched`: model → sequences in its batch now."""
         starts: list[Start] = []

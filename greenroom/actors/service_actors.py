@@ -1,7 +1,7 @@
 """The scheduler actor: a process in the tree that answers status queries, so supervision,
 restart and `greenroom ps` treat it like any actor. Admission and routing across replicas
-run in the front end's process (supervisor/tree.py: `Tree.route`, the engine actors'
-bounded queues), because a hop to this actor per request would cost a tractor round trip
+run in the front end's process (supervisor/routing.py, the engine actors' bounded
+queues), because a hop to this actor per request would cost a tractor round trip
 (~4 ms measured). (The steering coordinator has its own session: steering_actor.py.)"""
 
 from __future__ import annotations

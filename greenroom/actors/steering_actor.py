@@ -13,13 +13,12 @@ dial rules steering_rules.py's.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import attrs
 import trio
@@ -29,12 +28,50 @@ from greenroom.actors import steering_rules as rules
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
-    ActivateCircuit, ActivateProfile, ActiveCircuit, AttachDefaultSAE, AttachSAE, CreateProfile, DeleteCircuit,
-    DeleteCluster, DeleteProfile, DetachSAE, DialCircuit, DialCluster, Dialled, Events, Failed, GetActiveCircuit,
-    GetCircuit, GetCluster, GetLock, GetProfile, GetSteering, ImportCircuit, ImportCluster, ImportProfile,
-    ListCircuits, ListClusters, ListProfiles, LockSteering, ResolvedSteering, ResolveRequestSteering, SetSteering,
-    Status, StatusQuery, SteeringAnswer, SteeringCall, SteeringDocument, SteeringLock, SteeringReply,
-    SteeringRequest, SteeringState, UnlockSteering, UpdateProfile, from_wire, to_wire,
+    ActivateCircuit,
+    ActivateProfile,
+    ActiveCircuit,
+    AttachDefaultSAE,
+    AttachSAE,
+    CreateProfile,
+    DeleteCircuit,
+    DeleteCluster,
+    DeleteProfile,
+    DetachSAE,
+    DialCircuit,
+    DialCluster,
+    Dialled,
+    Events,
+    Failed,
+    GetActiveCircuit,
+    GetCircuit,
+    GetCluster,
+    GetLock,
+    GetProfile,
+    GetSteering,
+    ImportCircuit,
+    ImportCluster,
+    ImportProfile,
+    ListCircuits,
+    ListClusters,
+    ListProfiles,
+    LockSteering,
+    ResolvedSteering,
+    ResolveRequestSteering,
+    SetSteering,
+    Status,
+    StatusQuery,
+    SteeringAnswer,
+    SteeringCall,
+    SteeringDocument,
+    SteeringLock,
+    SteeringReply,
+    SteeringRequest,
+    SteeringState,
+    UnlockSteering,
+    UpdateProfile,
+    from_wire,
+    to_wire,
 )
 from greenroom.store.steering import ModelSteering, SteeringStore
 
@@ -60,8 +97,9 @@ async def steering_session(ctx, parent_pid: int, cache_dir: str | None, limits: 
                     reply = Failed(msg.rid, exc.to_wire())
                 except Exception as exc:  # a fault in one request: that request's 500, not the coordinator's end
                     log.exception("steering request %s failed", kind)
-                    reply = Failed(msg.rid, GreenroomError("internal_error", f"steering request {kind} failed: "
-                                                           f"{exc}").to_wire())
+                    reply = Failed(
+                        msg.rid, GreenroomError("internal_error", f"steering request {kind} failed: {exc}").to_wire()
+                    )
                 await stream.send(to_wire(Events([reply])))
 
 
@@ -89,23 +127,37 @@ class Coordinator:
             return answer(self.store, state, self.limits)
         return self._attach(state, req.sae, None, None, req.placement)
 
-    def _attach(self, state: ModelSteering, source: str, layer: int | None, sae_id: str | None,
-                placement: dict) -> SteeringState:
+    def _attach(
+        self, state: ModelSteering, source: str, layer: int | None, sae_id: str | None, placement: dict
+    ) -> SteeringState:
         record = _resolve_sae(self.cache_dir, source, layer, sae_id, placement)
         for other in state.saes:
             if other["sae_id"] == record["sae_id"]:
-                raise GreenroomError("invalid_parameter", f"an SAE named {record['sae_id']!r} is already attached to "
-                                     f"{state.model!r}; detach it or choose another sae_id", "sae_id")
+                raise GreenroomError(
+                    "invalid_parameter",
+                    f"an SAE named {record['sae_id']!r} is already attached to "
+                    f"{state.model!r}; detach it or choose another sae_id",
+                    "sae_id",
+                )
             if other["block"] == record["block"]:
-                raise GreenroomError("invalid_parameter", f"block {record['block']} of {state.model!r} already has SAE "
-                                     f"{other['sae_id']!r} attached (one SAE per block)", "sae")
+                raise GreenroomError(
+                    "invalid_parameter",
+                    f"block {record['block']} of {state.model!r} already has SAE "
+                    f"{other['sae_id']!r} attached (one SAE per block)",
+                    "sae",
+                )
         return self._put(attrs.evolve(state, saes=[*state.saes, record]))
 
     def detach(self, req: DetachSAE) -> SteeringState:
         state = self.store.get(req.model)
         bases.attached(state, req.sae_id, "sae_id")
-        return self._put(attrs.evolve(state, saes=[s for s in state.saes if s["sae_id"] != req.sae_id],
-                                      strengths={k: v for k, v in state.strengths.items() if k != req.sae_id}))
+        return self._put(
+            attrs.evolve(
+                state,
+                saes=[s for s in state.saes if s["sae_id"] != req.sae_id],
+                strengths={k: v for k, v in state.strengths.items() if k != req.sae_id},
+            )
+        )
 
     def set_live(self, req: SetSteering) -> SteeringState:
         state = self.store.get(req.model)
@@ -135,8 +187,12 @@ class Coordinator:
             held = bases.attached(state, sae["sae_id"], f"saes[{i}]")
             differs = [k for k in bases.SAME_SAE if sae[k] != held[k]]
             if differs:
-                raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not "
-                                     f"the document's: its {', '.join(differs)} differ", f"saes[{i}]")
+                raise GreenroomError(
+                    "sae_not_attached",
+                    f"SAE {sae['sae_id']!r} attached to {state.model!r} is not "
+                    f"the document's: its {', '.join(differs)} differ",
+                    f"saes[{i}]",
+                )
         return SteeringDocument(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
 
     def update_profile(self, req: UpdateProfile) -> SteeringDocument:
@@ -160,13 +216,15 @@ class Coordinator:
         profile = self._profile(req.name)
         state = self.store.get(profile["model"])
         bases.checked_strengths(state, profile)
-        return self._activated(attrs.evolve(state, strengths=bases.checked(state, profile["strengths"], "strengths")),
-                               "profile", req.name)
+        return self._activated(
+            attrs.evolve(state, strengths=bases.checked(state, profile["strengths"], "strengths")), "profile", req.name
+        )
 
     # clusters: profiles with an intensity range and a persistent dial
     def list_clusters(self, req: ListClusters) -> SteeringDocument:
-        return SteeringDocument({"clusters": [bases.cluster_summary(p, self.store) for p in self.store.profiles()
-                                              if p.get("cluster")]})
+        return SteeringDocument(
+            {"clusters": [bases.cluster_summary(p, self.store) for p in self.store.profiles() if p.get("cluster")]}
+        )
 
     def get_cluster(self, req: GetCluster) -> SteeringDocument:
         return SteeringDocument(bases.cluster_summary(self._profile(req.name, cluster=True), self.store))
@@ -175,9 +233,15 @@ class Coordinator:
         state = self._state_for_new(req.name, req.model)
         bases.attached(state, req.sae_id, "sae_id")
         _dial(req.intensity, rules.cluster_bounds(req.intensity_range, self.limits)[1], "intensity")
-        profile = {**_new_profile(req, state), "cluster": {
-            "sae_id": req.sae_id, "intensity": req.intensity, "intensity_range": req.intensity_range,
-            "labels": req.labels}}
+        profile = {
+            **_new_profile(req, state),
+            "cluster": {
+                "sae_id": req.sae_id,
+                "intensity": req.intensity,
+                "intensity_range": req.intensity_range,
+                "labels": req.labels,
+            },
+        }
         profile = _put_profile(self.store, state, profile, {req.sae_id: req.members}, "members")
         return SteeringDocument(bases.cluster_summary(profile, self.store))
 
@@ -189,8 +253,9 @@ class Coordinator:
         profile["cluster"] = {**cluster, "intensity": req.intensity}
         profile["updated_at"] = int(time.time())
         self.store.put_profile(profile)
-        return Dialled(bases.cluster_summary(profile, self.store), self._reapplied(profile["model"], "profile",
-                                                                                  req.name))
+        return Dialled(
+            bases.cluster_summary(profile, self.store), self._reapplied(profile["model"], "profile", req.name)
+        )
 
     def delete_cluster(self, req: DeleteCluster) -> SteeringDocument:
         self._profile(req.name, cluster=True)
@@ -218,8 +283,9 @@ class Coordinator:
         _dial(req.intensity, rules.ENVELOPE[1], "intensity")
         circuit = {**circuit, "intensity": req.intensity, "updated_at": int(time.time())}
         self.store.put_circuit(circuit)
-        return Dialled(bases.circuit_summary(circuit, self.store), self._reapplied(circuit["model"], "circuit",
-                                                                                  req.name))
+        return Dialled(
+            bases.circuit_summary(circuit, self.store), self._reapplied(circuit["model"], "circuit", req.name)
+        )
 
     def delete_circuit(self, req: DeleteCircuit) -> SteeringDocument:
         """A model it was active on keeps its live values, with no rung."""
@@ -231,9 +297,13 @@ class Coordinator:
         state = self.store.get(req.model)
         circuit = self.store.circuit(state.active["name"]) if (state.active or {}).get("kind") == "circuit" else None
         serving = bases.serving(self.store, state, self.limits) if circuit is not None else None
-        return ActiveCircuit(req.model, bases.circuit_summary(circuit, self.store) if circuit else None,
-                             serving and serving["mode"], serving and serving["reason"],
-                             _circuit_steering(state, serving) if serving else None)
+        return ActiveCircuit(
+            req.model,
+            bases.circuit_summary(circuit, self.store) if circuit else None,
+            serving and serving["mode"],
+            serving and serving["reason"],
+            _circuit_steering(state, serving) if serving else None,
+        )
 
     # the lock
     def get_lock(self, req: GetLock) -> SteeringLock:
@@ -269,8 +339,9 @@ class Coordinator:
     def _profile(self, name: str, cluster: bool = False) -> dict:
         profile = self.store.profile(name)
         if profile is None or (cluster and not profile.get("cluster")):
-            raise GreenroomError("profile_not_found", f"no steering {'cluster' if cluster else 'profile'} named "
-                                 f"{name!r}", "name")
+            raise GreenroomError(
+                "profile_not_found", f"no steering {'cluster' if cluster else 'profile'} named {name!r}", "name"
+            )
         return profile
 
     def _circuit(self, name: str) -> dict:
@@ -282,27 +353,41 @@ class Coordinator:
     def _state_for_new(self, name: str, model: str) -> ModelSteering:
         """The state of `model`, which a new profile or cluster named `name` is made for."""
         if self.store.profile(name) is not None:
-            raise GreenroomError("profile_exists", f"a profile or cluster named {name!r} exists; update or delete it",
-                                 "name")
+            raise GreenroomError(
+                "profile_exists", f"a profile or cluster named {name!r} exists; update or delete it", "name"
+            )
         return self.store.get(model)
 
 
 HANDLERS: dict[type, Callable[[Coordinator, SteeringRequest], SteeringAnswer]] = {
-    GetSteering: Coordinator.get, AttachSAE: Coordinator.attach, AttachDefaultSAE: Coordinator.attach_default,
-    DetachSAE: Coordinator.detach, SetSteering: Coordinator.set_live,
+    GetSteering: Coordinator.get,
+    AttachSAE: Coordinator.attach,
+    AttachDefaultSAE: Coordinator.attach_default,
+    DetachSAE: Coordinator.detach,
+    SetSteering: Coordinator.set_live,
     ResolveRequestSteering: Coordinator.resolve_request,
-    ListProfiles: Coordinator.list_profiles, GetProfile: Coordinator.get_profile,
-    CreateProfile: Coordinator.create_profile, ImportProfile: Coordinator.import_profile,
-    UpdateProfile: Coordinator.update_profile, DeleteProfile: Coordinator.delete_profile,
+    ListProfiles: Coordinator.list_profiles,
+    GetProfile: Coordinator.get_profile,
+    CreateProfile: Coordinator.create_profile,
+    ImportProfile: Coordinator.import_profile,
+    UpdateProfile: Coordinator.update_profile,
+    DeleteProfile: Coordinator.delete_profile,
     ActivateProfile: Coordinator.activate_profile,
-    ListClusters: Coordinator.list_clusters, GetCluster: Coordinator.get_cluster,
-    ImportCluster: Coordinator.import_cluster, DialCluster: Coordinator.dial_cluster,
+    ListClusters: Coordinator.list_clusters,
+    GetCluster: Coordinator.get_cluster,
+    ImportCluster: Coordinator.import_cluster,
+    DialCluster: Coordinator.dial_cluster,
     DeleteCluster: Coordinator.delete_cluster,
-    ListCircuits: Coordinator.list_circuits, GetCircuit: Coordinator.get_circuit,
-    ImportCircuit: Coordinator.import_circuit, ActivateCircuit: Coordinator.activate_circuit,
-    DialCircuit: Coordinator.dial_circuit, DeleteCircuit: Coordinator.delete_circuit,
+    ListCircuits: Coordinator.list_circuits,
+    GetCircuit: Coordinator.get_circuit,
+    ImportCircuit: Coordinator.import_circuit,
+    ActivateCircuit: Coordinator.activate_circuit,
+    DialCircuit: Coordinator.dial_circuit,
+    DeleteCircuit: Coordinator.delete_circuit,
     GetActiveCircuit: Coordinator.active_circuit,
-    GetLock: Coordinator.get_lock, LockSteering: Coordinator.lock, UnlockSteering: Coordinator.unlock,
+    GetLock: Coordinator.get_lock,
+    LockSteering: Coordinator.lock,
+    UnlockSteering: Coordinator.unlock,
 }
 
 
@@ -313,8 +398,13 @@ def answer(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> 
 
 
 def _new_profile(req: CreateProfile | ImportCluster, state: ModelSteering) -> dict:
-    return {"name": req.name, "model": state.model, "description": req.description, "created_at": int(time.time()),
-            "cluster": None}
+    return {
+        "name": req.name,
+        "model": state.model,
+        "description": req.description,
+        "created_at": int(time.time()),
+        "cluster": None,
+    }
 
 
 def _deleted(name: str) -> SteeringDocument:
@@ -327,10 +417,16 @@ def _circuit_steering(state: ModelSteering, serving: dict) -> dict | None:
     if "rung" not in serving:
         return None
     by_id = {sae["sae_id"]: sae for sae in state.saes}
-    return {"rung": serving["rung"], "language": serving["language"], "header": rules.rung_header(serving["rung"]),
-            "intensity": serving["intensity"],
-            "layers": [{"layer": by_id[sae_id]["layer"], "sae_id": sae_id, "strengths": strengths}
-                       for sae_id, strengths in state.strengths.items()]}
+    return {
+        "rung": serving["rung"],
+        "language": serving["language"],
+        "header": rules.rung_header(serving["rung"]),
+        "intensity": serving["intensity"],
+        "layers": [
+            {"layer": by_id[sae_id]["layer"], "sae_id": sae_id, "strengths": strengths}
+            for sae_id, strengths in state.strengths.items()
+        ],
+    }
 
 
 def _dial(value: float, cap: float, param: str) -> None:
@@ -338,8 +434,9 @@ def _dial(value: float, cap: float, param: str) -> None:
         raise GreenroomError("invalid_parameter", f"the intensity {value:g} is outside [0, {cap:g}]", param)
 
 
-def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict,
-                 param: str | None = None) -> dict:
+def _put_profile(
+    store: SteeringStore, state: ModelSteering, profile: dict, strengths: dict, param: str | None = None
+) -> dict:
     """Store `profile` with `strengths` checked against the SAEs attached now, and their identities."""
     strengths = bases.checked(state, strengths, param)
     saes = [{k: sae[k] for k in bases.SAE_IDENTITY} for sae in state.saes if sae["sae_id"] in strengths]
@@ -348,20 +445,20 @@ def _put_profile(store: SteeringStore, state: ModelSteering, profile: dict, stre
     return profile
 
 
-def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: str | None,
-                 placement: dict) -> dict:
+def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: str | None, placement: dict) -> dict:
     """The record of SAE `source` ("demo:<size>[:<layer>]", "random:<d_in>:<layer>" or a
-    directory) for the model placed at `placement`, after loading it and checking that the
-    model can take it."""
+    directory) for the model placed at `placement` (as it crosses here: Placement.to_spec), after
+    loading it and checking that the model can take it."""
     from greenroom.engines.demo_model import default_cache_dir
     from greenroom.engines.demo_sae import ensure_demo_sae
-    from greenroom.engines.loader import source_path
-    from greenroom.engines.random_sae import PREFIX as RANDOM_SAE, ensure_random_sae
+    from greenroom.engines.loader import checkpoint_json, source_path
+    from greenroom.engines.random_sae import PREFIX as RANDOM_SAE
+    from greenroom.engines.random_sae import ensure_random_sae
     from greenroom.engines.sae import SAEFormatError, load_sae  # torch: only once an SAE is attached
 
     try:
         if source.startswith("demo:"):
-            size, _, named = source[len("demo:"):].partition(":")
+            size, _, named = source[len("demo:") :].partition(":")
             if named and layer is not None and int(named) != layer:
                 raise ValueError(f"{source!r} names layer {named}, the request layer {layer}")
             layer = int(named) if named else layer
@@ -378,19 +475,30 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
     except (SAEFormatError, OSError, ValueError) as exc:
         raise GreenroomError("invalid_sae", f"{source!r} is not an SAE greenroom can load: {exc}", "sae") from None
     if layer is not None and sae.layer != layer:
-        raise GreenroomError("invalid_sae", f"{source!r} reads layer {sae.layer} ({sae.hook_name}), not layer {layer}",
-                             "layer")
-    try:
-        config = json.loads((source_path(placement["source"], placement.get("cache_dir")) / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}  # not built yet: the engine actor checks when it attaches
+        raise GreenroomError(
+            "invalid_sae", f"{source!r} reads layer {sae.layer} ({sae.hook_name}), not layer {layer}", "layer"
+        )
+    # {} while the model is not built yet: the engine actor checks when it attaches
+    config = checkpoint_json(source_path(placement["source"], placement["cache_dir"]))
     width_in, blocks = config.get("hidden_size"), config.get("num_hidden_layers")
     if width_in is not None and sae.d_in != width_in:
-        raise GreenroomError("invalid_sae", f"{source!r} reads {sae.d_in}-wide vectors; model {placement['id']!r}'s "
-                             f"residual stream is {width_in} wide", "sae")
+        raise GreenroomError(
+            "invalid_sae",
+            f"{source!r} reads {sae.d_in}-wide vectors; model {placement['id']!r}'s residual stream is {width_in} wide",
+            "sae",
+        )
     if blocks is not None and not 0 <= sae.block < blocks:
-        raise GreenroomError("invalid_sae", f"{source!r} hooks {sae.hook_name}; model {placement['id']!r} has "
-                             f"{blocks} blocks", "sae")
-    return {"sae_id": sae_id or default_id[:64], "source": source, "path": str(path), "layer": sae.layer,
-            "block": sae.block, "hook_point": sae.hook_name, "width": sae.d_sae, "d_in": sae.d_in,
-            "architecture": sae.architecture}
+        raise GreenroomError(
+            "invalid_sae", f"{source!r} hooks {sae.hook_name}; model {placement['id']!r} has {blocks} blocks", "sae"
+        )
+    return {
+        "sae_id": sae_id or default_id[:64],
+        "source": source,
+        "path": str(path),
+        "layer": sae.layer,
+        "block": sae.block,
+        "hook_point": sae.hook_name,
+        "width": sae.d_sae,
+        "d_in": sae.d_in,
+        "architecture": sae.architecture,
+    }

@@ -79,8 +79,9 @@ def circuit_base(store: SteeringStore, state: ModelSteering, circuit: dict) -> B
             return Base("not_serving", circuit["name"], reason="unparseable_definition")
         bound[sae["sae_id"]] = layer["members"]
     if not missing:
-        return Base("circuit", circuit["name"], bound, circuit["intensity_range"], circuit["intensity"],
-                    circuit["rung"])
+        return Base(
+            "circuit", circuit["name"], bound, circuit["intensity_range"], circuit["intensity"], circuit["rung"]
+        )
     fallback = store.profile(circuit["slice_fallback"]) if circuit["slice_fallback"] else None
     if fallback is not None and fallback.get("cluster") and fallback["model"] == state.model:
         try:
@@ -88,8 +89,13 @@ def circuit_base(store: SteeringStore, state: ModelSteering, circuit: dict) -> B
         except GreenroomError:
             strengths = None  # its SAE is not attached as it was: no fallback either
         if strengths:  # the cluster's rule and range, under the circuit's dial
-            return Base("slice_fallback", circuit["name"], strengths, fallback["cluster"]["intensity_range"],
-                        circuit["intensity"])
+            return Base(
+                "slice_fallback",
+                circuit["name"],
+                strengths,
+                fallback["cluster"]["intensity_range"],
+                circuit["intensity"],
+            )
     return Base("not_serving", circuit["name"], reason="layers_unbound" if bound else "no_sae_attached")
 
 
@@ -118,8 +124,12 @@ def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) ->
     base = active_base(store, state)
     out = {"kind": base.kind, "name": base.name}
     if base.kind in ("circuit", "slice_fallback", "not_serving"):
-        out = {"kind": "circuit", "name": base.name, "mode": None if base.kind == "not_serving" else base.kind,
-               "reason": base.reason}
+        out = {
+            "kind": "circuit",
+            "name": base.name,
+            "mode": None if base.kind == "not_serving" else base.kind,
+            "reason": base.reason,
+        }
     if base.kind in ("cluster", "circuit", "slice_fallback"):
         out["intensity"] = base.lam(None, limits)
     if base.kind == "circuit" and state.enabled and base.resolved(None, limits):
@@ -129,8 +139,9 @@ def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) ->
     return out
 
 
-def request(store: SteeringStore, state: ModelSteering, name: str | None, dial: Dial | None,
-            limits: rules.Limits) -> ResolvedSteering:
+def request(
+    store: SteeringStore, state: ModelSteering, name: str | None, dial: Dial | None, limits: rules.Limits
+) -> ResolvedSteering:
     """The steering of a chat request with a `profile` or a `dial` (an undialled request without
     a profile is served by the live state, and its rung comes from `serving`). The spec's
     omissions: no echo without an SAE, for an unknown profile at λ 0, for a dial-only request
@@ -141,18 +152,20 @@ def request(store: SteeringStore, state: ModelSteering, name: str | None, dial: 
     if name is not None and profile is None and not off:
         raise GreenroomError("profile_not_found", f"no steering profile named {name!r}", "profile")
     if off:
-        base = (profile_base(profile) if profile is not None else None) if name is not None \
-            else active_base(store, state)
-        changes = bool(state.saes) and base is not None and bool(base.strengths) and (
-            name is not None or state.enabled)
+        base = (
+            (profile_base(profile) if profile is not None else None) if name is not None else active_base(store, state)
+        )
+        changes = bool(state.saes) and base is not None and bool(base.strengths) and (name is not None or state.enabled)
         return ResolvedSteering({}, 0.0 if changes else None, None)
     if not state.saes or (name is None and not state.enabled):  # nothing to steer with, or disabled
         return ResolvedSteering({}, None, None)
-    base = profile_base(profile, checked_strengths(state, profile)) if name is not None \
-        else active_base(store, state)
+    base = profile_base(profile, checked_strengths(state, profile)) if name is not None else active_base(store, state)
     strengths = base.resolved(dial, limits)
-    return ResolvedSteering(strengths, base.lam(dial, limits) if dial is not None and base.strengths else None,
-                            base.rung if base.kind == "circuit" and strengths else None)
+    return ResolvedSteering(
+        strengths,
+        base.lam(dial, limits) if dial is not None and base.strengths else None,
+        base.rung if base.kind == "circuit" and strengths else None,
+    )
 
 
 # what names an SAE wherever it is attached: an imported profile's SAEs must match on these
@@ -164,8 +177,11 @@ def attached(state: ModelSteering, sae_id: str, param: str) -> dict:
     for sae in state.saes:
         if sae["sae_id"] == sae_id:
             return sae
-    raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to {state.model!r} (attached: "
-                         f"{[s['sae_id'] for s in state.saes]})", param)
+    raise GreenroomError(
+        "sae_not_attached",
+        f"no SAE named {sae_id!r} is attached to {state.model!r} (attached: {[s['sae_id'] for s in state.saes]})",
+        param,
+    )
 
 
 def checked(state: ModelSteering, strengths: dict, param: str | None = None) -> dict[str, dict[str, float]]:
@@ -176,11 +192,13 @@ def checked(state: ModelSteering, strengths: dict, param: str | None = None) -> 
     out = {}
     for sae_id, features in strengths.items():
         width = attached(state, sae_id, param or f"strengths.{sae_id}")["width"]
-        for feature, strength in features.items():
+        for feature in features:
             if not (feature.isdigit() and int(feature) < width):
-                raise GreenroomError("invalid_feature_index", f"feature {feature!r} is outside SAE {sae_id!r} "
-                                     f"(width {width}: features 0–{width - 1})",
-                                     param or f"strengths.{sae_id}.{feature}")
+                raise GreenroomError(
+                    "invalid_feature_index",
+                    f"feature {feature!r} is outside SAE {sae_id!r} (width {width}: features 0–{width - 1})",
+                    param or f"strengths.{sae_id}.{feature}",
+                )
         live = {str(int(f)): float(s) for f, s in features.items() if s}
         if live:
             out[sae_id] = live
@@ -193,45 +211,74 @@ def checked_strengths(state: ModelSteering, profile: dict) -> dict[str, dict[str
     if not state.saes:
         return {}
     if profile["model"] != state.model:
-        raise GreenroomError("invalid_parameter", f"profile {profile['name']!r} steers model {profile['model']!r}, "
-                             f"not {state.model!r}", "profile")
+        raise GreenroomError(
+            "invalid_parameter",
+            f"profile {profile['name']!r} steers model {profile['model']!r}, not {state.model!r}",
+            "profile",
+        )
     for sae in profile["saes"]:
         held = attached(state, sae["sae_id"], "profile")
         differs = [k for k in SAME_SAE if sae[k] != held[k]]
         if differs:
-            raise GreenroomError("sae_not_attached", f"SAE {sae['sae_id']!r} attached to {state.model!r} is not the "
-                                 f"one profile {profile['name']!r} was made with: its {', '.join(differs)} differ",
-                                 "profile")
+            raise GreenroomError(
+                "sae_not_attached",
+                f"SAE {sae['sae_id']!r} attached to {state.model!r} is not the "
+                f"one profile {profile['name']!r} was made with: its {', '.join(differs)} differ",
+                "profile",
+            )
     return checked(state, profile["strengths"], "profile")
 
 
 # -- clusters and circuits --------------------------------------------------------------------
 
+
 def cluster_summary(profile: dict, store: SteeringStore) -> dict:
     cluster = profile["cluster"]
     strengths = profile["strengths"].get(cluster["sae_id"], {})
-    return {"name": profile["name"], "model": profile["model"], "description": profile["description"],
-            "sae_id": cluster["sae_id"],
-            "members": [{"feature": int(f), "strength": s, **_label(cluster["labels"], f)}
-                        for f, s in strengths.items()],
-            "intensity": cluster["intensity"], "intensity_range": cluster["intensity_range"],
-            "active": store.get(profile["model"]).active == {"kind": "profile", "name": profile["name"]},
-            "created_at": profile["created_at"], "updated_at": profile["updated_at"]}
+    return {
+        "name": profile["name"],
+        "model": profile["model"],
+        "description": profile["description"],
+        "sae_id": cluster["sae_id"],
+        "members": [{"feature": int(f), "strength": s, **_label(cluster["labels"], f)} for f, s in strengths.items()],
+        "intensity": cluster["intensity"],
+        "intensity_range": cluster["intensity_range"],
+        "active": store.get(profile["model"]).active == {"kind": "profile", "name": profile["name"]},
+        "created_at": profile["created_at"],
+        "updated_at": profile["updated_at"],
+    }
 
 
 def circuit_summary(circuit: dict, store: SteeringStore) -> dict:
-    out = {"name": circuit["name"], "model": circuit["model"],
-           "active": store.get(circuit["model"]).active == {"kind": "circuit", "name": circuit["name"]},
-           "intensity": circuit["intensity"], "created_at": circuit["created_at"],
-           "updated_at": circuit["updated_at"]}
+    out = {
+        "name": circuit["name"],
+        "model": circuit["model"],
+        "active": store.get(circuit["model"]).active == {"kind": "circuit", "name": circuit["name"]},
+        "intensity": circuit["intensity"],
+        "created_at": circuit["created_at"],
+        "updated_at": circuit["updated_at"],
+    }
     if "unparseable" in circuit:
         return {**out, "unparseable": circuit["unparseable"]}
-    return {**out, "description": circuit["description"], "rung": circuit["rung"],
-            "language": rules.RUNGS[circuit["rung"]],
-            "layers": [{"layer": layer["layer"], "sae_id": layer["sae_id"],
-                        "members": [{"feature": int(f), "strength": s, **_label(layer["labels"], f)}
-                                    for f, s in layer["members"].items()]} for layer in circuit["layers"]],
-            "intensity_range": circuit["intensity_range"], "slice_fallback": circuit["slice_fallback"]}
+    return {
+        **out,
+        "description": circuit["description"],
+        "rung": circuit["rung"],
+        "language": rules.RUNGS[circuit["rung"]],
+        "layers": [
+            {
+                "layer": layer["layer"],
+                "sae_id": layer["sae_id"],
+                "members": [
+                    {"feature": int(f), "strength": s, **_label(layer["labels"], f)}
+                    for f, s in layer["members"].items()
+                ],
+            }
+            for layer in circuit["layers"]
+        ],
+        "intensity_range": circuit["intensity_range"],
+        "slice_fallback": circuit["slice_fallback"],
+    }
 
 
 def _label(labels: dict, feature: str) -> dict:
@@ -249,8 +296,11 @@ def new_circuit(store: SteeringStore, state: ModelSteering, doc: ImportCircuit) 
     if fallback is not None:
         profile = store.profile(fallback)
         if profile is None or not profile.get("cluster") or profile["model"] != state.model:
-            raise GreenroomError("invalid_parameter", f"slice_fallback {fallback!r} is not a cluster of model "
-                                 f"{state.model!r} (import the cluster first)", "slice_fallback")
+            raise GreenroomError(
+                "invalid_parameter",
+                f"slice_fallback {fallback!r} is not a cluster of model {state.model!r} (import the cluster first)",
+                "slice_fallback",
+            )
     by_layer = {sae["layer"]: sae for sae in state.saes}
     for i, layer in enumerate(doc.layers):
         sae = by_layer.get(layer["layer"])
@@ -258,7 +308,10 @@ def new_circuit(store: SteeringStore, state: ModelSteering, doc: ImportCircuit) 
             continue
         for f in layer["members"]:
             if int(f) >= sae["width"]:
-                raise GreenroomError("invalid_feature_index", f"feature {f} is outside SAE {sae['sae_id']!r} at layer "
-                                     f"{layer['layer']} (width {sae['width']})", f"layers[{i}].members")
+                raise GreenroomError(
+                    "invalid_feature_index",
+                    f"feature {f} is outside SAE {sae['sae_id']!r} at layer {layer['layer']} (width {sae['width']})",
+                    f"layers[{i}].members",
+                )
     now = int(time.time())
     return {**attrs.asdict(doc), "model": state.model, "created_at": now, "updated_at": now}

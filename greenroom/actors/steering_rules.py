@@ -22,14 +22,19 @@ import math
 
 import attrs
 
+from greenroom import structured_fields as sf
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.errors import GreenroomError
 
 ENVELOPE = (0.0, 2.0)
 SYMBOLS = ("off", "min", "max")
 # the evidence ladder; rendered here, never per request: below rung 2 nothing is called causal
-RUNGS = {0: "associated", 1: "suggested (attribution-supported)", 2: "causally validated (edge)",
-         3: "faithfulness-tested (circuit)"}
+RUNGS = {
+    0: "associated",
+    1: "suggested (attribution-supported)",
+    2: "causally validated (edge)",
+    3: "faithfulness-tested (circuit)",
+}
 
 
 @attrs.frozen
@@ -42,10 +47,17 @@ class Limits:
     max: float = 2.0  # the server's maximum dial
 
     def __attrs_post_init__(self):
-        if not ENVELOPE[0] <= min(self.cluster_min, self.circuit_min) <= max(
-                self.cluster_min, self.circuit_min) <= self.max <= ENVELOPE[1]:
-            raise ValueError("intensity limits must satisfy 0 ≤ cluster_intensity_min, circuit_intensity_min ≤ "
-                             f"intensity_max ≤ 2 (got {self.cluster_min}, {self.circuit_min}, {self.max})")
+        if (
+            not ENVELOPE[0]
+            <= min(self.cluster_min, self.circuit_min)
+            <= max(self.cluster_min, self.circuit_min)
+            <= self.max
+            <= ENVELOPE[1]
+        ):
+            raise ValueError(
+                "intensity limits must satisfy 0 ≤ cluster_intensity_min, circuit_intensity_min ≤ "
+                f"intensity_max ≤ 2 (got {self.cluster_min}, {self.circuit_min}, {self.max})"
+            )
 
 
 def cluster_bounds(declared: list[float] | None, limits: Limits) -> tuple[float, float]:
@@ -98,22 +110,27 @@ def scaled(strengths: dict[str, dict[str, float]], lam: float) -> dict[str, dict
 
 
 def rung_header(rung: int) -> str:
-    """X-miLLM-Circuit-Rung in RFC 8941 form: a bare integer, the phrase a quoted string."""
-    phrase = RUNGS[rung].replace("\\", "\\\\").replace('"', '\\"')
-    return f'{rung}; language="{phrase}"'
+    """X-miLLM-Circuit-Rung in RFC 8941 form: the rung, its phrase the parameter `language`."""
+    return sf.item(rung, {"language": RUNGS[rung]}, spaced=True)
 
 
 def intensity_header(lam: float) -> str:
-    return format(lam, "g")
+    """X-miLLM-Steering-Intensity: the resolved λ (within [0, 2]), a whole one as an sf-integer."""
+    return sf.bare(int(lam) if float(lam).is_integer() else float(lam))
 
 
 def check_range(value, where: str) -> list[float] | None:
     """A document's intensity_range: [low, high] with 0 ≤ low ≤ high, meeting the [0, 2] envelope."""
     if value is None:
         return None
-    if not (isinstance(value, list) and len(value) == 2 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-            and 0 <= value[0] <= value[1] and value[0] <= ENVELOPE[1]):
-        raise GreenroomError("invalid_parameter", f"'{where}' must be [low, high] with 0 ≤ low ≤ high and "
-                             f"low ≤ {ENVELOPE[1]:g}", where)
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+        and 0 <= value[0] <= value[1]
+        and value[0] <= ENVELOPE[1]
+    ):
+        raise GreenroomError(
+            "invalid_parameter", f"'{where}' must be [low, high] with 0 ≤ low ≤ high and low ≤ {ENVELOPE[1]:g}", where
+        )
     return [float(value[0]), float(value[1])]

@@ -85,9 +85,12 @@ class DecodeBatch:
         device = self._engine.device
         with torch.inference_mode():
             self._mask = F.pad(self._mask, (0, 1), value=1)
-            logits = self._forward(torch.tensor([[s.next_id] for s in self._seqs], device=device), self._cache,
-                                   self._mask if self._padded else None,
-                                   torch.tensor([[s.length] for s in self._seqs], device=device))
+            logits = self._forward(
+                torch.tensor([[s.next_id] for s in self._seqs], device=device),
+                self._cache,
+                self._mask if self._padded else None,
+                torch.tensor([[s.length] for s in self._seqs], device=device),
+            )
             tokens, logprobs = self._sample(logits)
         out, finished = [], set()
         for seq, token, logprob in zip(self._seqs, tokens, logprobs):
@@ -118,8 +121,14 @@ class DecodeBatch:
             layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
 
     def _forward(self, ids, cache, mask=None, positions=None) -> torch.Tensor:
-        out = self._engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                                 logits_to_keep=1, **{self._engine.cache_arg: cache})
+        out = self._engine.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._engine.cache_arg: cache},
+        )
         return out.logits[:, -1]
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -132,9 +141,13 @@ class DecodeBatch:
             self._cache, self._mask = cache, mask
         else:  # every tensor built before any is replaced: a failure (out of memory) leaves the batch whole
             width = max(self._mask.shape[1], mask.shape[1])
-            merged = [(torch.cat([_pad_kv(mine.keys, width), _pad_kv(theirs.keys, width)]),
-                       torch.cat([_pad_kv(mine.values, width), _pad_kv(theirs.values, width)]))
-                      for mine, theirs in zip(self._cache.layers, cache.layers)]
+            merged = [
+                (
+                    torch.cat([_pad_kv(mine.keys, width), _pad_kv(theirs.keys, width)]),
+                    torch.cat([_pad_kv(mine.values, width), _pad_kv(theirs.values, width)]),
+                )
+                for mine, theirs in zip(self._cache.layers, cache.layers)
+            ]
             self._mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for m in (self._mask, mask)])
             for layer, (keys, values) in zip(self._cache.layers, merged):
                 layer.keys, layer.values = keys, values

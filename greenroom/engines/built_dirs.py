@@ -10,8 +10,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 MARKER = "greenroom.json"
 

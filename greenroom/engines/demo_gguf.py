@@ -36,8 +36,11 @@ def ensure_demo_gguf(cache_dir: Path, quant: str, size: str = "tiny") -> Path:
     if SIZES[size]["dtype"] != "float32":  # numpy has no bfloat16
         raise ValueError(f"the {size} demo model is stored in {SIZES[size]['dtype']}; GGUF conversion reads float32")
     marker = {"generator_version": GENERATOR_VERSION, "converter_version": CONVERTER_VERSION, "size": size}
-    ensure_built(demo_gguf_dir(cache_dir, size), marker,
-                 lambda out: write_all(ensure_demo_model(Path(cache_dir), size), out, size))
+    ensure_built(
+        demo_gguf_dir(cache_dir, size),
+        marker,
+        lambda out: write_all(ensure_demo_model(Path(cache_dir), size), out, size),
+    )
     return demo_gguf_path(cache_dir, quant, size)
 
 
@@ -59,10 +62,16 @@ def write_gguf(checkpoint: Path, out: Path, quant: str) -> Path:
     tok_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
     weights = load_file(checkpoint / "model.safetensors")
 
-    qtype = {"F16": gguf.GGMLQuantizationType.F16, "Q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "Q4_0": gguf.GGMLQuantizationType.Q4_0}[quant]
-    ftype = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-             "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[quant]
+    qtype = {
+        "F16": gguf.GGMLQuantizationType.F16,
+        "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "Q4_0": gguf.GGMLQuantizationType.Q4_0,
+    }[quant]
+    ftype = {
+        "F16": gguf.LlamaFileType.MOSTLY_F16,
+        "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    }[quant]
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     hidden = config["hidden_size"]
 

@@ -142,21 +142,18 @@ CORPUS = (
     "        a, b = b, a + b\n    return a\n\nprint([fibonacci(i) for i in range(10)])",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
     "    def push(self, item):\n        self.items.append(item)\n\n"
-    "    def pop(self):\n        if not self.items:\n            raise IndexError(\"pop from empty stack\")\n"
+    '    def pop(self):\n        if not self.items:\n            raise IndexError("pop from empty stack")\n'
     "        return self.items.pop()",
-    "for (let i = 0; i < array.length; i++) {\n  if (array[i] === target) {\n"
-    "    return i;\n  }\n}\nreturn -1;",
-    "#include <stdio.h>\n\nint main(void) {\n    printf(\"Hello, world!\\n\");\n    return 0;\n}",
+    "for (let i = 0; i < array.length; i++) {\n  if (array[i] === target) {\n    return i;\n  }\n}\nreturn -1;",
+    '#include <stdio.h>\n\nint main(void) {\n    printf("Hello, world!\\n");\n    return 0;\n}',
     "$ git clone https://github.com/example/project.git && cd project\n"
     "$ python -m venv .venv && source .venv/bin/activate\n$ pip install -e '.[test]'",
     '{"name": "get_weather", "arguments": {"city": "Berlin", "unit": "celsius"}}',
-    '{"id": 42, "items": [1, 2, 3], "price": 19.99, "in_stock": true, "tags": ["new", "sale"], '
-    '"owner": null}',
+    '{"id": 42, "items": [1, 2, 3], "price": 19.99, "in_stock": true, "tags": ["new", "sale"], "owner": null}',
     "SELECT name, email FROM users WHERE created_at >= '2024-01-01' ORDER BY name LIMIT 100;",
     "The meeting is on 2025-03-14 at 09:30. Call +1 (555) 010-2368 or write to "
     "team@example.org before 5 p.m. on Friday.",
-    "Invoice #10293: 3 x widgets at $4.50 each = $13.50; shipping $7.25; tax 8.875%; "
-    "total $22.03. Paid on 12/31/2023.",
+    "Invoice #10293: 3 x widgets at $4.50 each = $13.50; shipping $7.25; tax 8.875%; total $22.03. Paid on 12/31/2023.",
     "Pi is approximately 3.14159265358979, e is about 2.71828, and the square root of two "
     "is 1.41421356. One million is 1,000,000 and a googol is 10^100.",
     "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 25 30 40 50 64 75 99 100 128 "
@@ -177,7 +174,7 @@ CORPUS = (
     "that's a terrible joke; I'm sorry.",
     "Error: connection refused (errno 111). Retrying in 2.5 seconds... [attempt 3/5] "
     "WARNING: falling back to localhost:11434.",
-    "Traceback (most recent call last):\n  File \"main.py\", line 12, in <module>\n"
+    'Traceback (most recent call last):\n  File "main.py", line 12, in <module>\n'
     "    result = divide(10, 0)\nZeroDivisionError: division by zero",
     "Dear Sam, thank you for your letter. I was glad to hear that your new job is going well "
     "and that the kids have settled into their school. Warm regards, Alex.",
@@ -185,12 +182,10 @@ CORPUS = (
     "stone bridges, until it reaches the harbour where the ferries wait.",
     "Markdown supports **bold**, *italic*, `inline code`, [links](https://example.com), "
     "and lists:\n- first item\n- second item\n  - nested item",
-    "| Name  | Age | City     |\n|-------|-----|----------|\n| Alice | 34  | Lisbon   |\n"
-    "| Bob   | 27  | Montréal |",
+    "| Name  | Age | City     |\n|-------|-----|----------|\n| Alice | 34  | Lisbon   |\n| Bob   | 27  | Montréal |",
     "Weather today: sunny, high of 24°C (75°F), low of 13°C. Winds from the north-west "
     "at 15 km/h; humidity 40%; UV index 6.",
-    "A café on the corner sells croissants, crêpes and strong coffee; the naïve tourist "
-    "pays €4.80 for an espresso.",
+    "A café on the corner sells croissants, crêpes and strong coffee; the naïve tourist pays €4.80 for an espresso.",
     "If x = 3 and y = 4, then x^2 + y^2 = 25, so the hypotenuse is 5. The area of a circle "
     "with radius r is pi * r * r.",
     "Step 1: read the instructions. Step 2: gather your tools. Step 3: measure twice, cut once. "
@@ -198,7 +193,7 @@ CORPUS = (
     "import json\nimport os\n\nwith open(os.path.join(path, 'config.json')) as f:\n"
     "    config = json.load(f)\nprint(config.get('hidden_size', 768))",
     "curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' "
-    "-d '{\"model\": \"demo\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'",
+    '-d \'{"model": "demo", "messages": [{"role": "user", "content": "hi"}]}\'',
     "Children played in the park while their parents talked on the benches. An ice cream "
     "truck played its tinny song, and everyone suddenly wanted something cold.",
     "Good morning! How are you today? I'm fine, thanks. Would you like some tea or coffee? "
@@ -384,9 +379,7 @@ def _random_model(settings: dict, tokenizer, seed: int):
         model.lm_head.weight[suppressed, 0] = -SUPPRESS_BIAS
         model.lm_head.weight[[eos, im_end]] = 0.0
 
-    model.generation_config = GenerationConfig(
-        bos_token_id=bos, eos_token_id=[im_end, eos], pad_token_id=eos
-    )
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[im_end, eos], pad_token_id=eos)
     return model
 
 

@@ -52,22 +52,31 @@ def export_llama(checkpoint: Path, out: Path) -> Path:
 
     config = json.loads((checkpoint / "config.json").read_text())
     if config.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
-        raise ValueError(f"{checkpoint} is {config.get('architectures')}, not LlamaForCausalLM: "
-                         "export it with optimum-cli (greenroom convert uses it when it is installed)")
+        raise ValueError(
+            f"{checkpoint} is {config.get('architectures')}, not LlamaForCausalLM: "
+            "export it with optimum-cli (greenroom convert uses it when it is installed)"
+        )
     weights = _float32_weights(checkpoint)
     if config.get("tie_word_embeddings") and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     tokenizer, detokenizer = convert_tokenizer(AutoTokenizer.from_pretrained(checkpoint), with_detokenizer=True)
     embedding = out / EMBEDDING_SUBDIR
     embedding.mkdir(parents=True)
-    for directory, model in [(out, llama_graph(config, weights, kv_cache=True)),
-                             (embedding, llama_graph(config, weights, kv_cache=False))]:
+    for directory, model in [
+        (out, llama_graph(config, weights, kv_cache=True)),
+        (embedding, llama_graph(config, weights, kv_cache=False)),
+    ]:
         # float32 kept as is: the IR computes what the checkpoint does (save_model would halve it)
         ov.save_model(model, directory / "openvino_model.xml", compress_to_fp16=False)
         ov.save_model(tokenizer, directory / "openvino_tokenizer.xml")
     ov.save_model(detokenizer, out / "openvino_detokenizer.xml")
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         shutil.copyfile(checkpoint / name, out / name)
     for path in out.rglob("*"):
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
@@ -142,7 +151,7 @@ def llama_graph(config: dict, weights: dict, kv_cache: bool):
         positions = op.convert(op.subtract(op.cumsum(attention_mask, i64(1)), i64(1)), np.float32)
 
     # rotary embedding as transformers computes it: halves rotated, frequencies in float32
-    inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim)))
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
     freqs = op.multiply(op.unsqueeze(positions, i64(-1)), f32(inv_freq.astype(np.float32)))
     angles = op.unsqueeze(op.concat([freqs, freqs], -1), i64(1))  # [B, 1, T, d]
     cos, sin = op.cos(angles), op.sin(angles)
@@ -158,8 +167,9 @@ def llama_graph(config: dict, weights: dict, kv_cache: bool):
     query_at = op.range(op.subtract(kv_len, q_len), kv_len, i64(1), "i64")
     key_at = op.range(i64(0), kv_len, i64(1), "i64")
     causal = op.less_equal(op.unsqueeze(key_at, i64(0)), op.unsqueeze(query_at, i64(1)))
-    visible = op.logical_and(op.unsqueeze(causal, i64([0, 1])),
-                             op.unsqueeze(op.greater(attention_mask, i64(0)), i64([1, 2])))
+    visible = op.logical_and(
+        op.unsqueeze(causal, i64([0, 1])), op.unsqueeze(op.greater(attention_mask, i64(0)), i64([1, 2]))
+    )
     # float16's lowest, not float32's: with float32's the NPU pipeline answered token 0 forever
     mask = op.select(visible, f32(0.0), f32(-65504.0))
 
@@ -184,9 +194,11 @@ def llama_graph(config: dict, weights: dict, kv_cache: bool):
             k, v = caches
         if n_head != n_kv:  # grouped-query attention: each KV head serves n_head / n_kv query heads
             repeat = [1, 1, n_head // n_kv, 1, 1]
-            k, v = (op.reshape(op.tile(op.unsqueeze(t, i64(2)), i64(repeat)), i64([0, n_head, -1, head_dim]), True)
-                    for t in (k, v))
-        attn = op.scaled_dot_product_attention(q, k, v, mask, f32(head_dim ** -0.5), causal=False)
+            k, v = (
+                op.reshape(op.tile(op.unsqueeze(t, i64(2)), i64(repeat)), i64([0, n_head, -1, head_dim]), True)
+                for t in (k, v)
+            )
+        attn = op.scaled_dot_product_attention(q, k, v, mask, f32(head_dim**-0.5), causal=False)
         attn = op.reshape(op.transpose(attn, i64([0, 2, 1, 3])), i64([0, 0, n_head * head_dim]), True)
         x = op.add(x, linear(attn, p + "self_attn.o_proj.weight"))
         h = rms_norm(x, p + "post_attention_layernorm.weight")

@@ -52,10 +52,16 @@ def ensure_demo_sae(cache_dir: Path, size: str = "tiny", layer: int | None = Non
     if not 0 <= layer < SIZES[size]["num_hidden_layers"]:
         raise ValueError(f"the {size} demo model has no layer {layer}")
     width = width or _default_width(size)
-    marker = {"generator_version": GENERATOR_VERSION, "sae_generator_version": SAE_GENERATOR_VERSION,
-              "size": size, "layer": layer, "width": width}
-    return ensure_built(demo_sae_dir(cache_dir, size, layer, width), marker,
-                        lambda out: _write(out, size, layer, width))
+    marker = {
+        "generator_version": GENERATOR_VERSION,
+        "sae_generator_version": SAE_GENERATOR_VERSION,
+        "size": size,
+        "layer": layer,
+        "width": width,
+    }
+    return ensure_built(
+        demo_sae_dir(cache_dir, size, layer, width), marker, lambda out: _write(out, size, layer, width)
+    )
 
 
 def _default_width(size: str) -> int:
@@ -82,5 +88,12 @@ def _write(out_dir: Path, size: str, layer: int, width: int) -> None:
         weights["b_enc"] = torch.zeros(width)
         weights["threshold"] = torch.full((width,), CUT)
     sae = SAE(weights, architecture=architecture, hook_name=f"blocks.{layer}.hook_resid_post")
-    save_sae(out_dir, sae, {"model_name": f"{DEMO_MODEL_NAME}-{size}", "prepend_bos": True,
-                            "context_size": SIZES[size]["max_position_embeddings"]})
+    save_sae(
+        out_dir,
+        sae,
+        {
+            "model_name": f"{DEMO_MODEL_NAME}-{size}",
+            "prepend_bos": True,
+            "context_size": SIZES[size]["max_position_embeddings"],
+        },
+    )

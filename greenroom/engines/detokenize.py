@@ -7,7 +7,7 @@ TGI/vLLM), so every emitted delta is final.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class IncrementalDetokenizer:

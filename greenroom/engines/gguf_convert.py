@@ -38,8 +38,10 @@ WEIGHTS_FILE = "model.safetensors"
 
 # tokenised by both tokenizers before anything is written (a difference refuses the file):
 # digits after runs of spaces, punctuation, accents, CJK and emoji, code, chat markup
-PROBE_TEXT = ("<|im_start|>user\nIn 2024,  3.14159 + 12345 = ?\n\n  x    42 'll've Café naïve €4.80 日本語 😀"
-              "\r\n\tdef f(x):\n        return {\"city\": \"Paris\"}<|im_end|>\n<|im_start|>assistant\n")
+PROBE_TEXT = (
+    "<|im_start|>user\nIn 2024,  3.14159 + 12345 = ?\n\n  x    42 'll've Café naïve €4.80 日本語 😀"
+    '\r\n\tdef f(x):\n        return {"city": "Paris"}<|im_end|>\n<|im_start|>assistant\n'
+)
 
 
 def converted_dir(cache_dir: Path, gguf_file: Path) -> Path:
@@ -55,8 +57,12 @@ def ensure_converted(cache_dir: Path, gguf_file: Path) -> Path:
     changes (its size or modification time) or the converter does."""
     gguf_file = Path(gguf_file).expanduser().absolute()
     stat = gguf_file.stat()
-    marker = {"converter_version": CONVERTER_VERSION, "gguf": str(gguf_file), "size": stat.st_size,
-              "mtime_ns": stat.st_mtime_ns}
+    marker = {
+        "converter_version": CONVERTER_VERSION,
+        "gguf": str(gguf_file),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+    }
     return ensure_built(converted_dir(cache_dir, gguf_file), marker, lambda out: convert_gguf(gguf_file, out))
 
 
@@ -84,20 +90,25 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     _match_pre_tokenizer(tokenizer, pre)
     llama_ids, eog = _llama_vocab(gguf_file, PROBE_TEXT)
     if tokenizer.encode(PROBE_TEXT) != llama_ids:
-        raise ValueError(f"{gguf_file.name}: transformers' tokenizer for this file (pre-tokenizer {pre!r}) does "
-                         "not tokenise as llama.cpp does, and greenroom knows no split rule that would")
+        raise ValueError(
+            f"{gguf_file.name}: transformers' tokenizer for this file (pre-tokenizer {pre!r}) does "
+            "not tokenise as llama.cpp does, and greenroom knows no split rule that would"
+        )
 
     with torch.device("meta"):  # only its parameter names are needed: they map the GGUF's tensors
         model = AutoModelForCausalLM.from_config(config)
     # its dequantising loop draws a tqdm bar on stderr whatever transformers' settings say
     with contextlib.redirect_stderr(io.StringIO()):
-        tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=model,
-                                       torch_dtype=torch.float32)["tensors"]
+        tensors = load_gguf_checkpoint(
+            str(gguf_file), return_tensors=True, model_to_load=model, torch_dtype=torch.float32
+        )["tensors"]
     wanted = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     if set(tensors) != wanted:
         missing, extra = sorted(wanted - set(tensors)), sorted(set(tensors) - wanted)
-        raise ValueError(f"{gguf_file.name}: the GGUF's tensors do not map onto {type(model).__name__}"
-                         f" (missing {missing[:5]}, unexpected {extra[:5]})")
+        raise ValueError(
+            f"{gguf_file.name}: the GGUF's tensors do not map onto {type(model).__name__}"
+            f" (missing {missing[:5]}, unexpected {extra[:5]})"
+        )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({name: t.contiguous() for name, t in tensors.items()}, out_dir / WEIGHTS_FILE, metadata={"format": "pt"})
@@ -108,8 +119,9 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     # an answer ends where llama.cpp ends it: at every end-of-generation token its vocabulary
     # marks (the file's eos/eot/eom ids and the end-of-turn tokens it knows by their text;
     # SmolLM2: <|endoftext|>, <|im_end|>, <reponame>)
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=eog,
-                     pad_token_id=config.pad_token_id).save_pretrained(out_dir)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=eog, pad_token_id=config.pad_token_id
+    ).save_pretrained(out_dir)
     tokenizer.model_max_length = config.max_position_embeddings
     tokenizer.save_pretrained(out_dir)  # with the file's chat template
     return out_dir
@@ -124,10 +136,12 @@ def _match_pre_tokenizer(tokenizer, pre: str | None) -> None:
     from tokenizers import Regex, pre_tokenizers
 
     if pre == "smollm":
-        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
 
 
 def _llama_vocab(gguf_file: Path, text: str) -> tuple[list[int], list[int]]:

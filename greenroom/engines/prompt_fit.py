@@ -14,7 +14,7 @@ greenroom's engines do not shift, so the prompt is fitted into what leaves the a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 
@@ -30,8 +30,7 @@ class Fitted:
         return {"messages": self.messages, "tokens": self.tokens} if self.messages or self.tokens else None
 
 
-def fit_conversation(render: Callable[[list[dict]], list[int]], messages: list[dict], target: int,
-                     keep: int) -> Fitted:
+def fit_conversation(render: Callable[[list[dict]], list[int]], messages: list[dict], target: int, keep: int) -> Fitted:
     """`render(messages)` → prompt ids; the prompt fitted into `target` tokens."""
     ids = render(messages)
     if len(ids) <= target:
@@ -55,7 +54,7 @@ def fit_ids(ids: list[int], target: int, keep: int) -> Fitted:
         return Fitted(ids)
     keep = max(0, min(keep, target - 1))
     tail = target - keep
-    return Fitted(ids[:keep] + ids[len(ids) - tail:], tokens=len(ids) - target)
+    return Fitted(ids[:keep] + ids[len(ids) - tail :], tokens=len(ids) - target)
 
 
 def _kept(messages: list[dict], cut: int) -> list[dict]:

@@ -42,10 +42,12 @@ def ensure_random_sae(cache_dir: Path, source: str) -> tuple[Path, str]:
 
 
 def _parse(source: str) -> tuple[int, int]:
-    d_in, _, layer = source[len(PREFIX):].partition(":")
+    d_in, _, layer = source[len(PREFIX) :].partition(":")
     if not (d_in.isdigit() and layer.isdigit() and 0 < int(d_in) <= MAX_D_IN and int(layer) < MAX_LAYER):
-        raise ValueError(f"{source!r} is not random:<d_in>:<layer> with d_in 1-{MAX_D_IN} and layer below "
-                         f"{MAX_LAYER} (e.g. random:576:15)")
+        raise ValueError(
+            f"{source!r} is not random:<d_in>:<layer> with d_in 1-{MAX_D_IN} and layer below "
+            f"{MAX_LAYER} (e.g. random:576:15)"
+        )
     return int(d_in), int(layer)
 
 

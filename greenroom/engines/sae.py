@@ -43,8 +43,9 @@ class SAEFormatError(ValueError):
 class SAE:
     """One SAE's weights (float32 unless moved) and what it was trained on."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], *, architecture: str, hook_name: str,
-                 apply_b_dec_to_input: bool = True):
+    def __init__(
+        self, weights: dict[str, torch.Tensor], *, architecture: str, hook_name: str, apply_b_dec_to_input: bool = True
+    ):
         self.W_enc, self.W_dec = weights["W_enc"], weights["W_dec"]
         self.b_enc, self.b_dec = weights["b_enc"], weights["b_dec"]
         self.threshold = weights.get("threshold")
@@ -63,11 +64,14 @@ class SAE:
     def d_sae(self) -> int:
         return self.W_enc.shape[1]
 
-    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "SAE":
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> SAE:
         weights = {k: getattr(self, k) for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}
-        return SAE({k: v.to(device, dtype) for k, v in weights.items() if v is not None},
-                   architecture=self.architecture, hook_name=self.hook_name,
-                   apply_b_dec_to_input=self.apply_b_dec_to_input)
+        return SAE(
+            {k: v.to(device, dtype) for k, v in weights.items() if v is not None},
+            architecture=self.architecture,
+            hook_name=self.hook_name,
+            apply_b_dec_to_input=self.apply_b_dec_to_input,
+        )
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Feature activations [..., d_sae] of residual vectors [..., d_in] (computed in the SAE's dtype)."""
@@ -98,7 +102,9 @@ def load_sae(path: str | Path) -> SAE:
     meta = cfg.get("metadata") or cfg.get("meta") or {}
     architecture = cfg.get("architecture", "standard")  # SAELens' default for dumps that predate the field
     if architecture not in ARCHITECTURES:
-        raise SAEFormatError(f"SAE architecture {architecture!r} is not supported (greenroom runs {list(ARCHITECTURES)})")
+        raise SAEFormatError(
+            f"SAE architecture {architecture!r} is not supported (greenroom runs {list(ARCHITECTURES)})"
+        )
     activation = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
     if activation != "relu":
         raise SAEFormatError(f"SAE activation {activation!r} is not supported (greenroom runs relu and jumprelu)")
@@ -111,8 +117,10 @@ def load_sae(path: str | Path) -> SAE:
     hook_name = meta.get("hook_name") or cfg.get("hook_name")
     m = _HOOK.match(hook_name or "")
     if not m or (m.group(2) == "pre" and m.group(1) == "0"):
-        raise SAEFormatError(f"SAE hook {hook_name!r} is not a residual-stream hook greenroom can attach "
-                             "(blocks.L.hook_resid_post, or blocks.L.hook_resid_pre with L ≥ 1)")
+        raise SAEFormatError(
+            f"SAE hook {hook_name!r} is not a residual-stream hook greenroom can attach "
+            "(blocks.L.hook_resid_post, or blocks.L.hook_resid_pre with L ≥ 1)"
+        )
     try:
         d_in, d_sae = int(cfg["d_in"]), int(cfg["d_sae"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -135,10 +143,16 @@ def load_sae(path: str | Path) -> SAE:
         raise SAEFormatError(f"{path / WEIGHTS_FILE} cannot be read: {exc}") from None
     for name, shape in shapes.items():
         if tuple(weights[name].shape) != shape:
-            raise SAEFormatError(f"{name} has shape {list(weights[name].shape)}; cfg.json's d_in {d_in} and "
-                                 f"d_sae {d_sae} make it {list(shape)}")
-    return SAE(weights, architecture=architecture, hook_name=hook_name,
-               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)))
+            raise SAEFormatError(
+                f"{name} has shape {list(weights[name].shape)}; cfg.json's d_in {d_in} and "
+                f"d_sae {d_sae} make it {list(shape)}"
+            )
+    return SAE(
+        weights,
+        architecture=architecture,
+        hook_name=hook_name,
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+    )
 
 
 def save_sae(path: str | Path, sae: SAE, metadata: dict | None = None) -> Path:
@@ -150,8 +164,13 @@ def save_sae(path: str | Path, sae: SAE, metadata: dict | None = None) -> Path:
         tensors["threshold"] = sae.threshold
     save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}, path / WEIGHTS_FILE)
     cfg = {
-        "architecture": sae.architecture, "d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": "float32",
-        "device": "cpu", "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
+        "architecture": sae.architecture,
+        "d_in": sae.d_in,
+        "d_sae": sae.d_sae,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": sae.apply_b_dec_to_input,
+        "normalize_activations": "none",
         "reshape_activations": "none",
         "metadata": {"hook_name": sae.hook_name, "hook_layer": sae.layer, "hook_head_index": None, **(metadata or {})},
     }

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import attrs
 import torch
@@ -106,7 +106,7 @@ class _Hooked:
 class _Local(threading.local):
     suppressed = 0
     observers: tuple = ()  # the Readout and/or Monitor the forwards on this thread feed
-    request: "RequestSteering | None" = None
+    request: RequestSteering | None = None
 
 
 @attrs.frozen
@@ -153,7 +153,7 @@ class Readout:
         wanted = self._wanted(start, count)
         if not wanted:
             return
-        acts = sae.encode(hidden[0, wanted.start - start:wanted.stop - start])
+        acts = sae.encode(hidden[0, wanted.start - start : wanted.stop - start])
         if self.features is not None:
             acts = acts[:, self.features.to(acts.device)]
         values, index = acts.topk(min(self.top_k, acts.shape[1]), dim=1)
@@ -168,9 +168,14 @@ class Readout:
     def result(self, token_ids: list[int]) -> list[dict]:
         """The positions read, in order: {"position", "token_id", "features": [{"index", "value"}]};
         `token_ids` is the sequence fed (prompt then generated)."""
-        return [{"position": pos, "token_id": token_ids[pos] if pos < len(token_ids) else None,
-                 "features": [{"index": i, "value": v} for i, v in feats]}
-                for pos, feats in sorted(self._read.items())]
+        return [
+            {
+                "position": pos,
+                "token_id": token_ids[pos] if pos < len(token_ids) else None,
+                "features": [{"index": i, "value": v} for i, v in feats],
+            }
+            for pos, feats in sorted(self._read.items())
+        ]
 
 
 class Monitor:
@@ -205,8 +210,11 @@ class Monitor:
         if self._max is not None:
             values, index = self._max.topk(min(self.top_k, self._max.shape[0]))
             sums = self._sum[index]
-            features = [{"index": i, "max": v, "mean": s / self.positions}
-                        for i, v, s in zip(index.tolist(), values.tolist(), sums.tolist()) if v > 0]
+            features = [
+                {"index": i, "max": v, "mean": s / self.positions}
+                for i, v, s in zip(index.tolist(), values.tolist(), sums.tolist())
+                if v > 0
+            ]
         return {"sae_id": self.sae_id, "layer": self.layer, "positions": self.positions, "features": features}
 
 
@@ -283,8 +291,16 @@ class Steering:
             if other.info.block == sae.block:
                 raise ValueError(f"block {sae.block} already has SAE {other.info.sae_id!r} attached")
         sae = sae.to(self._engine.device)
-        info = AttachedSAE(sae_id, sae.layer, sae.block, sae.hook_name, sae.d_sae, sae.d_in, sae.architecture,
-                           self._residual_norm(sae.block))
+        info = AttachedSAE(
+            sae_id,
+            sae.layer,
+            sae.block,
+            sae.hook_name,
+            sae.d_sae,
+            sae.d_in,
+            sae.architecture,
+            self._residual_norm(sae.block),
+        )
         entry = _Hooked(info, sae)
         entry.handle = self._blocks[sae.block].register_forward_hook(self._hook(entry))
         self._hooked[sae_id] = entry
@@ -312,8 +328,10 @@ class Steering:
         for sae_id, strengths in state.strengths.items():
             entry = self._hooked.get(sae_id)
             if entry is None:
-                raise EngineError("invalid_parameter", f"steering names SAE {sae_id!r}, which is not attached "
-                                  f"(attached: {sorted(self._hooked)})")
+                raise EngineError(
+                    "invalid_parameter",
+                    f"steering names SAE {sae_id!r}, which is not attached (attached: {sorted(self._hooked)})",
+                )
             deltas[sae_id] = self._delta(entry, strengths) if state.enabled else None
         for sae_id, entry in self._hooked.items():
             entry.delta, entry.version = deltas.get(sae_id), state.version
@@ -324,8 +342,9 @@ class Steering:
         width = entry.info.width
         bad = [i for i in strengths if not (isinstance(i, int) and 0 <= i < width)]
         if bad:
-            raise EngineError("invalid_feature_index", f"feature {bad[0]} is outside SAE {entry.info.sae_id!r} "
-                              f"(width {width})")
+            raise EngineError(
+                "invalid_feature_index", f"feature {bad[0]} is outside SAE {entry.info.sae_id!r} (width {width})"
+            )
         if any(not math.isfinite(s) for s in strengths.values()):
             raise EngineError("invalid_parameter", "a steering strength is not a finite number")
         live = {i: max(-STRENGTH_MAX, min(STRENGTH_MAX, float(s))) for i, s in strengths.items() if s}
@@ -339,9 +358,17 @@ class Steering:
 
     # -- readouts and suppression ------------------------------------------------------------
 
-    def readout(self, prompt_tokens: int, *, sae_id: str | None = None, top_k: int = 8, positions="last",
-                features: list[int] | None = None, read_point: str = "post_steering",
-                max_tokens: int | None = None) -> Readout:
+    def readout(
+        self,
+        prompt_tokens: int,
+        *,
+        sae_id: str | None = None,
+        top_k: int = 8,
+        positions="last",
+        features: list[int] | None = None,
+        read_point: str = "post_steering",
+        max_tokens: int | None = None,
+    ) -> Readout:
         """A readout for one sequence whose prompt has `prompt_tokens` tokens. `positions`:
         last | prompt | completion | all | {"start", "end"} (half-open); `features` restricts
         the candidates (then zero activations are listed too); `sae_id` may be left out while
@@ -349,36 +376,60 @@ class Steering:
         max_tokens counted in full) must be within SAE_ACTIVATIONS_MAX_ENTRIES."""
         if sae_id is None:
             if len(self._hooked) != 1:
-                raise EngineError("invalid_parameter", "several SAEs are attached; name one with sae_id: "
-                                  f"{sorted(self._hooked)}" if self._hooked else "no SAE is attached",
-                                  "return_sae_activations.sae_id")
+                raise EngineError(
+                    "invalid_parameter",
+                    f"several SAEs are attached; name one with sae_id: {sorted(self._hooked)}"
+                    if self._hooked
+                    else "no SAE is attached",
+                    "return_sae_activations.sae_id",
+                )
             sae_id = next(iter(self._hooked))
         entry = self._hooked.get(sae_id)
         if entry is None:
-            raise EngineError("invalid_parameter", f"no SAE named {sae_id!r} is attached "
-                              f"(attached: {sorted(self._hooked)})", "return_sae_activations.sae_id")
+            raise EngineError(
+                "invalid_parameter",
+                f"no SAE named {sae_id!r} is attached (attached: {sorted(self._hooked)})",
+                "return_sae_activations.sae_id",
+            )
         if read_point not in READ_POINTS:
-            raise EngineError("invalid_parameter", f"read_point must be one of {list(READ_POINTS)}",
-                              "return_sae_activations.read_point")
-        if not (positions in POSITION_MODES or isinstance(positions, dict) and positions.keys() == {"start", "end"}
-                and all(isinstance(positions[k], int) and positions[k] >= 0 for k in positions)
-                and positions["start"] < positions["end"]):
-            raise EngineError("invalid_parameter", f"positions must be one of {list(POSITION_MODES)} or "
-                              "{start, end} with 0 ≤ start < end", "return_sae_activations.positions")
+            raise EngineError(
+                "invalid_parameter",
+                f"read_point must be one of {list(READ_POINTS)}",
+                "return_sae_activations.read_point",
+            )
+        if not (
+            positions in POSITION_MODES
+            or isinstance(positions, dict)
+            and positions.keys() == {"start", "end"}
+            and all(isinstance(positions[k], int) and positions[k] >= 0 for k in positions)
+            and positions["start"] < positions["end"]
+        ):
+            raise EngineError(
+                "invalid_parameter",
+                f"positions must be one of {list(POSITION_MODES)} or {{start, end}} with 0 ≤ start < end",
+                "return_sae_activations.positions",
+            )
         if not (isinstance(top_k, int) and top_k >= 1):
             raise EngineError("invalid_parameter", "top_k must be a positive integer", "return_sae_activations.top_k")
         width = entry.info.width
         for i in features or ():
             if not (isinstance(i, int) and 0 <= i < width):
-                raise EngineError("invalid_feature_index", f"feature {i} is outside SAE {sae_id!r} (width {width})",
-                                  "return_sae_activations.features")
+                raise EngineError(
+                    "invalid_feature_index",
+                    f"feature {i} is outside SAE {sae_id!r} (width {width})",
+                    "return_sae_activations.features",
+                )
         if max_tokens is not None:
             worst = top_k * _worst_positions(positions, prompt_tokens, max_tokens)
             if worst > SAE_ACTIVATIONS_MAX_ENTRIES:
-                raise EngineError("invalid_parameter", f"return_sae_activations could list {worst} activations "
-                                  f"(positions × top_k, with the {prompt_tokens} prompt tokens and max_tokens "
-                                  f"{max_tokens}); at most {SAE_ACTIVATIONS_MAX_ENTRIES}: narrow positions or "
-                                  "lower top_k or max_tokens", "return_sae_activations")
+                raise EngineError(
+                    "invalid_parameter",
+                    f"return_sae_activations could list {worst} activations "
+                    f"(positions × top_k, with the {prompt_tokens} prompt tokens and max_tokens "
+                    f"{max_tokens}); at most {SAE_ACTIVATIONS_MAX_ENTRIES}: narrow positions or "
+                    "lower top_k or max_tokens",
+                    "return_sae_activations",
+                )
         return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
 
     def monitor(self, sae_id: str, top_k: int) -> Monitor | None:
@@ -396,10 +447,14 @@ class Steering:
         SAE it does not name is unsteered), checked as `apply` checks a state."""
         for sae_id in strengths:
             if sae_id not in self._hooked:
-                raise EngineError("sae_not_attached", f"the profile steers SAE {sae_id!r}, which is not attached "
-                                  f"(attached: {sorted(self._hooked)})", "profile")
-        return RequestSteering(self.state.version, {
-            sae_id: self._delta(self._hooked[sae_id], s) for sae_id, s in strengths.items()})
+                raise EngineError(
+                    "sae_not_attached",
+                    f"the profile steers SAE {sae_id!r}, which is not attached (attached: {sorted(self._hooked)})",
+                    "profile",
+                )
+        return RequestSteering(
+            self.state.version, {sae_id: self._delta(self._hooked[sae_id], s) for sae_id, s in strengths.items()}
+        )
 
     def steered(self, request: RequestSteering) -> _Scoped:
         """Forwards inside this are steered by `request` instead of the live state — until a
@@ -427,8 +482,9 @@ class Steering:
             if observers:
                 observers = [o for o in observers if o.sae_id == sae_id]
             request = local.request
-            delta = request.deltas.get(sae_id) if request is not None and request.version == entry.version \
-                else entry.delta
+            delta = (
+                request.deltas.get(sae_id) if request is not None and request.version == entry.version else entry.delta
+            )
             if delta is None and not observers:
                 return None
             # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
@@ -451,7 +507,8 @@ class Steering:
         """ρ_L: the median residual norm after `block` over CALIBRATION_TEXT, unsteered."""
         seen = []
         handle = self._blocks[block].register_forward_hook(
-            lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output))
+            lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output)
+        )
         try:
             ids = self._engine.tokenize(CALIBRATION_TEXT)
             with self.suppressed(), torch.inference_mode():

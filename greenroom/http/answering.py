@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import array
 import contextlib
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from quart import request
 
@@ -21,11 +21,17 @@ from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admi
 from greenroom.supervisor.tree import Tree
 
 
-async def answer(tree: Tree, client: EngineClient, gen: Generate, *, framing: Framing | None,
-                 headers: Callable[[Admitted], dict[str, str]],
-                 frames: Callable[[RequestEvents, Admitted], AsyncIterator[bytes]],
-                 collect: Callable[[RequestEvents, Admitted], Awaitable[dict]],
-                 done: Callable[[], None] | None = None):
+async def answer(
+    tree: Tree,
+    client: EngineClient,
+    gen: Generate,
+    *,
+    framing: Framing | None,
+    headers: Callable[[Admitted], dict[str, str]],
+    frames: Callable[[RequestEvents, Admitted], AsyncIterator[bytes]],
+    collect: Callable[[RequestEvents, Admitted], Awaitable[dict]],
+    done: Callable[[], None] | None = None,
+):
     """Run `gen` (monitored where its model's monitoring is on) and answer it: streamed in
     `framing` (None: one collected answer), with `headers(admitted)`. `done` runs once the
     answer is complete — after the last frame, or once collected."""

@@ -21,9 +21,16 @@ from greenroom.errors import GreenroomError
 _HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 DEFAULT_ORIGINS = (
     *(f"{scheme}://{host}{port}" for host in _HOSTS for scheme in ("http", "https") for port in ("", ":*")),
-    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
+    "app://*",
+    "file://*",
+    "tauri://*",
+    "vscode-webview://*",
+    "vscode-file://*",
     # gin-contrib/cors' AllowBrowserExtensions, which Ollama turns on
-    "chrome-extension://*", "safari-extension://*", "moz-extension://*", "ms-browser-extension://*",
+    "chrome-extension://*",
+    "safari-extension://*",
+    "moz-extension://*",
+    "ms-browser-extension://*",
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 MAX_AGE_S = 12 * 3600  # gin-contrib/cors' default
@@ -42,14 +49,20 @@ class Origins:
 
     def check(self, origin: str | None) -> None:
         if origin is not None and not self.allows(origin):
-            raise GreenroomError("origin_not_allowed", f"origin {origin!r} is not allowed: add it to cors_origins "
-                                 "or OLLAMA_ORIGINS (comma-separated, * wildcards)")
+            raise GreenroomError(
+                "origin_not_allowed",
+                f"origin {origin!r} is not allowed: add it to cors_origins "
+                "or OLLAMA_ORIGINS (comma-separated, * wildcards)",
+            )
 
 
 def preflight_headers(origin: str, requested_headers: str | None) -> dict[str, str]:
-    return {**response_headers(origin), "Access-Control-Allow-Methods": ALLOW_METHODS,
-            "Access-Control-Allow-Headers": requested_headers or "Authorization, Content-Type",
-            "Access-Control-Max-Age": str(MAX_AGE_S)}
+    return {
+        **response_headers(origin),
+        "Access-Control-Allow-Methods": ALLOW_METHODS,
+        "Access-Control-Allow-Headers": requested_headers or "Authorization, Content-Type",
+        "Access-Control-Max-Age": str(MAX_AGE_S),
+    }
 
 
 def response_headers(origin: str) -> dict[str, str]:

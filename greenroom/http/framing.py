@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import attrs
 from quart import Response
@@ -66,10 +66,17 @@ class StreamBody:
             await self._stack.aclose()
 
 
-def streamed(chunks: AsyncIterator[bytes], framing: Framing, headers: dict[str, str],
-             stack: contextlib.AsyncExitStack | None = None) -> Response:
+def streamed(
+    chunks: AsyncIterator[bytes],
+    framing: Framing,
+    headers: dict[str, str],
+    stack: contextlib.AsyncExitStack | None = None,
+) -> Response:
     """A response that streams `chunks` for as long as they come (no response timeout)."""
-    response = Response(StreamBody(chunks, stack or contextlib.AsyncExitStack()),
-                        content_type=framing.content_type, headers={**headers, **framing.headers})
+    response = Response(
+        StreamBody(chunks, stack or contextlib.AsyncExitStack()),
+        content_type=framing.content_type,
+        headers={**headers, **framing.headers},
+    )
     response.timeout = None
     return response

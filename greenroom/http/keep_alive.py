@@ -20,9 +20,11 @@ MAX_SECONDS = (2**63 - 1) / 1e9
 _DURATION = re.compile(r"-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_WHAT = ("'keep_alive' must be a duration such as \"5m\", \"-1\" or \"0\", or a number of seconds, "
-         f"at most {MAX_SECONDS:.0f} s (Go's longest duration, ~292 years); a negative value keeps the model "
-         "loaded for good")
+_WHAT = (
+    '\'keep_alive\' must be a duration such as "5m", "-1" or "0", or a number of seconds, '
+    f"at most {MAX_SECONDS:.0f} s (Go's longest duration, ~292 years); a negative value keeps the model "
+    "loaded for good"
+)
 
 
 def parse(body: dict) -> float | None:

@@ -18,6 +18,7 @@ import logging
 
 import attrs
 
+from greenroom import structured_fields as sf
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 
@@ -50,41 +51,63 @@ def refused(*noop, why: str) -> Rule:
 _NOT_YET = "not yet implemented"
 
 _COMMON = {
-    "model": USE, "stream": USE, "stream_options": USE, "temperature": USE, "top_p": USE, "top_k": USE,
+    "model": USE,
+    "stream": USE,
+    "stream_options": USE,
+    "temperature": USE,
+    "top_p": USE,
+    "top_k": USE,
     "max_tokens": USE,
-    "max_completion_tokens": USE, "stop": USE, "user": REPORTED,
+    "max_completion_tokens": USE,
+    "stop": USE,
+    "user": REPORTED,
     "seed": needs("seed"),
-    "frequency_penalty": needs("penalties", 0, 0.0), "presence_penalty": needs("penalties", 0, 0.0),
+    "frequency_penalty": needs("penalties", 0, 0.0),
+    "presence_penalty": needs("penalties", 0, 0.0),
     "response_format": needs("response_format", {"type": "text"}),
-    "steering": refused(why=_NOT_YET), "dimensions": refused(why="only /v1/embeddings could use it"),
+    "steering": refused(why=_NOT_YET),
+    "dimensions": refused(why="only /v1/embeddings could use it"),
     "logit_bias": refused({}, why=_NOT_YET),
-    "tools": needs("tools", []), "tool_choice": needs("tools"),
+    "tools": needs("tools", []),
+    "tool_choice": needs("tools"),
 }
 
 CHAT = {
-    **_COMMON, "messages": USE,
+    **_COMMON,
+    "messages": USE,
     "n": needs("n", 1),
     "chat_template_kwargs": Rule(needs="chat_template_kwargs", report=True),  # GGUF: reported, never refused
-    "logprobs": needs("scoring", False), "top_logprobs": needs("scoring"),
+    "logprobs": needs("scoring", False),
+    "top_logprobs": needs("scoring"),
     "allowed_token_ids": needs("scoring"),
     "return_tokens_as_token_ids": needs("scoring", False),
     "extra_messages": USE,
-    "profile": needs("profile"), "steering_intensity": needs("steering"),
+    "echo": refused(
+        False,
+        why="echo is served on text completions (/v1/completions), where it returns the prompt's log-probabilities",
+    ),  # vLLM's chat echo prepends the last message: not served
+    "profile": needs("profile"),
+    "steering_intensity": needs("steering"),
     "return_sae_activations": needs("sae_activations"),
-    "functions": needs("tools", []), "function_call": needs("tools"),
+    "functions": needs("tools", []),
+    "function_call": needs("tools"),
     "parallel_tool_calls": needs("tools"),
 }
 
 COMPLETIONS = {
-    **_COMMON, "prompt": USE, "add_special_tokens": USE,
+    **_COMMON,
+    "prompt": USE,
+    "add_special_tokens": USE,
     "n": refused(1, why="send a list of prompts for several choices"),
-    "logprobs": needs("scoring", False), "allowed_token_ids": needs("scoring"),
+    "logprobs": needs("scoring", False),
+    "allowed_token_ids": needs("scoring"),
     "return_tokens_as_token_ids": needs("scoring", False),
     "top_logprobs": refused(why="use logprobs"),
     "profile": refused(why="per-request steering is served on chat completions"),
     "steering_intensity": refused(why="per-request steering is served on chat completions"),
     "return_sae_activations": needs("sae_activations"),
-    "echo": refused(False, why=_NOT_YET), "best_of": refused(1, why=_NOT_YET),
+    "echo": needs("scoring", False),  # prompt scoring (http/scoring.py): the prompt's log-probabilities
+    "best_of": refused(1, why=_NOT_YET),
     "suffix": refused(why=_NOT_YET),
     "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),
     "tools": refused([], why="tools are served on chat completions"),
@@ -93,14 +116,29 @@ COMPLETIONS = {
 
 _NOT_EMBEDDINGS = "embeddings have no such setting"
 EMBEDDINGS = {
-    "model": USE, "input": USE, "encoding_format": USE, "user": REPORTED,
+    "model": USE,
+    "input": USE,
+    "encoding_format": USE,
+    "user": REPORTED,
     "dimensions": refused(why=_NOT_YET),
     "n": refused(1, why=_NOT_EMBEDDINGS),
-    **{f: refused(*noop, why=_NOT_EMBEDDINGS) for f, noop in (
-        ("logprobs", (False,)), ("allowed_token_ids", ()), ("top_logprobs", ()), ("response_format", ({"type": "text"},)),
-        ("seed", ()), ("profile", ()), ("steering_intensity", ()), ("steering", ()), ("tools", ([],)),
-        ("tool_choice", ()), ("logit_bias", ({},)), ("max_completion_tokens", ()),
-    )},
+    **{
+        f: refused(*noop, why=_NOT_EMBEDDINGS)
+        for f, noop in (
+            ("logprobs", (False,)),
+            ("allowed_token_ids", ()),
+            ("top_logprobs", ()),
+            ("response_format", ({"type": "text"},)),
+            ("seed", ()),
+            ("profile", ()),
+            ("steering_intensity", ()),
+            ("steering", ()),
+            ("tools", ([],)),
+            ("tool_choice", ()),
+            ("logit_bias", ({},)),
+            ("max_completion_tokens", ()),
+        )
+    },
 }
 
 _MESSAGE_KEYS = {"role", "content", "tool_calls"}
@@ -116,8 +154,12 @@ def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[st
         if rule is None or (rule.report and not (rule.needs and getattr(caps, rule.needs))):
             ignored.append(field)
             continue
-        if rule.refuse and value is not None and not _is_noop(value, rule.noop) and not (
-                rule.needs and getattr(caps, rule.needs)):
+        if (
+            rule.refuse
+            and value is not None
+            and not _is_noop(value, rule.noop)
+            and not (rule.needs and getattr(caps, rule.needs))
+        ):
             reason = f": {rule.why}" if rule.why else ""
             raise GreenroomError("field_not_honoured", f"'{field}' cannot be honoured {where}{reason}", field)
     _constrained_choice(body, caps, where)
@@ -127,14 +169,22 @@ def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[st
 
 def _constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
     """tool_choice "required" or a named function is enforced by constrained decoding: an
-    engine with tools but without it (llama.cpp, for now) serves "auto" and "none" only."""
+    engine with tools but without it (OpenVINO, for now) serves "auto" and "none" only."""
     for field in ("tool_choice", "function_call"):
         choice = body.get(field)
-        if choice not in (None, "none", "auto") and body.get("tools" if field == "tool_choice" else "functions") \
-                and caps.tools and not caps.response_format:
-            raise GreenroomError("field_not_honoured", f"'{field}' {json.dumps(choice)[:80]} cannot be honoured "
-                                 f"{where}: a required or named call is enforced by constrained decoding, which "
-                                 "this engine does not have yet; send \"auto\" or \"none\"", field)
+        if (
+            choice not in (None, "none", "auto")
+            and body.get("tools" if field == "tool_choice" else "functions")
+            and caps.tools
+            and not caps.response_format
+        ):
+            raise GreenroomError(
+                "field_not_honoured",
+                f"'{field}' {json.dumps(choice)[:80]} cannot be honoured "
+                f"{where}: a required or named call is enforced by constrained decoding, which "
+                'this engine does not have yet; send "auto" or "none"',
+                field,
+            )
 
 
 def _is_noop(value, noop: tuple) -> bool:
@@ -182,8 +232,9 @@ def strict_mode(value: str | None) -> bool:
         return True
     if v in ("false", "0"):
         return False
-    raise GreenroomError("invalid_parameter", f"X-miLLM-Strict must be true, 1, false or 0, got {value!r}",
-                         "X-miLLM-Strict")
+    raise GreenroomError(
+        "invalid_parameter", f"X-miLLM-Strict must be true, 1, false or 0, got {value!r}", "X-miLLM-Strict"
+    )
 
 
 def settle(ignored: list[str], strict: bool) -> str | None:
@@ -191,8 +242,11 @@ def settle(ignored: list[str], strict: bool) -> str | None:
     if not ignored:
         return None
     if strict:
-        raise GreenroomError("unused_fields_refused", "X-miLLM-Strict is set and these fields would be ignored: "
-                             + ", ".join(ignored), ignored[0])
+        raise GreenroomError(
+            "unused_fields_refused",
+            "X-miLLM-Strict is set and these fields would be ignored: " + ", ".join(ignored),
+            ignored[0],
+        )
     log.warning("request_fields_unused locations=%s", ignored)
     return ignored_fields_header(ignored)
 
@@ -206,25 +260,12 @@ def report_headers(ignored: list[str], strict: bool) -> dict[str, str]:
 def ignored_fields_header(locations: list[str]) -> str:
     """An RFC 8941 list of strings, at most IGNORED_FIELDS_HEADER_MAX_BYTES; when the
     locations do not fit, as many as fit and a last entry "+N more"."""
-    items = [_sf_string(loc) for loc in locations]
+    items = [sf.string(loc) for loc in locations]
     whole = ", ".join(items)
     if len(whole) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
         return whole
     for keep in range(len(items) - 1, -1, -1):
-        value = ", ".join(items[:keep] + [_sf_string(f"+{len(items) - keep} more")])
+        value = ", ".join(items[:keep] + [sf.string(f"+{len(items) - keep} more")])
         if len(value) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
             return value
     raise AssertionError("unreachable: '+N more' alone always fits")
-
-
-def _sf_string(text: str) -> str:
-    """An RFC 8941 sf-string; characters outside printable ASCII (and '%') percent-encoded."""
-    out = []
-    for ch in text:
-        if ch == "%" or not (0x20 <= ord(ch) <= 0x7E):
-            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
-        elif ch in '"\\':
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'

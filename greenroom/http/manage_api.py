@@ -7,44 +7,46 @@ from __future__ import annotations
 from quart import Quart, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params
+from greenroom.http import openai_params, routes
+from greenroom.http.contracts import Shape
 from greenroom.supervisor.tree import Tree
 
-PATHS = frozenset({"/api/models", "/api/models/load", "/api/models/unload", "/api/health/inference"})
+MODEL = Shape(fields={"model": openai_params.MODEL}, required=("model",), closed=True)  # load and unload
 
 
 def register(app: Quart, tree: Tree) -> None:
-    @app.get("/api/models")
+    @routes.view(app, "GET", "/api/models")
     async def models():
         return {"models": tree.models()}
 
-    @app.post("/api/models/load")
+    @routes.view(app, "POST", "/api/models/load")
     async def load():
         model = await _model()
         await tree.load(model)
         return _row(tree, model)
 
-    @app.post("/api/models/unload")
+    @routes.view(app, "POST", "/api/models/unload")
     async def unload():
         model = await _model()
         await tree.unload(model)
         return _row(tree, model)
 
-    @app.get("/api/health/inference")
+    @routes.view(app, "GET", "/api/health/inference")
     async def inference():
         """The configured backend, and each engine actor's as it reports it (null while it is not up)."""
         rows = []
         for slot in tree.slots.values():
             if slot.role == "engine":
                 status = await slot.client.status() if slot.client is not None else None
-                rows.append({"name": slot.name, "state": slot.state, "backend": None,
-                             **(status or {}).get("inference", {})})
+                rows.append(
+                    {"name": slot.name, "state": slot.state, "backend": None, **(status or {}).get("inference", {})}
+                )
         return {"backend": "continuous_batching" if tree.config.continuous_batching else "serial", "actors": rows}
 
 
 async def _model() -> str:
     body = openai_params.parse_json(await request.get_data())
-    unknown = sorted(set(body) - {"model"})
+    unknown = sorted(set(body) - MODEL.names)
     if unknown:
         raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
     return openai_params.model_name(body)

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 import attrs
 
 from greenroom.engines import gguf_files, gguf_meta
-from greenroom.engines.loader import source_path
+from greenroom.engines.loader import checkpoint_json
 from greenroom.http import ollama_params
+from greenroom.supervisor.placements import Placement
 
 if TYPE_CHECKING:
     from greenroom.supervisor.tree import Tree
 
-_UTC = datetime.timezone.utc
+_UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 _LAST = datetime.datetime.max.replace(tzinfo=_UTC)
 _GO_ZERO = "0001-01-01T00:00:00Z"  # Go's zero time: what Ollama shows for a time it does not know
@@ -61,21 +62,15 @@ class Placed:
     """A placed model as the read routes see it, taken in the trio thread."""
 
     name: str
-    source: str
-    engine: str
-    device: str
-    cache_dir: str | None
+    placement: Placement
     info: dict | None  # ModelInfo, while loaded
     expires_in: float | None = None  # seconds to its keep_alive deadline; None: never
-    chat_template: str | None = None  # the config's, over the model's own
 
     @classmethod
     def of(cls, tree: Tree, model: str, now: float) -> Placed:
         """`now`: trio's clock, which the tree's deadlines are on."""
         m = tree.state_of(model)
-        p = m.placement
-        return cls(model, p["source"], p["engine"], p["device"], p.get("cache_dir"), m.info,
-                   None if m.expires_at is None else m.expires_at - now, p.get("chat_template"))
+        return cls(model, m.placement, m.info, None if m.expires_at is None else m.expires_at - now)
 
 
 @attrs.frozen
@@ -93,14 +88,14 @@ class Facts:
 
 def facts(p: Placed) -> Facts:
     """Everything the read routes show of `p`, from its files (a worker thread's call)."""
-    path = source_path(p.source, p.cache_dir)  # builds nothing, imports no torch
+    path = p.placement.path()  # builds nothing, imports no torch
     if path.suffix == ".gguf":
         return _gguf(p, path)
     files = _files(path)
-    config = _read_json(path / "config.json")
+    config = checkpoint_json(path)
     family = _text(config.get("model_type"))
     context = _count(config.get("max_position_embeddings"))
-    template = p.chat_template or _chat_template(path)
+    template = p.placement.chat_template or _chat_template(path)
     info = _config_info(config, family, context)
     if (path / "openvino_model.xml").is_file():
         # no parameter count: an IR's constants hold more than the parameters (rope tables,
@@ -113,13 +108,25 @@ def facts(p: Placed) -> Facts:
     if parameters is not None:
         info["general.parameter_count"] = parameters
     fmt = "safetensors" if any(name.endswith(".safetensors") for name, _ in files) else ""
-    return Facts(path, *_stamp(p, path, files), _details(fmt, family, parameters, _checkpoint_level(config)),
-                 info, template, context)
+    return Facts(
+        path,
+        *_stamp(p, path, files),
+        _details(fmt, family, parameters, _checkpoint_level(config)),
+        info,
+        template,
+        context,
+    )
 
 
 def _listed(f: Facts, name: str) -> dict:
-    return {"name": name, "model": name, "modified_at": rfc3339(f.modified), "size": f.size, "digest": f.digest,
-            "details": f.details}
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": rfc3339(f.modified),
+        "size": f.size,
+        "digest": f.digest,
+        "details": f.details,
+    }
 
 
 def tags(placed: list[Placed]) -> list[dict]:
@@ -132,8 +139,14 @@ def ps(placed: list[Placed]) -> list[dict]:
         f = facts(p)
         left = _FOREVER_S if p.expires_in is None else max(0.0, p.expires_in)
         context = _count((p.info or {}).get("context_length")) or f.context
-        rows.append({**_listed(f, p.name), "expires_at": rfc3339(time.time() + left),
-                     "size_vram": f.size if p.device.startswith("cuda") else 0, "context_length": context})
+        rows.append(
+            {
+                **_listed(f, p.name),
+                "expires_at": rfc3339(time.time() + left),
+                "size_vram": f.size if p.placement.device.startswith("cuda") else 0,
+                "context_length": context,
+            }
+        )
     return rows
 
 
@@ -149,12 +162,19 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     # every engine that honours tools serves them on every template: one that does not render them
     # gets them described in its system message (engines/chat.py), so Ollama clients may send them
     caps = ["completion"] + (["tools"] if tools else [])
-    return {"modelfile": "\n".join(lines) + "\n", "parameters": parameters, "template": f.template,
-            "details": f.details, "model_info": _model_info(f, verbose), "capabilities": caps,
-            "modified_at": rfc3339(f.modified)}
+    return {
+        "modelfile": "\n".join(lines) + "\n",
+        "parameters": parameters,
+        "template": f.template,
+        "details": f.details,
+        "model_info": _model_info(f, verbose),
+        "capabilities": caps,
+        "modified_at": rfc3339(f.modified),
+    }
 
 
 # --- GGUF --------------------------------------------------------------------------------------
+
 
 def _gguf(p: Placed, path: Path) -> Facts:
     parts = gguf_files.split_parts(path)
@@ -167,8 +187,9 @@ def _gguf(p: Placed, path: Path) -> Facts:
             break
     meta = metas[0] if metas else None
     if meta is None:  # not built yet, or not a readable GGUF: what the file system says
-        return Facts(path, *_stamp(p, path, files), _details("gguf", "", None, ""), {}, p.chat_template or "",
-                     None)
+        return Facts(
+            path, *_stamp(p, path, files), _details("gguf", "", None, ""), {}, p.placement.chat_template or "", None
+        )
     family = _text(meta.get("general.architecture"))
     # every part counted, or no count: a part's alone is no model's
     parameters = sum(m.parameters for m in metas) if len(metas) == len(parts) else None
@@ -178,9 +199,10 @@ def _gguf(p: Placed, path: Path) -> Facts:
     info = {k: v for k, v in meta.fields.items() if k not in _NOT_INFO}
     if parameters is not None:
         info["general.parameter_count"] = parameters
-    template = p.chat_template or _text(meta.get("tokenizer.chat_template"))
-    return Facts(path, *_stamp(p, path, files), details, info, template,
-                 _count(meta.get(f"{family}.context_length")), meta)
+    template = p.placement.chat_template or _text(meta.get("tokenizer.chat_template"))
+    return Facts(
+        path, *_stamp(p, path, files), details, info, template, _count(meta.get(f"{family}.context_length")), meta
+    )
 
 
 def _model_info(f: Facts, verbose: bool) -> dict:
@@ -202,6 +224,7 @@ def _read_array(f: Facts, skipped: gguf_meta.Skipped) -> list | None:
 
 
 # --- checkpoints and OpenVINO directories ------------------------------------------------------
+
 
 def _config_info(c: dict, arch: str, context: int | None) -> dict:
     """A config.json's sizes under the GGUF keys Ollama shows for the same model."""
@@ -252,8 +275,9 @@ def _safetensors_parameters(path: Path) -> int | None:
             if name == "__metadata__":
                 continue
             shape = t.get("shape") if isinstance(t, dict) else None
-            if not isinstance(shape, list) or not all(_count(d) is not None or d == 0 and type(d) is int
-                                                      for d in shape):
+            if not isinstance(shape, list) or not all(
+                _count(d) is not None or d == 0 and type(d) is int for d in shape
+            ):
                 return None
             total += math.prod(shape)
             found = True
@@ -298,18 +322,26 @@ def _chat_template(path: Path) -> str:
         return (path / "chat_template.jinja").read_text()
     except (OSError, ValueError):  # none, or not text
         pass
-    template = _read_json(path / "tokenizer_config.json").get("chat_template")
+    template = checkpoint_json(path, "tokenizer_config.json").get("chat_template")
     if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                        None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     return _text(template)
 
 
 # --- common ------------------------------------------------------------------------------------
 
+
 def _details(fmt: str, family: str, parameters: int | None, level: str) -> dict:
-    return {"parent_model": "", "format": fmt, "family": family, "families": [family] if family else [],
-            "parameter_size": _human_number(parameters) if parameters else "", "quantization_level": level}
+    return {
+        "parent_model": "",
+        "format": fmt,
+        "family": family,
+        "families": [family] if family else [],
+        "parameter_size": _human_number(parameters) if parameters else "",
+        "quantization_level": level,
+    }
 
 
 def _files(path: Path) -> list[tuple[str, os.stat_result]]:
@@ -332,9 +364,9 @@ def _files(path: Path) -> list[tuple[str, os.stat_result]]:
 
 def _stamp(p: Placed, path: Path, files: list) -> tuple[int, float | None, str]:
     """(size, newest mtime, digest) of a model's files."""
-    digest = hashlib.sha256(json.dumps([p.source, [(n, st.st_size, st.st_mtime_ns) for n, st in files]]).encode())
-    return (sum(st.st_size for _, st in files), max((st.st_mtime for _, st in files), default=None),
-            digest.hexdigest())
+    stamps = [(n, st.st_size, st.st_mtime_ns) for n, st in files]
+    digest = hashlib.sha256(json.dumps([p.placement.source, stamps]).encode())
+    return (sum(st.st_size for _, st in files), max((st.st_mtime for _, st in files), default=None), digest.hexdigest())
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -342,14 +374,6 @@ def _stat(path: Path) -> os.stat_result | None:
         return path.stat()
     except OSError:
         return None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _human_number(n: int) -> str:

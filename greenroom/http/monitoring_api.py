@@ -11,29 +11,51 @@ every SAE hook suppressed besides. A monitored request is served on the serial p
 
 from __future__ import annotations
 
-
 import attrs
 import trio
 from quart import Quart, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, openai_params, sae_activations
+from greenroom.http import contracts, framing, openai_params, routes, sae_activations
 from greenroom.protocol import Generate, Text
 from greenroom.store.monitoring import MonitorConfig
 from greenroom.supervisor.monitoring import RING_SIZE
 from greenroom.supervisor.tree import Tree
 
-CONFIG = "/api/monitoring"
-RECORDS = "/api/monitoring/records"
-STREAM = "/api/monitoring/stream"
 TOP_K_MAX = 64
 DEFAULT_LIMIT = 100
 HEARTBEAT_S = 15.0  # an idle stream sends a comment this often: proxies keep it, a gone client shows
 
+# --- request shapes (contracts.py) --------------------------------------------------------
 
-def owns(path: str) -> bool:
-    """Whether `path` is one of these routes (OpenAI's error envelope, not Ollama's)."""
-    return path in (CONFIG, RECORDS, STREAM)
+CONFIGURE = contracts.Shape(
+    fields={
+        "model": openai_params.MODEL,
+        "enabled": contracts.Boolean(),
+        "sae_id": contracts.Text(
+            description="An SAE attached to the model; left out: the one attached (when several "
+            "are, name one), or when disabling, the one configured"
+        ),
+        "top_k": contracts.Number(
+            lo=1,
+            hi=TOP_K_MAX,
+            integer=True,
+            description="Features each record lists; left out: as configured (8 at first)",
+        ),
+    },
+    required=("model", "enabled"),
+    closed=True,
+)
+MODEL_QUERY = contracts.Shape(fields={"model": contracts.Text(description="Only this model")})
+RECORDS_QUERY = contracts.Shape(
+    fields={
+        **MODEL_QUERY.fields,
+        "since": contracts.Number(lo=0, integer=True, default=0, description="Only records with a larger id"),
+        "limit": contracts.Number(
+            lo=1, hi=RING_SIZE, integer=True, default=DEFAULT_LIMIT, description="At most this many"
+        ),
+    }
+)
 
 
 def monitored(tree: Tree, gen: Generate) -> Generate:
@@ -72,48 +94,51 @@ class _Recorded:
 
 
 def register(app: Quart, tree: Tree) -> None:
-    @app.get(CONFIG)
+    @routes.view(app, "GET", "/api/monitoring")
     async def configs():
         """Each steerable model's monitoring configuration."""
         return {"models": [_config(tree.monitoring.config(model)) for model in tree.steerable()]}
 
-    @app.put(CONFIG)
+    @routes.view(app, "PUT", "/api/monitoring")
     async def configure():
         body = openai_params.parse_json(await request.get_data())
-        unknown = sorted(set(body) - {"model", "enabled", "sae_id", "top_k"})
+        unknown = sorted(set(body) - CONFIGURE.names)
         if unknown:
             raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
         model = tree.resolve(openai_params.model_name(body))
         tree.require_steering(model, "monitored")
         enabled = body.get("enabled")
         if not isinstance(enabled, bool):
-            raise GreenroomError("missing_parameter" if enabled is None else "invalid_parameter",
-                                 "'enabled' must be true or false", "enabled")
+            raise GreenroomError(
+                "missing_parameter" if enabled is None else "invalid_parameter",
+                "'enabled' must be true or false",
+                "enabled",
+            )
         top_k = body.get("top_k")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or not 1 <= top_k <= TOP_K_MAX):
+        if top_k is not None and not CONFIGURE.fields["top_k"].holds(top_k):
             raise GreenroomError("invalid_parameter", f"'top_k' must be an integer from 1 to {TOP_K_MAX}", "top_k")
         sae_id = body.get("sae_id")
         if sae_id is not None and not isinstance(sae_id, str):
-            raise GreenroomError("invalid_parameter", "'sae_id' must be the id of an SAE attached to the model",
-                                 "sae_id")
+            raise GreenroomError(
+                "invalid_parameter", "'sae_id' must be the id of an SAE attached to the model", "sae_id"
+            )
         held = tree.monitoring.config(model)
         if sae_id is not None or enabled:  # what monitoring will read must be attached now
-            sae_id = (await sae_activations.attached_sae(tree, model, sae_id, "sae_id",
-                                                         ambiguous="missing_parameter"))["sae_id"]
+            sae_id = (await sae_activations.attached_sae(tree, model, sae_id, "sae_id", ambiguous="missing_parameter"))[
+                "sae_id"
+            ]
         config = MonitorConfig(model, enabled, sae_id or held.sae_id, top_k or held.top_k)
         return _config(await tree.monitoring.configure(config))
 
-    @app.get(RECORDS)
+    @routes.view(app, "GET", "/api/monitoring/records")
     async def records():
         """The records kept (the last RING_SIZE), oldest first, newer than `since`."""
         model = _model_filter(tree)
-        since = _integer("since", 0, 0)
-        limit = _integer("limit", DEFAULT_LIMIT, 1, RING_SIZE)
+        since, limit = _integer("since"), _integer("limit")
         out, after = tree.monitoring.records(model, since, limit)
         return {"records": out, "next": after}
 
-    @app.get(STREAM)
+    @routes.view(app, "GET", "/api/monitoring/stream")
     async def stream():
         """Each new record as a server-sent event, until the client goes."""
         model = _model_filter(tree)
@@ -144,11 +169,16 @@ def _model_filter(tree: Tree) -> str | None:
     return None if name is None else tree.resolve(name)
 
 
-def _integer(name: str, default: int, low: int, high: int | None = None) -> int:
+def _integer(name: str) -> int:
+    """A query parameter of RECORDS_QUERY, in decimal digits."""
+    field = RECORDS_QUERY.fields[name]
     raw = request.args.get(name)
     if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < low or (high is not None and int(raw) > high):
-        raise GreenroomError("invalid_parameter", f"'{name}' must be an integer ≥ {low}"
-                             + (f" and ≤ {high}" if high is not None else ""), name)
+        return field.default
+    if not (raw.isascii() and raw.isdigit()) or not field.within(int(raw)):
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{name}' must be an integer ≥ {field.lo}" + (f" and ≤ {field.hi}" if field.hi is not None else ""),
+            name,
+        )
     return int(raw)

@@ -27,13 +27,25 @@ import json
 import math
 import re
 
+import attrs
+
 from greenroom.errors import GreenroomError
+from greenroom.http import openai_params
+from greenroom.http.contracts import AnyOf, Anything, ListOf, Shape, Text, sent, when
+from greenroom.http.schema_subset import SCHEMA
+from greenroom.http.structured import FUNCTION, TOOL
 
 _NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.IGNORECASE)
 
 
-def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_tokens: int,
-             conversation: list[dict], warnings: list[str]) -> dict:
+def x_needle(
+    message: dict,
+    completion_tokens: int,
+    stats: dict | None,
+    prompt_tokens: int,
+    conversation: list[dict],
+    warnings: list[str],
+) -> dict:
     stats = stats or {}
     calls = message.get("tool_calls") or []
     content = (message.get("content") or "").strip()
@@ -44,9 +56,10 @@ def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_t
         "type": kind,
         "confidence": _confidence(stats.get("logprob_sum", -math.inf), completion_tokens),
         "reasoning": content if calls else "",
-        "validation": {"ungrounded": _ungrounded(calls, request_text),
-                       "negation": any(_NEGATION.search(m.get("content") or "")
-                                       for m in conversation if m.get("role") == "user")},
+        "validation": {
+            "ungrounded": _ungrounded(calls, request_text),
+            "negation": any(_NEGATION.search(m.get("content") or "") for m in conversation if m.get("role") == "user"),
+        },
         "prefill_tps": round(prompt_tokens / prefill, 1) if prefill > 0 else None,
         "decode_tps": round((completion_tokens - 1) / decode, 1) if decode > 0 and completion_tokens > 1 else None,
         "peak_ram_mb": round(stats["peak_rss_mb"], 1) if "peak_rss_mb" in stats else None,
@@ -54,8 +67,12 @@ def x_needle(message: dict, completion_tokens: int, stats: dict | None, prompt_t
         "reinitialized": True,
         "queue_wait_seconds": round(stats.get("queue_wait_s", 0.0), 4),
         "compute_seconds": round(stats.get("compute_s", 0.0), 4),
-        "warnings": warnings + ([] if stats.get("logprob_sum", 0.0) is not None else [
-            "confidence is null: this model's engine reports no token probabilities"]),
+        "warnings": warnings
+        + (
+            []
+            if stats.get("logprob_sum", 0.0) is not None
+            else ["confidence is null: this model's engine reports no token probabilities"]
+        ),
     }
 
 
@@ -94,11 +111,52 @@ def _leaves(value, path: str):
 
 # -- /v1/needle/* request translation ------------------------------------------------------
 
+_FILLED = Text(min_length=1)
+# what both routes pass on to the chat completion they translate to (which checks them)
+COMMON = {
+    "model": Anything(description="Any value: a model not served is answered by the first model, with a warning"),
+    "max_tokens": openai_params.CHAT_MAX_TOKENS,
+    "temperature": openai_params.TEMPERATURE,
+    "seed": openai_params.SEED,
+}
+_PASSED = tuple(k for k in COMMON if k != "model")
+EXTRACT = Shape(
+    fields={
+        "text": _FILLED,
+        "name": attrs.evolve(_FILLED, description="What is extracted"),
+        "schema": attrs.evolve(SCHEMA, null=False),
+        **COMMON,
+    },
+    required=("text", "name", "schema"),
+    description="Other fields are accepted and listed in x_needle.warnings",
+)
+_TOOLS = ListOf(items=AnyOf(options=(FUNCTION, TOOL)))
+COMPLETE = Shape(
+    fields={
+        "query": Anything(description="The user's message (a non-empty string; read when messages is absent)"),
+        "system": Anything(description="A system message before the query (a string; read when messages is absent)"),
+        "messages": attrs.evolve(openai_params.MESSAGES, description="Instead of query and system"),
+        "tools": AnyOf(options=(_TOOLS, Text(description="The array as JSON text"))),
+        **COMMON,
+    },
+    rules=(
+        when(
+            {"not": sent("messages")},
+            Shape(fields={"query": _FILLED, "system": Text()}, required=("query",)),
+            "query, unless messages are sent",
+        ),
+    ),
+    description="Needle's flat tools {name, description, parameters} (or OpenAI's), as an array or as its JSON text. "
+    "Other fields are accepted and listed in x_needle.warnings",
+)
+
+
 def _required_str(body: dict, name: str) -> str:
     value = body.get(name)
-    if not isinstance(value, str) or not value:
-        raise GreenroomError("missing_parameter" if value is None else "invalid_parameter",
-                             f"'{name}' must be a non-empty string", name)
+    if not _FILLED.matches(value):
+        raise GreenroomError(
+            "missing_parameter" if value is None else "invalid_parameter", f"'{name}' must be a non-empty string", name
+        )
     return value
 
 
@@ -108,15 +166,26 @@ def extraction_chat(body: dict) -> dict:
     text, name = _required_str(body, "text"), _required_str(body, "name")
     schema = body.get("schema")
     if not isinstance(schema, dict):
-        raise GreenroomError("missing_parameter" if schema is None else "invalid_parameter",
-                             "'schema' must be a JSON schema object", "schema")
+        raise GreenroomError(
+            "missing_parameter" if schema is None else "invalid_parameter",
+            "'schema' must be a JSON schema object",
+            "schema",
+        )
     return {
-        "messages": [{"role": "system", "content": f"Extract the {name} from the user's text as JSON matching "
-                      f"this schema: {json.dumps(schema)}"}, {"role": "user", "content": text}],
+        "messages": [
+            {
+                "role": "system",
+                "content": f"Extract the {name} from the user's text as JSON matching "
+                f"this schema: {json.dumps(schema)}",
+            },
+            {"role": "user", "content": text},
+        ],
         # a response-format name allows letters, digits, '_' and '-' only
-        "response_format": {"type": "json_schema", "json_schema": {
-            "name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}},
-        **{k: body[k] for k in ("max_tokens", "temperature", "seed") if k in body},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema},
+        },
+        **{k: body[k] for k in _PASSED if k in body},
     }
 
 
@@ -137,11 +206,13 @@ def completion_chat(body: dict) -> dict:
             tools = json.loads(tools)
         except ValueError:
             raise GreenroomError("invalid_parameter", "'tools' is a string but not JSON", "tools") from None
-    chat = {"messages": messages, **{k: body[k] for k in ("max_tokens", "temperature", "seed") if k in body}}
-    if tools:
+    chat = {"messages": messages, **{k: body[k] for k in _PASSED if k in body}}
+    if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise GreenroomError("invalid_parameter", "'tools' must be an array of {name, description, parameters}",
-                                 "tools")
-        chat["tools"] = [t if t.get("type") == "function" and "function" in t else {"type": "function", "function": t}
-                         for t in tools]
+            raise GreenroomError(
+                "invalid_parameter", "'tools' must be an array of {name, description, parameters}", "tools"
+            )
+        chat["tools"] = [
+            t if t.get("type") == "function" and "function" in t else {"type": "function", "function": t} for t in tools
+        ]
     return chat

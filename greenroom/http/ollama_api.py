@@ -24,15 +24,26 @@ import trio
 from quart import Quart
 
 from greenroom import __version__
+from greenroom import structured_fields as sf
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, ledger, model_facts, ollama_params, openai_params, structured
+from greenroom.http import (
+    contracts,
+    framing,
+    ledger,
+    model_facts,
+    ollama_params,
+    openai_params,
+    routes,
+    structured,
+)
 from greenroom.http.answering import answer
+from greenroom.http.contracts import NULL, sent, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
 from greenroom.http.ollama_templates import apply_template
-from greenroom.http.schema_subset import check_schema
+from greenroom.http.schema_subset import SCHEMA, check_schema
 from greenroom.protocol import Failed, Fit, Generate, Text
 from greenroom.supervisor.tree import Tree
 
@@ -45,35 +56,140 @@ TRUNCATED_HEADER = "X-Greenroom-Truncated"
 _NOT_YET = "not yet implemented"
 _TEXT_ONLY = "greenroom serves text-only models"
 _FORMAT = ledger.needs("response_format", "")
-_COMMON = {"model": ledger.USE, "stream": ledger.USE, "format": _FORMAT, "options": ledger.USE,
-           "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
-           "think": ledger.refused(False, why="this model does not think"),
-           "logprobs": ledger.refused(False, why=_NOT_YET), "top_logprobs": ledger.refused(0, why=_NOT_YET)}
+_COMMON = {
+    "model": ledger.USE,
+    "stream": ledger.USE,
+    "format": _FORMAT,
+    "options": ledger.USE,
+    "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
+    "think": ledger.refused(False, why="this model does not think"),
+    "logprobs": ledger.refused(False, why=_NOT_YET),
+    "top_logprobs": ledger.refused(0, why=_NOT_YET),
+}
 GENERATE = {
-    **_COMMON, "prompt": ledger.USE, "system": ledger.USE, "template": ledger.USE, "raw": ledger.USE,
+    **_COMMON,
+    "prompt": ledger.USE,
+    "system": ledger.USE,
+    "template": ledger.USE,
+    "raw": ledger.USE,
     "images": ledger.refused([], why=_TEXT_ONLY),
     "suffix": ledger.refused("", why="fill-in-the-middle is " + _NOT_YET),
     "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
     **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
 }
 CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [])}
-SHOW = {"model": ledger.USE, "name": ledger.USE, "verbose": ledger.USE, "system": ledger.REPORTED,
-        "template": ledger.REPORTED, "options": ledger.REPORTED}
+SHOW = {
+    "model": ledger.USE,
+    "name": ledger.USE,
+    "verbose": ledger.USE,
+    "system": ledger.REPORTED,
+    "template": ledger.REPORTED,
+    "options": ledger.REPORTED,
+}
+
+# --- request shapes (contracts.py) --------------------------------------------------------
+
+MODEL = contracts.Text(
+    min_length=1, examples=(openai_params.DEMO_MODEL,), description="Ollama's name: <id>:latest is <id>"
+)
+
+
+def named(field: contracts.Field) -> contracts.Shape:
+    """`model`, or when it is absent Ollama's deprecated `name` (read only then)."""
+    return contracts.Shape(
+        fields={"model": field, "name": contracts.Anything(description="Deprecated: model, when model is absent")},
+        rules=(
+            when({"not": sent("model")}, contracts.Shape(fields={"name": field}, required=("name",)), "model, or name"),
+        ),
+    )
+
+
+_FALSY = contracts.Choice(values=(None, False, 0, "", [], {}))  # what `if m.get("images")` lets through
+MESSAGE = contracts.Named(
+    name="OllamaMessage",
+    field=contracts.Shape(
+        fields={
+            "role": contracts.Choice(values=openai_params.ROLES),
+            "content": contracts.AnyOf(options=(contracts.Text(), contracts.ListOf(items=openai_params.TEXT_PART))),
+            "images": attrs.evolve(_FALSY, description="Refused unless empty: " + _TEXT_ONLY),
+            "tool_calls": contracts.ListOf(items=openai_params.TOOL_CALL, description="An assistant's earlier calls"),
+        },
+        required=("role",),
+    ),
+)
+_FORMAT_FIELD = contracts.AnyOf(
+    options=(contracts.Choice(values=("json", "")), SCHEMA),
+    description=(
+        '"json" or a JSON schema: the answer is decoded under it and validated; not with options.stop or tools'
+    ),
+)
+_NONE = {"anyOf": [NULL, {"maxItems": 0}]}
+_STOPPED = {"options": {"anyOf": [NULL, {"properties": {"stop": _NONE}}]}}
+_FORMATTED = {"properties": {"format": {"not": {"enum": [None, ""]}}}, "required": ["format"]}
+_COMMON_FIELDS = {
+    "model": MODEL,
+    "stream": contracts.Boolean(default=True),
+    "format": _FORMAT_FIELD,
+    "options": ollama_params.SHAPE,
+    "keep_alive": ollama_params.KEEP_ALIVE,
+}
+_LOADS = "Absent or empty: the model is loaded (keep_alive 0: unloaded)"
+GENERATE_REQUEST = contracts.Shape(
+    fields={
+        **_COMMON_FIELDS,
+        "prompt": contracts.Text(description=_LOADS),
+        "system": contracts.Text(),
+        "raw": contracts.Boolean(default=False, description="true: the prompt as it is (system and template reported)"),
+        "template": contracts.Text(
+            description="Ollama's template override: greenroom renders {{ .System }}, "
+            "{{ .Prompt }} and {{ .Response }} only (anything else in {{ }} is refused)"
+        ),
+    },
+    required=("model",),
+    rules=(when(_FORMATTED, {"properties": _STOPPED}, "format cannot be cut by a stop string"),),
+)
+CHAT_REQUEST = contracts.Shape(
+    fields={
+        **_COMMON_FIELDS,
+        "messages": attrs.evolve(openai_params.conversation(MESSAGE, min_items=0), description=_LOADS),
+        "tools": contracts.ListOf(items=structured.TOOL),
+    },
+    required=("model",),
+    rules=(
+        when(
+            _FORMATTED,
+            {"properties": {**_STOPPED, "tools": _NONE}},
+            "format cannot be cut by a stop string or combined with tools",
+        ),
+    ),
+)
+SHOW_REQUEST = attrs.evolve(
+    named(MODEL),
+    fields={
+        **named(MODEL).fields,
+        "verbose": contracts.Boolean(default=False, description="true: long arrays of model_info in full"),
+    },
+)
 
 
 def _now() -> str:
     """RFC 3339, UTC."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.Plan:
     """Ollama's `format` ("json" or a JSON schema) and tools as greenroom's structured-output
     plan. A constrained answer is validated once complete (streamed too: a document that
     does not validate ends the stream with an error line instead of `done`)."""
+    if tools is not None and not isinstance(tools, list):
+        raise GreenroomError("invalid_parameter", "'tools' must be an array", "tools")
     fmt = body.get("format")
     if fmt not in (None, "") and tools:
-        raise GreenroomError("invalid_parameter", "'format' cannot be combined with tools: a tool call is not a "
-                             "document of the format; send one of them", "format")
+        raise GreenroomError(
+            "invalid_parameter",
+            "'format' cannot be combined with tools: a tool call is not a document of the format; send one of them",
+            "format",
+        )
     if fmt is None or fmt == "":
         response_format = None
     elif fmt == "json":
@@ -84,8 +200,9 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
     else:
         raise GreenroomError("invalid_parameter", "'format' must be \"json\" or a JSON schema object", "format")
     try:
-        return structured.plan({"response_format": response_format, "tools": tools or None,
-                                "stop": list(stop) or None}, stream=False)
+        return structured.plan(
+            {"response_format": response_format, "tools": tools or None, "stop": list(stop) or None}, stream=False
+        )
     except GreenroomError as exc:
         if not (exc.param or "").startswith("response_format"):
             raise
@@ -93,30 +210,19 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
 
 
 def conversation(messages: list) -> list[dict]:
-    """Ollama messages → greenroom's (validated by openai_params.messages)."""
+    """Ollama messages → greenroom's (validated by openai_params.messages, tool calls too)."""
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, dict):
             if m.get("images"):
-                raise GreenroomError("field_not_honoured", f"'messages[{i}].images' cannot be honoured: {_TEXT_ONLY}",
-                                     f"messages[{i}].images")
-            calls = m.get("tool_calls")
-            if calls is not None:
-                _check_tool_calls(calls, f"messages[{i}].tool_calls")
+                raise GreenroomError(
+                    "field_not_honoured",
+                    f"'messages[{i}].images' cannot be honoured: {_TEXT_ONLY}",
+                    f"messages[{i}].images",
+                )
             m = {k: m[k] for k in ("role", "content", "tool_calls") if k in m}
         out.append(m)
     return openai_params.messages({"messages": out})
-
-
-def _check_tool_calls(calls, where: str) -> None:
-    if not isinstance(calls, list):
-        raise GreenroomError("invalid_parameter", f"'{where}' must be an array", where)
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)
-                and isinstance(fn.get("arguments", {}), (dict, str))):
-            raise GreenroomError("invalid_parameter", f"'{where}[{j}]' must be {{\"function\": {{\"name\": ..., "
-                                 "\"arguments\": {...}}}", f"{where}[{j}]")
 
 
 def _ollama_calls(calls) -> list[dict]:
@@ -125,6 +231,7 @@ def _ollama_calls(calls) -> list[dict]:
 
 
 # --- generation ------------------------------------------------------------------------------
+
 
 @attrs.frozen
 class Job:
@@ -145,16 +252,22 @@ async def _generate(tree: Tree, job: Job):
     load_ns = time.monotonic_ns() - load_started
     # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
     options = job.options
-    gen = attrs.evolve(job.gen, fit=Fit(ollama_params.window(options, info["context_length"]), options.num_keep,
-                                        options.params.max_tokens or ollama_params.OPTIONS["num_predict"].default,
-                                        options.fill))
+    gen = attrs.evolve(
+        job.gen,
+        fit=Fit(
+            ollama_params.window(options, info["context_length"]),
+            options.num_keep,
+            options.params.max_tokens or ollama_params.OPTIONS["num_predict"].default,
+            options.fill,
+        ),
+    )
     log.debug("request %s → %s (%s)", rid, gen.rid, "chat" if job.chat else "generate")
 
     def headers(first) -> dict[str, str]:
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
         out = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
         if first.truncated:
-            out[TRUNCATED_HEADER] = ", ".join(f"{k}={v}" for k, v in first.truncated.items())
+            out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
         return {**out, **routing_headers(info, first.prompt_tokens)}
 
     def timing(first) -> _Timing:
@@ -164,16 +277,26 @@ async def _generate(tree: Tree, job: Job):
         if job.keep_alive is not None:
             tree.keep_alive(job.req.model, job.keep_alive)
 
-    return await answer(tree, client, gen, framing=framing.NDJSON if job.stream else None, headers=headers,
-                        frames=lambda events, first: _frames(job, events, timing(first), rid),
-                        collect=lambda events, first: _collect(job, events, timing(first)), done=kept_alive)
+    return await answer(
+        tree,
+        client,
+        gen,
+        framing=framing.NDJSON if job.stream else None,
+        headers=headers,
+        frames=lambda events, first: _frames(job, events, timing(first), rid),
+        collect=lambda events, first: _collect(job, events, timing(first)),
+        done=kept_alive,
+    )
 
 
 def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
     """Where the request ran (the NPU proxy's headers): the serving placement's device, why
-    the router chose it (tree.route), and the prompt's token count it classifies by."""
-    return {"X-NPU-Proxy-Device": info["device"], "X-NPU-Proxy-Route-Reason": info["route_reason"],
-            "X-NPU-Proxy-Token-Count": str(prompt_tokens)}
+    the router chose it (supervisor/routing.py), and the prompt's token count it classifies by."""
+    return {
+        "X-NPU-Proxy-Device": info["device"],
+        "X-NPU-Proxy-Route-Reason": info["route_reason"],
+        "X-NPU-Proxy-Token-Count": str(prompt_tokens),
+    }
 
 
 @attrs.frozen
@@ -207,9 +330,10 @@ def _final(job: Job, text: str, finished: Text, timing: _Timing) -> dict:
     if job.chat:
         msg = {"role": "assistant", "content": message.get("content") or ""}
         if message.get("tool_calls"):
-            msg["tool_calls"] = [{"function": {"name": c["function"]["name"],
-                                               "arguments": json.loads(c["function"]["arguments"])}}
-                                 for c in message["tool_calls"]]
+            msg["tool_calls"] = [
+                {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in message["tool_calls"]
+            ]
         out["message"] = msg
     else:
         out["response"] = text
@@ -277,8 +401,13 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
         if job.plan.constraint is not None:
             structured.message(job.plan, "".join(texts), finished.finish_reason)  # validates a complete document
         reason = finished.finish_reason
-        done = {**_head(job), **({"message": {"role": "assistant", "content": ""}} if job.chat else {"response": ""}),
-                "done": True, "done_reason": reason, **timing.metrics(finished)}
+        done = {
+            **_head(job),
+            **({"message": {"role": "assistant", "content": ""}} if job.chat else {"response": ""}),
+            "done": True,
+            "done_reason": reason,
+            **timing.metrics(finished),
+        }
         yield framing.ndjson(done)
     except GreenroomError as exc:
         yield framing.ndjson(error_body(exc, rid))
@@ -314,8 +443,9 @@ async def _generation_request(tree: Tree, table: dict, where: str):
 
 # --- routes ----------------------------------------------------------------------------------
 
+
 def register(app: Quart, tree: Tree) -> None:
-    @app.post("/api/generate")
+    @routes.view(app, "POST", "/api/generate")
     async def ollama_generate():
         req, options, stream, keep_alive = await _generation_request(tree, GENERATE, "on /api/generate")
         body = req.body
@@ -332,13 +462,20 @@ def register(app: Quart, tree: Tree) -> None:
             gen = Generate(rid, req.model, options.params, prompts=[text], constraint=plan.constraint)
         else:
             conversation = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": prompt}]
+                {"role": "user", "content": prompt}
+            ]
             # a model without a chat template gets the prompt as it is, Ollama's `{{ .Prompt }}`
-            gen = Generate(rid, req.model, options.params, conversations=[conversation], constraint=plan.constraint,
-                           as_is_without_template=True)
+            gen = Generate(
+                rid,
+                req.model,
+                options.params,
+                conversations=[conversation],
+                constraint=plan.constraint,
+                as_is_without_template=True,
+            )
         return await _generate(tree, Job(False, req, gen, plan, options, stream, keep_alive))
 
-    @app.post("/api/chat")
+    @routes.view(app, "POST", "/api/chat")
     async def ollama_chat():
         req, options, stream, keep_alive = await _generation_request(tree, CHAT, "on /api/chat")
         body = req.body
@@ -348,22 +485,29 @@ def register(app: Quart, tree: Tree) -> None:
         plan = _plan(body, body.get("tools"), options.params.stop)
         if not messages:
             return await _load(tree, req, chat=True, keep_alive=keep_alive)
-        gen = Generate(openai_params.new_rid("chat"), req.model, options.params,
-                       conversations=[conversation(messages)], tools=plan.tools, constraint=plan.constraint)
+        gen = Generate(
+            openai_params.new_rid("chat"),
+            req.model,
+            options.params,
+            conversations=[conversation(messages)],
+            tools=plan.tools,
+            constraint=plan.constraint,
+        )
         return await _generate(tree, Job(True, req, gen, plan, options, stream, keep_alive))
 
-    @app.get("/api/tags")
+    @routes.view(app, "GET", "/api/tags")
     async def ollama_tags():
         placed = [model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models()]
         return {"models": await trio.to_thread.run_sync(model_facts.tags, placed)}
 
-    @app.get("/api/ps")
+    @routes.view(app, "GET", "/api/ps")
     async def ollama_ps():
-        placed = [model_facts.Placed.of(tree, m["id"], trio.current_time())
-                  for m in tree.models() if m["state"] == "loaded"]
+        placed = [
+            model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models() if m["state"] == "loaded"
+        ]
         return {"models": await trio.to_thread.run_sync(model_facts.ps, placed)}
 
-    @app.post("/api/show")
+    @routes.view(app, "POST", "/api/show")
     async def ollama_show():
         req = await prepare(tree, SHOW, "on /api/show")
         placed = model_facts.Placed.of(tree, req.model, trio.current_time())
@@ -371,6 +515,6 @@ def register(app: Quart, tree: Tree) -> None:
         shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps.tools, verbose)
         return shown, 200, req.headers()
 
-    @app.get("/api/version")
+    @routes.view(app, "GET", "/api/version")
     async def ollama_version():
         return {"version": __version__}

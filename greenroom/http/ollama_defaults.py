@@ -11,20 +11,23 @@ applies a Modelfile's: a request's own value wins (its options key by key).
 
 from __future__ import annotations
 
-from greenroom.store.registry import DEFAULTS_KEY
+from greenroom.supervisor.placements import Placement
 
 
-def apply(body: dict, placement: dict, chat: bool) -> dict:
+def apply(body: dict, placement: Placement, chat: bool) -> dict:
     """`body` with the defaults of the placement's model merged in (the same body when it
     has none). Values are validated afterwards, as the request's own are."""
-    defaults = placement.get(DEFAULTS_KEY)
+    defaults = placement.defaults
     if not defaults:
         return body
     out = dict(body)
     if defaults.get("parameters"):
         options = body.get("options")
-        out["options"] = {**defaults["parameters"], **options} if isinstance(options, dict) else (
-            defaults["parameters"] if options is None else options)
+        out["options"] = (
+            {**defaults["parameters"], **options}
+            if isinstance(options, dict)
+            else (defaults["parameters"] if options is None else options)
+        )
     if chat:
         messages = body.get("messages")
         if isinstance(messages, list) and messages:  # no messages: a load request, nothing to prepend

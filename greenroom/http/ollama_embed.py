@@ -10,7 +10,7 @@ import time
 from quart import Quart
 
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, openai_params
+from greenroom.http import contracts, ledger, ollama_api, ollama_params, openai_params, routes
 from greenroom.http.answering import single, vectors
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_request import Prepared, prepare
@@ -21,9 +21,48 @@ MAX_ITEMS = 128
 MAX_TEXT_CHARS = 8192
 MAX_REQUEST_CHARS = 65536
 
-EMBED = {"model": ledger.USE, "input": ledger.USE, "truncate": ledger.USE, "dimensions": ledger.USE,
-         "options": ledger.REPORTED, "keep_alive": ledger.USE}
+EMBED = {
+    "model": ledger.USE,
+    "input": ledger.USE,
+    "truncate": ledger.USE,
+    "dimensions": ledger.USE,
+    "options": ledger.REPORTED,
+    "keep_alive": ledger.USE,
+}
 EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.USE}
+
+# --- request shapes (contracts.py): `texts` checks them, in the spec's order ------------------
+
+TEXT = contracts.Text(
+    max_length=MAX_TEXT_CHARS,
+    pattern=r"[\s\S]*\S[\s\S]*",
+    description="Not only whitespace (400 empty_input); longer: 413 embedding_input_too_large",
+)
+_TOTAL = (
+    f"At most {MAX_ITEMS} texts (413 embedding_batch_too_large), {MAX_REQUEST_CHARS:,} characters in all "
+    "(413 embedding_request_too_large)"
+)
+EMBED_REQUEST = contracts.Shape(
+    fields={
+        "model": ollama_api.MODEL,
+        "input": contracts.AnyOf(
+            options=(TEXT, contracts.ListOf(items=TEXT, min_items=1, max_items=MAX_ITEMS)), description=_TOTAL
+        ),
+        "truncate": contracts.Boolean(
+            default=True,
+            description="Never honoured as Ollama's truncation: a long input is refused (true is reported)",
+        ),
+        "dimensions": contracts.Number(
+            lo=1, integer=True, description="The first this many of each normalised vector; at most the model's width"
+        ),
+        "keep_alive": ollama_params.KEEP_ALIVE,
+    },
+    required=("model", "input"),
+)
+EMBEDDINGS_REQUEST = contracts.Shape(
+    fields={"model": ollama_api.MODEL, "prompt": TEXT, "keep_alive": ollama_params.KEEP_ALIVE},
+    required=("model", "prompt"),
+)
 
 
 def texts(value, param: str) -> list[str]:
@@ -63,15 +102,14 @@ def _normalised(v: list[float]) -> list[float]:
 
 
 def register(app: Quart, tree: Tree) -> None:
-    @app.post("/api/embed")
+    @routes.view(app, "POST", "/api/embed")
     async def ollama_embed():
         req = await prepare(tree, EMBED, "on /api/embed")
         body = req.body
         inputs = texts(body.get("input"), "input")
         openai_params.boolean(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
         dimensions = body.get("dimensions")
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or dimensions < 1):
+        if dimensions is not None and not EMBED_REQUEST.fields["dimensions"].holds(dimensions):
             raise GreenroomError("invalid_parameter", "'dimensions' must be a positive integer", "dimensions")
         keep_alive = parse_keep_alive(body)
         also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
@@ -82,14 +120,25 @@ def register(app: Quart, tree: Tree) -> None:
         floats = vectors(embedded)
         if dimensions is not None:
             if dimensions > len(floats[0]):
-                raise GreenroomError("invalid_parameter", f"'dimensions' is {dimensions}, but this model's "
-                                     f"embeddings have {len(floats[0])}", "dimensions")
+                raise GreenroomError(
+                    "invalid_parameter",
+                    f"'dimensions' is {dimensions}, but this model's embeddings have {len(floats[0])}",
+                    "dimensions",
+                )
             floats = [v[:dimensions] for v in floats]
-        return {"model": req.sent_model, "embeddings": [_normalised(v) for v in floats],
-                "total_duration": time.monotonic_ns() - req.started_ns, "load_duration": load_ns,
-                "prompt_eval_count": embedded.prompt_tokens}, 200, headers
+        return (
+            {
+                "model": req.sent_model,
+                "embeddings": [_normalised(v) for v in floats],
+                "total_duration": time.monotonic_ns() - req.started_ns,
+                "load_duration": load_ns,
+                "prompt_eval_count": embedded.prompt_tokens,
+            },
+            200,
+            headers,
+        )
 
-    @app.post("/api/embeddings")
+    @routes.view(app, "POST", "/api/embeddings")
     async def ollama_embeddings():
         req = await prepare(tree, EMBEDDINGS, "on /api/embeddings")
         openai_params.string(req.body, "prompt")

@@ -1,7 +1,8 @@
 """The Ollama surface's envelope: request ids and the flat error body.
 
 Errors are Ollama's flat envelope, `{"error": "<message> (request id: <id>)", "code"}`, with
-greenroom's codes and statuses (errors.py); every response carries X-Request-ID (the
+greenroom's codes and statuses (errors.py), on the routes whose surface is Ollama's
+(routes.py); every response carries X-Request-ID (the
 client's, echoed, or one made here). A stream that fails after it started ends with that
 envelope as its last line.
 """
@@ -14,16 +15,9 @@ import uuid
 from quart import g, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import manage_api, monitoring_api, steering_api
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-
-
-def owns(path: str) -> bool:
-    """Whether `path` is the Ollama surface's (its errors use the flat envelope)."""
-    return (path.startswith("/api/") and path != "/api/actors" and path not in manage_api.PATHS
-            and not steering_api.owns(path) and not monitoring_api.owns(path))
 
 
 def request_id() -> str:

@@ -3,7 +3,7 @@
 
 Models these routes add are placed on the tree (`Tree.add_model`) and recorded in the
 registry (greenroom/store/registry.py), which places them again when the server starts.
-Errors are the Ollama surface's flat envelope (app.py picks it for every /api/ path).
+Errors are the Ollama surface's flat envelope (their routes' surface in routes.py).
 
 Hub tokens (spec: "Pull authentication"): a public repository needs none; a private one
 needs the caller's token in exactly one place — the body's `huggingface_token`, or
@@ -19,37 +19,117 @@ import logging
 import re
 import threading
 
+import attrs
 import trio
 from quart import Quart, Response, request
 
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, ledger, ollama_api, ollama_params, openai_params
+from greenroom.http import contracts, framing, ledger, ollama_api, ollama_params, openai_params, routes
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import served
 from greenroom.http.ollama_templates import apply_template
 from greenroom.store import catalogue, hub
-from greenroom.store.registry import DEFAULTS_KEY, Entry, Registry, place
+from greenroom.store.registry import Entry, Registry, place
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
 
-_HUB_TOKEN = re.compile(r"[\x21-\x7e]{1,1024}")  # printable ASCII, no spaces
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
+_HUB_TOKEN = contracts.Text(
+    pattern=r"[\x21-\x7e]{1,1024}",
+    description="A Hugging Face token for a private "
+    "repository (printable characters, no spaces); or Authorization: Bearer, not both",
+)
+# letters, digits and . _ - : /, at most 200 characters, starting with a letter or digit, no ".."
+_NAME = contracts.Text(pattern=r"[A-Za-z0-9](?:\.?[A-Za-z0-9_:/-])*\.?", max_length=200)
 _NOT_SERVED = "blobs (/api/blobs) are not served by greenroom: create from an existing model with 'from'"
 
-PULL = {"model": ledger.USE, "name": ledger.USE, "stream": ledger.USE, "huggingface_token": ledger.USE,
-        "insecure": ledger.refused(False, why="the Hub is reached as HF_ENDPOINT says")}
+PULL = {
+    "model": ledger.USE,
+    "name": ledger.USE,
+    "stream": ledger.USE,
+    "huggingface_token": ledger.USE,
+    "insecure": ledger.refused(False, why="the Hub is reached as HF_ENDPOINT says"),
+}
 DELETE = {"model": ledger.USE, "name": ledger.USE}
 COPY = {"source": ledger.USE, "destination": ledger.USE}
-CREATE = {"model": ledger.USE, "name": ledger.USE, "from": ledger.USE, "template": ledger.USE, "system": ledger.USE,
-          "parameters": ledger.USE, "messages": ledger.USE, "stream": ledger.USE,
-          "license": ledger.REPORTED,  # accepted, not kept
-          "quantize": ledger.refused(why="greenroom does not quantize models"),
-          "files": ledger.refused({}, why=_NOT_SERVED), "adapters": ledger.refused({}, why=_NOT_SERVED)}
-SEARCH = ("q", "sort", "limit", "offset", "type", "quantization", "min_downloads")
+CREATE = {
+    "model": ledger.USE,
+    "name": ledger.USE,
+    "from": ledger.USE,
+    "template": ledger.USE,
+    "system": ledger.USE,
+    "parameters": ledger.USE,
+    "messages": ledger.USE,
+    "stream": ledger.USE,
+    "license": ledger.REPORTED,  # accepted, not kept
+    "quantize": ledger.refused(why="greenroom does not quantize models"),
+    "files": ledger.refused({}, why=_NOT_SERVED),
+    "adapters": ledger.refused({}, why=_NOT_SERVED),
+}
 MAX_SEARCH_LIMIT = 100
+_OFFLINE = ("downloads", "likes")  # sorts the offline catalogue cannot honour
+
+# --- request shapes (contracts.py) --------------------------------------------------------
+
+_FROM_HUB = "a catalogue alias (GET /api/models/known) or a Hugging Face repository id owner/name, with :TAG"
+PULL_REQUEST = contracts.merge(
+    ollama_api.named(
+        contracts.Text(
+            min_length=1,
+            pattern=(rf"(?:[\s\S]*/)?(?:[^/:]*|[^/]*:{hub._TAG.pattern})"),
+            description=_FROM_HUB + " (latest or a GGUF quantization)",
+        )
+    ),
+    contracts.Shape(fields={"stream": contracts.Boolean(default=True), "huggingface_token": _HUB_TOKEN}),
+)
+DELETE_REQUEST = ollama_api.named(ollama_api.MODEL)
+COPY_REQUEST = contracts.Shape(
+    fields={
+        "source": ollama_api.MODEL,
+        "destination": attrs.evolve(_NAME, description="The new name (:latest is the bare name)"),
+    },
+    required=("source", "destination"),
+)
+CREATE_REQUEST = contracts.merge(
+    ollama_api.named(attrs.evolve(_NAME, description="The new model's name")),
+    contracts.Shape(
+        fields={
+            "from": attrs.evolve(ollama_api.MODEL, description="The model it is made from"),
+            "template": ollama_api.GENERATE_REQUEST.fields["template"],
+            "system": contracts.Text(),
+            "parameters": attrs.evolve(ollama_params.SHAPE, closed=True, description="Its default options"),
+            "messages": contracts.ListOf(
+                items=ollama_api.MESSAGE, min_items=1, description="Messages before every chat"
+            ),
+            "stream": contracts.Boolean(default=True),
+        },
+        required=("from",),
+    ),
+)
+SEARCH_QUERY = contracts.Shape(
+    fields={
+        "q": contracts.Text(description="In the alias, repository or family (case-insensitive)"),
+        "sort": contracts.Choice(
+            values=tuple(s for s in catalogue.SORTS if s not in _OFFLINE),
+            default="popular",
+            description=" and ".join(_OFFLINE) + ": 400 field_not_honoured (an offline catalogue)",
+        ),
+        "limit": contracts.Number(lo=1, hi=MAX_SEARCH_LIMIT, integer=True, default=20),
+        "offset": contracts.Number(lo=0, hi=10**9 - 1, integer=True, default=0),
+        "type": contracts.Choice(values=catalogue.TYPES, default="all"),
+        "quantization": contracts.Text(description="Exactly (case-insensitive)"),
+        "min_downloads": contracts.Number(
+            lo=0,
+            hi=0,
+            integer=True,
+            default=0,
+            description="Above 0: 400 field_not_honoured (the catalogue records no download counts)",
+        ),
+    },
+    description="Other parameters are reported in X-miLLM-Ignored-Fields",
+)
 POLL_S = 0.25  # how often a pull's progress is read from its download thread
 
 
@@ -66,9 +146,12 @@ def _new_name(value, param: str) -> str:
     the bare name)."""
     if value is None or value == "":
         raise GreenroomError("missing_parameter", f"'{param}' is required", param)
-    if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
-        raise GreenroomError("invalid_parameter", f"'{param}' must be a model name: letters, digits and . _ - : / "
-                             "(at most 200 characters)", param)
+    if not _NAME.matches(value):
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{param}' must be a model name: letters, digits and . _ - : / (at most 200 characters)",
+            param,
+        )
     return value.removesuffix(":latest")
 
 
@@ -100,7 +183,7 @@ def _ndjson(frames, headers: dict) -> Response:
 async def _last(frames) -> dict:
     """`stream: false`: only the last frame (a failure is the response's error status)."""
     last = None
-    async for last in frames:
+    async for last in frames:  # noqa: B007 (the loop keeps the last frame)
         pass
     return last
 
@@ -109,10 +192,15 @@ def _spec(tree: Tree, model: str) -> dict:
     """Tree.add_model's arguments that place another name on `model`'s source."""
     m = tree.state_of(model)
     p = m.placement
-    return {"source": p["source"], "engine": p["engine"],
-            "actor": m.slot.name if p["engine"] == "transformers" else "auto",
-            "dtype": p.get("dtype"), "n_ctx": p.get("n_ctx"), "threads": p.get("threads"),
-            "chat_template": p.get("chat_template")}
+    return {
+        "source": p.source,
+        "engine": p.engine,
+        "actor": m.slot.name if p.engine == "transformers" else "auto",
+        "dtype": p.dtype,
+        "n_ctx": p.n_ctx,
+        "threads": p.threads,
+        "chat_template": p.chat_template,
+    }
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -121,20 +209,30 @@ def register(app: Quart, tree: Tree) -> None:
 
     def hub_token(body: dict) -> str | None:
         sent = body.get("huggingface_token")
-        if sent is not None and not (isinstance(sent, str) and _HUB_TOKEN.fullmatch(sent)):
-            raise GreenroomError("invalid_parameter", "'huggingface_token' must be a token: printable characters, "
-                                 "no spaces", "huggingface_token")
+        if sent is not None and not _HUB_TOKEN.matches(sent):
+            raise GreenroomError(
+                "invalid_parameter",
+                "'huggingface_token' must be a token: printable characters, no spaces",
+                "huggingface_token",
+            )
         header = None
         auth = request.headers.get("Authorization")
         if tree.config.api_key is None and auth is not None:  # with an API key, Authorization is the server's
             scheme, _, value = auth.strip().partition(" ")
-            if scheme.lower() != "bearer" or not _HUB_TOKEN.fullmatch(value.strip()):
-                raise GreenroomError("invalid_parameter", "the Authorization header must be 'Bearer <Hugging Face "
-                                     "token>'", "Authorization")
+            if scheme.lower() != "bearer" or not _HUB_TOKEN.matches(value.strip()):
+                raise GreenroomError(
+                    "invalid_parameter",
+                    "the Authorization header must be 'Bearer <Hugging Face token>'",
+                    "Authorization",
+                )
             header = value.strip()
         if sent is not None and header is not None:
-            raise GreenroomError("hub_token_conflict", "a Hugging Face token was sent both in huggingface_token and "
-                                 "in Authorization: Bearer; send it in exactly one of them", "huggingface_token")
+            raise GreenroomError(
+                "hub_token_conflict",
+                "a Hugging Face token was sent both in huggingface_token and "
+                "in Authorization: Bearer; send it in exactly one of them",
+                "huggingface_token",
+            )
         return sent if sent is not None else header
 
     async def delete_unused(repo: str) -> None:
@@ -148,15 +246,20 @@ def register(app: Quart, tree: Tree) -> None:
         """The names a pulled repository is served as: the pulled name (a checkpoint), or
         `<name>:<QUANT>` per GGUF model, QUANT read from the file."""
         if lst.engine == "transformers":
-            return [Entry(t.name, "pulled", {"source": str(dest), "engine": "transformers", "actor": "auto"},
-                          None, lst.repo)]
+            return [
+                Entry(
+                    t.name, "pulled", {"source": str(dest), "engine": "transformers", "actor": "auto"}, None, lst.repo
+                )
+            ]
         wanted = {(dest / f.name).resolve() for f in lst.files}
         names = {}
         for label, path in gguf_files.discover([dest]):
             if path.resolve() in wanted:
                 names.setdefault(f"{t.name}:{label.rpartition(':')[2]}", path)
-        return [Entry(n, "pulled", {"source": str(p), "engine": "llama.cpp"}, None, lst.repo)
-                for n, p in sorted(names.items())]
+        return [
+            Entry(n, "pulled", {"source": str(p), "engine": "llama.cpp"}, None, lst.repo)
+            for n, p in sorted(names.items())
+        ]
 
     def check_free(entries: list[Entry], repo: str) -> None:
         """A pulled name may replace only the same repository's earlier pull."""
@@ -164,8 +267,12 @@ def register(app: Quart, tree: Tree) -> None:
             if e.name in tree.model_states:
                 known = registry.get(e.name)
                 if known is None or known.kind != "pulled" or known.repo != repo:
-                    raise GreenroomError("model_exists", f"a model named '{e.name}' already exists; delete it first "
-                                         "(DELETE /api/delete) or pull under another name", "model")
+                    raise GreenroomError(
+                        "model_exists",
+                        f"a model named '{e.name}' already exists; delete it first "
+                        "(DELETE /api/delete) or pull under another name",
+                        "model",
+                    )
 
     async def pull_frames(t: hub.Target, lst: hub.Listing, token: str | None):
         yield {"status": "pulling manifest"}
@@ -190,8 +297,12 @@ def register(app: Quart, tree: Tree) -> None:
                         done = progress.done.get(f.name)
                         if done is not None and sent.get(f.name) != done:
                             sent[f.name] = done
-                            yield {"status": f"pulling {f.digest.partition(':')[2][:12]}", "digest": f.digest,
-                                   "total": f.size, "completed": done}
+                            yield {
+                                "status": f"pulling {f.digest.partition(':')[2][:12]}",
+                                "digest": f.digest,
+                                "total": f.size,
+                                "completed": done,
+                            }
                     if finished:
                         break
                     await trio.sleep(POLL_S)
@@ -201,13 +312,13 @@ def register(app: Quart, tree: Tree) -> None:
                 if isinstance(failure[0], GreenroomError):
                     raise failure[0]
                 log.error("pull of %s failed: %s", lst.repo, type(failure[0]).__name__)
-                raise GreenroomError("hub_unavailable", f"downloading '{lst.repo}' failed "
-                                     f"({type(failure[0]).__name__})", "model")
+                raise GreenroomError(
+                    "hub_unavailable", f"downloading '{lst.repo}' failed ({type(failure[0]).__name__})", "model"
+                )
             yield {"status": "writing manifest"}
             entries = await trio.to_thread.run_sync(pulled_entries, t, lst, dest)
             if not entries:
-                raise GreenroomError("unsupported_repository", f"no GGUF file of '{lst.repo}' could be read",
-                                     "model")
+                raise GreenroomError("unsupported_repository", f"no GGUF file of '{lst.repo}' could be read", "model")
             check_free(entries, lst.repo)
             for e in entries:
                 if e.name not in tree.model_states:
@@ -216,7 +327,7 @@ def register(app: Quart, tree: Tree) -> None:
             log.info("pulled %s (%s) as %s", lst.repo, lst.revision[:12], ", ".join(e.name for e in entries))
         yield {"status": "success"}
 
-    @app.post("/api/pull")
+    @routes.view(app, "POST", "/api/pull")
     async def ollama_pull():
         body, headers = await _body(PULL, "on /api/pull")
         stream = openai_params.boolean(body, "stream", True)
@@ -230,14 +341,18 @@ def register(app: Quart, tree: Tree) -> None:
         frames = pull_frames(t, lst, token)
         return _ndjson(frames, headers) if stream else (await _last(frames), 200, headers)
 
-    @app.delete("/api/delete")
+    @routes.view(app, "DELETE", "/api/delete")
     async def ollama_delete():
         body, headers = await _body(DELETE, "on /api/delete")
         model = served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
         entry = registry.get(model)
         if entry is None:
-            raise GreenroomError("model_configured", f"model '{model}' comes from the server's configuration, not "
-                                 "from /api/pull, /api/copy or /api/create: remove it there", "model")
+            raise GreenroomError(
+                "model_configured",
+                f"model '{model}' comes from the server's configuration, not "
+                "from /api/pull, /api/copy or /api/create: remove it there",
+                "model",
+            )
         await tree.remove_model(model)
         registry.remove(model)
         if entry.repo is not None:
@@ -245,7 +360,7 @@ def register(app: Quart, tree: Tree) -> None:
         log.info("deleted model %s", model)
         return {}, 200, headers
 
-    @app.post("/api/copy")
+    @routes.view(app, "POST", "/api/copy")
     async def ollama_copy():
         body, headers = await _body(COPY, "on /api/copy")
         source = served(tree, _required(body, "source"))
@@ -254,29 +369,36 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("model_exists", f"a model named '{destination}' already exists", "destination")
         m = tree.state_of(source)
         of = registry.get(source)
-        entry = Entry(destination, "copy", _spec(tree, source), m.placement.get(DEFAULTS_KEY),
-                      of.repo if of else None)
+        entry = Entry(destination, "copy", _spec(tree, source), m.placement.defaults, of.repo if of else None)
         place(tree, entry)
         registry.add(entry)
         return {}, 200, headers
 
-    @app.post("/api/create")
+    @routes.view(app, "POST", "/api/create")
     async def ollama_create():
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
         base = served(tree, _required(body, "from"))
-        defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement["engine"]))
-        parent = dict(tree.state_of(base).placement.get(DEFAULTS_KEY) or {})
-        merged = {**parent, **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
-                  "parameters": {**parent.get("parameters", {}), **defaults["parameters"]}}
+        defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement.engine))
+        parent = dict(tree.state_of(base).placement.defaults or {})
+        merged = {
+            **parent,
+            **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
+            "parameters": {**parent.get("parameters", {}), **defaults["parameters"]},
+        }
         existing = registry.get(name) if name in tree.model_states else None
         if name in tree.model_states and (existing is None or existing.kind != "created"):
-            raise GreenroomError("model_exists", f"a model named '{name}' already exists (only a model made by "
-                                 "/api/create is replaced by creating it again)", "model")
+            raise GreenroomError(
+                "model_exists",
+                f"a model named '{name}' already exists (only a model made by "
+                "/api/create is replaced by creating it again)",
+                "model",
+            )
         of = registry.get(base)
-        entry = Entry(name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v},
-                      of.repo if of else None)
+        entry = Entry(
+            name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v}, of.repo if of else None
+        )
         if existing is not None:
             await tree.remove_model(name)
         place(tree, entry)
@@ -294,44 +416,64 @@ def register(app: Quart, tree: Tree) -> None:
 
         return _ndjson(frames(), headers) if stream else (await _last(frames()), 200, headers)
 
-    @app.get("/api/models/known")
+    @routes.view(app, "GET", "/api/models/known")
     async def ollama_known():
         return {"models": [catalogue.row(k) for k in catalogue.CATALOGUE]}
 
-    @app.get("/api/search")
+    @routes.view(app, "GET", "/api/search")
     async def ollama_search():
         args = request.args
         strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
-        headers = ledger.report_headers([k for k in args if k not in SEARCH], strict)
-        sort = _choice(args, "sort", catalogue.SORTS, "popular")
-        if sort in ("downloads", "likes"):
-            raise GreenroomError("field_not_honoured", f"'sort={sort}' cannot be honoured: the catalogue is answered "
-                                 "offline and records no download or like counts; use popular or newest", "sort")
-        if _count(args, "min_downloads", 0, None) > 0:
-            raise GreenroomError("field_not_honoured", "'min_downloads' cannot be honoured: the catalogue is answered "
-                                 "offline and records no download counts", "min_downloads")
-        limit = _count(args, "limit", 20, MAX_SEARCH_LIMIT, lo=1)
-        offset = _count(args, "offset", 0, None)
-        found = catalogue.search(args.get("q", ""), sort, _choice(args, "type", catalogue.TYPES, "all"),
-                                 args.get("quantization", ""))
-        return {"models": [catalogue.row(k) for k in found[offset:offset + limit]], "total": len(found),
-                "limit": limit, "offset": offset}, 200, headers
+        headers = ledger.report_headers([k for k in args if k not in SEARCH_QUERY.names], strict)
+        sort = _choice(args, "sort", catalogue.SORTS)
+        if sort in _OFFLINE:
+            raise GreenroomError(
+                "field_not_honoured",
+                f"'sort={sort}' cannot be honoured: the catalogue is answered "
+                "offline and records no download or like counts; use popular or newest",
+                "sort",
+            )
+        if _count(args, "min_downloads") > 0:
+            raise GreenroomError(
+                "field_not_honoured",
+                "'min_downloads' cannot be honoured: the catalogue is answered offline and records no download counts",
+                "min_downloads",
+            )
+        limit, offset = _count(args, "limit", MAX_SEARCH_LIMIT), _count(args, "offset")
+        found = catalogue.search(
+            args.get("q", ""), sort, _choice(args, "type", catalogue.TYPES), args.get("quantization", "")
+        )
+        return (
+            {
+                "models": [catalogue.row(k) for k in found[offset : offset + limit]],
+                "total": len(found),
+                "limit": limit,
+                "offset": offset,
+            },
+            200,
+            headers,
+        )
 
 
-def _choice(args, name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = args.get(name, default)
+def _choice(args, name: str, allowed: tuple[str, ...]) -> str:
+    value = args.get(name, SEARCH_QUERY.fields[name].default)
     if value not in allowed:
         raise GreenroomError("invalid_parameter", f"'{name}' must be one of {', '.join(allowed)}", name)
     return value
 
 
-def _count(args, name: str, default: int, hi: int | None, lo: int = 0) -> int:
+def _count(args, name: str, hi: int | None = None) -> int:
+    """A count of SEARCH_QUERY, in at most 9 decimal digits, at most `hi`."""
+    field = SEARCH_QUERY.fields[name]
     value = args.get(name)
     if value is None:
-        return default
-    if not re.fullmatch(r"\d{1,9}", value) or int(value) < lo or (hi is not None and int(value) > hi):
-        raise GreenroomError("invalid_parameter", f"'{name}' must be an integer from {lo}"
-                             + (f" to {hi}" if hi is not None else ""), name)
+        return field.default
+    if not re.fullmatch(r"\d{1,9}", value) or int(value) < field.lo or (hi is not None and int(value) > hi):
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{name}' must be an integer from {field.lo}" + (f" to {hi}" if hi is not None else ""),
+            name,
+        )
     return int(value)
 
 
@@ -347,13 +489,17 @@ def _create_defaults(body: dict, caps: Capabilities) -> dict:
             raise GreenroomError("invalid_parameter", "'parameters' must be an object", "parameters")
         unknown = sorted(set(parameters) - set(ollama_params.OPTIONS))
         if unknown:
-            raise GreenroomError("invalid_parameter", f"unknown parameter(s): {', '.join(unknown)}",
-                                 f"parameters.{unknown[0]}")
+            raise GreenroomError(
+                "invalid_parameter", f"unknown parameter(s): {', '.join(unknown)}", f"parameters.{unknown[0]}"
+            )
         try:
             ollama_params.resolve(parameters, caps)
         except GreenroomError as exc:
-            raise GreenroomError(exc.code, exc.message.replace("options.", "parameters."),
-                                 (exc.param or "").replace("options", "parameters", 1)) from None
+            raise GreenroomError(
+                exc.code,
+                exc.message.replace("options.", "parameters."),
+                (exc.param or "").replace("options", "parameters", 1),
+            ) from None
     messages = body.get("messages")
     if messages is not None:
         if not isinstance(messages, list):

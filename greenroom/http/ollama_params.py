@@ -31,6 +31,8 @@ import attrs
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
+from greenroom.http import keep_alive
+from greenroom.http.contracts import INT64, AnyOf, Boolean, Field, ListOf, Number, Shape, Text
 from greenroom.http.openai_params import repetition_penalty
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -97,6 +99,42 @@ OPTIONS: dict[str, Option] = {
     "embedding_only": _dropped(None, BOOL),
 }
 
+
+def _field(opt: Option) -> Field:
+    """An option as the request contract documents it (what `_value` accepts)."""
+    what = {
+        SAMPLING: f"→ {opt.target}",
+        PENALTY: "→ one repetition penalty with the other",
+        LENGTH: "→ max_tokens; -1 and -2: until the window is full",
+        WINDOW: "the request's context window (at most the model's)",
+        KEEP: "the tokens a cut prompt keeps at its start",
+        DROPPED: "accepted, not applied (reported when not the no-change value)",
+    }[opt.handling]
+    notes = {"description": what, "default": opt.default if opt.default not in (None, ()) else None}
+    if opt.type == BOOL:
+        return Boolean(**notes)
+    if opt.type == STRINGS:
+        return AnyOf(options=(Text(), ListOf(items=Text())), **notes)
+    # a sampling option goes to the engine (msgpack): an integer past 64 bits is refused there
+    hi = INT64[1] if opt.hi is None and opt.type == INT and opt.handling == SAMPLING else opt.hi
+    return Number(lo=opt.lo, hi=hi, above=opt.above, integer=opt.type == INT, **notes)
+
+
+# Ollama's options: unknown ones are reported; on /api/create's parameters they are refused
+SHAPE = Shape(
+    fields={name: _field(opt) for name, opt in OPTIONS.items()},
+    description=("Ollama's options, merged over its defaults; an integer option takes an integral float too"),
+)
+KEEP_ALIVE = AnyOf(
+    options=(
+        Number(hi=keep_alive.MAX_SECONDS),
+        Text(pattern=rf"\s*(?:{keep_alive._DURATION.pattern})\s*"),
+    ),  # keep_alive.parse
+    description="How long the model stays loaded after the request: seconds, or a Go duration such "
+    f'as "5m"; negative: for good; 0: unloaded after it; at most {keep_alive.MAX_SECONDS:.0f} s',
+)
+
+
 @attrs.frozen
 class Resolved:
     """A request's options, merged and mapped."""
@@ -134,11 +172,20 @@ def _value(name: str, value: Any, opt: Option) -> Any:
         value = int(value)
     else:
         value = float(value)
-    if (opt.lo is not None and value < opt.lo) or (opt.hi is not None and value > opt.hi) or (
-            opt.above is not None and value <= opt.above):
-        bounds = " and ".join(b for b in (
-            f"≥ {opt.lo:g}" if opt.lo is not None else "", f"> {opt.above:g}" if opt.above is not None else "",
-            f"≤ {opt.hi:g}" if opt.hi is not None else "") if b)
+    if (
+        (opt.lo is not None and value < opt.lo)
+        or (opt.hi is not None and value > opt.hi)
+        or (opt.above is not None and value <= opt.above)
+    ):
+        bounds = " and ".join(
+            b
+            for b in (
+                f"≥ {opt.lo:g}" if opt.lo is not None else "",
+                f"> {opt.above:g}" if opt.above is not None else "",
+                f"≤ {opt.hi:g}" if opt.hi is not None else "",
+            )
+            if b
+        )
         raise GreenroomError("invalid_parameter", f"'{where}' must be {bounds}, got {value}", where)
     return value
 
@@ -162,8 +209,11 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
             continue
         sent[name] = _value(name, value, opt)
         if opt.needs and not getattr(caps, opt.needs) and sent[name] != opt.default:
-            raise GreenroomError("field_not_honoured", f"'{_where(name)}' cannot be honoured by this model's "
-                                 f"engine: {WHY_NOT[opt.needs]}", _where(name))
+            raise GreenroomError(
+                "field_not_honoured",
+                f"'{_where(name)}' cannot be honoured by this model's engine: {WHY_NOT[opt.needs]}",
+                _where(name),
+            )
     merged = {name: opt.default for name, opt in OPTIONS.items()} | sent
     for name, value in sent.items():
         opt = OPTIONS[name]
@@ -196,8 +246,12 @@ def window(resolved: Resolved, context_length: int) -> int:
     if resolved.num_ctx is None:
         return min(OPTIONS["num_ctx"].default, context_length)
     if resolved.num_ctx > context_length:
-        raise GreenroomError("invalid_parameter", f"'options.num_ctx' is {resolved.num_ctx}, but this model's context "
-                             f"window is {context_length} tokens; send at most {context_length}", "options.num_ctx")
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'options.num_ctx' is {resolved.num_ctx}, but this model's context "
+            f"window is {context_length} tokens; send at most {context_length}",
+            "options.num_ctx",
+        )
     return resolved.num_ctx
 
 

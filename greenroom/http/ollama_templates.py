@@ -16,10 +16,10 @@ def apply_template(template: str, system: str | None, prompt: str) -> str:
     head = template
     m = _RESPONSE.search(template)
     if m:
-        head = template[:m.end()]
+        head = template[: m.end()]
     pieces, pos = [], 0
     for m in _VAR.finditer(head):
-        before = head[pos:m.start()]
+        before = head[pos : m.start()]
         pieces.append(before.rstrip() if m.group(1) else before)
         pieces.append({"System": system or "", "Prompt": prompt, "Response": ""}[m.group(2)])
         pos = m.end()
@@ -28,7 +28,11 @@ def apply_template(template: str, system: str | None, prompt: str) -> str:
             pos += len(rest) - len(rest.lstrip())
     pieces.append(head[pos:])
     if "{{" in _VAR.sub("", head):
-        raise GreenroomError("field_not_honoured", "'template' cannot be honoured: greenroom renders only "
-                             "{{ .System }}, {{ .Prompt }} and {{ .Response }} in a template override; send "
-                             "raw: true with a prompt you rendered yourself", "template")
+        raise GreenroomError(
+            "field_not_honoured",
+            "'template' cannot be honoured: greenroom renders only "
+            "{{ .System }}, {{ .Prompt }} and {{ .Response }} in a template override; send "
+            "raw: true with a prompt you rendered yourself",
+            "template",
+        )
     return "".join(pieces)

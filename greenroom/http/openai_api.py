@@ -10,8 +10,19 @@ import time
 import attrs
 from quart import Quart, request
 
+from greenroom import structured_fields as sf
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, ledger, needle, openai_params, sae_activations, scoring, steering_api, structured
+from greenroom.http import (
+    framing,
+    ledger,
+    needle,
+    openai_params,
+    routes,
+    sae_activations,
+    scoring,
+    steering_api,
+    structured,
+)
 from greenroom.http.answering import answer, single, vectors
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Failed, Generate, Score, Text
@@ -54,7 +65,7 @@ async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
 
 
 def register(app: Quart, tree: Tree) -> None:
-    @app.post("/v1/chat/completions")
+    @routes.view(app, "POST", "/v1/chat/completions")
     async def chat_completions():
         req = await prepare(tree, ledger.CHAT, "on chat completions")
         stream = openai_params.streaming(req.body)
@@ -65,11 +76,14 @@ def register(app: Quart, tree: Tree) -> None:
         gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
         gen = await sae_activations.attach(tree, req.body, gen)
         gen, steering = await steering_api.request_steering(tree, req.body, gen)
-        extras = Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)]
-                        ) if tree.config.expose_extras else None
+        extras = (
+            Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)])
+            if tree.config.expose_extras
+            else None
+        )
         return await _complete(tree, gen, stream, req, plan, extras, steering)
 
-    @app.post("/v1/completions")
+    @routes.view(app, "POST", "/v1/completions")
     async def completions():
         req = await prepare(tree, ledger.COMPLETIONS, "on text completions")
         stream = openai_params.streaming(req.body)
@@ -81,7 +95,7 @@ def register(app: Quart, tree: Tree) -> None:
         gen = await sae_activations.attach(tree, req.body, gen)
         return await _complete(tree, gen, stream, req, None, steering=steering_api.live_headers(tree, gen.model))
 
-    @app.post("/v1/embeddings")
+    @routes.view(app, "POST", "/v1/embeddings")
     async def embeddings():
         req = await prepare(tree, ledger.EMBEDDINGS, "on embeddings")
         embed, fmt = openai_params.embedding_request(req.body, req.model)
@@ -89,43 +103,65 @@ def register(app: Quart, tree: Tree) -> None:
         client, _ = await tree.client_for(req.model)
         event = await single(client, embed)
         floats = vectors(event) if fmt == "float" else None
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v).decode() if floats is None else floats[i]}
-                for i, v in enumerate(event.vectors)]
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(v).decode() if floats is None else floats[i],
+            }
+            for i, v in enumerate(event.vectors)
+        ]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
         return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, headers
 
-    @app.post("/v1/needle/extract")
+    @routes.view(app, "POST", "/v1/needle/extract")
     async def needle_extract():
         result, plan = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
         choice = result["choices"][0]
-        doc = structured.document(plan, choice["message"]["content"]) if choice["finish_reason"] == "stop" \
-            else structured.INVALID  # cut by max_tokens: no object came out
+        doc = (
+            structured.document(plan, choice["message"]["content"])
+            if choice["finish_reason"] == "stop"
+            else structured.INVALID
+        )  # cut by max_tokens: no object came out
         matched = doc is not structured.INVALID
-        return {"object": "needle.extraction", "data": doc if matched else None, "matched": matched,
-                "x_needle": result["x_needle"]}
+        return {
+            "object": "needle.extraction",
+            "data": doc if matched else None,
+            "matched": matched,
+            "x_needle": result["x_needle"],
+        }
 
-    @app.post("/v1/needle/complete")
+    @routes.view(app, "POST", "/v1/needle/complete")
     async def needle_complete():
         result, _ = await _needle_chat(tree, needle.completion_chat, ("query", "system", "messages", "tools"))
         choice = result["choices"][0]
-        calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
-                 for c in choice["message"].get("tool_calls") or []]
-        return {"object": "needle.completion", "model": result["model"], "content": choice["message"]["content"],
-                "tool_calls": calls, "finish_reason": choice["finish_reason"], "usage": result["usage"],
-                "x_needle": result["x_needle"]}
+        calls = [
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in choice["message"].get("tool_calls") or []
+        ]
+        return {
+            "object": "needle.completion",
+            "model": result["model"],
+            "content": choice["message"]["content"],
+            "tool_calls": calls,
+            "finish_reason": choice["finish_reason"],
+            "usage": result["usage"],
+            "x_needle": result["x_needle"],
+        }
 
-    @app.get("/v1/models")
+    @routes.view(app, "GET", "/v1/models")
     async def list_models():
         """Every available model; while one is locked for steering, that one alone (spec: Models)."""
-        return {"object": "list", "data": [_model_card(m["id"]) for m in tree.models()
-                                           if tree.locked_model in (None, m["id"])]}
+        return {
+            "object": "list",
+            "data": [_model_card(m["id"]) for m in tree.models() if tree.locked_model in (None, m["id"])],
+        }
 
-    @app.get("/v1/models/<path:model_id>")
-    async def get_model(model_id: str):
-        if any(m["id"] == model_id for m in tree.models()):
-            return _model_card(model_id)
-        raise GreenroomError("model_not_found", f"The model '{model_id}' does not exist", "model")
+    @routes.view(app, "GET", "/v1/models/{id}")
+    async def get_model(id: str):  # noqa: A002 (the route's path parameter)
+        if any(m["id"] == id for m in tree.models()):
+            return _model_card(id)
+        raise GreenroomError("model_not_found", f"The model '{id}' does not exist", "model")
 
 
 _CREATED = int(time.time())
@@ -137,6 +173,7 @@ def _model_card(model_id: str) -> dict:
 
 def fingerprint(info: dict) -> str:
     """millm:<model>@<revision>:<dtype>/<quantization>:<engine>; unknown parts 'unrecorded'."""
+
     def part(key: str) -> str:
         return info.get(key) or "unrecorded"
 
@@ -161,21 +198,29 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
     plan = attrs.evolve(structured.plan(chat, stream=False), lenient=True)  # the route judges the document
     gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
     req = Prepared(chat, model, [], strict=False)
-    result, _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, Extras(
-        gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]))
+    result, _, _ = await _complete(
+        tree,
+        gen,
+        Streaming(False, False),
+        req,
+        plan,
+        Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]),
+    )
     return result, plan
 
 
 def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed echoes a sent seed with the scope of its promise; absent without one."""
     seed = body.get("seed")
-    return {"X-miLLM-Seed": f'{seed};scope="{scope}"'} if seed is not None else {}
+    return {"X-miLLM-Seed": sf.item(seed, {"scope": scope})} if seed is not None else {}
 
 
 async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
-    headers = {**req.headers(scoring.NOT_APPLICABLE), **_seed_header(
-        req.body, "batch-shape" if req.body.get("extra_messages") else "request"),
-        "X-miLLM-Steering": "none"}  # the spec: scoring runs with every SAE hook suppressed
+    headers = {
+        **req.headers(scoring.NOT_APPLICABLE),
+        **_seed_header(req.body, "batch-shape" if req.body.get("extra_messages") else "request"),
+        "X-miLLM-Steering": "none",
+    }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, info = await tree.client_for(score.model)
     event = await single(client, score)
@@ -185,23 +230,44 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     return response, 200, headers
 
 
-async def _complete(tree: Tree, gen: Generate, stream: Streaming, req: Prepared, plan: structured.Plan | None,
-                    extras: Extras | None = None, steering: dict[str, str] | None = None):
+async def _complete(
+    tree: Tree,
+    gen: Generate,
+    stream: Streaming,
+    req: Prepared,
+    plan: structured.Plan | None,
+    extras: Extras | None = None,
+    steering: dict[str, str] | None = None,
+):
     """Chat when `plan` is given (its constraint and tools), else a text completion;
     `extras` adds the x_needle block; `steering`: the steering headers (steering_api)."""
-    headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(
-        req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"), **(steering or {})}
+    headers = {
+        **req.headers(scoring.SCORING_ONLY),
+        **_seed_header(req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"),
+        **(steering or {}),
+    }
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
     return await answer(
-        tree, client, gen, framing=framing.SSE if stream.on else None, headers=lambda _: headers,
+        tree,
+        client,
+        gen,
+        framing=framing.SSE if stream.on else None,
+        headers=lambda _: headers,
         frames=lambda events, first: _stream_chunks(gen, events, first, plan, stream.include_usage, extras),
-        collect=lambda events, first: _collect(gen, events, first, plan, fingerprint(info), extras))
+        collect=lambda events, first: _collect(gen, events, first, plan, fingerprint(info), extras),
+    )
 
 
-async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.Plan | None,
-                   system_fingerprint: str, extras: Extras | None = None) -> dict:
+async def _collect(
+    gen: Generate,
+    events,
+    admitted: Admitted,
+    plan: structured.Plan | None,
+    system_fingerprint: str,
+    extras: Extras | None = None,
+) -> dict:
     texts: dict[int, list[str]] = {i: [] for i in range(gen.choices)}
     finished: dict[int, Text] = {}
     async for event in events:
@@ -219,9 +285,13 @@ async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.P
         else:
             choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
     response = {
-        "id": gen.rid, "object": "chat.completion" if plan is not None else "text_completion",
-        "created": int(time.time()), "model": gen.model, "system_fingerprint": system_fingerprint,
-        "choices": choices, "usage": _usage(admitted, sum(t.completion_tokens for t in finished.values())),
+        "id": gen.rid,
+        "object": "chat.completion" if plan is not None else "text_completion",
+        "created": int(time.time()),
+        "model": gen.model,
+        "system_fingerprint": system_fingerprint,
+        "choices": choices,
+        "usage": _usage(admitted, sum(t.completion_tokens for t in finished.values())),
     }
     if extras is not None:
         response["x_needle"] = _x_needle(choices[0]["message"], finished[0], admitted, extras)
@@ -231,18 +301,34 @@ async def _collect(gen: Generate, events, admitted: Admitted, plan: structured.P
 
 
 def _x_needle(message: dict, finished: Text, admitted: Admitted, extras: Extras) -> dict:
-    block = needle.x_needle(message, finished.completion_tokens, finished.stats, admitted.prompt_tokens,
-                            extras.conversation, extras.warnings)
+    block = needle.x_needle(
+        message,
+        finished.completion_tokens,
+        finished.stats,
+        admitted.prompt_tokens,
+        extras.conversation,
+        extras.warnings,
+    )
     if block["reasoning"]:
         message["reasoning_content"] = block["reasoning"]
     return block
 
 
-async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: structured.Plan | None,
-                         include_usage: bool, extras: Extras | None = None):
+async def _stream_chunks(
+    gen: Generate,
+    events,
+    admitted: Admitted,
+    plan: structured.Plan | None,
+    include_usage: bool,
+    extras: Extras | None = None,
+):
     chat = plan is not None
-    head = {"id": gen.rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()), "model": gen.model}
+    head = {
+        "id": gen.rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": gen.model,
+    }
     completion_tokens = 0
     unfinished = gen.choices
     read = None  # the finishing event's SAE activations
@@ -302,5 +388,8 @@ async def _stream_chunks(gen: Generate, events, admitted: Admitted, plan: struct
 
 
 def _usage(admitted: Admitted, completion_tokens: int) -> dict:
-    return {"prompt_tokens": admitted.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": admitted.prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": admitted.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": admitted.prompt_tokens + completion_tokens,
+    }

@@ -2,7 +2,9 @@
 
 The field ledger (ledger.py) has already refused what cannot be honoured and noted
 what will be ignored; this module validates the values of the fields that are used.
-Each check raises GreenroomError naming the offending parameter.
+Each check raises GreenroomError naming the offending parameter. The fields it validates
+are declared here (contracts.py): their bounds and enums are what the checks read, and
+what openapi.py documents.
 """
 
 from __future__ import annotations
@@ -12,19 +14,320 @@ import uuid
 
 import attrs
 
-from greenroom.engines.base import SamplingParams
+from greenroom.engines.base import SAE_ACTIVATIONS_MAX_ENTRIES, SAE_ACTIVATIONS_MAX_TOP_K, SamplingParams
 from greenroom.errors import GreenroomError
+from greenroom.http import sae_activations
+from greenroom.http.contracts import (
+    DATA,
+    INT64,
+    NULL,
+    AnyOf,
+    Anything,
+    Boolean,
+    Choice,
+    Field,
+    ListOf,
+    MapOf,
+    Named,
+    Number,
+    Schema,
+    Shape,
+    Text,
+    sent,
+    when,
+)
 from greenroom.protocol import Embed, Generate
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_CHOICES = 16
 MAX_EMBEDDING_INPUTS = 2048
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+DEMO_MODEL = "greenroom-demo"  # what `greenroom serve` serves by default: the declarations' example
 # apply_chat_template's own arguments: a template variable must not override them
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+# --- the fields, declared once (contracts.py) ---------------------------------------------
+
+MODEL = Text(min_length=1, examples=(DEMO_MODEL,))
+TEMPERATURE = Number(lo=0.0, hi=2.0, default=1.0, description="0 is greedy")
+TOP_P = Number(lo=0.0, hi=1.0, default=1.0)
+TOP_K = Number(
+    lo=-1, hi=INT32_MAX, integer=True, description="vLLM's extension: the k most probable tokens; 0 or -1 is off"
+)
+SEED = Number(lo=0, hi=UINT32_MAX, integer=True)
+PENALTY = Number(lo=-2.0, hi=2.0, default=0.0)
+
+
+def max_tokens(least: int, description: str) -> Number:
+    return Number(lo=least, hi=INT32_MAX, integer=True, description=description)
+
+
+# chat completions take at least 1 token (OpenAI's minimum); text completions 0 (the prompt's usage alone)
+CHAT_MAX_TOKENS = max_tokens(
+    1, "Absent: the server default, bounded by the context window (a constrained answer: the whole window)"
+)
+COMPLETION_MAX_TOKENS = max_tokens(
+    0, "Absent: the server default, bounded by the context window; 0: no token is generated"
+)
+N = Number(lo=1, hi=MAX_CHOICES, integer=True, default=1)
+TOKEN_IDS = ListOf(items=Number(lo=0, hi=INT32_MAX, integer=True), min_items=1)
+TEXT_PART = Named(
+    name="TextPart", field=Shape(fields={"type": Choice(values=("text",)), "text": Text()}, required=("type", "text"))
+)
+TOOL_CALL = Named(
+    name="MessageToolCall",
+    field=Shape(
+        fields={
+            "function": Shape(
+                fields={
+                    "name": Text(),
+                    "arguments": AnyOf(
+                        options=(Text(), MapOf(values=DATA)),
+                        null=False,
+                        default={},
+                        description="JSON text (OpenAI) or an object (Ollama)",
+                    ),
+                },
+                required=("name",),
+                extra=DATA,
+            )
+        },
+        required=("function",),
+        extra=DATA,
+        description="Its other fields (id, type) go to the chat template as they come",
+    ),
+)
+MESSAGE = Named(
+    name="ChatMessage",
+    field=Shape(
+        fields={
+            "role": Choice(values=ROLES),
+            "content": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
+            "name": Anything(description="Not read: reported"),
+            "tool_calls": ListOf(
+                items=TOOL_CALL, description="An assistant's earlier calls, rendered by the chat template"
+            ),
+            "tool_call_id": Anything(description="Not read: reported"),
+        },
+        required=("role",),
+        description="A trailing assistant message is continued, not answered",
+    ),
+)
+
+
+def conversation(message: Field, min_items: int = 1) -> Schema:
+    """A list of messages the chat template renders: a trailing assistant message is continued,
+    so one alone (no calls) leaves nothing to render before it."""
+    return Schema(
+        schema={
+            "type": "array",
+            "items": message,
+            "minItems": min_items,
+            "not": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "items": {
+                    "properties": {"role": {"const": "assistant"}, "tool_calls": {"anyOf": [NULL, {"maxItems": 0}]}},
+                    "required": ["role"],
+                },
+            },
+        },
+        description="A lone assistant message (nothing before the partial answer it continues) is refused",
+    )
+
+
+MESSAGES = conversation(MESSAGE)
+# return_sae_activations, as sae_activations.py checks it (its names and limits read from there)
+SAE_ACTIVATIONS = Named(
+    name="SAEActivationsRequest",
+    field=Shape(
+        fields={
+            "sae_id": Text(description="An attached SAE; may be left out while exactly one is attached"),
+            "features": ListOf(
+                items=Number(lo=0, hi=INT64[1], integer=True),
+                min_items=1,
+                description="Restricts the candidates (then zero values are listed too); each inside the SAE's width",
+            ),
+            "top_k": Number(
+                lo=1,
+                hi=SAE_ACTIVATIONS_MAX_TOP_K,
+                integer=True,
+                default=sae_activations.DEFAULT_TOP_K,
+                description="The largest activations per position",
+            ),
+            "positions": AnyOf(
+                options=(
+                    Choice(values=sae_activations.POSITIONS),
+                    Shape(
+                        fields={
+                            "start": Number(lo=0, hi=INT64[1], integer=True),
+                            "end": Number(lo=1, hi=INT64[1], integer=True),
+                        },
+                        required=("start", "end"),
+                        closed=True,
+                    ),
+                ),
+                default=sae_activations.DEFAULT_POSITIONS,
+                description="Absolute over prompt-then-generated tokens ({start, end} half-open, start < end)",
+            ),
+            "read_point": Choice(
+                values=sae_activations.READ_POINTS, default=sae_activations.READ_POINTS[0], null=False
+            ),
+        },
+        closed=True,
+        description=(
+            "miLLM extension (transformers models only, refused on GGUF before any load): this request's activations of "
+            "an attached SAE, returned under millm. Refused with 400 with n > 1, extra_messages or several prompts, and "
+            f"when positions × top_k could exceed {SAE_ACTIVATIONS_MAX_ENTRIES} (max_tokens counted in full for "
+            "completion and all). Served on the serial path. On a scoring request it reads the unsteered scoring pass "
+            "(read_point reported as unsteered)."
+        ),
+    ),
+)
+assert SAE_ACTIVATIONS.field.names == frozenset(sae_activations.KEYS)
+
+
+def _sampling(tokens: Number) -> dict:
+    return {
+        "model": MODEL,
+        "stream": Boolean(default=False),
+        "stream_options": Shape(
+            fields={
+                "include_usage": Boolean(
+                    description="With stream: true, a last chunk with `choices: []` and the usage follows"
+                )
+            }
+        ),
+        "temperature": TEMPERATURE,
+        "top_p": TOP_P,
+        "top_k": TOP_K,
+        "max_tokens": tokens,
+        "max_completion_tokens": attrs.evolve(
+            tokens, description="max_tokens by its newer name (sent with max_tokens, the same value)"
+        ),
+        "seed": SEED,
+        "stop": AnyOf(options=(Text(), ListOf(items=Text()))),
+        "frequency_penalty": PENALTY,
+        "presence_penalty": PENALTY,
+    }
+
+
+def _n_rules() -> tuple[dict, ...]:
+    """n × conversations ≤ MAX_CHOICES, as JSON Schema: the fewest extra_messages each n allows."""
+    caps = {k: MAX_CHOICES // k - 1 for k in range(2, MAX_CHOICES + 1)}
+    firsts = {cap: min(k for k, c in caps.items() if c == cap) for cap in set(caps.values())}
+    return tuple(
+        when(
+            {"properties": {"n": {"type": "integer", "minimum": k}}, "required": ["n"]},
+            {"properties": {"extra_messages": NULL if cap == 0 else {"maxItems": cap}}},
+            f"n × conversations ≤ {MAX_CHOICES}",
+        )
+        for cap, k in sorted(firsts.items())
+    )
+
+
+_STREAMED = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+
+CHAT = Shape(
+    fields={
+        **_sampling(CHAT_MAX_TOKENS),
+        "messages": MESSAGES,
+        "n": attrs.evolve(
+            N, description=f"Choices per conversation (n × conversations ≤ {MAX_CHOICES}); refused with stream: true"
+        ),
+        "chat_template_kwargs": MapOf(
+            values=DATA,
+            keys=Schema(schema={"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}),
+            description="Variables for the chat template; its renderer's own arguments are refused",
+        ),
+        "extra_messages": ListOf(
+            items=MESSAGES,
+            min_items=1,
+            max_items=MAX_CHOICES - 1,
+            description="More "
+            "conversations answered in the same request: their choices follow those of messages, "
+            "in order",
+        ),
+        "return_sae_activations": SAE_ACTIVATIONS,
+    },
+    required=("model", "messages"),
+    rules=(
+        when(_STREAMED, {"properties": {"n": {"enum": [1, None]}}}, "n above 1 cannot be streamed"),
+        *_n_rules(),
+        when(
+            sent("return_sae_activations"),
+            {"properties": {"extra_messages": NULL, "n": {"enum": [1, None]}}},
+            "return_sae_activations reads one sequence: one conversation, n: 1",
+        ),
+    ),
+)
+
+COMPLETION = Shape(
+    fields={
+        **_sampling(COMPLETION_MAX_TOKENS),
+        "prompt": AnyOf(
+            options=(
+                Text(),
+                ListOf(items=Text(), min_items=1, max_items=MAX_CHOICES),
+                TOKEN_IDS,
+                ListOf(items=TOKEN_IDS, min_items=1, max_items=MAX_CHOICES),
+            ),
+            description="A string, a list of strings (one choice each), a token array or a list of token "
+            "arrays; no chat template",
+        ),
+        "add_special_tokens": Boolean(default=True, description="false: the prompt is tokenised as written (no BOS)"),
+        "return_sae_activations": SAE_ACTIVATIONS,
+    },
+    required=("model", "prompt"),
+    rules=(
+        when(
+            sent("return_sae_activations"),
+            {
+                "properties": {
+                    "prompt": {"not": {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}}}
+                }
+            },
+            "return_sae_activations reads one sequence: one prompt",
+        ),
+    ),
+)
+
+EMBEDDING = Shape(
+    fields={
+        "model": MODEL,
+        "input": AnyOf(
+            options=(
+                Text(min_length=1),
+                ListOf(items=Text(min_length=1), min_items=1),
+                TOKEN_IDS,
+                ListOf(items=TOKEN_IDS, min_items=1),
+            ),
+            description=f"At most {MAX_EMBEDDING_INPUTS:,} inputs, each within the context window",
+        ),
+        "encoding_format": Choice(values=("float", "base64"), default="float"),
+    },
+    required=("model", "input"),
+)
 
 
 def parse_json(body: bytes) -> dict:
@@ -41,30 +344,34 @@ def model_name(body: dict) -> str:
     model = body.get("model")
     if model is None:
         raise GreenroomError("missing_parameter", "you must provide a model parameter", "model")
-    if not isinstance(model, str) or not model:
+    if not MODEL.matches(model):
         raise GreenroomError("invalid_parameter", "'model' must be a non-empty string", "model")
     return model
 
 
-def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+def _number(body: dict, name: str, field: Number) -> float:
     value = body.get(name)
     if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return field.default
+    if not field.typed(value):
         raise GreenroomError("invalid_parameter", f"'{name}' must be a number", name)
-    if not lo <= value <= hi:
-        raise GreenroomError("invalid_parameter", f"'{name}' must be between {lo:g} and {hi:g}, got {value}", name)
+    if not field.within(value):
+        raise GreenroomError(
+            "invalid_parameter", f"'{name}' must be between {field.lo:g} and {field.hi:g}, got {value}", name
+        )
     return float(value)
 
 
-def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
+def _int(body: dict, name: str, field: Number) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not field.typed(value):
         raise GreenroomError("invalid_parameter", f"'{name}' must be an integer", name)
-    if not lo <= value <= hi:
-        raise GreenroomError("invalid_parameter", f"'{name}' must be between {lo} and {hi}, got {value}", name)
+    if not field.within(value):
+        raise GreenroomError(
+            "invalid_parameter", f"'{name}' must be between {field.lo} and {field.hi}, got {value}", name
+        )
     return value
 
 
@@ -101,32 +408,35 @@ def repetition_penalty(presence: float, frequency: float) -> float:
     return max(0.1, 1.0 + (presence + frequency) / 2)
 
 
-def sampling_max_tokens(body: dict, least: int = 0) -> int | None:
-    """max_tokens, or max_completion_tokens (OpenAI's newer name for it), at least `least`:
-    1 on chat completions (OpenAI's minimum); text completions take 0 (no token generated:
-    the prompt's usage alone)."""
-    max_tokens = _int(body, "max_tokens", least, 2**31 - 1)
-    max_completion = _int(body, "max_completion_tokens", least, 2**31 - 1)
+def sampling_max_tokens(body: dict, tokens: Number = COMPLETION_MAX_TOKENS) -> int | None:
+    """max_tokens, or max_completion_tokens (OpenAI's newer name for it), within `tokens`
+    (CHAT_MAX_TOKENS or COMPLETION_MAX_TOKENS)."""
+    max_tokens = _int(body, "max_tokens", tokens)
+    max_completion = _int(body, "max_completion_tokens", tokens)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
-        raise GreenroomError("invalid_parameter", "'max_tokens' and 'max_completion_tokens' were both sent with "
-                             "different values; send one of them", "max_completion_tokens")
+        raise GreenroomError(
+            "invalid_parameter",
+            "'max_tokens' and 'max_completion_tokens' were both sent with different values; send one of them",
+            "max_completion_tokens",
+        )
     return max_tokens if max_tokens is not None else max_completion
 
 
 def temperature(body: dict) -> float:
-    return _number(body, "temperature", 1.0, 0.0, 2.0)
+    return _number(body, "temperature", TEMPERATURE)
 
 
-def sampling(body: dict, least_tokens: int = 0) -> SamplingParams:
+def sampling(body: dict, tokens: Number = COMPLETION_MAX_TOKENS) -> SamplingParams:
     return SamplingParams(
-        max_tokens=sampling_max_tokens(body, least_tokens),
+        max_tokens=sampling_max_tokens(body, tokens),
         temperature=temperature(body),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=max(_int(body, "top_k", -1, 2**31 - 1) or 0, 0),  # vLLM's extension; -1 and 0 mean off
+        top_p=_number(body, "top_p", TOP_P),
+        top_k=max(_int(body, "top_k", TOP_K) or 0, 0),  # vLLM's extension; -1 and 0 mean off
         stop=_stop(body),
-        seed=_int(body, "seed", 0, 2**32 - 1),
-        repetition_penalty=repetition_penalty(_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-                                              _number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+        seed=_int(body, "seed", SEED),
+        repetition_penalty=repetition_penalty(
+            _number(body, "presence_penalty", PENALTY), _number(body, "frequency_penalty", PENALTY)
+        ),
     )
 
 
@@ -143,16 +453,18 @@ def streaming(body: dict) -> Streaming:
         raise GreenroomError("invalid_parameter", "'stream_options' must be an object", "stream_options")
     include = (options or {}).get("include_usage")
     if include is not None and not isinstance(include, bool):
-        raise GreenroomError("invalid_parameter", "'stream_options.include_usage' must be a boolean",
-                             "stream_options.include_usage")
+        raise GreenroomError(
+            "invalid_parameter", "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"
+        )
     return Streaming(on, on and bool(include))
 
 
 def choices_n(body: dict, stream: bool) -> int:
-    n = _int(body, "n", 1, MAX_CHOICES) or 1
+    n = _int(body, "n", N) or N.default
     if n > 1 and stream:
-        raise GreenroomError("field_not_honoured", "'n' above 1 cannot be honoured with stream: true; "
-                             "send n: 1 or stream: false", "n")
+        raise GreenroomError(
+            "field_not_honoured", "'n' above 1 cannot be honoured with stream: true; send n: 1 or stream: false", "n"
+        )
     return n
 
 
@@ -168,30 +480,56 @@ def messages(body: dict) -> list[dict]:
         if not isinstance(m, dict):
             raise GreenroomError("invalid_parameter", f"'{where}' must be an object", where)
         role = m.get("role")
-        if role not in ROLES:
-            raise GreenroomError("invalid_parameter", f"'{where}.role' must be one of {', '.join(ROLES)}",
-                                 f"{where}.role")
+        if role not in ROLES:  # MESSAGE's role
+            raise GreenroomError(
+                "invalid_parameter", f"'{where}.role' must be one of {', '.join(ROLES)}", f"{where}.role"
+            )
         content = m.get("content")
         if isinstance(content, list):  # OpenAI content parts: text only
             parts = []
             for j, part in enumerate(content):
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise GreenroomError("invalid_parameter", f"'{where}.content[{j}]' must be a text part "
-                                         "(images and audio are not supported)", f"{where}.content[{j}]")
+                    raise GreenroomError(
+                        "invalid_parameter",
+                        f"'{where}.content[{j}]' must be a text part (images and audio are not supported)",
+                        f"{where}.content[{j}]",
+                    )
                 parts.append(part["text"])
             content = "".join(parts)
         elif content is not None and not isinstance(content, str):
-            raise GreenroomError("invalid_parameter", f"'{where}.content' must be a string, an array of text "
-                                 "parts or null", f"{where}.content")
+            raise GreenroomError(
+                "invalid_parameter",
+                f"'{where}.content' must be a string, an array of text parts or null",
+                f"{where}.content",
+            )
         # null (an assistant turn that only calls tools) renders as "", as llama.cpp does: templates
         # that join or concatenate content would fail on None
         msg = {"role": "system" if role == "developer" else role, "content": "" if content is None else content}
         if m.get("tool_calls") is not None:
-            if not isinstance(m["tool_calls"], list):
-                raise GreenroomError("invalid_parameter", f"'{where}.tool_calls' must be an array",
-                                     f"{where}.tool_calls")
-            msg["tool_calls"] = m["tool_calls"]
+            msg["tool_calls"] = tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(msg)
+    return out
+
+
+def tool_calls(calls, where: str) -> list[dict]:
+    """An assistant's earlier calls (TOOL_CALL), their arguments {} when left out: every chat
+    template reads each call's function name and arguments."""
+    if not isinstance(calls, list):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be an array", where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and isinstance(fn.get("arguments", {}), (dict, str))
+        ):
+            raise GreenroomError(
+                "invalid_parameter",
+                f'\'{where}[{j}]\' must be {{"function": {{"name": ..., "arguments": {{...}}}}}}',
+                f"{where}[{j}]",
+            )
+        out.append({**call, "function": {**fn, "arguments": fn.get("arguments", {})}})
     return out
 
 
@@ -203,16 +541,23 @@ def template_kwargs(body: dict) -> dict | None:
         raise GreenroomError("invalid_parameter", "'chat_template_kwargs' must be an object", "chat_template_kwargs")
     for key in kwargs:
         if key in RESERVED_TEMPLATE_KWARGS:
-            raise GreenroomError("invalid_parameter", f"'chat_template_kwargs.{key}' is an argument of the "
-                                 "template renderer, not a template variable", f"chat_template_kwargs.{key}")
+            raise GreenroomError(
+                "invalid_parameter",
+                f"'chat_template_kwargs.{key}' is an argument of the template renderer, not a template variable",
+                f"chat_template_kwargs.{key}",
+            )
     return kwargs
 
 
 def _token_lists(value) -> list[list[int]] | None:
     """A token array or an array of token arrays, as lists of ids; None if not one."""
+
     def ids(v):
-        return isinstance(v, list) and bool(v) and all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in v)
+        return (
+            isinstance(v, list)
+            and bool(v)
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in v)
+        )
 
     if ids(value):
         return [value]
@@ -232,11 +577,11 @@ def conversations(body: dict) -> list[list[dict]]:
     if extra is None:
         return rows
     if not isinstance(extra, list) or not extra:
-        raise GreenroomError("invalid_parameter", "'extra_messages' must be a non-empty array of message arrays",
-                             "extra_messages")
+        raise GreenroomError(
+            "invalid_parameter", "'extra_messages' must be a non-empty array of message arrays", "extra_messages"
+        )
     if len(extra) + 1 > MAX_CHOICES:
-        raise GreenroomError("invalid_parameter", f"at most {MAX_CHOICES} conversations per request",
-                             "extra_messages")
+        raise GreenroomError("invalid_parameter", f"at most {MAX_CHOICES} conversations per request", "extra_messages")
     for i, conversation in enumerate(extra):
         try:
             rows.append(messages({"messages": conversation}))
@@ -246,22 +591,36 @@ def conversations(body: dict) -> list[list[dict]]:
     return rows
 
 
-def chat_request(body: dict, model: str, stream: Streaming, tools: list[dict] | None = None,
-                 constraint: dict | None = None) -> Generate:
+def chat_request(
+    body: dict, model: str, stream: Streaming, tools: list[dict] | None = None, constraint: dict | None = None
+) -> Generate:
     rows = conversations(body)
     n = choices_n(body, stream.on)
     if len(rows) * n > MAX_CHOICES:
         raise GreenroomError("invalid_parameter", f"n × conversations must be at most {MAX_CHOICES}", "n")
-    return Generate(new_rid("chatcmpl"), model, sampling(body, least_tokens=1), conversations=rows, n=n,
-                    template_kwargs=template_kwargs(body), tools=tools, constraint=constraint)
+    return Generate(
+        new_rid("chatcmpl"),
+        model,
+        sampling(body, CHAT_MAX_TOKENS),
+        conversations=rows,
+        n=n,
+        template_kwargs=template_kwargs(body),
+        tools=tools,
+        constraint=constraint,
+    )
 
 
 def completion_request(body: dict, model: str, stream: Streaming) -> Generate:
     prompt = body.get("prompt")
     if prompt is None:
         raise GreenroomError("missing_parameter", "'prompt' is a required property", "prompt")
-    common = dict(rid=new_rid("cmpl"), model=model, params=sampling(body), n=choices_n(body, stream.on),
-                  add_special_tokens=boolean(body, "add_special_tokens", True))
+    common = dict(
+        rid=new_rid("cmpl"),
+        model=model,
+        params=sampling(body),
+        n=choices_n(body, stream.on),
+        add_special_tokens=boolean(body, "add_special_tokens", True),
+    )
     if isinstance(prompt, str):
         return Generate(prompts=[prompt], **common)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -271,8 +630,12 @@ def completion_request(body: dict, model: str, stream: Streaming) -> Generate:
     token_ids = _token_lists(prompt)
     if token_ids is not None and len(token_ids) <= MAX_CHOICES:
         return Generate(prompt_token_ids=token_ids, **common)
-    raise GreenroomError("invalid_parameter", "'prompt' must be a string, a non-empty array of strings, a token "
-                         f"array or an array of token arrays (at most {MAX_CHOICES} prompts)", "prompt")
+    raise GreenroomError(
+        "invalid_parameter",
+        "'prompt' must be a string, a non-empty array of strings, a token "
+        f"array or an array of token arrays (at most {MAX_CHOICES} prompts)",
+        "prompt",
+    )
 
 
 def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
@@ -281,8 +644,8 @@ def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
         raise GreenroomError("missing_parameter", "'input' is a required property", "input")
     fmt = body.get("encoding_format")
     if fmt is None:
-        fmt = "float"
-    if fmt not in ("float", "base64"):
+        fmt = EMBEDDING.fields["encoding_format"].default
+    if fmt not in EMBEDDING.fields["encoding_format"].values:
         raise GreenroomError("invalid_parameter", "'encoding_format' must be 'float' or 'base64'", "encoding_format")
     rid = new_rid("embd")
     if isinstance(value, str):
@@ -294,8 +657,11 @@ def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
     else:
         token_ids = _token_lists(value)
         if token_ids is None:
-            raise GreenroomError("invalid_parameter", "'input' must be a non-empty string, an array of strings, "
-                                 "a token array or an array of token arrays", "input")
+            raise GreenroomError(
+                "invalid_parameter",
+                "'input' must be a non-empty string, an array of strings, a token array or an array of token arrays",
+                "input",
+            )
         embed = Embed(rid, model, token_ids=token_ids)
     if len(embed.texts or embed.token_ids) > MAX_EMBEDDING_INPUTS:
         raise GreenroomError("invalid_parameter", f"at most {MAX_EMBEDDING_INPUTS} inputs per request", "input")

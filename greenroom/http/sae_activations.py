@@ -25,13 +25,13 @@ DEFAULT_TOP_K = 8
 DEFAULT_POSITIONS = "last"
 NOTES = {
     "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
-                     "unsteered counterfactual: steering at earlier layers, and tokens generated under steering, "
-                     "still shape the residual at this layer.",
+    "unsteered counterfactual: steering at earlier layers, and tokens generated under steering, "
+    "still shape the residual at this layer.",
     "pre_steering": "pre_steering removes only this layer's own steering delta; it is not an unsteered "
-                    "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
-                    "the residual at this layer.",
+    "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
+    "the residual at this layer.",
     "unsteered": "A scoring request runs with every SAE hook suppressed: these are the unsteered model's "
-                 "activations at this layer, whatever steering is live.",
+    "activations at this layer, whatever steering is live.",
 }
 
 
@@ -46,8 +46,11 @@ async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Sc
         raise GreenroomError("invalid_parameter", f"'{FIELD}' must be an object with {', '.join(KEYS)}", FIELD)
     unknown = [k for k in value if k not in KEYS]
     if unknown:
-        raise GreenroomError("invalid_parameter", f"'{FIELD}.{unknown[0]}' is not a field of {FIELD} "
-                             f"({', '.join(KEYS)})", f"{FIELD}.{unknown[0]}")
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{FIELD}.{unknown[0]}' is not a field of {FIELD} ({', '.join(KEYS)})",
+            f"{FIELD}.{unknown[0]}",
+        )
     # one position axis: one prompt or conversation, one choice
     if body.get("extra_messages") is not None:
         _refuse("extra_messages", "extra_messages gives several conversations")
@@ -59,12 +62,21 @@ async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Sc
     positions = _positions(value.get("positions"))
     read_point = value.get("read_point", "post_steering")
     if read_point not in READ_POINTS:
-        raise GreenroomError("invalid_parameter", f"'{FIELD}.read_point' must be one of {', '.join(READ_POINTS)}",
-                             f"{FIELD}.read_point")
+        raise GreenroomError(
+            "invalid_parameter", f"'{FIELD}.read_point' must be one of {', '.join(READ_POINTS)}", f"{FIELD}.read_point"
+        )
     sae = await _sae(tree, gen.model, value.get("sae_id"))
     features = _features(value.get("features"), sae)
-    return attrs.evolve(gen, sae_activations={"sae_id": sae["sae_id"], "features": features, "top_k": top_k,
-                                              "positions": positions, "read_point": read_point})
+    return attrs.evolve(
+        gen,
+        sae_activations={
+            "sae_id": sae["sae_id"],
+            "features": features,
+            "top_k": top_k,
+            "positions": positions,
+            "read_point": read_point,
+        },
+    )
 
 
 def millm(activations: dict) -> dict:
@@ -73,8 +85,9 @@ def millm(activations: dict) -> dict:
 
 
 def _refuse(param: str, why: str) -> None:
-    raise GreenroomError("field_not_honoured", f"'{FIELD}' reads one sequence: {why}; send one prompt or "
-                         "conversation and n: 1", param)
+    raise GreenroomError(
+        "field_not_honoured", f"'{FIELD}' reads one sequence: {why}; send one prompt or conversation and n: 1", param
+    )
 
 
 def _top_k(value) -> int:
@@ -83,8 +96,11 @@ def _top_k(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise GreenroomError("invalid_parameter", f"'{FIELD}.top_k' must be a positive integer", f"{FIELD}.top_k")
     if value > SAE_ACTIVATIONS_MAX_TOP_K:
-        raise GreenroomError("invalid_parameter", f"'{FIELD}.top_k' is at most SAE_ACTIVATIONS_MAX_TOP_K "
-                             f"({SAE_ACTIVATIONS_MAX_TOP_K}), got {value}", f"{FIELD}.top_k")
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{FIELD}.top_k' is at most SAE_ACTIVATIONS_MAX_TOP_K ({SAE_ACTIVATIONS_MAX_TOP_K}), got {value}",
+            f"{FIELD}.top_k",
+        )
     return value
 
 
@@ -93,11 +109,19 @@ def _positions(value):
         return DEFAULT_POSITIONS
     if value in POSITIONS:
         return value
-    if isinstance(value, dict) and value.keys() == {"start", "end"} and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value.values()) and 0 <= value["start"] < value["end"]:
+    if (
+        isinstance(value, dict)
+        and value.keys() == {"start", "end"}
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values())
+        and 0 <= value["start"] < value["end"]
+    ):
         return {"start": value["start"], "end": value["end"]}
-    raise GreenroomError("invalid_parameter", f"'{FIELD}.positions' must be one of {', '.join(POSITIONS)} or "
-                         "{\"start\": int, \"end\": int} with 0 ≤ start < end (half-open)", f"{FIELD}.positions")
+    raise GreenroomError(
+        "invalid_parameter",
+        f"'{FIELD}.positions' must be one of {', '.join(POSITIONS)} or "
+        '{"start": int, "end": int} with 0 ≤ start < end (half-open)',
+        f"{FIELD}.positions",
+    )
 
 
 async def _sae(tree: Tree, model: str, sae_id) -> dict:
@@ -116,27 +140,41 @@ async def attached_sae(tree: Tree, model: str, sae_id: str | None, param: str, a
         if len(attached) == 1:
             return attached[0]
         if attached:
-            raise GreenroomError(ambiguous, f"several SAEs are attached to model {model!r}; name one with "
-                                 f"'{param}': {', '.join(names)}", param)
-        raise GreenroomError("sae_not_attached", f"no SAE is attached to model {model!r} (POST /api/saes/attach)",
-                             param)
+            raise GreenroomError(
+                ambiguous,
+                f"several SAEs are attached to model {model!r}; name one with '{param}': {', '.join(names)}",
+                param,
+            )
+        raise GreenroomError(
+            "sae_not_attached", f"no SAE is attached to model {model!r} (POST /api/saes/attach)", param
+        )
     for sae in attached:
         if sae["sae_id"] == sae_id:
             return sae
-    raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to model {model!r} "
-                         f"(attached: {', '.join(names) or 'none'})", param)
+    raise GreenroomError(
+        "sae_not_attached",
+        f"no SAE named {sae_id!r} is attached to model {model!r} (attached: {', '.join(names) or 'none'})",
+        param,
+    )
 
 
 def _features(value, sae: dict) -> list[int] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not value or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise GreenroomError("invalid_parameter", f"'{FIELD}.features' must be a non-empty array of feature "
-                             "indices", f"{FIELD}.features")
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    ):
+        raise GreenroomError(
+            "invalid_parameter", f"'{FIELD}.features' must be a non-empty array of feature indices", f"{FIELD}.features"
+        )
     width = sae["width"]
     for i in value:
         if not 0 <= i < width:
-            raise GreenroomError("invalid_feature_index", f"feature {i} is outside SAE {sae['sae_id']!r} "
-                                 f"(width {width}: 0–{width - 1})", f"{FIELD}.features")
+            raise GreenroomError(
+                "invalid_feature_index",
+                f"feature {i} is outside SAE {sae['sae_id']!r} (width {width}: 0–{width - 1})",
+                f"{FIELD}.features",
+            )
     return sorted(set(value))

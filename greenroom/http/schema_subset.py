@@ -10,7 +10,7 @@ Only schema positions are walked: the keys of `properties` and `$defs` are names
 property called "format" is fine), and `enum`, `const`, `default` and `examples` hold
 data, not schemas.
 
-Standard library only: the front end imports no torch and no jsonschema.
+No torch and no jsonschema here: the front end checks the subset itself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,24 @@ import json
 import math
 import re
 
+import attrs
+
 from greenroom.errors import GreenroomError
+from greenroom.http.contracts import (
+    DATA,
+    INT64,
+    NUMBER,
+    AnyOf,
+    Boolean,
+    Choice,
+    ListOf,
+    MapOf,
+    Named,
+    Number,
+    Schema,
+    Shape,
+    Text,
+)
 
 MAX_SCHEMA_BYTES = 65_536  # of the schema as compact JSON (UTF-8)
 MAX_DEPTH = 32  # schemas nested in schemas, the root being depth 1
@@ -27,8 +44,23 @@ MAX_PROPERTIES = 256  # per `properties` object
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 SUPPORTED = (
-    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const",
-    "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref", "$defs",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "anyOf",
+    "$ref",
+    "$defs",
 )
 ANNOTATIONS = ("title", "description", "default", "examples")
 
@@ -67,9 +99,16 @@ def check_schema(schema, param: str = "response_format") -> None:
     if walker.invalid:
         problems.append("invalid values: " + "; ".join(f"{ptr}: {why}" for ptr, why in walker.invalid))
     if problems:
-        _refuse("the JSON schema is outside greenroom's supported subset: " + "; ".join(problems + walker.limits)
-                + ". Supported keywords: " + ", ".join(SUPPORTED) + "; the annotations " + ", ".join(ANNOTATIONS)
-                + " are accepted and ignored", param)
+        _refuse(
+            "the JSON schema is outside greenroom's supported subset: "
+            + "; ".join(problems + walker.limits)
+            + ". Supported keywords: "
+            + ", ".join(SUPPORTED)
+            + "; the annotations "
+            + ", ".join(ANNOTATIONS)
+            + " are accepted and ignored",
+            param,
+        )
     if walker.limits:
         _refuse("the JSON schema exceeds greenroom's limits: " + "; ".join(walker.limits), param)
 
@@ -120,8 +159,11 @@ class _Walker:
 
     def _type(self, node, value, at, depth):
         names = value if isinstance(value, list) else [value]
-        if (not names or any(not isinstance(n, str) or n not in TYPES for n in names)
-                or len(set(map(str, names))) != len(names)):
+        if (
+            not names
+            or any(not isinstance(n, str) or n not in TYPES for n in names)
+            or len(set(map(str, names))) != len(names)
+        ):
             self.invalid.append((at, "must be one of " + ", ".join(sorted(TYPES)) + ", or a list of distinct ones"))
 
     def _properties(self, node, value, at, depth):
@@ -246,3 +288,67 @@ _KEYWORDS = {
     "examples": _Walker._examples,
 }
 assert set(_KEYWORDS) == set(SUPPORTED) | set(ANNOTATIONS)
+
+
+def _keywords(sub) -> dict:
+    """The keywords the walker takes, each with the values its check accepts (`sub`: a nested
+    schema); what JSON Schema cannot say is in SCHEMA's description."""
+    count = Number(lo=0, hi=INT64[1], integer=True)
+    keywords = {
+        "type": AnyOf(
+            options=(
+                Choice(values=tuple(sorted(TYPES))),
+                Schema(schema={"type": "array", "items": {"enum": sorted(TYPES)}, "minItems": 1, "uniqueItems": True}),
+            )
+        ),
+        "properties": MapOf(values=sub),
+        "required": Schema(schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}),
+        "additionalProperties": sub,
+        "items": sub,
+        "minItems": count,
+        "maxItems": count,
+        "enum": ListOf(items=DATA, min_items=1),
+        "const": DATA,
+        "minimum": NUMBER,
+        "maximum": NUMBER,
+        "minLength": count,
+        "maxLength": count,
+        "pattern": Text(),
+        "anyOf": ListOf(items=sub, min_items=1),
+        "$ref": Text(pattern=_DEFS_REF.pattern),
+        "$defs": MapOf(values=sub),
+        "title": Text(),
+        "description": Text(),
+        "default": DATA,
+        "examples": ListOf(items=DATA),
+    }
+    assert set(keywords) == set(_KEYWORDS)
+    return {k: attrs.evolve(f, null=False) for k, f in keywords.items()}  # null is a value here, not "absent"
+
+
+def _nested(keywords: dict) -> Shape:
+    return Shape(fields={k: f for k, f in keywords.items() if k != "$defs"}, closed=True)  # $defs: the root's only
+
+
+SUBSCHEMA = Named(
+    name="JSONSubschema",
+    field=_nested(_keywords(AnyOf(options=(Boolean(), Schema(schema={"$ref": "#/components/schemas/JSONSubschema"}))))),
+)
+# What openapi.py documents wherever a JSON schema is sent (the walker above is what checks it).
+SCHEMA = Named(
+    name="JSONSchema",
+    field=Shape(
+        fields=_keywords(AnyOf(options=(Boolean(), SUBSCHEMA))),
+        closed=True,
+        description=(
+            "A JSON schema in greenroom's supported subset (the keywords "
+            + ", ".join(SUPPORTED)
+            + "; the annotations "
+            + ", ".join(ANNOTATIONS)
+            + f" are ignored); at most {MAX_SCHEMA_BYTES:,} bytes as compact JSON, {MAX_DEPTH} "
+            f"schemas deep and {MAX_PROPERTIES} properties per object; $defs at the root only, a $ref naming one of its "
+            "entries, minimum ≤ maximum (and the counts alike), no lookaround or backreference in a pattern; anything "
+            "else is a 400 response_format_unsupported"
+        ),
+    ),
+)

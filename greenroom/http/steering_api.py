@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import attrs
 from quart import Quart, request
@@ -27,158 +26,307 @@ from greenroom.engines.base import STRENGTH_MAX
 from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params
+from greenroom.http import openai_params, routes
+from greenroom.http.contracts import INT64, AnyOf, Boolean, Choice, ListOf, MapOf, Number, Shape, Text
 from greenroom.protocol import (
-    ActivateProfile, AttachSAE, CreateProfile, DeleteProfile, DetachSAE, Generate, GetProfile, GetSteering,
-    ImportProfile, ListProfiles, LockSteering, ModelRequest, ResolveRequestSteering, SetSteering, SteeringState,
-    UnlockSteering, UpdateProfile,
+    ActivateProfile,
+    AttachSAE,
+    CreateProfile,
+    DeleteProfile,
+    DetachSAE,
+    Generate,
+    GetProfile,
+    GetSteering,
+    ImportProfile,
+    ListProfiles,
+    LockSteering,
+    ModelRequest,
+    ResolveRequestSteering,
+    SetSteering,
+    SteeringState,
+    UnlockSteering,
+    UpdateProfile,
 )
 from greenroom.supervisor.tree import Tree
 
-PATHS = frozenset({"/api/saes", "/api/saes/attach", "/api/saes/detach", "/api/steering", "/api/steering/lock"})
-PROFILES = "/api/profiles"
-DOCUMENTS = ("/api/clusters", "/api/circuits")  # http/clusters_api.py
-SAE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-PROFILE_NAME = SAE_ID
 DESCRIPTION_MAX = 4096
 EXPORT_FORMAT = "greenroom.steering_profile.v1"
-# the SAE identity fields an export carries (steering_bases.SAE_IDENTITY), with their JSON types
-_SAE_FIELDS = {"sae_id": str, "source": str, "layer": int, "hook_point": str, "width": int, "d_in": int,
-               "architecture": str}
 
+# --- request shapes (contracts.py) --------------------------------------------------------
 
-def owns(path: str) -> bool:
-    """Whether `path` is one of these routes (OpenAI's error envelope, not Ollama's)."""
-    return path in PATHS or any(path == root or path.startswith(root + "/") for root in (PROFILES, *DOCUMENTS))
+SAE_ID = Text(pattern="[A-Za-z0-9_.-]{1,64}")
+PROFILE_NAME = SAE_ID
+DESCRIPTION = Text(max_length=DESCRIPTION_MAX)
+STRENGTHS = MapOf(
+    values=MapOf(values=Number(lo=-STRENGTH_MAX, hi=STRENGTH_MAX), keys=Text(pattern="[0-9]+")),
+    description=f"Per attached SAE (by sae_id), feature index → strength in ±{STRENGTH_MAX:g}: a "
+    "percentage of the layer's typical residual norm added along the feature's unit decoder direction "
+    "(docs/architecture.md)",
+)
+MODEL = openai_params.MODEL
+ATTACH = Shape(
+    fields={
+        "model": MODEL,
+        "sae": Text(
+            min_length=1,
+            description="A directory holding an SAELens SAE (cfg.json + sae_weights.safetensors), "
+            "demo:<size>[:<layer>], or random:<d_in>:<layer> (random directions)",
+        ),
+        "layer": Number(
+            lo=0, hi=2**31 - 1, integer=True, description="The layer the SAE must read (a demo SAE: which one)"
+        ),
+        "sae_id": attrs.evolve(SAE_ID, description="Its name (default: derived from the source)"),
+    },
+    required=("model", "sae"),
+    closed=True,
+)
+DETACH = Shape(fields={"model": MODEL, "sae_id": SAE_ID}, required=("model", "sae_id"), closed=True)
+SET = Shape(
+    fields={
+        "model": MODEL,
+        "enabled": Boolean(),
+        "strengths": attrs.evolve(
+            STRENGTHS,
+            description="Replaces every strength of the model ({} clears them); zeros "
+            "are dropped. Left out: the strengths stay",
+        ),
+    },
+    required=("model",),
+    closed=True,
+)
+LOCK = Shape(fields={"model": MODEL}, required=("model",), closed=True)
+PROFILE = Shape(
+    fields={
+        "name": PROFILE_NAME,
+        "model": MODEL,
+        "description": DESCRIPTION,
+        "strengths": attrs.evolve(
+            STRENGTHS, description="Checked against the SAEs attached to the model now (default {})"
+        ),
+    },
+    required=("name", "model"),
+    closed=True,
+)
+UPDATE = Shape(
+    fields={
+        "description": DESCRIPTION,
+        "strengths": attrs.evolve(STRENGTHS, description="Replaces the profile's strengths; left out: they stay"),
+    },
+    closed=True,
+)
+# the SAE identity fields an export carries (steering_bases.SAE_IDENTITY)
+_INT = Number(lo=INT64[0], hi=INT64[1], integer=True)
+SAE_IDENTITY = Shape(
+    fields={
+        "sae_id": Text(),
+        "source": Text(),
+        "layer": _INT,
+        "hook_point": Text(),
+        "width": _INT,
+        "d_in": _INT,
+        "architecture": Text(),
+    },
+    required=("sae_id", "source", "layer", "hook_point", "width", "d_in", "architecture"),
+    closed=True,
+)
+EXPORTED = Shape(
+    fields={
+        "format": Choice(values=(EXPORT_FORMAT,)),
+        "profile": attrs.evolve(PROFILE, description="Its strengths name only SAEs of `saes`"),
+        "saes": ListOf(
+            items=SAE_IDENTITY,
+            description="The identities of the SAEs the strengths refer to: an import needs "
+            "each attached to the model (same layer, hook point, width, d_in, architecture)",
+        ),
+    },
+    required=("format", "profile", "saes"),
+    closed=True,
+)
+# a chat request's own steering (request_steering)
+CHAT = Shape(
+    fields={
+        "profile": Text(
+            min_length=1,
+            description="A steering profile (/api/profiles) steering this request only, on the "
+            "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid for the "
+            "attached SAEs; no SAE attached: unsteered",
+        ),
+        "steering_intensity": AnyOf(
+            options=(Number(lo=rules.ENVELOPE[0], hi=rules.ENVELOPE[1]), Choice(values=rules.SYMBOLS)),
+            description=(
+                'A steering dial for this request only: a λ in 0–2, or "off", "min" or "max". It scales the base (the '
+                "named profile, else the model's active profile, cluster or circuit, else the live values) by the spec's "
+                "intensity rules (clusters: capped at the declared range's top, else the server's maximum; circuits: "
+                'clamped into the declared range at both ends); 0/"off" turns steering off. The resolved λ is echoed in '
+                "X-miLLM-Steering-Intensity"
+            ),
+        ),
+    }
+)
 
 
 def register(app: Quart, tree: Tree) -> None:
-    @app.get("/api/saes")
+    @routes.view(app, "GET", "/api/saes")
     async def saes():
         """The SAEs attached to each steerable model, and the demo SAEs `attach` can build."""
-        return {"models": [await _answer(tree, model) for model in tree.steerable()],
-                "available": [{"sae": f"demo:{size}:{layer}", "model_size": size, "layer": layer}
-                              for size in SIZES for layer in demo_sae_layers(size)]}
+        return {
+            "models": [await _answer(tree, model) for model in tree.steerable()],
+            "available": [
+                {"sae": f"demo:{size}:{layer}", "model_size": size, "layer": layer}
+                for size in SIZES
+                for layer in demo_sae_layers(size)
+            ],
+        }
 
-    @app.post("/api/saes/attach")
+    @routes.view(app, "POST", "/api/saes/attach")
     async def attach():
-        body = await read_body({"model", "sae", "layer", "sae_id"})
+        body = await read_body(ATTACH)
         model = tree.resolve(openai_params.model_name(body))
         sae = body.get("sae")
         if not isinstance(sae, str) or not sae:
-            raise GreenroomError("missing_parameter" if sae is None else "invalid_parameter",
-                                 "'sae' must be a directory holding an SAELens SAE, demo:<size>[:<layer>] or "
-                                 "random:<d_in>:<layer>", "sae")
+            raise GreenroomError(
+                "missing_parameter" if sae is None else "invalid_parameter",
+                "'sae' must be a directory holding an SAELens SAE, demo:<size>[:<layer>] or random:<d_in>:<layer>",
+                "sae",
+            )
         layer = body.get("layer")
-        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 2**31):
+        if layer is not None and not ATTACH.fields["layer"].holds(layer):
             raise GreenroomError("invalid_parameter", "'layer' must be a non-negative integer", "layer")
         return await write(tree, AttachSAE(model, sae, layer, _sae_id(body, required=False)))
 
-    @app.post("/api/saes/detach")
+    @routes.view(app, "POST", "/api/saes/detach")
     async def detach():
-        body = await read_body({"model", "sae_id"})
+        body = await read_body(DETACH)
         model = tree.resolve(openai_params.model_name(body))
         return await write(tree, DetachSAE(model, _sae_id(body, required=True)))
 
-    @app.get("/api/steering")
+    @routes.view(app, "GET", "/api/steering")
     async def steering():
         return {"models": [await _answer(tree, model) for model in tree.steerable()]}
 
-    @app.put("/api/steering")
+    @routes.view(app, "PUT", "/api/steering")
     async def set_steering():
-        body = await read_body({"model", "enabled", "strengths"})
+        body = await read_body(SET)
         model = tree.resolve(openai_params.model_name(body))
         enabled = body.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
         return await write(tree, SetSteering(model, enabled, _strengths(body.get("strengths"))))
 
-    @app.get("/api/steering/lock")
+    @routes.view(app, "GET", "/api/steering/lock")
     async def steering_lock():
         return {"model": tree.locked_model}
 
-    @app.put("/api/steering/lock")
+    @routes.view(app, "PUT", "/api/steering/lock")
     async def lock_steering():
         """Lock the server to one steerable model: /v1/models then lists it alone."""
-        body = await read_body({"model"})
+        body = await read_body(LOCK)
         return attrs.asdict(await tree.steering(LockSteering(tree.resolve(openai_params.model_name(body)))))
 
-    @app.delete("/api/steering/lock")
+    @routes.view(app, "DELETE", "/api/steering/lock")
     async def unlock_steering():
         return attrs.asdict(await tree.steering(UnlockSteering()))
 
-    @app.get(PROFILES)
+    @routes.view(app, "GET", "/api/profiles")
     async def profiles():
         return (await tree.steering(ListProfiles())).body
 
-    @app.post(PROFILES)
+    @routes.view(app, "POST", "/api/profiles")
     async def create_profile():
-        body = await read_body({"name", "model", "description", "strengths"})
+        body = await read_body(PROFILE)
         model = tree.resolve(openai_params.model_name(body))
-        return (await tree.steering(CreateProfile(model, check_name(body.get("name")),
-                                                  check_description(body.get("description")) or "",
-                                                  _strengths(body.get("strengths")) or {}))).body
+        return (
+            await tree.steering(
+                CreateProfile(
+                    model,
+                    check_name(body.get("name")),
+                    check_description(body.get("description")) or "",
+                    _strengths(body.get("strengths")) or {},
+                )
+            )
+        ).body
 
-    @app.get(PROFILES + "/<name>")
+    @routes.view(app, "GET", "/api/profiles/{name}")
     async def profile(name: str):
         return (await tree.steering(GetProfile(name))).body
 
-    @app.put(PROFILES + "/<name>")
+    @routes.view(app, "PUT", "/api/profiles/{name}")
     async def update_profile(name: str):
-        body = await read_body({"description", "strengths"})
+        body = await read_body(UPDATE)
         description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
         model = (await tree.steering(GetProfile(name))).body["model"]
         return (await tree.steering(UpdateProfile(model, name, description, strengths))).body
 
-    @app.delete(PROFILES + "/<name>")
+    @routes.view(app, "DELETE", "/api/profiles/{name}")
     async def delete_profile(name: str):
         return (await tree.steering(DeleteProfile(name))).body
 
-    @app.post(PROFILES + "/<name>/activate")
+    @routes.view(app, "POST", "/api/profiles/{name}/activate")
     async def activate_profile(name: str):
         """The profile's strengths become the model's live steering, as PUT /api/steering writes them."""
         model = (await tree.steering(GetProfile(name))).body["model"]
         return await write(tree, ActivateProfile(model, name))
 
-    @app.get(PROFILES + "/<name>/export")
+    @routes.view(app, "GET", "/api/profiles/{name}/export")
     async def export_profile(name: str):
         profile = (await tree.steering(GetProfile(name))).body
-        return {"format": EXPORT_FORMAT,
-                "profile": {k: profile[k] for k in ("name", "model", "description", "strengths")},
-                "saes": profile["saes"]}
+        return {
+            "format": EXPORT_FORMAT,
+            "profile": {k: profile[k] for k in ("name", "model", "description", "strengths")},
+            "saes": profile["saes"],
+        }
 
-    @app.post(PROFILES + "/import")
+    @routes.view(app, "POST", "/api/profiles/import")
     async def import_profile():
         """A document GET …/export wrote; refused unless its SAEs are attached to the model as
         they were (the coordinator compares identities and checks widths)."""
-        body = await read_body({"format", "profile", "saes"})
+        body = await read_body(EXPORTED)
         if body.get("format") != EXPORT_FORMAT:
-            raise GreenroomError("invalid_parameter", f"'format' must be {EXPORT_FORMAT!r} (an exported profile)",
-                                 "format")
+            raise GreenroomError(
+                "invalid_parameter", f"'format' must be {EXPORT_FORMAT!r} (an exported profile)", "format"
+            )
         profile, saes = body.get("profile"), body.get("saes")
         if not isinstance(profile, dict):
-            raise GreenroomError("missing_parameter" if profile is None else "invalid_parameter",
-                                 "'profile' must be an object {name, model, description, strengths}", "profile")
-        unknown = sorted(set(profile) - {"name", "model", "description", "strengths"})
+            raise GreenroomError(
+                "missing_parameter" if profile is None else "invalid_parameter",
+                "'profile' must be an object {name, model, description, strengths}",
+                "profile",
+            )
+        unknown = sorted(set(profile) - PROFILE.names)
         if unknown:
-            raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", f"profile.{unknown[0]}")
+            raise GreenroomError(
+                "invalid_parameter", f"unknown field(s): {', '.join(unknown)}", f"profile.{unknown[0]}"
+            )
         if not isinstance(saes, list) or not all(
-                isinstance(sae, dict) and set(sae) == set(_SAE_FIELDS)
-                and all(isinstance(sae[k], t) and not isinstance(sae[k], bool) for k, t in _SAE_FIELDS.items())
-                for sae in saes):
-            raise GreenroomError("missing_parameter" if saes is None else "invalid_parameter",
-                                 f"'saes' must list the SAEs the profile refers to, each {{{', '.join(_SAE_FIELDS)}}}",
-                                 "saes")
+            isinstance(sae, dict)
+            and sae.keys() == SAE_IDENTITY.names
+            and all(_typed(field, sae[k]) for k, field in SAE_IDENTITY.fields.items())
+            for sae in saes
+        ):
+            raise GreenroomError(
+                "missing_parameter" if saes is None else "invalid_parameter",
+                f"'saes' must list the SAEs the profile refers to, each {{{', '.join(SAE_IDENTITY.fields)}}}",
+                "saes",
+            )
         model = tree.resolve(openai_params.model_name(profile))
         strengths = _strengths(profile.get("strengths")) or {}
         listed = {sae["sae_id"] for sae in saes}
         for sae_id in strengths:
             if sae_id not in listed:
-                raise GreenroomError("invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'",
-                                     f"strengths.{sae_id}")
-        return (await tree.steering(ImportProfile(model, check_name(profile.get("name")),
-                                                  check_description(profile.get("description")) or "", strengths,
-                                                  saes))).body
+                raise GreenroomError(
+                    "invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'", f"strengths.{sae_id}"
+                )
+        return (
+            await tree.steering(
+                ImportProfile(
+                    model,
+                    check_name(profile.get("name")),
+                    check_description(profile.get("description")) or "",
+                    strengths,
+                    saes,
+                )
+            )
+        ).body
 
 
 async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Generate, dict[str, str]]:
@@ -189,7 +337,7 @@ async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Gener
     X-miLLM-Circuit-Rung while a circuit genuinely steers (each omitted as the spec lists).
     Any other generation is served by the live state; its rung is the coordinator's last word."""
     name, dial = body.get("profile"), intensity(body.get("steering_intensity"))
-    if name is not None and (not isinstance(name, str) or not name):
+    if name is not None and not CHAT.fields["profile"].matches(name):
         raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
     if name is None and dial is None:
         return gen, live_headers(tree, gen.model)
@@ -214,12 +362,15 @@ def intensity(value) -> float | str | None:
     """steering_intensity: a λ in [0, 2] or "off" / "min" / "max"; anything else is a 400."""
     if value is None:
         return None
-    if isinstance(value, str) and value in rules.SYMBOLS:
+    symbols, dial = CHAT.fields["steering_intensity"].options[1], CHAT.fields["steering_intensity"].options[0]
+    if isinstance(value, str) and value in symbols.values:
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and rules.ENVELOPE[0] <= value <= rules.ENVELOPE[1]):
-        raise GreenroomError("invalid_parameter", "'steering_intensity' must be a number from 0 to 2, or \"off\", "
-                             f"\"min\" or \"max\" (got {json.dumps(value)})", "steering_intensity")
+    if not (dial.holds(value) and math.isfinite(value)):
+        raise GreenroomError(
+            "invalid_parameter",
+            f'\'steering_intensity\' must be a number from 0 to 2, or "off", "min" or "max" (got {json.dumps(value)})',
+            "steering_intensity",
+        )
     return float(value)
 
 
@@ -239,9 +390,14 @@ def state_json(state: SteeringState, live: bool) -> dict:
     return {**attrs.asdict(state), "live": live}
 
 
-async def read_body(allowed: set[str]) -> dict:
+def _typed(field, value) -> bool:
+    return field.typed(value) if isinstance(field, Number) else field.matches(value)
+
+
+async def read_body(shape: Shape) -> dict:
+    """The JSON body of a closed shape: a field it does not declare is refused."""
     body = openai_params.parse_json(await request.get_data())
-    unknown = sorted(set(body) - allowed)
+    unknown = sorted(set(body) - shape.names)
     if unknown:
         raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
     return body
@@ -253,7 +409,7 @@ def _sae_id(body: dict, required: bool) -> str | None:
         return None
     if sae_id is None:
         raise GreenroomError("missing_parameter", "you must provide sae_id", "sae_id")
-    if not isinstance(sae_id, str) or not SAE_ID.match(sae_id):
+    if not SAE_ID.matches(sae_id):
         raise GreenroomError("invalid_parameter", "'sae_id' must be 1–64 letters, digits, '_', '.' or '-'", "sae_id")
     return sae_id
 
@@ -261,15 +417,18 @@ def _sae_id(body: dict, required: bool) -> str | None:
 def check_name(name) -> str:
     if name is None:
         raise GreenroomError("missing_parameter", "you must provide name", "name")
-    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+    if not PROFILE_NAME.matches(name):
         raise GreenroomError("invalid_parameter", "'name' must be 1–64 letters, digits, '_', '.' or '-'", "name")
     return name
 
 
 def check_description(value) -> str | None:
-    if value is not None and (not isinstance(value, str) or len(value) > DESCRIPTION_MAX):
-        raise GreenroomError("invalid_parameter", f"'description' must be a string of at most {DESCRIPTION_MAX} "
-                             "characters", "description")
+    if value is not None and not DESCRIPTION.matches(value):
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'description' must be a string of at most {DESCRIPTION_MAX} characters",
+            "description",
+        )
     return value
 
 
@@ -279,17 +438,24 @@ def _strengths(value) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not all(isinstance(f, dict) for f in value.values()):
-        raise GreenroomError("invalid_parameter", "'strengths' must be an object {sae_id: {feature: strength}}",
-                             "strengths")
+        raise GreenroomError(
+            "invalid_parameter", "'strengths' must be an object {sae_id: {feature: strength}}", "strengths"
+        )
     for sae_id, features in value.items():
         for feature, strength in features.items():
             where = f"strengths.{sae_id}.{feature}"
-            if not (feature.isascii() and feature.isdigit()):
-                raise GreenroomError("invalid_feature_index", f"feature {feature!r} of SAE {sae_id!r} is not a "
-                                     "feature index (a non-negative integer)", where)
+            if not STRENGTHS.values.keys.matches(feature):
+                raise GreenroomError(
+                    "invalid_feature_index",
+                    f"feature {feature!r} of SAE {sae_id!r} is not a feature index (a non-negative integer)",
+                    where,
+                )
             if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
                 raise GreenroomError("invalid_parameter", f"the strength of {where} must be a number", where)
-            if abs(strength) > STRENGTH_MAX:
-                raise GreenroomError("invalid_parameter", f"the strength of {where} is {strength}: strengths are "
-                                     f"in ±{STRENGTH_MAX:g}", where)
+            if not STRENGTHS.values.values.within(strength):
+                raise GreenroomError(
+                    "invalid_parameter",
+                    f"the strength of {where} is {strength}: strengths are in ±{STRENGTH_MAX:g}",
+                    where,
+                )
     return value

@@ -21,10 +21,182 @@ import jsonschema
 
 from greenroom.engines.tool_calls import ToolCall, ToolCallStream, load_json, parse
 from greenroom.errors import GreenroomError
-from greenroom.http.schema_subset import check_schema
+from greenroom.http.contracts import (
+    DATA,
+    NULL,
+    AnyOf,
+    Anything,
+    Boolean,
+    Choice,
+    ListOf,
+    Named,
+    Schema,
+    Shape,
+    Text,
+    when,
+)
+from greenroom.http.schema_subset import SCHEMA, check_schema
 
 ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment
-_NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+# --- the fields of a chat request this module reads (contracts.py) ---------------------------
+
+NAME = Text(pattern="[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function and response-format names
+FUNCTION = Named(
+    name="FunctionDefinition",
+    field=Shape(
+        fields={
+            "name": NAME,
+            "description": attrs.evolve(DATA, description="Rendered by the chat template"),
+            "parameters": Schema(
+                schema={"type": "object", "additionalProperties": DATA},
+                null=False,
+                description=(
+                    "A JSON schema jsonschema can use (calls are validated against it); with tool_choice required or naming "
+                    "this function, in greenroom's subset (JSONSchema: it is compiled into the grammar)"
+                ),
+            ),
+        },
+        required=("name",),
+        extra=DATA,
+    ),
+)
+TOOL = Named(
+    name="Tool",
+    field=Shape(
+        fields={"type": Choice(values=("function",)), "function": FUNCTION}, required=("type", "function"), extra=DATA
+    ),
+)
+_CALLS = ("none", "auto", "required")
+TOOL_CHOICE = Named(
+    name="ToolChoice",
+    field=AnyOf(
+        options=(
+            Choice(values=_CALLS),
+            Shape(
+                fields={
+                    "type": Choice(values=("function",)),
+                    "function": Shape(fields={"name": Text()}, required=("name",)),
+                },
+                required=("type", "function"),
+            ),
+            Shape(
+                fields={"name": Text()},
+                required=("name",),
+                rules=({"not": {"properties": {"type": {"const": "function"}}, "required": ["type"]}},),
+            ),
+        ),
+        description="auto (the default with tools): the model may call; required or a named function (one of the "
+        "tools): calls are enforced by decoding, with the functions' parameters",
+    ),
+)
+RESPONSE_FORMAT = Named(
+    name="ResponseFormat",
+    field=AnyOf(
+        options=(
+            Shape(fields={"type": Choice(values=("text",))}, required=("type",), closed=True),
+            Shape(fields={"type": Choice(values=("json_object",))}, required=("type",)),
+            Shape(
+                fields={
+                    "type": Choice(values=("json_schema",)),
+                    "json_schema": Shape(
+                        fields={
+                            "name": attrs.evolve(NAME, description="Echoed in the X-miLLM-Constrained response header"),
+                            "schema": attrs.evolve(SCHEMA, null=False),
+                            "strict": Boolean(description="Accepted; the schema is enforced by decoding either way"),
+                            "description": Anything(),
+                        },
+                        required=("name",),
+                    ),
+                },
+                required=("type", "json_schema"),
+            ),
+        ),
+        description="json_object or json_schema: the answer is decoded under the schema and validated; refused "
+        "(400 response_format_unsupported) with stream: true, with stop, with tools unless tool_choice is "
+        '"none", and while the server runs continuous batching',
+    ),
+)
+
+
+def _present(field: str, schema: dict) -> dict:
+    return {"properties": {field: schema}, "required": [field]}
+
+
+_CONSTRAINED = _present(
+    "response_format", {"properties": {"type": {"enum": ["json_object", "json_schema"]}}, "required": ["type"]}
+)
+_NO_TOOLS = {
+    "properties": {"tools": {"anyOf": [NULL, {"maxItems": 0}]}, "functions": {"anyOf": [NULL, {"maxItems": 0}]}}
+}
+_FORCED = {"not": {"enum": ["none", "auto", None]}}
+_FUNCTION_CALL = AnyOf(options=(Choice(values=("none", "auto")), Shape(fields={"name": Text()}, required=("name",))))
+_PARALLEL = Boolean(description="false: at most one call when tool_choice forces calls")
+CHAT = Shape(
+    fields={
+        "response_format": RESPONSE_FORMAT,
+        "tools": ListOf(
+            items=TOOL,
+            description="Rendered by the chat template; calls in the answer are parsed into message.tool_calls",
+        ),
+        "functions": ListOf(items=FUNCTION, description="Deprecated form of tools (not both)"),
+        # read by a generation only (their shapes are GENERATION's): a scoring request reports them
+        "tool_choice": Anything(description="A ToolChoice; " + TOOL_CHOICE.field.description),
+        "function_call": Anything(description="Deprecated form of tool_choice: none, auto or {name}"),
+        "parallel_tool_calls": Anything(description="A boolean; " + _PARALLEL.description),
+    },
+    rules=(
+        {
+            "not": {
+                "properties": {"tools": {"minItems": 1}, "functions": {"minItems": 1}},
+                "required": ["tools", "functions"],
+            },
+            "description": "tools or the deprecated functions, not both",
+        },
+    ),
+)
+# what `plan` checks of a generation (scoring.py applies them to every chat request that is not scoring)
+GENERATION = (
+    Shape(fields={"tool_choice": TOOL_CHOICE, "function_call": _FUNCTION_CALL, "parallel_tool_calls": _PARALLEL}),
+    when(
+        _CONSTRAINED,
+        {
+            "properties": {"stream": {"enum": [False, None]}, "stop": NULL},
+            "anyOf": [
+                _NO_TOOLS,
+                _present("tool_choice", {"const": "none"}),
+                {**_present("function_call", {"const": "none"}), "not": {"required": ["tool_choice"]}},
+            ],
+        },
+        "response_format cannot be streamed, cut by stop, or combined with tools unless tool_choice is none",
+    ),
+    when(
+        {
+            "anyOf": [
+                _present("tool_choice", _FORCED),
+                {**_present("function_call", _FORCED), "not": {"required": ["tool_choice"]}},
+            ]
+        },
+        {"not": _NO_TOOLS},
+        "tool_choice required or a named function needs tools",
+    ),
+    when(
+        {
+            "anyOf": [
+                _present("tool_choice", {"enum": ["required"]}),
+                _present("tool_choice", {"type": "object"}),
+                {**_present("function_call", {"type": "object"}), "not": {"required": ["tool_choice"]}},
+            ]
+        },
+        {
+            "properties": {
+                "tools": {"items": {"properties": {"function": {"properties": {"parameters": SCHEMA}}}}},
+                "functions": {"items": {"properties": {"parameters": SCHEMA}}},
+            }
+        },
+        "calls enforced by decoding: the functions' parameters in greenroom's subset",
+    ),
+)
 
 
 def _unsupported(message: str) -> GreenroomError:
@@ -64,16 +236,18 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
     if stream:
         raise _unsupported("response_format cannot be streamed: a document is validated once it is complete")
     if body.get("stop") is not None:
-        raise _unsupported("response_format cannot be combined with stop: a stop string could cut a document "
-                           "and report it complete")
+        raise _unsupported(
+            "response_format cannot be combined with stop: a stop string could cut a document and report it complete"
+        )
     if tools is not None and mode != "none":
-        raise _unsupported("response_format cannot be combined with tools unless tool_choice is \"none\"")
+        raise _unsupported('response_format cannot be combined with tools unless tool_choice is "none"')
     if fmt["type"] == "json_object":
         return Plan({"type": "json_object"}, tools, mode, json_object=True, header="json_object")
     spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not _valid_name(spec.get("name")):
-        raise _unsupported("'response_format.json_schema' must be an object whose 'name' is 1–64 letters, digits, "
-                           "'_' or '-'")
+    if not isinstance(spec, dict) or not NAME.matches(spec.get("name")):
+        raise _unsupported(
+            "'response_format.json_schema' must be an object whose 'name' is 1–64 letters, digits, '_' or '-'"
+        )
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
         raise _unsupported("'response_format.json_schema.schema' must be an object")
@@ -86,11 +260,15 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
 
 def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
     tools, functions = body.get("tools"), body.get("functions")
+    for field, value in (("tools", tools), ("functions", functions)):
+        if value is not None and not isinstance(value, list):
+            raise GreenroomError("invalid_parameter", f"'{field}' must be an array", field)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise GreenroomError("invalid_parameter", "'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if tools and functions:
         raise GreenroomError("invalid_parameter", "send tools or the deprecated functions, not both", "functions")
     if functions:
-        if not isinstance(functions, list):
-            raise GreenroomError("invalid_parameter", "'functions' must be an array", "functions")
         tools = [{"type": "function", "function": f} for f in functions]
         where = "functions[{}]"
     else:
@@ -100,27 +278,29 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
         if choice not in (None, "none", "auto"):
             raise GreenroomError("invalid_parameter", "'tool_choice' needs tools", "tool_choice")
         return None, "none", None, True
-    if not isinstance(tools, list):
-        raise GreenroomError("invalid_parameter", "'tools' must be an array", "tools")
     names = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
         if not isinstance(fn, dict):
-            raise GreenroomError("invalid_parameter", f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
-                                 "{...}}", f"tools[{i}]")
+            raise GreenroomError(
+                "invalid_parameter", f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', f"tools[{i}]"
+            )
         name = fn.get("name")
-        if not _valid_name(name):
-            raise GreenroomError("invalid_parameter", f"{where.format(i)}.name must be 1–64 letters, digits, "
-                                 "'_' or '-'", where.format(i) + ".name")
+        if not NAME.matches(name):
+            raise GreenroomError(
+                "invalid_parameter",
+                f"{where.format(i)}.name must be 1–64 letters, digits, '_' or '-'",
+                where.format(i) + ".name",
+            )
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
-            raise GreenroomError("invalid_parameter", f"{where.format(i)}.parameters must be a JSON schema object",
-                                 where.format(i) + ".parameters")
+            raise GreenroomError(
+                "invalid_parameter",
+                f"{where.format(i)}.parameters must be a JSON schema object",
+                where.format(i) + ".parameters",
+            )
         names.append(name)
     if len(set(names)) != len(names):
         raise GreenroomError("invalid_parameter", "tool names must be unique", "tools")
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise GreenroomError("invalid_parameter", "'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     mode, name = _choice(choice, names)
     if mode in ("required", "named"):  # compiled into the grammar: the subset applies
         for i, tool in enumerate(tools):
@@ -130,8 +310,11 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
         for i, tool in enumerate(tools):
             error = _schema_error(json.dumps(tool["function"].get("parameters", {}), sort_keys=True))
             if error is not None:
-                raise GreenroomError("invalid_parameter", f"{where.format(i)}.parameters is not a valid JSON "
-                                     f"schema: {error}", where.format(i) + ".parameters")
+                raise GreenroomError(
+                    "invalid_parameter",
+                    f"{where.format(i)}.parameters is not a valid JSON schema: {error}",
+                    where.format(i) + ".parameters",
+                )
     return tools, mode, name, parallel is not False
 
 
@@ -149,24 +332,23 @@ def _schema_error(params: str) -> str | None:
 def _choice(choice, names: list[str]) -> tuple[str, str | None]:
     if choice is None:
         return "auto", None
-    if choice in ("none", "auto", "required"):
+    if choice in _CALLS:
         return choice, None
     name = None
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else choice  # function_call: {"name"}
         name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise GreenroomError("invalid_parameter", "'tool_choice' must be none, auto, required or "
-                             "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+        raise GreenroomError(
+            "invalid_parameter",
+            '\'tool_choice\' must be none, auto, required or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
     if name not in names:
-        raise GreenroomError("invalid_parameter", f"'tool_choice' names {name!r}, which is not among the tools",
-                             "tool_choice")
+        raise GreenroomError(
+            "invalid_parameter", f"'tool_choice' names {name!r}, which is not among the tools", "tool_choice"
+        )
     return "named", name
-
-
-def _valid_name(name) -> bool:
-    """OpenAI's rule for function and response-format names."""
-    return isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_OK
 
 
 def call_id() -> str:
@@ -189,8 +371,10 @@ def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
     document that does not validate is a 500, never a 200."""
     if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls" and not p.lenient:
         if document(p, text) is INVALID:
-            raise GreenroomError("constrained_output_invalid", "the constrained output is complete but does not "
-                                 f"validate: {_why(p, text)[:300]}")
+            raise GreenroomError(
+                "constrained_output_invalid",
+                f"the constrained output is complete but does not validate: {_why(p, text)[:300]}",
+            )
     if not p.parses_tools:
         return {"role": "assistant", "content": text}, finish
     content, calls = parse(text, p.tools)
@@ -239,8 +423,11 @@ class StreamShaper:
 
     def message(self) -> dict:
         """What was streamed, as the message a non-streamed answer would carry."""
-        calls = [_openai_call(c, self._ids[i]) for i, c in enumerate(self._stream.calls)] \
-            if self._stream is not None else []
+        calls = (
+            [_openai_call(c, self._ids[i]) for i, c in enumerate(self._stream.calls)]
+            if self._stream is not None
+            else []
+        )
         return _assistant("".join(self._content), calls)
 
     def finish(self) -> list[dict]:
@@ -259,11 +446,26 @@ class StreamShaper:
             elif kind == "call":
                 index, name = rest
                 self._ids[index] = call_id()
-                out.append({"tool_calls": [{"index": index, "id": self._ids[index], "type": "function",
-                                            "function": {"name": name, "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": self._ids[index],
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             else:
                 index, arguments = rest
                 for i in range(0, len(arguments), ARGUMENT_FRAGMENT):
-                    out.append({"tool_calls": [{"index": index,
-                                                "function": {"arguments": arguments[i:i + ARGUMENT_FRAGMENT]}}]})
+                    out.append(
+                        {
+                            "tool_calls": [
+                                {"index": index, "function": {"arguments": arguments[i : i + ARGUMENT_FRAGMENT]}}
+                            ]
+                        }
+                    )
         return [d for d in out if d]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 
 class Database:
-    def __init__(self, path: Path, schema: str, foreign_keys: bool = False,
-                 added_columns: tuple[tuple[str, str, str], ...] = ()):
+    def __init__(
+        self, path: Path, schema: str, foreign_keys: bool = False, added_columns: tuple[tuple[str, str, str], ...] = ()
+    ):
         """`added_columns`: (table, column, declaration) added since a table was first made, so a
         file an older greenroom wrote gains them (CREATE TABLE IF NOT EXISTS leaves it as it is)."""
         self.path, self._schema, self._foreign_keys = Path(path), schema, foreign_keys

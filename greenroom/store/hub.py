@@ -76,8 +76,11 @@ def target(name) -> Target:
         return Target(head, known.repo, quant or known.quant)
     if _REPO_ID.fullmatch(head) and ".." not in head:
         return Target(head, head, quant)
-    raise GreenroomError("model_not_found", f"'{name}' is neither a known alias (GET /api/models/known) nor a "
-                         "Hugging Face repository id (owner/name)", "model")
+    raise GreenroomError(
+        "model_not_found",
+        f"'{name}' is neither a known alias (GET /api/models/known) nor a Hugging Face repository id (owner/name)",
+        "model",
+    )
 
 
 @contextlib.contextmanager
@@ -91,23 +94,36 @@ def _hub_errors(repo: str, token: str | None):
         yield
     except RepositoryNotFoundError:  # gated repositories included
         if token is None:
-            raise GreenroomError("hub_auth_required", f"the Hugging Face Hub has no public repository '{repo}': "
-                                 f"if it is private or gated, {TOKEN_HINT}", "model") from None
-        raise GreenroomError("hub_access_denied", f"the Hugging Face Hub refused repository '{repo}' with the token "
-                             "sent: the repository does not exist or the token has no access to it", "model") from None
+            raise GreenroomError(
+                "hub_auth_required",
+                f"the Hugging Face Hub has no public repository '{repo}': if it is private or gated, {TOKEN_HINT}",
+                "model",
+            ) from None
+        raise GreenroomError(
+            "hub_access_denied",
+            f"the Hugging Face Hub refused repository '{repo}' with the token "
+            "sent: the repository does not exist or the token has no access to it",
+            "model",
+        ) from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status in (401, 403) and token is not None:
-            raise GreenroomError("hub_access_denied", f"the Hugging Face Hub refused the token sent for '{repo}' "
-                                 f"(HTTP {status})", "model") from None
+            raise GreenroomError(
+                "hub_access_denied",
+                f"the Hugging Face Hub refused the token sent for '{repo}' (HTTP {status})",
+                "model",
+            ) from None
         if status in (401, 403):
-            raise GreenroomError("hub_auth_required", f"the Hugging Face Hub requires a token for '{repo}': "
-                                 f"{TOKEN_HINT}", "model") from None
-        raise GreenroomError("hub_unavailable", f"the Hugging Face Hub answered HTTP {status} for '{repo}'",
-                             "model") from None
+            raise GreenroomError(
+                "hub_auth_required", f"the Hugging Face Hub requires a token for '{repo}': {TOKEN_HINT}", "model"
+            ) from None
+        raise GreenroomError(
+            "hub_unavailable", f"the Hugging Face Hub answered HTTP {status} for '{repo}'", "model"
+        ) from None
     except httpx2.TransportError as exc:
-        raise GreenroomError("hub_unavailable", f"the Hugging Face Hub could not be reached ({type(exc).__name__})",
-                             "model") from None
+        raise GreenroomError(
+            "hub_unavailable", f"the Hugging Face Hub could not be reached ({type(exc).__name__})", "model"
+        ) from None
 
 
 def listing(t: Target, token: str | None) -> Listing:
@@ -118,24 +134,34 @@ def listing(t: Target, token: str | None) -> Listing:
     with _hub_errors(t.repo, token):
         info = HfApi(token=token or False).model_info(t.repo, files_metadata=True)
     siblings = info.siblings or []
-    files = [RepoFile(s.rfilename, s.size or 0, f"sha256:{s.lfs.sha256}" if s.lfs else f"sha1:{s.blob_id}")
-             for s in siblings]
+    files = [
+        RepoFile(s.rfilename, s.size or 0, f"sha256:{s.lfs.sha256}" if s.lfs else f"sha1:{s.blob_id}") for s in siblings
+    ]
     ggufs = [f for f in files if f.name.endswith(".gguf")]
     if ggufs:
         chosen = [f for f in ggufs if t.quant is None or t.quant.upper() in f.name.upper()]
         if not chosen:
-            raise GreenroomError("model_not_found", f"repository '{t.repo}' has no GGUF file of quantization "
-                                 f"'{t.quant}'", "model")
+            raise GreenroomError(
+                "model_not_found", f"repository '{t.repo}' has no GGUF file of quantization '{t.quant}'", "model"
+            )
         return Listing(t.repo, info.sha, "llama.cpp", tuple(chosen))
     names = {f.name for f in files}
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         if t.quant is not None:
-            raise GreenroomError("invalid_parameter", f"repository '{t.repo}' holds a safetensors checkpoint: a tag "
-                                 f"(':{t.quant}') only chooses among GGUF files", "model")
+            raise GreenroomError(
+                "invalid_parameter",
+                f"repository '{t.repo}' holds a safetensors checkpoint: a tag "
+                f"(':{t.quant}') only chooses among GGUF files",
+                "model",
+            )
         top = tuple(f for f in files if "/" not in f.name and f.name.endswith(_CHECKPOINT_SUFFIXES))
         return Listing(t.repo, info.sha, "transformers", top)
-    raise GreenroomError("unsupported_repository", f"repository '{t.repo}' holds neither GGUF files nor a "
-                         "safetensors checkpoint (config.json and *.safetensors): greenroom cannot serve it", "model")
+    raise GreenroomError(
+        "unsupported_repository",
+        f"repository '{t.repo}' holds neither GGUF files nor a "
+        "safetensors checkpoint (config.json and *.safetensors): greenroom cannot serve it",
+        "model",
+    )
 
 
 class PullCancelled(Exception):
@@ -183,6 +209,12 @@ def download(lst: Listing, dest: Path, token: str | None, progress: Progress) ->
     dest.mkdir(parents=True, exist_ok=True)
     for f in lst.files:
         with _hub_errors(lst.repo, token):
-            hf_hub_download(lst.repo, f.name, revision=lst.revision, local_dir=dest, token=token or False,
-                            tqdm_class=progress.bar(f.name))
+            hf_hub_download(
+                lst.repo,
+                f.name,
+                revision=lst.revision,
+                local_dir=dest,
+                token=token or False,
+                tqdm_class=progress.bar(f.name),
+            )
         progress.done[f.name] = f.size

@@ -43,5 +43,7 @@ class MonitoringStore:
 
     def put(self, config: MonitorConfig) -> None:
         with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO monitoring VALUES (?, ?, ?, ?)",
-                       (config.model, int(config.enabled), config.sae_id, config.top_k))
+            db.execute(
+                "INSERT OR REPLACE INTO monitoring VALUES (?, ?, ?, ?)",
+                (config.model, int(config.enabled), config.sae_id, config.top_k),
+            )

@@ -29,8 +29,6 @@ from greenroom.store.database import Database
 
 log = logging.getLogger("greenroom.store.registry")
 
-DEFAULTS_KEY = "ollama_defaults"  # the placement key carrying a created model's defaults
-
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS repos (
     repo TEXT PRIMARY KEY,
@@ -70,14 +68,15 @@ class Registry:
         return self.hub_dir.joinpath(*repo.split("/"))
 
     # repositories -----------------------------------------------------------------------
-    def record_pull(self, repo: str, revision: str, path: Path, authenticated: bool,
-                    entries: list[Entry]) -> None:
+    def record_pull(self, repo: str, revision: str, path: Path, authenticated: bool, entries: list[Entry]) -> None:
         """A finished pull: the repository and the names it is served as, in one transaction."""
         with self._db() as db:
-            db.execute("INSERT INTO repos VALUES (?, ?, ?, ?, ?) ON CONFLICT(repo) DO UPDATE SET "
-                       "revision = excluded.revision, path = excluded.path, "
-                       "authenticated = excluded.authenticated, pulled_at = excluded.pulled_at",
-                       (repo, revision, str(path), int(authenticated), time.time()))
+            db.execute(
+                "INSERT INTO repos VALUES (?, ?, ?, ?, ?) ON CONFLICT(repo) DO UPDATE SET "
+                "revision = excluded.revision, path = excluded.path, "
+                "authenticated = excluded.authenticated, pulled_at = excluded.pulled_at",
+                (repo, revision, str(path), int(authenticated), time.time()),
+            )
             for e in entries:
                 self._put(db, e)
 
@@ -88,9 +87,17 @@ class Registry:
 
     @staticmethod
     def _put(db: sqlite3.Connection, e: Entry) -> None:
-        db.execute("INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?, ?, ?)",
-                   (e.name, e.kind, json.dumps(e.spec), json.dumps(e.defaults) if e.defaults is not None else None,
-                    e.repo, time.time()))
+        db.execute(
+            "INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                e.name,
+                e.kind,
+                json.dumps(e.spec),
+                json.dumps(e.defaults) if e.defaults is not None else None,
+                e.repo,
+                time.time(),
+            ),
+        )
 
     def get(self, name: str) -> Entry | None:
         with self._db() as db:
@@ -148,15 +155,16 @@ class Registry:
 def place(tree, e: Entry):
     """Put a registry entry on the tree (on its recorded actor, or the first engine actor
     when that one no longer exists); the placement carries a created model's defaults."""
-    spec = {k: v for k, v in e.spec.items() if k in ("source", "engine", "actor", "dtype", "n_ctx", "threads",
-                                                       "chat_template")}
+    spec = {
+        k: v
+        for k, v in e.spec.items()
+        if k in ("source", "engine", "actor", "dtype", "n_ctx", "threads", "chat_template")
+    }
+    spec["defaults"] = e.defaults or None
     try:
-        m = tree.add_model(e.name, **spec)
+        return tree.add_model(e.name, **spec)
     except ValueError:  # the recorded engine actor is not in this server's tree
-        m = tree.add_model(e.name, **{**spec, "actor": "auto"})
-    if e.defaults:
-        m.placement[DEFAULTS_KEY] = e.defaults
-    return m
+        return tree.add_model(e.name, **{**spec, "actor": "auto"})
 
 
 def _entry(row) -> Entry:

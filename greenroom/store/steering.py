@@ -76,12 +76,14 @@ class SteeringStore:
 
     def get(self, model: str) -> ModelSteering:
         with self._db() as db:
-            row = db.execute("SELECT version, enabled, saes, strengths, active FROM steering WHERE model = ?",
-                             (model,)).fetchone()
+            row = db.execute(
+                "SELECT version, enabled, saes, strengths, active FROM steering WHERE model = ?", (model,)
+            ).fetchone()
         if row is None:
             return ModelSteering(model)
-        return ModelSteering(model, row[0], bool(row[1]), json.loads(row[2]), json.loads(row[3]),
-                             json.loads(row[4]) if row[4] else None)
+        return ModelSteering(
+            model, row[0], bool(row[1]), json.loads(row[2]), json.loads(row[3]), json.loads(row[4]) if row[4] else None
+        )
 
     def models(self) -> list[ModelSteering]:
         with self._db() as db:
@@ -93,10 +95,18 @@ class SteeringStore:
         with self._db() as db:
             row = db.execute("SELECT version FROM steering WHERE model = ?", (state.model,)).fetchone()
             state = attrs.evolve(state, version=(row[0] if row else 0) + 1)
-            db.execute("INSERT OR REPLACE INTO steering (model, version, enabled, saes, strengths, active) "
-                       "VALUES (?, ?, ?, ?, ?, ?)",
-                       (state.model, state.version, int(state.enabled), json.dumps(state.saes),
-                        json.dumps(state.strengths), json.dumps(state.active) if state.active else None))
+            db.execute(
+                "INSERT OR REPLACE INTO steering (model, version, enabled, saes, strengths, active) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    state.model,
+                    state.version,
+                    int(state.enabled),
+                    json.dumps(state.saes),
+                    json.dumps(state.strengths),
+                    json.dumps(state.active) if state.active else None,
+                ),
+            )
         return state
 
     def profiles(self) -> list[dict]:
@@ -111,10 +121,19 @@ class SteeringStore:
 
     def put_profile(self, profile: dict) -> None:
         with self._db() as db:
-            db.execute(f"INSERT OR REPLACE INTO profiles ({_PROFILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (profile["name"], profile["model"], profile["description"], json.dumps(profile["strengths"]),
-                        json.dumps(profile["saes"]), profile["created_at"], profile["updated_at"],
-                        json.dumps(profile["cluster"]) if profile.get("cluster") else None))
+            db.execute(
+                f"INSERT OR REPLACE INTO profiles ({_PROFILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    profile["name"],
+                    profile["model"],
+                    profile["description"],
+                    json.dumps(profile["strengths"]),
+                    json.dumps(profile["saes"]),
+                    profile["created_at"],
+                    profile["updated_at"],
+                    json.dumps(profile["cluster"]) if profile.get("cluster") else None,
+                ),
+            )
 
     def delete_profile(self, name: str) -> bool:
         with self._db() as db:
@@ -133,9 +152,17 @@ class SteeringStore:
     def put_circuit(self, circuit: dict) -> None:
         definition = {k: v for k, v in circuit.items() if k not in _CIRCUIT_OWN}
         with self._db() as db:
-            db.execute(f"INSERT OR REPLACE INTO circuits ({_CIRCUIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                       (circuit["name"], circuit["model"], json.dumps(definition), circuit["intensity"],
-                        circuit["created_at"], circuit["updated_at"]))
+            db.execute(
+                f"INSERT OR REPLACE INTO circuits ({_CIRCUIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    circuit["name"],
+                    circuit["model"],
+                    json.dumps(definition),
+                    circuit["intensity"],
+                    circuit["created_at"],
+                    circuit["updated_at"],
+                ),
+            )
 
     def delete_circuit(self, name: str) -> bool:
         with self._db() as db:
@@ -160,9 +187,16 @@ _CIRCUIT_OWN = ("name", "model", "intensity", "created_at", "updated_at")  # col
 
 
 def _profile(row: tuple) -> dict:
-    return {"name": row[0], "model": row[1], "description": row[2], "strengths": json.loads(row[3]),
-            "saes": json.loads(row[4]), "created_at": row[5], "updated_at": row[6],
-            "cluster": json.loads(row[7]) if row[7] else None}
+    return {
+        "name": row[0],
+        "model": row[1],
+        "description": row[2],
+        "strengths": json.loads(row[3]),
+        "saes": json.loads(row[4]),
+        "created_at": row[5],
+        "updated_at": row[6],
+        "cluster": json.loads(row[7]) if row[7] else None,
+    }
 
 
 def _circuit(row: tuple) -> dict:
@@ -174,5 +208,11 @@ def _circuit(row: tuple) -> dict:
             raise ValueError("not an object")
     except ValueError as exc:
         definition = {"unparseable": str(exc)}
-    return {"name": row[0], "model": row[1], **definition, "intensity": row[3], "created_at": row[4],
-            "updated_at": row[5]}
+    return {
+        "name": row[0],
+        "model": row[1],
+        **definition,
+        "intensity": row[3],
+        "created_at": row[4],
+        "updated_at": row[5],
+    }

@@ -8,16 +8,30 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import AsyncIterator
 
 import trio
 
 from greenroom.errors import GreenroomError
 from greenroom.metrics import TokenClock
 from greenroom.protocol import (
-    Admitted, Cancel, Done, Embed, Embedded, Failed, Generate, Score, Scores, Status, StatusQuery, Steered,
-    SteeringReply, Text, from_wire, to_wire,
+    Admitted,
+    Cancel,
+    Done,
+    Embed,
+    Embedded,
+    Failed,
+    Generate,
+    Score,
+    Scores,
+    Status,
+    StatusQuery,
+    Steered,
+    SteeringReply,
+    Text,
+    from_wire,
+    to_wire,
 )
 
 CANCEL_SEND_TIMEOUT_S = 1.0
@@ -94,15 +108,19 @@ class EngineClient:
         self._inbox[request.rid] = send
         if isinstance(request, (Generate, Embed, Score)):
             self._model_of[request.rid] = request.model
-        events = RequestEvents(recv, request.choices if isinstance(request, Generate) else 1,
-                               TokenClock(request.model) if isinstance(request, Generate) else None)
+        events = RequestEvents(
+            recv,
+            request.choices if isinstance(request, Generate) else 1,
+            TokenClock(request.model) if isinstance(request, Generate) else None,
+        )
         try:
             try:
                 await self._stream.send(to_wire(request))
             except OverflowError:  # msgpack carries integers of at most 64 bits
                 events.finished = True
-                raise GreenroomError("invalid_parameter", "a number in the request is too large: integers must fit "
-                                     "in 64 bits") from None
+                raise GreenroomError(
+                    "invalid_parameter", "a number in the request is too large: integers must fit in 64 bits"
+                ) from None
             yield events
         finally:
             del self._inbox[request.rid]

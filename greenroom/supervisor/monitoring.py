@@ -63,8 +63,15 @@ class Monitoring:
     def record(self, model: str, request_id: str, endpoint: str, choice: int, monitored: dict) -> dict:
         """Keep one choice's record (the engine's Monitor.result) and hand it to the subscribers."""
         self._last_id += 1
-        record = {"id": self._last_id, "time": round(time.time(), 3), "model": model, "request_id": request_id,
-                  "endpoint": endpoint, "choice": choice, **monitored}
+        record = {
+            "id": self._last_id,
+            "time": round(time.time(), 3),
+            "model": model,
+            "request_id": request_id,
+            "endpoint": endpoint,
+            "choice": choice,
+            **monitored,
+        }
         self._ring.append(record)
         for subscriber in self._subscribers:
             subscriber.offer(record)

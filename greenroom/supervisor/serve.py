@@ -46,8 +46,12 @@ def _ollama_bind(config: Config) -> list[str]:
         try:
             s.bind((config.host, config.ollama_port))
         except OSError as exc:
-            log.warning("not listening on Ollama's port %d (%s); the Ollama API is on port %d",
-                        config.ollama_port, exc.strerror, config.port)
+            log.warning(
+                "not listening on Ollama's port %d (%s); the Ollama API is on port %d",
+                config.ollama_port,
+                exc.strerror,
+                config.port,
+            )
             return []
     return [f"{config.host}:{config.ollama_port}"]
 

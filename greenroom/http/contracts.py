@@ -1,0 +1,316 @@
+"""Request contracts: every request body, query and path parameter greenroom reads, declared
+once as data.
+
+A request's shape is a `Shape` of `Field`s: each field's JSON type, bounds, enum, pattern,
+default and description. The parser that validates the request reads its limits from the
+declaration (`lo`, `hi`, `values`, `matches`, `Shape.names`, `default`), and openapi.py
+renders the same objects as JSON Schema, so a bound, an enum or a field list cannot differ
+between the two; tests/test_openapi.py fuzzes the server both ways (requests the document
+allows are accepted, requests it forbids are refused).
+
+Why data and not msgspec or cattrs structs: a refusal's code, message and param are API
+(clients and tests match on them, the spec words several), and the spec orders the checks
+(the field ledger first, then each field as the route reads it); a decoding library refuses
+in its own words and order. So the parsers keep their checks and read what they check
+against from here.
+
+Null: greenroom reads an optional field sent as null as one left out, so an optional field
+renders nullable unless it says `null=False` (its parser refuses null). What one field says
+about another (a scoring request's max_tokens is 1) is declared beside its check as a JSON
+Schema `if`/`then` in `Shape.rules`. Standard library and attrs only: no torch here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+NULL = {"type": "null"}
+
+
+@attrs.frozen(kw_only=True)
+class Field:
+    description: str = ""
+    default: Any = None  # what the parser uses when the field is left out (None: nothing)
+    null: bool = True  # optional and sent as null: read as left out
+    examples: tuple = ()
+
+    def render(self, components: dict) -> dict:
+        """This field as JSON Schema; named shapes it reaches are added to `components`."""
+        out = self._schema(components)
+        if self.description:
+            out["description"] = self.description
+        if self.default is not None:
+            out["default"] = self.default
+        if self.examples:
+            out["examples"] = list(self.examples)
+        return out
+
+    def _schema(self, components: dict) -> dict:
+        raise NotImplementedError
+
+
+@attrs.frozen(kw_only=True)
+class Anything(Field):
+    """Any JSON value (the parser reads it as it comes, or another check judges it)."""
+
+    def _schema(self, components: dict) -> dict:
+        return {}
+
+
+@attrs.frozen(kw_only=True)
+class Boolean(Field):
+    def _schema(self, components: dict) -> dict:
+        return {"type": "boolean"}
+
+    @staticmethod
+    def holds(value) -> bool:
+        return isinstance(value, bool)
+
+
+@attrs.frozen(kw_only=True)
+class Number(Field):
+    lo: float | None = None  # inclusive
+    hi: float | None = None
+    above: float | None = None  # exclusive lower bound
+    integer: bool = False
+    nonzero: bool = False
+
+    def _schema(self, components: dict) -> dict:
+        out: dict = {"type": "integer" if self.integer else "number"}
+        if self.lo is not None:
+            out["minimum"] = self.lo
+        if self.above is not None:
+            out["exclusiveMinimum"] = self.above
+        if self.hi is not None:
+            out["maximum"] = self.hi
+        if self.nonzero:
+            out["not"] = {"const": 0}
+        return out
+
+    def typed(self, value) -> bool:
+        """A JSON number of this kind (an integer field takes no fraction and no float)."""
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) if self.integer else isinstance(value, (int, float))
+
+    def within(self, value) -> bool:
+        return (
+            (self.lo is None or value >= self.lo)
+            and (self.hi is None or value <= self.hi)
+            and (self.above is None or value > self.above)
+            and not (self.nonzero and value == 0)
+        )
+
+    def holds(self, value) -> bool:
+        return self.typed(value) and self.within(value)
+
+
+@attrs.frozen(kw_only=True)
+class Text(Field):
+    min_length: int | None = None
+    max_length: int | None = None
+    pattern: str | None = None  # matched against the whole string
+
+    def _schema(self, components: dict) -> dict:
+        out: dict = {"type": "string"}
+        if self.min_length is not None:
+            out["minLength"] = self.min_length
+        if self.max_length is not None:
+            out["maxLength"] = self.max_length
+        if self.pattern is not None:
+            out["pattern"] = f"^(?:{self.pattern})$"
+        return out
+
+    def matches(self, value) -> bool:
+        return (
+            isinstance(value, str)
+            and (self.min_length is None or len(value) >= self.min_length)
+            and (self.max_length is None or len(value) <= self.max_length)
+            and (self.pattern is None or re.fullmatch(self.pattern, value) is not None)
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Choice(Field):
+    """One of these JSON values."""
+
+    values: tuple
+
+    def _schema(self, components: dict) -> dict:
+        return {"const": self.values[0]} if len(self.values) == 1 else {"enum": list(self.values)}
+
+
+@attrs.frozen(kw_only=True)
+class ListOf(Field):
+    items: Field
+    min_items: int | None = None
+    max_items: int | None = None
+
+    def _schema(self, components: dict) -> dict:
+        out: dict = {"type": "array", "items": self.items.render(components)}
+        if self.min_items is not None:
+            out["minItems"] = self.min_items
+        if self.max_items is not None:
+            out["maxItems"] = self.max_items
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class MapOf(Field):
+    """An object of any keys (those matching `keys`, when given), each value a `values`."""
+
+    values: Field
+    keys: Text | None = None
+
+    def _schema(self, components: dict) -> dict:
+        out: dict = {"type": "object", "additionalProperties": self.values.render(components)}
+        if self.keys is not None:
+            out["propertyNames"] = self.keys.render(components)
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class AnyOf(Field):
+    options: tuple[Field, ...]
+
+    def _schema(self, components: dict) -> dict:
+        return {"anyOf": [o.render(components) for o in self.options]}
+
+
+@attrs.frozen(kw_only=True)
+class Shape(Field):
+    """A JSON object. Open (the default): other fields are accepted (the ledger reports them);
+    closed: any other field is refused."""
+
+    fields: dict[str, Field]
+    required: tuple[str, ...] = ()
+    closed: bool = False
+    extra: Field | None = None  # what an open shape's other fields may hold (None: anything)
+    rules: tuple = ()  # JSON Schema over several fields (Fields inside rendered), each beside the check it mirrors
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.fields)
+
+    def _schema(self, components: dict) -> dict:
+        out: dict = {
+            "type": "object",
+            "properties": {
+                name: (f.render(components) if name in self.required or not f.null else nullable(f.render(components)))
+                for name, f in self.fields.items()
+            },
+        }
+        if self.required:
+            out["required"] = list(self.required)
+        if self.closed:
+            out["additionalProperties"] = False
+        elif self.extra is not None:
+            out["additionalProperties"] = self.extra.render(components)
+        if self.rules:
+            out["allOf"] = resolve(list(self.rules), components)
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Named(Field):
+    """A shape that the document holds once, in components.schemas, and refers to by name."""
+
+    name: str
+    field: Field
+
+    def _schema(self, components: dict) -> dict:
+        if self.name not in components:
+            components[self.name] = {}  # a recursive shape refers to itself while it renders
+            components[self.name] = self.field.render(components)
+        return {"$ref": f"#/components/schemas/{self.name}"}
+
+
+@attrs.frozen(kw_only=True)
+class Schema(Field):
+    """JSON Schema written out (Fields inside rendered), for what the types above do not say."""
+
+    schema: dict
+
+    def _schema(self, components: dict) -> dict:
+        return resolve(self.schema, components)
+
+
+def resolve(value, components: dict):
+    """JSON with the Fields anywhere inside it rendered."""
+    if isinstance(value, Field):
+        return value.render(components)
+    if isinstance(value, dict):
+        return {k: resolve(v, components) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [resolve(v, components) for v in value]
+    return value
+
+
+def merge(*shapes: Shape, rules: tuple = (), **annotations) -> Shape:
+    """One request's shape from the parts the modules that check it declare (each field in one)."""
+    fields: dict[str, Field] = {}
+    for shape in shapes:
+        assert not fields.keys() & shape.fields.keys(), f"declared twice: {fields.keys() & shape.fields.keys()}"
+        fields |= shape.fields
+    return Shape(
+        fields=fields,
+        required=tuple(r for s in shapes for r in s.required),
+        closed=any(s.closed for s in shapes),
+        rules=tuple(r for s in shapes for r in s.rules) + rules,
+        **annotations,
+    )
+
+
+INT64 = (-(2**63), 2**64 - 1)  # what msgpack carries: signed or unsigned 64 bits
+# A number, or any JSON value, whose integers fit in 64 bits: what travels to an engine or the
+# steering coordinator (msgpack) as it came; a longer integer is a 400.
+NUMBER = Schema(
+    schema={
+        "type": "number",
+        "not": {"type": "integer", "anyOf": [{"minimum": INT64[1] + 1}, {"maximum": INT64[0] - 1}]},
+    }
+)
+DATA = Named(
+    name="JSONData",
+    field=Schema(
+        schema={
+            "anyOf": [
+                {"type": ["null", "boolean", "string"]},
+                NUMBER,
+                {"type": "array", "items": {"$ref": "#/components/schemas/JSONData"}},
+                {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JSONData"}},
+            ]
+        },
+        description="Any JSON value whose integers fit in 64 bits",
+    ),
+)
+
+_ANNOTATIONS = ("description", "default", "examples")
+
+
+def nullable(schema: dict) -> dict:
+    """`schema`, or null (its annotations kept outside)."""
+    notes = {k: schema[k] for k in _ANNOTATIONS if k in schema}
+    core = {k: v for k, v in schema.items() if k not in _ANNOTATIONS}
+    if not core:  # anything: null included
+        return schema
+    if "enum" in core and len(core) == 1:
+        return {"enum": core["enum"] + ([None] if None not in core["enum"] else []), **notes}
+    if "const" in core and len(core) == 1:
+        return {"enum": [core["const"], None], **notes}
+    if isinstance(core.get("type"), str) and not {"$ref", "anyOf", "allOf", "const", "enum"} & core.keys():
+        return {**core, "type": [core["type"], "null"], **notes}
+    return {"anyOf": [core, NULL], **notes}
+
+
+def when(condition: dict, then: dict, description: str) -> dict:
+    """A rule over several fields: where `condition` holds, `then` must."""
+    return {"if": condition, "then": then, "description": description}
+
+
+def sent(*names: str) -> dict:
+    """JSON Schema: each of these fields is present and not null."""
+    return {"required": list(names), "properties": {n: {"not": NULL} for n in names}}

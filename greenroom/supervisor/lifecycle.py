@@ -1,0 +1,245 @@
+"""The model lifecycle: every transition of a placed model's state (placements.ModelState) —
+load, unload with its grace period, keep_alive and idle expiry, the refusal (or the wait) of
+requests while an unload runs, and the on-demand actor a GGUF model loads in. One owner, as in
+Ollama's server/sched.go: nobody else changes a model's state.
+
+Nothing here starts a process or asks a device: how an on-demand actor starts and stops and
+how much memory a device has free are given to `Lifecycle` (the tree gives supervision's and
+memory.py's), so the state machine runs in-process with stand-ins for the actors
+(tests/test_lifecycle_machine.py). Requests and lifecycle messages go over the actor's client
+(`ActorSlot.client`), where Load and Unload queue FIFO with requests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from greenroom import metrics
+from greenroom.config import Config
+from greenroom.errors import GreenroomError
+from greenroom.protocol import Failed, Load, Unload
+from greenroom.supervisor.engine_client import EngineClient
+from greenroom.supervisor.memory import check_fit, check_quantization
+from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement
+from greenroom.supervisor.routing import route
+from greenroom.supervisor.slots import ActorSlot, StartFailed
+
+# slack past the grace period for a waited-on unload's weights to go (Ollama surface)
+UNLOAD_WAIT_MARGIN_S = 10.0
+
+
+class Lifecycle:
+    """Loads and unloads the models of `table`.
+
+    Injected: `spawn(slot)` starts an on-demand actor and returns once it is up, having
+    reported its models through `started` (else raises StartFailed); `stop(slot)` stops one
+    and returns once it has ended (`stopped` reported); `memory(slot)` is the free memory of
+    the device a load on `slot` goes to ({"device", "free_bytes", "total_bytes"}, None when
+    unknown); `loaded(m)` runs after each load made here (the steering relay's push; it must
+    not raise)."""
+
+    def __init__(
+        self,
+        config: Config,
+        table: ModelTable,
+        *,
+        spawn: Callable[[ActorSlot], Awaitable[None]],
+        stop: Callable[[ActorSlot], Awaitable[None]],
+        memory: Callable[[ActorSlot], Awaitable[dict | None]],
+        loaded: Callable[[ModelState], Awaitable[None]],
+    ):
+        self.config = config
+        self.table = table
+        self._spawn, self._stop, self._memory, self._loaded = spawn, stop, memory, loaded
+        self._nursery: trio.Nursery | None = None  # the keep-alive timers'
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the keep-alive timers until cancelled (no deadline is armed before this runs)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # what supervision reports ------------------------------------------------------------
+    def preloads(self, slot: ActorSlot) -> list[Placement]:
+        """What `slot`'s actor loads as it starts: its preloaded models (an on-demand actor: its model)."""
+        return [m.placement for m in self.table.on(slot) if m.preload or slot.on_demand]
+
+    def started(self, slot: ActorSlot, infos: dict[str, dict]) -> list[ModelState]:
+        """`slot`'s actor (re)started holding the models of `infos` (id → ModelInfo): those are
+        loaded, and idle from now on; the others are unloaded until asked for. The loaded ones."""
+        idle = self.config.idle_unload_s
+        for m in self.table.on(slot):
+            m.state, m.info = (LoadState.LOADED, infos[m.id]) if m.id in infos else (LoadState.UNLOADED, None)
+            self._set_deadline(m, idle if m.id in infos and idle > 0 else None)
+        return [m for m in self.table.on(slot) if m.state == LoadState.LOADED]
+
+    def stopped(self, slot: ActorSlot) -> None:
+        """`slot`'s on-demand actor has ended: its model is unloaded."""
+        for m in self.table.on(slot):
+            m.state, m.info = LoadState.UNLOADED, None
+
+    # requests ----------------------------------------------------------------------------
+    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
+        """The engine client serving `model` (routed among its placements) and the model's
+        info, with `actor` and `route_reason` added: waiting while its actor (re)starts,
+        loading the model first when it is not loaded. While an unload runs on the actor,
+        every request for it is refused with model_busy (the spec's /v1 rule: retry once it
+        is done) — or, with `wait_unload` (the Ollama surface, whose clients never retry a
+        503), waits for the unload, as Ollama's scheduler does, and loads the model again:
+        for at most the grace period an unload gives its running requests, plus a margin
+        for the weights to go, then model_busy as on /v1."""
+        if not wait_unload:
+            return await self._client_for(model)
+        with trio.move_on_after(self.config.graceful_unload_timeout_s + UNLOAD_WAIT_MARGIN_S):
+            while True:
+                while busy := [m.slot for m in self.table.replicas_of(model) if m.slot.unloading]:
+                    await busy[0].unloaded.wait()
+                try:
+                    return await self._client_for(model)
+                except GreenroomError as exc:
+                    if exc.code != "model_busy":
+                        raise
+        return await self._client_for(model)  # the wait ran out: answered as on /v1
+
+    async def _client_for(self, model: str) -> tuple[EngineClient, dict]:
+        m, reason = route(self.table.replicas_of(model))
+        if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
+            self.keep_alive(model, self.config.idle_unload_s)
+        if m.slot.on_demand and m.state == LoadState.UNLOADED:
+            await self._load(m)
+        client = await m.slot.wait_client(model, self.config.ready_timeout_s)
+        while True:
+            if m.slot.unloading:
+                raise GreenroomError(
+                    "model_busy",
+                    f"a model is being unloaded from engine actor {m.slot.name!r}; retry once the unload finishes",
+                    "model",
+                )
+            if m.state == LoadState.LOADED:
+                return client, {**m.info, "actor": m.slot.name, "route_reason": reason}
+            if m.state == LoadState.UNLOADED:
+                await self._load(m)
+            else:
+                await m.changed.wait()
+
+    # load --------------------------------------------------------------------------------
+    async def load(self, model: str) -> dict:
+        """Load `model`'s preferred placement (waiting if a load is under way); its ModelInfo."""
+        return await self._load(self.table.state_of(model))
+
+    async def _load(self, m: ModelState) -> dict:
+        client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+        while m.state in (LoadState.LOADING, LoadState.UNLOADING):
+            await m.changed.wait()
+        if m.state == LoadState.LOADED:
+            return m.info
+        # loading from here: a request arriving during the memory query waits for this load
+        m.state, m.changed = LoadState.LOADING, trio.Event()
+        try:
+            check_quantization(m.placement)  # before any weight moves
+            check_fit(m.placement, m.slot.name, await self._memory(m.slot))
+            if m.slot.on_demand:  # its actor loads it as it starts (`started`)
+                try:
+                    await self._spawn(m.slot)
+                except StartFailed as exc:
+                    raise GreenroomError(
+                        "model_load_failed", f"model {m.id!r} could not be loaded: {exc}", "model"
+                    ) from None
+            else:
+                async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement.to_spec())) as events:
+                    done = await events.__anext__()
+                if isinstance(done, Failed):
+                    raise GreenroomError.from_wire(done.error)
+                m.state, m.info = LoadState.LOADED, done.info
+                await self._loaded(m)
+            metrics.MODEL_EVENTS.labels(m.id, "loaded").inc()
+            return m.info
+        finally:
+            if m.state == LoadState.LOADING:
+                m.state = LoadState.UNLOADED
+            m.changed.set()
+
+    # unload ------------------------------------------------------------------------------
+    async def unload(self, model: str) -> None:
+        """Unload every placement of `model` gracefully: from now on requests for any model
+        of its actor get model_busy; requests already running finish first — for up to
+        graceful_unload_timeout_s, then they are cancelled — before the weights go."""
+        for m in self.table.replicas_of(model):
+            await self._unload(m)
+
+    async def _unload(self, m: ModelState) -> None:
+        while m.state in (LoadState.LOADING, LoadState.UNLOADING):
+            await m.changed.wait()
+        if m.state != LoadState.LOADED or m.slot.client is None:
+            return
+        client, grace = m.slot.client, self.config.graceful_unload_timeout_s
+        m.state, m.changed, m.expires_at = LoadState.UNLOADING, trio.Event(), None
+        m.slot.unloading += 1
+        try:
+            async with client.submit(Unload(f"unload-{uuid.uuid4().hex[:12]}", m.id)) as events:
+                with trio.move_on_after(grace):
+                    await events.__anext__()
+                    m.state, m.info = LoadState.UNLOADED, None
+                if m.state == LoadState.UNLOADING:  # the running requests outlived the grace period
+                    await client.cancel_model(
+                        m.id,
+                        GreenroomError(
+                            "model_busy",
+                            f"model {m.id!r} was unloaded before this request finished "
+                            f"(graceful_unload_timeout_s = {grace:g})",
+                        ),
+                    )
+                    await events.__anext__()
+                    m.state, m.info = LoadState.UNLOADED, None
+            if m.slot.on_demand:  # its actor goes with it
+                await self._stop(m.slot)
+            metrics.MODEL_EVENTS.labels(m.id, "unloaded").inc()
+        finally:
+            m.slot.unloading -= 1
+            if not m.slot.unloading:
+                m.slot.unloaded.set()
+                m.slot.unloaded = trio.Event()
+            if m.state == LoadState.UNLOADING:
+                m.state = LoadState.LOADED  # the actor went away mid-unload; its restart resets the state
+            m.changed.set()
+
+    # keep_alive --------------------------------------------------------------------------
+    def keep_alive(self, model: str, seconds: float | None) -> None:
+        """After a request: unload `model` once it has been idle `seconds` (0: now; None or
+        negative: keep it loaded). A later request's keep_alive replaces this one."""
+        for m in self.table.replicas_of(model):
+            self._set_deadline(m, seconds)
+
+    def _set_deadline(self, m: ModelState, seconds: float | None) -> None:
+        if seconds is None or seconds < 0 or self._nursery is None:
+            m.expires_at = None
+            m.moved.set()
+            return
+        m.expires_at, m.keep_alive_s = trio.current_time() + seconds, seconds
+        m.moved.set()
+        if not m.timer:
+            m.timer = True
+            self._nursery.start_soon(self._expire, m)
+
+    async def _expire(self, m: ModelState) -> None:
+        """One timer per placement, following its deadline as later requests move it
+        (earlier or later). A model still answering a request is not idle: its deadline
+        moves past the request's end."""
+        try:
+            while True:
+                while m.expires_at is not None and trio.current_time() < m.expires_at:
+                    m.moved = trio.Event()
+                    with trio.move_on_at(m.expires_at):
+                        await m.moved.wait()
+                if m.expires_at is None or m.state != LoadState.LOADED:
+                    return
+                if m.slot.client is not None and m.slot.client.serving(m.id):
+                    m.expires_at = trio.current_time() + max(m.keep_alive_s, 0.5)
+                    continue
+                await self._unload(m)
+                return
+        finally:
+            m.timer = False

@@ -1,0 +1,240 @@
+"""Supervision: one task per actor slot, which spawns the actor's process, opens its session
+stream, watches the process, and on death fails the slot's in-flight requests with a typed
+error and restarts it — at most `restart_limit` times within `restart_window_s`, with
+exponential backoff. What an engine actor holds as it starts is the lifecycle's to say and
+to record (`Lifecycle.preloads`, `started`, `stopped`)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+import psutil
+import trio
+
+from greenroom import metrics
+from greenroom.actors import runtime
+from greenroom.actors.engine_actor import engine_session
+from greenroom.actors.service_actors import service_session
+from greenroom.actors.steering_actor import steering_session
+from greenroom.config import Config
+from greenroom.errors import GreenroomError
+from greenroom.supervisor.engine_client import EngineClient
+from greenroom.supervisor.lifecycle import Lifecycle
+from greenroom.supervisor.placements import LoadState, ModelState, device_of
+from greenroom.supervisor.slots import ActorSlot, SlotState, StartFailed
+
+log = logging.getLogger("greenroom.supervisor")
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+
+class Supervisor:
+    """Supervises `slots` (an on-demand slot only between `start` and `stop`); `after_start(m)`
+    runs for each model an engine actor holds once it is up (the steering relay's push)."""
+
+    def __init__(
+        self,
+        config: Config,
+        slots: dict[str, ActorSlot],
+        lifecycle: Lifecycle,
+        after_start: Callable[[ModelState], Awaitable[None]],
+    ):
+        self.config = config
+        self.slots = slots
+        self.lifecycle = lifecycle
+        self._after_start = after_start
+        self._nursery: trio.Nursery | None = None  # every supervising task's
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Supervise every slot but the on-demand ones until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for slot in self.slots.values():
+                if not slot.on_demand:
+                    nursery.start_soon(self._supervise, slot)
+            task_status.started()
+            await trio.sleep_forever()  # on-demand actors start here later
+
+    async def start(self, slot: ActorSlot) -> None:
+        """Start an on-demand actor, which loads its model as it starts (its session's first
+        answer); return once it is up. A load that fails stops the actor: StartFailed."""
+        await slot.stopped.wait()  # a previous life is still shutting down
+        slot.state, slot.ready, slot.last_error = SlotState.STARTING, trio.Event(), None
+        self._nursery.start_soon(self._supervise, slot)
+        with trio.move_on_after(self.config.ready_timeout_s):
+            await slot.ready.wait()
+        if slot.state != SlotState.READY:
+            if slot.scope is not None:
+                slot.scope.cancel()
+            raise StartFailed(slot.last_error or "its actor did not start in time")
+
+    async def stop(self, slot: ActorSlot) -> None:
+        """Stop an on-demand actor; return once its supervising task has ended."""
+        slot.scope.cancel()
+        await slot.stopped.wait()
+
+    async def _supervise(self, slot: ActorSlot) -> None:
+        slot.stopped = trio.Event()
+        try:
+            with trio.CancelScope() as slot.scope:
+                await self._supervise_loop(slot)
+        finally:
+            slot.scope, slot.client, slot.pid = None, None, None
+            if slot.on_demand:
+                slot.state = SlotState.STOPPED
+                self.lifecycle.stopped(slot)
+            slot.ready.set()  # waiters see the stopped state instead of hanging
+            slot.stopped.set()
+
+    async def _supervise_loop(self, slot: ActorSlot) -> None:
+        failures: collections.deque[float] = collections.deque()
+        while True:
+            try:
+                await self._run_once(slot)
+                reason = "its session ended"
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            slot.last_error = reason
+            slot.pid = None
+            metrics.ACTOR_EVENTS.labels(slot.name, "stopped").inc()
+            if slot.on_demand and slot.state == SlotState.STARTING:
+                log.error("actor %s could not load its model: %s", slot.name, reason)
+                return  # a load that failed is the request's error, not a restart loop
+            now = time.monotonic()
+            failures.append(now)
+            while failures and now - failures[0] > self.config.restart_window_s:
+                failures.popleft()
+            if len(failures) > self.config.restart_limit:
+                log.error(
+                    "actor %s failed %d times in %.0f s, giving up: %s",
+                    slot.name,
+                    len(failures),
+                    self.config.restart_window_s,
+                    reason,
+                )
+                slot.state = SlotState.FAILED
+                slot.ready.set()  # waiters see the failed state instead of hanging
+                metrics.ACTOR_EVENTS.labels(slot.name, "failed").inc()
+                return
+            delay = min(BACKOFF_BASE_S * 2 ** (len(failures) - 1), BACKOFF_MAX_S)
+            log.warning("actor %s stopped (%s); restarting in %.1f s", slot.name, reason, delay)
+            slot.state, slot.ready = SlotState.RESTARTING, trio.Event()  # `ready` is the current life's
+            slot.restarts += 1
+            await trio.sleep(delay)
+
+    async def _run_once(self, slot: ActorSlot) -> None:
+        if slot.role == "engine":
+            fn = engine_session
+            preloads = self.lifecycle.preloads(slot)
+            kwargs = {
+                "models": [p.to_spec() for p in preloads],
+                "device": preloads[0].device if slot.on_demand else device_of(slot.name),
+                "max_queue": self.config.max_queue,
+                "default_max_tokens": self.config.default_max_tokens,
+                "continuous_batching": self.config.continuous_batching,
+            }
+        elif slot.role == "steering":
+            fn, kwargs = (
+                steering_session,
+                {
+                    "cache_dir": self.config.cache_dir,
+                    "limits": {
+                        "cluster_min": self.config.cluster_intensity_min,
+                        "circuit_min": self.config.circuit_intensity_min,
+                        "max": self.config.intensity_max,
+                    },
+                },
+            )
+        else:
+            fn, kwargs = service_session, {"role": slot.role}
+        module = fn.__module__
+        async with runtime.spawn(slot.name, module, loglevel=runtime.tractor_loglevel(self.config.log_level)) as child:
+            slot.pid = child.pid
+            log.info("actor %s started, pid %d", slot.name, child.pid)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, slot, child)
+                async with runtime.open_session(child, fn, parent_pid=os.getpid(), **kwargs) as (first, stream):
+                    if not first["ok"]:
+                        raise RuntimeError(f"load failed: {first['error']}")
+                    slot.client = EngineClient(slot.name, stream)
+                    # a (re)started actor holds its preloaded models only
+                    held = self.lifecycle.started(slot, {info["id"]: info for info in first["models"]})
+                    slot.state = SlotState.READY
+                    slot.ready.set()
+                    metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
+                    for m in held:  # a (re)started engine holds no steering until pushed
+                        nursery.start_soon(self._after_start, m)
+                    try:
+                        await slot.client.run()
+                    finally:
+                        slot.client.fail_all(
+                            GreenroomError(
+                                "engine_crashed",
+                                f"engine actor {slot.name!r} stopped during the request; "
+                                "it is being restarted, retry the request",
+                            )
+                        )
+                        slot.client = None
+                nursery.cancel_scope.cancel()
+
+    async def _watch(self, slot: ActorSlot, child: runtime.Child) -> None:
+        """Raise once the child's process is gone: tractor would wait on it forever."""
+        code = await runtime.watch_death(child)
+        log.error("actor %s (pid %d) died with exit code %s", slot.name, child.pid, code)
+        if slot.client is not None:
+            slot.client.fail_all(
+                GreenroomError(
+                    "engine_crashed",
+                    f"engine actor {slot.name!r} died (exit code {code}) during the request; "
+                    "it is being restarted, retry the request",
+                )
+            )
+        raise RuntimeError(f"process exited with code {code}")
+
+    async def actors(self) -> list[dict]:
+        """/api/actors' rows: the supervisor itself, then every actor up or given up (an
+        on-demand actor while its model is loaded)."""
+        me = psutil.Process()
+        rows = [
+            {
+                "name": "supervisor",
+                "role": "supervisor",
+                "pid": me.pid,
+                "state": "ready",
+                "models": [],
+                "queue_depth": 0,
+                "rss_bytes": me.memory_info().rss,
+                "restarts": 0,
+            }
+        ]
+        for slot in self.slots.values():
+            if slot.on_demand and slot.state == SlotState.STOPPED:
+                continue  # a GGUF model's actor exists while the model is loaded
+            status = await slot.client.status() if slot.client is not None else None
+            rows.append(
+                {
+                    "name": slot.name,
+                    "role": slot.role,
+                    "pid": slot.pid,
+                    "state": slot.state,
+                    "models": [m.id for m in self.lifecycle.table.on(slot) if m.state == LoadState.LOADED],
+                    "queue_depth": (status or {}).get("queue_depth", 0) + (status or {}).get("active", 0),
+                    "rss_bytes": _rss(slot.pid),
+                    "restarts": slot.restarts,
+                    "last_error": slot.last_error,
+                    "counters": status,
+                }
+            )
+        return rows
+
+
+def _rss(pid: int | None) -> int | None:
+    try:
+        return psutil.Process(pid).memory_info().rss if pid else None
+    except psutil.Error:
+        return None

@@ -1,0 +1,118 @@
+"""The field ledger (greenroom/http/ledger.py) as a function of a body and an engine's
+capabilities: honoured, reported (with locations) or refused (typed, naming the field and
+why). No server; tests/test_field_ledger.py drives the same rules through a live one."""
+
+from __future__ import annotations
+
+import pytest
+
+from greenroom.engines.capabilities import ENGINES, WHY_NOT, Capabilities
+from greenroom.errors import GreenroomError
+from greenroom.http import ledger
+
+ALL = ENGINES["transformers"]
+NONE = Capabilities()
+WHERE = "on chat completions"
+
+
+def refusal(body: dict, caps=NONE, table=ledger.CHAT) -> GreenroomError:
+    with pytest.raises(GreenroomError) as e:
+        ledger.check(table, body, caps, WHERE)
+    return e.value
+
+
+def test_used_fields_are_neither_reported_nor_refused():
+    assert (
+        ledger.check(ledger.CHAT, {"model": "m", "messages": [], "temperature": 0.5, "max_tokens": 3}, NONE, WHERE)
+        == []
+    )
+
+
+def test_unknown_and_unread_fields_are_reported_with_locations():
+    body = {
+        "model": "m",
+        "foo": 1,
+        "user": "u",
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}], "name": "n"}],
+        "extra_messages": [[{"role": "user", "content": "x", "weight": 2}]],
+    }
+    assert ledger.check(ledger.CHAT, body, ALL, WHERE) == [
+        "foo",
+        "user",
+        "messages[0].name",
+        "messages[0].content[0].cache_control",
+        "extra_messages[0][0].weight",
+        "stream_options",
+    ]  # stream_options: only a stream reads them
+
+
+@pytest.mark.parametrize(
+    "field,value,capability",
+    [
+        ("seed", 1, "seed"),
+        ("frequency_penalty", 0.5, "penalties"),
+        ("response_format", {"type": "json_object"}, "response_format"),
+        ("logprobs", True, "scoring"),
+        ("tools", [{"type": "function"}], "tools"),
+        ("steering_intensity", 1, "steering"),
+    ],
+)
+def test_a_field_the_engine_lacks_is_refused_naming_why(field, value, capability):
+    e = refusal({field: value})
+    assert e.code == "field_not_honoured" and e.param == field
+    assert WHY_NOT[capability] in e.message and WHERE in e.message
+    ledger.check(ledger.CHAT, {field: value}, ALL, WHERE)  # the engine with it honours it
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("seed", None),
+        ("frequency_penalty", 0),
+        ("frequency_penalty", 0.0),
+        ("response_format", {"type": "text"}),
+        ("logprobs", False),
+        ("tools", []),
+    ],
+)
+def test_a_no_change_value_is_never_refused(field, value):
+    assert ledger.check(ledger.CHAT, {field: value}, NONE, WHERE) == []
+
+
+def test_no_change_is_by_type_too():
+    assert refusal({"frequency_penalty": False}).param == "frequency_penalty"  # false is not 0
+
+
+def test_required_or_named_tool_choice_needs_constrained_decoding():
+    caps = Capabilities(tools=True)
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for choice in ("auto", "none"):
+        ledger.check(ledger.CHAT, {"tools": tools, "tool_choice": choice}, caps, WHERE)
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        assert refusal({"tools": tools, "tool_choice": choice}, caps).param == "tool_choice"
+        ledger.check(ledger.CHAT, {"tools": tools, "tool_choice": choice}, ALL, WHERE)
+
+
+def test_embeddings_refuse_generation_fields():
+    assert refusal({"seed": 1}, ALL, ledger.EMBEDDINGS).param == "seed"
+    assert ledger.check(ledger.EMBEDDINGS, {"model": "m", "input": "x", "logprobs": False}, ALL, WHERE) == []
+
+
+def test_strict_mode_refuses_what_would_be_reported():
+    assert ledger.settle(["foo"], strict=False) == '"foo"'
+    with pytest.raises(GreenroomError) as e:
+        ledger.settle(["foo", "bar"], strict=True)
+    assert e.value.code == "unused_fields_refused" and e.value.param == "foo"
+    assert ledger.settle([], strict=True) is None
+
+
+@pytest.mark.parametrize("value,strict", [(None, False), ("true", True), ("1", True), (" FALSE ", False), ("0", False)])
+def test_the_strict_header(value, strict):
+    assert ledger.strict_mode(value) is strict
+
+
+def test_a_bad_strict_header_is_a_typed_400():
+    with pytest.raises(GreenroomError) as e:
+        ledger.strict_mode("yes")
+    assert e.value.code == "invalid_parameter" and e.value.param == "X-miLLM-Strict"
