@@ -8,9 +8,8 @@ import shutil
 import httpx
 import psutil
 import pytest
-from openai import BadRequestError, OpenAI
-
 from conftest import Server
+from openai import BadRequestError, OpenAI
 
 Q8, Q4 = "greenroom-demo-gguf:Q8_0", "greenroom-demo-gguf:Q4_0"
 SOLO = "solo-repo:F16"
@@ -24,10 +23,12 @@ def srv(tmp_path_factory, model_cache):
     dirs = tmp_path_factory.mktemp("ggufs")
     (dirs / "solo-repo").mkdir()
     shutil.copy(ensure_demo_gguf(default_cache_dir(model_cache), "F16"), dirs / "solo-repo" / "model-f16.gguf")
-    config = (f'model_dirs = ["{dirs}"]\n'
-              '[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
-              f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
-              f'[[models]]\nid = "{Q4}"\nsource = "demo-gguf:Q4_0"\nengine = "llama.cpp"\nn_ctx = 256\n')
+    config = (
+        f'model_dirs = ["{dirs}"]\n'
+        '[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n'
+        f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+        f'[[models]]\nid = "{Q4}"\nsource = "demo-gguf:Q4_0"\nengine = "llama.cpp"\nn_ctx = 256\n'
+    )
     server = Server(tmp_path_factory.mktemp("gguf-server"), model_cache, config)
     yield server
     server.stop()
@@ -51,19 +52,12 @@ def error_of(exc) -> dict:
     return exc.value.response.json()["error"]
 
 
+# seed, n, response_format and every tool_choice are served: test_gguf_seeds.py, test_gguf_constrained.py
 REFUSED_BEFORE_LOAD = [
-    ("seed", {"seed": 7}),
-    ("logprobs", {"logprobs": True}),
-    ("top_logprobs", {"top_logprobs": 2}),
-    ("allowed_token_ids", {"allowed_token_ids": [5, 6]}),
-    ("response_format", {"response_format": {"type": "json_object"}}),
+    # scoring (logprobs, top_logprobs, allowed_token_ids) and echo are served: test_gguf_scoring.py, test_echo.py
     ("profile", {"profile": "calm"}),
     ("steering_intensity", {"steering_intensity": 1.0}),
     ("return_sae_activations", {"return_sae_activations": {"features": [1]}}),
-    ("n", {"n": 2}),
-    # tools are honoured on GGUF ("auto"); a required or named call needs constrained decoding
-    ("tool_choice", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-                     "tool_choice": "required"}),
     ("logit_bias", {"logit_bias": {"5": 1}}),
 ]
 
@@ -80,20 +74,28 @@ def test_fields_llama_cpp_cannot_honour_are_refused_before_the_model_loads(srv, 
     assert state(srv, Q4) == "unloaded"
 
 
-def test_scoring_and_seeded_completions_are_refused_before_any_load(srv):
-    unload(srv, Q4)
-    for extra, param in (({"logprobs": 1}, "logprobs"), ({"seed": 1}, "seed"),
-                         ({"echo": True, "max_tokens": 0, "logprobs": 0}, "echo")):
-        r = httpx.post(srv.url + "/v1/completions", json={"model": Q4, "prompt": "hi", **extra}, timeout=30)
-        assert r.status_code == 400, r.text
-        assert r.json()["error"]["param"] == param
-    assert state(srv, Q4) == "unloaded"
+def test_seeded_completions_are_served_and_echo_their_seed(srv):
+    body = {"model": Q4, "prompt": "hi", "max_tokens": 8, "seed": 1}
+    first, again = (httpx.post(srv.url + "/v1/completions", json=body, timeout=60) for _ in range(2))
+    assert first.status_code == 200, first.text
+    assert first.headers["X-miLLM-Seed"] == '1;scope="request"'
+    assert first.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
+
+
+def test_scoring_and_echo_are_served(oai):
+    scored = oai.completions.create(model=Q4, prompt="Once upon a time", max_tokens=1, logprobs=2)
+    assert scored.choices[0].logprobs.tokens == [scored.choices[0].text]
+    echoed = oai.completions.create(model=Q4, prompt="Once upon a time", max_tokens=0, logprobs=1, echo=True)
+    assert echoed.choices[0].text == "Once upon a time" and echoed.choices[0].logprobs.token_logprobs[0] is None
 
 
 def test_chat_template_kwargs_are_reported_not_refused(oai):
     raw = oai.chat.completions.with_raw_response.create(
-        model=Q8, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        model=Q8,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     assert raw.headers["X-miLLM-Ignored-Fields"] == '"chat_template_kwargs"'
     assert raw.parse().choices[0].message.content
 
@@ -105,15 +107,27 @@ def test_chat_and_completions_streamed_and_not(oai, model):
     assert whole.model == model and whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens > 5
     assert whole.system_fingerprint.endswith(":llama.cpp")
-    chunks = list(oai.chat.completions.create(model=model, messages=msgs, max_tokens=24, temperature=0,
-                                              stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model=model,
+            messages=msgs,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content  # greedy: the same text either way
     assert chunks[-1].usage.completion_tokens == 24
 
     done = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0)
-    streamed = "".join(c.choices[0].text for c in oai.completions.create(
-        model=model, prompt="Once upon a time", max_tokens=16, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in oai.completions.create(
+            model=model, prompt="Once upon a time", max_tokens=16, temperature=0, stream=True
+        )
+    )
     assert streamed == done.choices[0].text and done.usage.completion_tokens == 16
 
 
@@ -132,13 +146,15 @@ def test_stop_sequences_through_the_shared_matcher(oai):
     stop = full[10:13]
     cut = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
     assert cut.choices[0].finish_reason == "stop"
-    assert cut.choices[0].message.content == full[:full.index(stop)]
+    assert cut.choices[0].message.content == full[: full.index(stop)]
 
 
 def test_a_bare_repository_name(oai):
     # one quantization: the bare name serves it
-    assert oai.chat.completions.create(model="solo-repo", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2).model == SOLO
+    assert (
+        oai.chat.completions.create(model="solo-repo", messages=[{"role": "user", "content": "hi"}], max_tokens=2).model
+        == SOLO
+    )
     # several: 400 naming the tags, on every surface
     with pytest.raises(BadRequestError) as exc:
         oai.chat.completions.create(model="greenroom-demo-gguf", messages=[{"role": "user", "content": "hi"}])
@@ -147,8 +163,10 @@ def test_a_bare_repository_name(oai):
 
 
 def test_a_bare_repository_name_on_ollama(srv):
-    r = httpx.post(srv.url + "/api/chat", json={"model": "greenroom-demo-gguf", "stream": False,
-                                                "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        srv.url + "/api/chat",
+        json={"model": "greenroom-demo-gguf", "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 400 and r.json()["code"] == "AMBIGUOUS_MODEL_NAME"
 
 
@@ -190,8 +208,13 @@ def test_continue_completes_a_trailing_assistant_message_mid_sentence(oai, model
     partial = "The sea is wide and"
     text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) + partial
     ids = tok.encode(text, add_special_tokens=False)
-    cont = oai.chat.completions.create(model=Q8, messages=user + [{"role": "assistant", "content": partial}],
-                                       max_tokens=12, temperature=0).choices[0].message.content
+    cont = (
+        oai.chat.completions.create(
+            model=Q8, messages=user + [{"role": "assistant", "content": partial}], max_tokens=12, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
     plain = oai.completions.create(model=Q8, prompt=ids, max_tokens=12, temperature=0).choices[0].text
     fresh = oai.chat.completions.create(model=Q8, messages=user, max_tokens=12, temperature=0)
     assert cont == plain and cont != fresh.choices[0].message.content
@@ -211,8 +234,11 @@ def test_the_gguf_actor_comes_and_goes_with_load_and_unload(srv):
     psutil.wait_procs([psutil.Process(pid)] if psutil.pid_exists(pid) else [], timeout=10)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     # and a request loads it again, in a new actor
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
-                   json={"model": Q8, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": Q8, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200 and srv.actors()[f"gguf:{Q8}"]["pid"] != pid
 
 
@@ -234,8 +260,13 @@ def test_concurrent_requests_decode_together_each_with_its_own_sampling(srv, oai
     msgs = [{"role": "user", "content": "Tell me about the sea."}]
 
     def ask(penalty: float) -> str:
-        return oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0,
-                                           frequency_penalty=penalty).choices[0].message.content
+        return (
+            oai.chat.completions.create(
+                model=Q8, messages=msgs, max_tokens=40, temperature=0, frequency_penalty=penalty
+            )
+            .choices[0]
+            .message.content
+        )
 
     alone = {p: ask(p) for p in (0.0, 1.0)}
     assert alone[0.0] != alone[1.0]
@@ -261,17 +292,29 @@ def test_a_disconnected_stream_is_cancelled_and_frees_its_sequence(srv):
     from concurrent.futures import ThreadPoolExecutor
 
     def ask(_):
-        return httpx.post(srv.url + "/v1/completions", timeout=60,
-                          json={"model": Q8, "prompt": "hi", "max_tokens": 8}).json()["usage"]["completion_tokens"]
+        return httpx.post(
+            srv.url + "/v1/completions", timeout=60, json={"model": Q8, "prompt": "hi", "max_tokens": 8}
+        ).json()["usage"]["completion_tokens"]
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(ask, range(4))) == [8] * 4
 
 
-def test_a_refused_ollama_option_names_its_reason(srv):
-    """Every refusal names its reason, on both surfaces: options.seed on llama.cpp too."""
-    r = httpx.post(srv.url + "/api/chat", timeout=60, json={
-        "model": Q4, "stream": False, "messages": [{"role": "user", "content": "hi"}], "options": {"seed": 7}})
-    assert r.status_code == 400 and r.json()["code"] == "field_not_honoured"
-    assert "'options.seed' cannot be honoured by this model's engine: this engine's seeds are not measured to " \
-           "reproduce" in r.json()["error"]
+def test_ollama_options_seed_is_honoured(srv):
+    """options.seed on llama.cpp (refused before seeds were measured to reproduce there)."""
+
+    def ask():
+        r = httpx.post(
+            srv.url + "/api/chat",
+            timeout=60,
+            json={
+                "model": Q4,
+                "stream": False,
+                "messages": [{"role": "user", "content": "hi"}],
+                "options": {"seed": 7, "num_predict": 12},
+            },
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["message"]["content"]
+
+    assert ask() == ask()

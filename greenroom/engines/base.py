@@ -12,15 +12,16 @@ greedy answer), and it lets a stop string end the sequence at the step that comp
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterator, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from .capabilities import Capabilities
 
-if TYPE_CHECKING:  # scoring.py imports torch; the protocol does not
+if TYPE_CHECKING:
     from .generation import Delta
-    from .scoring import Scored
+    from .scoring import Echoed, Scored
 
 
 # miLLM's steering range: a feature's strength is within ±STRENGTH_MAX (engines/steering.py)
@@ -50,15 +51,25 @@ class EngineError(Exception):
         self.code, self.message, self.param = code, message, param
 
 
-def context_length_exceeded(limit: int, however: str, param: str, reduce: str | None = None, *,
-                            window: str = "context length", setting: str | None = None) -> EngineError:
+def context_length_exceeded(
+    limit: int,
+    however: str,
+    param: str,
+    reduce: str | None = None,
+    *,
+    window: str = "context length",
+    setting: str | None = None,
+) -> EngineError:
     """The one refusal of a request past a model's window, in OpenAI's words: "This model's
     maximum {window} is {limit} tokens[ ({setting})]. However, {however}.", then what to
     shorten where the message says it (`reduce`)."""
     named = f" ({setting})" if setting else ""
     advice = f" Please reduce the length of the {reduce}." if reduce else ""
-    return EngineError("context_length_exceeded",
-                       f"This model's maximum {window} is {limit} tokens{named}. However, {however}.{advice}", param)
+    return EngineError(
+        "context_length_exceeded",
+        f"This model's maximum {window} is {limit} tokens{named}. However, {however}.{advice}",
+        param,
+    )
 
 
 @attrs.frozen
@@ -94,15 +105,32 @@ class Engine(Protocol):
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """Prompt ids for a conversation, with the generation prompt appended; a trailing
         assistant message is continued, not answered (see chat.py)."""
         ...
 
-    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int,
-              readout=None) -> "Scored":
+    def score(
+        self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int, readout=None
+    ) -> Scored:
         """One forward pass, nothing generated (scoring.py); `readout`: SAE activations to read (steering.py)."""
+        ...
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: list[int],
+        temperature: float,
+        report: int,
+        allowed: list[int] | None = None,
+        next_report: int | None = None,
+        readout=None,
+    ) -> Echoed:
+        """`echo` on a scoring request: one pass over the whole prompt, unsteered, giving each prompt
+        token's log-probability after the ones before it and the `report` most probable there
+        (scoring.prompt_tokens); with `next_report` not None, also the position after the prompt
+        scored as `score` scores it (`allowed`, `next_report` alternatives)."""
         ...
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
@@ -119,8 +147,7 @@ class Engine(Protocol):
         """A fresh constraint state for one sequence (constraints.Matcher)."""
         ...
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None) -> Iterator[tuple[int, float]]:
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
         """Yield (token id, its log-probability) per decode step. Closing the iterator frees the
         sequence's cache; the next forward pass runs only when the next id is asked for.
         With a matcher, each step samples only what its grammar allows."""
@@ -141,12 +168,12 @@ class Batch(Protocol):
 
     def __len__(self) -> int: ...
 
-    def join(self, joining: list[tuple[object, list[int], SamplingParams]]) -> list["Delta"]:
+    def join(self, joining: list[tuple[object, list[int], SamplingParams]]) -> list[Delta]:
         """Prefill each (key, prompt ids, params) and return its first Delta; a sequence whose
         first Delta finishes it does not stay."""
         ...
 
-    def step(self) -> list[tuple[object, "Delta"]]:
+    def step(self) -> list[tuple[object, Delta]]:
         """One decode step of every sequence; the ones that finish leave."""
         ...
 

@@ -24,20 +24,42 @@ class Capabilities:
 
 
 ENGINES: dict[str, Capabilities] = {
-    "transformers": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
-                                 scoring=True, response_format=True, tools=True, sae_activations=True,
-                                 profile=True, steering=True, token_logprobs=True),
+    "transformers": Capabilities(
+        seed=True,
+        n=True,
+        penalties=True,
+        embeddings=True,
+        chat_template_kwargs=True,
+        scoring=True,
+        response_format=True,
+        tools=True,
+        sae_activations=True,
+        profile=True,
+        steering=True,
+        token_logprobs=True,
+    ),
     # llama.cpp: its repeat penalty honours ours; tools are rendered by the file's template (or
-    # described in the system message, engines/chat.py) and parsed, but tool_choice required/named
-    # needs constrained decoding; seeds are not measured to reproduce, there is no per-token
-    # distribution for scoring, no grammar bridge, and the file's template takes no variables
-    "llama.cpp": Capabilities(penalties=True, embeddings=True, tools=True, token_logprobs=True),
+    # described in the system message, engines/chat.py) and parsed, with every tool_choice (required
+    # and named decoded under a grammar in the template's call syntax); response_format masks
+    # llama.cpp's logits with the constraint module transformers uses (engines/constraints.py);
+    # scoring (and echo) reads llama.cpp's own logits (llama_get_logits) in a context of its own;
+    # seeds reproduce byte for byte whatever ran before or beside (measured: llama_cpp_engine.py's
+    # docstring), so n > 1 choices are seeded apart; the file's template takes no variables
+    "llama.cpp": Capabilities(
+        seed=True,
+        n=True,
+        penalties=True,
+        embeddings=True,
+        response_format=True,
+        tools=True,
+        token_logprobs=True,
+        scoring=True,
+    ),
     # OpenVINO GenAI: rng_seed reproduces (CPU and NPU pipeline alike), its repetition penalty is
     # HF's rule (measured: greedy ids equal transformers'), the template takes variables and tools
     # (auto and none, as on llama.cpp); no per-token distribution (scoring), no grammar bridge
     # (so no required/named tool_choice), no hooks for steering
-    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True,
-                             tools=True),
+    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True, tools=True),
 }
 
 

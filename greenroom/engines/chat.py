@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
+
+from .tool_calls import HERMES, LLAMA3_JSON
 
 # the template's own rendering: (messages, add_generation_prompt, tools, template variables) → text
 Apply = Callable[[list[dict], bool, "list[dict] | None", "dict | None"], str]
 
-_PROBE = {"type": "function", "function": {"name": "greenroom_tool_probe", "description": "probe",
-                                           "parameters": {"type": "object", "properties": {}}}}
+_PROBE = {
+    "type": "function",
+    "function": {
+        "name": "greenroom_tool_probe",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 class ChatTemplate:
@@ -17,28 +25,55 @@ class ChatTemplate:
     Gemma's: found as minja does, by rendering a probe tool and looking for its name) gets
     them described in the system message instead, with the Hermes `<tool_call>` syntax the
     tool-call parser reads — as llama.cpp's server polyfills such templates — so a request
-    with tools is honoured on every model, never silently answered without them."""
+    with tools is honoured on every model, never silently answered without them.
 
-    def __init__(self, apply: Apply):
+    `tool_syntax` is how the model writes a call (tool_calls.HERMES or LLAMA3_JSON), read from
+    the template's `source` where it is given (`tool_syntax`); what a required or named call
+    is constrained to."""
+
+    def __init__(self, apply: Apply, source: str | None = None):
         self._apply = apply
         try:
             self.renders_tools = _PROBE["function"]["name"] in apply(
-                [{"role": "user", "content": "x"}], True, [_PROBE], None)
+                [{"role": "user", "content": "x"}], True, [_PROBE], None
+            )
         except Exception:  # a template that cannot take tools at all
             self.renders_tools = False
+        self.tool_syntax = tool_syntax(source, self.renders_tools)
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None,
-               template_kwargs: dict | None = None) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         if tools and not self.renders_tools:
             messages, tools = described_tools(messages, tools), None
         return render_conversation(lambda msgs, gen: self._apply(msgs, gen, tools, template_kwargs), messages)
 
 
-_TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-               "with function signatures within <tools></tools> XML tags:\n<tools>\n")
-_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-               "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-               "\"arguments\": <args-json-object>}\n</tool_call>")
+def tool_syntax(source: str | None, renders_tools: bool = True) -> str:
+    """The call syntax a chat template teaches, found in its source as llama.cpp's server
+    (`--jinja`, common/chat.cpp) finds a template's family: `<tool_call>` is Hermes/Qwen's;
+    Llama 3.x's templates have an `ipython` role (and `<|python_tag|>`) and teach
+    `{"name": ..., "parameters": ...}`. A template that renders no tools is given the Hermes
+    description (`described_tools`), and a family not recognised is served in Hermes's, the
+    syntax greenroom describes where it must."""
+    if not source or not renders_tools or "<tool_call>" in source:
+        return HERMES
+    if (
+        "<|start_header_id|>" in source
+        and ("ipython" in source or "<|python_tag|>" in source)
+        and '"parameters"' in source
+    ):
+        return LLAMA3_JSON
+    return HERMES
+
+
+_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call>'
+)
 
 
 def described_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
@@ -69,6 +104,7 @@ def _call_text(call: dict) -> str:
             pass
     return f"<tool_call>\n{json.dumps({'name': fn.get('name'), 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
 
+
 # thought blocks a reasoning template may open in its generation prompt → their closing tag
 THOUGHT_TAGS = {"<think>": "</think>"}
 
@@ -94,7 +130,7 @@ def render_conversation(apply_template: Callable[[list[dict], bool], str], messa
         if at < 0 or closing in prompt[at:]:
             continue
         if partial.lstrip().startswith(opening):
-            head = head[:len(head) - len(prompt) + at]
+            head = head[: len(head) - len(prompt) + at]
         elif closing not in partial:
             head = head + ("" if head.endswith("\n") else "\n") + closing + "\n\n"
     return head + partial

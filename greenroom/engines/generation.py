@@ -4,7 +4,7 @@ per sequence, fed one token per decode step."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import attrs
 
@@ -75,16 +75,19 @@ class Decoder:
             return text
         out = guard.feed(text)
         if guard.invalid is not None:
-            raise EngineError("constrained_output_invalid", "the constrained tool call is complete but does not "
-                              f"validate: {guard.invalid[:300]}")
+            raise EngineError(
+                "constrained_output_invalid",
+                f"the constrained tool call is complete but does not validate: {guard.invalid[:300]}",
+            )
         return out + guard.flush() if end and not guard.ended else out
 
     def _repeated(self) -> bool:
         return self._guard is not None and self._guard.ended
 
 
-def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None,
-             readout=None, monitor=None) -> Iterator[Delta]:
+def generate(
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, grammar=None, readout=None, monitor=None
+) -> Iterator[Delta]:
     """The serial path: one Delta per decode step (text may be empty while a character or
     a possible stop string is incomplete); the last one carries finish_reason, and with a
     `readout` (steering.Readout) the activations read, with a `monitor` (steering.Monitor)
@@ -93,8 +96,11 @@ def generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, gram
     decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None, guard)
 
     def last(delta: Delta) -> Delta:
-        return attrs.evolve(delta, sae_activations=None if readout is None else readout.result(fed),
-                            monitor=None if monitor is None else monitor.result())
+        return attrs.evolve(
+            delta,
+            sae_activations=None if readout is None else readout.result(fed),
+            monitor=None if monitor is None else monitor.result(),
+        )
 
     fed = list(prompt_ids)  # the token at each position read
     done = decoder.empty()

@@ -8,6 +8,7 @@ front end calls this without loading llama.cpp."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import gguf_meta
@@ -16,8 +17,12 @@ from . import gguf_meta
 _LATER_SPLIT = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$")
 
 
-def quant_label(path: str | Path) -> str:
-    """`Q4_K_M`, `F16`, … from `general.file_type` (gguf_meta.file_type_label)."""
+def quant_label(path: str | Path, metadata: Mapping | None = None) -> str:
+    """`Q4_K_M`, `F16`, … from `general.file_type` (gguf_meta.file_type_label). `metadata`:
+    the file's key/values already read — llama.cpp's own, as the loaded engine has them —
+    so the header is not read again."""
+    if metadata is not None:
+        return gguf_meta.file_type_name(metadata.get("general.file_type"))
     return gguf_meta.file_type_label(gguf_meta.read(path))
 
 
@@ -30,7 +35,7 @@ def split_parts(path: Path) -> list[Path]:
     m = _FIRST_SPLIT.search(path.name)
     if m is None:
         return [path]
-    prefix, width, n = path.name[:m.start()], len(m.group(1)), int(m.group(2))
+    prefix, width, n = path.name[: m.start()], len(m.group(1)), int(m.group(2))
     return [path.with_name(f"{prefix}-{i:0{width}d}-of-{m.group(2)}.gguf") for i in range(1, n + 1)]
 
 

@@ -26,11 +26,42 @@ _CACHE_MAX = 512
 
 # gguf's LlamaFileType (general.file_type), named as llama.cpp's quantize tool names them
 FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
-    37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+    39: "NVFP4",
+    40: "Q1_0",
+    1024: "GUESSED",
 }
 
 
@@ -94,9 +125,17 @@ def read_array(path: str | Path, meta: GGUFMeta, skipped: Skipped) -> list:
 def file_type_label(meta: GGUFMeta) -> str:
     """`Q4_K_M`, `F16`, … from general.file_type; F32 when absent (llama.cpp's default),
     GUESSED when the value is not one llama.cpp knows."""
-    value = meta.get("general.file_type")
+    return file_type_name(meta.get("general.file_type"))
+
+
+def file_type_name(value) -> str:
+    """The label of a general.file_type value as the header holds it (an int), or as
+    llama.cpp's own metadata renders it (its decimal text): what the llama.cpp engine
+    reports without reading the header again."""
     if value is None:
         return "F32"
+    if isinstance(value, str) and value.isdecimal():
+        value = int(value)
     return FILE_TYPES.get(value, "GUESSED") if isinstance(value, int) and not isinstance(value, bool) else "GUESSED"
 
 
@@ -172,7 +211,7 @@ class _Cursor:
         start = self.pos + 8
         self.pos = start + n
         self.check()
-        return self.buf[start:self.pos].decode("utf-8", errors="replace")
+        return self.buf[start : self.pos].decode("utf-8", errors="replace")
 
     def skip_string(self) -> None:
         self.pos += 8 + self._u64(self.buf, self.pos)[0]

@@ -5,6 +5,22 @@ detokenisation and finish reasons are generation.py's (`Decoder`). The high-leve
 `Llama` class decodes one sequence at a time, so the engine drives llama.cpp's
 model, context and sampler chains itself. A context is not thread-safe: the engine
 actor's single worker thread is its only caller.
+
+Reproducibility: a request's tokens are a function of its own prompt, sampling parameters
+and seed — never of the traffic before or beside it — because what its logits are computed
+from is laid out alike every time. Measured on this build (SmolLM2 Q4_1, the demo's Q8_0 and
+Q4_0; bit-identical logits): with one KV cache the sequences shared (`kv_unified`) a
+sequence's cells landed wherever earlier requests had left room, and its greedy text changed
+after unrelated requests; with a KV stream per sequence slot, a prompt prefilled in any
+partition of chunks of 2 or more tokens, in any slot, gives the same logits, and a decode step
+gives the same row alone or beside up to 3 other sequences of any length. What differs is a
+position computed as the only token of its sequence in a ubatch (a decode step, or a prefill
+chunk of 1) from the same position prefilled among others (10 of 45 positions of a SmolLM2
+prompt; half that prompt fed a token at a time moved its last logits by up to 0.8). So: a slot reuses only the prompt
+tokens its stream prefilled (never a generated token's cells, and never cells copied from
+another slot), and a prefill is cut so that no chunk after the first holds a single token.
+A stream per slot costs ~8 % of 4-sequence decode throughput here (SmolLM2, one thread), and
+concurrent prompts sharing a prefix each prefill it.
 """
 
 from __future__ import annotations
@@ -14,8 +30,8 @@ import datetime
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jinja2
 import jinja2.sandbox
@@ -26,8 +42,11 @@ import numpy as np
 from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
+from .constraints import Constraints
 from .generation import Decoder, Delta
 from .gguf_files import quant_label
+from .scoring import Echoed, Scored, prompt_tokens, score_row
+from .tool_calls import HERMES
 
 log = logging.getLogger("greenroom.llama_cpp")
 
@@ -53,22 +72,31 @@ llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 class LlamaCppEngine:
     """One model, one generation context holding up to `parallel` sequences: every
-    sequence — a serial request's or a batch's — takes a sequence slot of it, so requests
-    decode together, one llama_decode per step for all of them (llama.cpp's own
-    batching; each sequence samples with its own sampler chain)."""
+    sequence — a serial request's or a batch's — takes a sequence slot of it (a KV stream of
+    its own), so requests decode together, one llama_decode per step for all of them
+    (llama.cpp's own batching; each sequence samples with its own sampler chain, seeded by
+    its request, and may be constrained by a grammar: constraints.py, as on transformers)."""
 
     capabilities = ENGINES["llama.cpp"]
     batchable = True
     batches_any_sampling = True  # per-sequence samplers: no fixed sampling parameters needed
 
-    def __init__(self, model_id: str, path: str | Path, n_ctx: int | None = None, threads: int | None = None,
-                 parallel: int = 4, chat_template: str | None = None):
+    def __init__(
+        self,
+        model_id: str,
+        path: str | Path,
+        n_ctx: int | None = None,
+        threads: int | None = None,
+        parallel: int = 4,
+        chat_template: str | None = None,
+    ):
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
         # the load: our callback owns llama.cpp's logging.
-        self.model = _internals.LlamaModel(path_model=str(self.path), params=llama_cpp.llama_model_default_params(),
-                                           verbose=True)
+        self.model = _internals.LlamaModel(
+            path_model=str(self.path), params=llama_cpp.llama_model_default_params(), verbose=True
+        )
         trained = self.model.n_ctx_train()
         self.n_ctx = min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
         self.parallel = max(1, parallel)
@@ -83,61 +111,123 @@ class LlamaCppEngine:
         self._bos = _token_text(self.model, meta.get("tokenizer.ggml.bos_token_id"))
         self._eos = _token_text(self.model, meta.get("tokenizer.ggml.eos_token_id"))
         # llama.cpp's own end-of-generation set: eos, eot and eom, and the tokens its vocabulary
-        # loader marks by their text (Gemma's <end_of_turn>, <|endoftext|>, FIM's <reponame>, …)
-        is_eog = llama_cpp.llama_vocab_is_eog
-        self.eos_token_ids = frozenset(t for t in range(self.vocab_size) if is_eog(self.model.vocab, t))
+        # loader marks by their text (Gemma's <end_of_turn>, <|endoftext|>, FIM's <reponame>, …):
+        # one call per id, through the bare function pointer (the bindings' argument conversion
+        # made it 1.6× slower: SmolLM2's 49k ids 18 ms → 11, a 262k vocabulary ~95 → ~60)
+        is_eog = ctypes.CFUNCTYPE(ctypes.c_bool)(ctypes.cast(llama_cpp.llama_vocab_is_eog, ctypes.c_void_p).value)
+        vocab = ctypes.c_void_p(self.model.vocab)
+        self.eos_token_ids = frozenset(t for t in range(self.vocab_size) if is_eog(vocab, t))
         source = chat_template or meta.get("tokenizer.chat_template")  # the config's, over the file's
         template = _environment().from_string(source) if source else None
         self.has_chat_template = template is not None
         # the file's template takes no variables: chat_template_kwargs are reported, never passed
-        self.chat = ChatTemplate(lambda msgs, gen, tools, _kwargs: template.render(
-            messages=msgs, tools=tools, add_generation_prompt=gen, bos_token=self._bos, eos_token=self._eos)) \
-            if template is not None else None
+        self.chat = (
+            ChatTemplate(
+                lambda msgs, gen, tools, _kwargs: template.render(
+                    messages=msgs, tools=tools, add_generation_prompt=gen, bos_token=self._bos, eos_token=self._eos
+                ),
+                source,
+            )
+            if template is not None
+            else None
+        )
+        # how the model writes a tool call (its template's family): what required/named calls are decoded in
+        self.tool_syntax = self.chat.tool_syntax if self.chat is not None else HERMES
+        self._constraints: Constraints | None = None  # built at the first constrained request
         self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") != "false"
-        quant = quant_label(self.path)
-        self.info = ModelInfo(id=model_id, engine="llama.cpp", context_length=self.n_ctx, dtype=quant, device="cpu",
-                              parameters=self.model.n_params(), revision=meta.get("general.name"),
-                              quantization=quant)
+        quant = quant_label(self.path, meta)  # from llama.cpp's metadata: the header is not read again
+        self.info = ModelInfo(
+            id=model_id,
+            engine="llama.cpp",
+            context_length=self.n_ctx,
+            dtype=quant,
+            device="cpu",
+            parameters=self.model.n_params(),
+            revision=meta.get("general.name"),
+            quantization=quant,
+        )
         self.decode_together = self._together_is_faster()
 
     def _together_is_faster(self) -> bool:
-        """Whether one llama_decode for all sequences beats one per sequence, measured here at
-        load (a few steps of `parallel` one-token sequences). Where decoding is bound by
-        memory traffic (a GPU, a big model) a batch costs about what one sequence does; on a
+        """Whether one llama_decode for all sequences beats one per sequence. Where decoding is
+        bound by memory traffic (a big model) a batch costs about what one sequence does; on a
         CPU core that computes flat out it costs more than the sequences one by one (100m
         demo, 1 thread: 4 sequences together 126 tok/s, alone 146) — so the sequences then
-        take turns, one step each, which keeps the fairness of batching without its cost."""
+        take turns, one step each, which keeps the fairness of batching without its cost.
+        Measured at a file's first load (one step of n one-token sequences each way after a
+        warm step, up to 3 rounds while the two are within 1.5× of each other; the minimum of
+        each way), and kept in the cache root by file (path, size, mtime_ns), threads, n and
+        llama.cpp's version: a probe costs 6–16 decode steps (SmolLM2, 1 thread: 0.2–0.4 s, where
+        the 20 steps it took at every load cost ~0.6 s); a later load reads the answer (bench/
+        gguf_start_load.py)."""
+        import os
+
+        from .demo_model import default_cache_dir
+
         n = min(self.parallel, 4)
         if n < 2:
             return False
-        greedy = SamplingParams(max_tokens=1, temperature=0)
-        seqs = [self._open([max(self.model.token_bos(), 0)], greedy) for _ in range(n)]
+        stat = self.path.stat()
+        key = (
+            f"{self.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={self.threads}|n={n}"
+            f"|cpus={os.cpu_count()}|llama_cpp={llama_cpp.__version__}"
+        )
+        store = default_cache_dir() / "llama-cpp-decode.json"
         try:
-            self._decode(seqs)  # warm: buffers sized for n rows
+            known = json.loads(store.read_text())
+        except (OSError, ValueError):
+            known = {}
+        known = known if isinstance(known, dict) else {}
+        if isinstance(known.get(key), bool):
+            return known[key]
+        token, memory = max(self.model.token_bos(), 0), self.ctx.memory
+
+        def step(rows: list[tuple[int, int]]) -> float:  # (sequence, position) rows, logits for each
+            batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
+            for i, (seq, pos) in enumerate(rows):
+                _put(batch, i, token, pos, seq, True)
+            batch.batch.n_tokens = len(rows)
             start = time.perf_counter()
-            for _ in range(3):
-                self._decode(seqs)
-            together = time.perf_counter() - start
-            start = time.perf_counter()
-            for _ in range(3):
-                for seq in seqs:
-                    self._decode([seq])
-            apart = time.perf_counter() - start
+            self._run(batch)
+            return time.perf_counter() - start
+
+        together, apart = [], []
+        try:
+            step([(seq, 0) for seq in range(n)])  # warm: buffers sized for n rows
+            for pos in range(1, 7, 2):
+                together.append(step([(seq, pos) for seq in range(n)]))
+                apart.append(sum(step([(seq, pos + 1)]) for seq in range(n)))
+                if max(min(together), min(apart)) > 1.5 * min(min(together), min(apart)):
+                    break
         finally:
-            for seq in seqs:
-                self._close(seq)
-            for slot in self._cached:  # the probe's tokens are no prefix worth keeping
-                llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot, -1, -1)
-                self._cached[slot] = []
-        log.debug("llama.cpp decode, %d sequences: together %.1f ms, one by one %.1f ms", n,
-                  together * 1e3 / 3, apart * 1e3 / 3)
-        return together < apart
+            for seq in range(n):  # the probe's tokens are no prefix worth keeping
+                llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+        log.debug(
+            "llama.cpp decode, %d sequences: together %.1f ms, one by one %.1f ms (%d rounds)",
+            n,
+            min(together) * 1e3,
+            min(apart) * 1e3,
+            len(together),
+        )
+        answer = min(together) < min(apart)
+        known = dict(list(known.items())[-255:]) | {key: answer}  # the newest 256 answers
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            part = store.with_name(f"{store.name}.{os.getpid()}")
+            part.write_text(json.dumps(known))
+            os.replace(part, store)  # atomic: actors loading side by side never read half a file
+        except OSError:
+            pass  # an unwritable cache only costs the next load its probe
+        return answer
 
     def _context(self, n_ctx: int, n_batch: int, n_seq: int, embeddings: bool = False) -> _internals.LlamaContext:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         params.n_threads = params.n_threads_batch = self.threads
-        params.kv_unified = True  # one cache the sequences share, as they grow unevenly
+        # a KV stream per sequence, each of n_ctx / n_seq cells: a sequence's cells are laid out
+        # alike whatever ran before it (one shared cache placed them wherever there was room,
+        # and the results depended on it: the module's docstring)
+        params.kv_unified = False
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # "auto" picked it on CPU: slower here
         if embeddings:
             params.embeddings, params.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_MEAN
@@ -147,8 +237,9 @@ class LlamaCppEngine:
         # as transformers does: special tokens written in the text are parsed as such
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_special_tokens and self._add_bos, special=True)
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """The file's own template (or the config's); `template_kwargs` never reach it (the
         ledger reports them). The rendered text carries the template's own BOS."""
         return self.tokenize(self.chat.render(messages, tools), add_special_tokens=False)
@@ -156,13 +247,11 @@ class LlamaCppEngine:
     def decode(self, ids: list[int]) -> str:
         return self.model.detokenize(ids).decode("utf-8", errors="replace")
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None) -> Iterator[tuple[int, float]]:
-        """The serial path: one sequence slot of the shared context, decoded alone."""
-        if matcher is not None:  # the ledger refuses response_format and tools before this
-            raise EngineError("field_not_honoured", "constrained decoding is not available on llama.cpp",
-                              "response_format")
-        seq = self._open(prompt_ids, params)
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
+        """The serial path: one sequence slot of the shared context, decoded alone. With a
+        `matcher` (constraints.Matcher) every step's logits row is masked in place to what its
+        grammar allows before the sequence's sampler reads it."""
+        seq = self._open(prompt_ids, params, matcher)
         try:
             while True:
                 yield seq.next_id, seq.logprob
@@ -171,59 +260,54 @@ class LlamaCppEngine:
         finally:
             self._close(seq)
 
-    def new_batch(self, sampling: SamplingParams) -> "LlamaCppBatch":
+    def new_batch(self, sampling: SamplingParams) -> LlamaCppBatch:
         """Sequences decoded together; each keeps its own sampling parameters."""
         return LlamaCppBatch(self)
 
     # sequences ---------------------------------------------------------------------
-    def _open(self, prompt_ids: list[int], params: SamplingParams) -> "_Sequence":
-        """Take a free slot, reusing the longest cached prefix of the prompt — a free slot's
-        last sequence, or any slot's, copied (the cache shares the cells) — prefill the rest
-        (in n_batch chunks; at least the last token, whose logits give the first sample) and
-        sample the first token."""
+    def _open(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> _Sequence:
+        """Take the free slot whose stream holds the longest prefix of the prompt (prompt
+        tokens it prefilled: never generated ones), keep that prefix, prefill the rest —
+        at least 2 tokens, in n_batch chunks none of which after the first is a single token
+        (`_chunks`: the module's docstring says why) — and sample the first token."""
         if not self._cached:
             raise EngineError("queue_full", f"all {self.parallel} sequence slots of the model are in use")
-        known = {**{slot: seq.tokens for slot, seq in self._live.items()}, **self._cached}
-        source, reused = max(((slot, _common_prefix(tokens, prompt_ids)) for slot, tokens in known.items()),
-                             key=lambda pair: (pair[1], pair[0] in self._cached))
-        slot = source if source in self._cached else max(self._cached, key=lambda s: len(self._cached[s]) == 0)
+        # ties: the slot with the least cached (a fresh prompt keeps the others' prefixes)
+        slot, reused = max(
+            ((slot, _common_prefix(tokens, prompt_ids)) for slot, tokens in self._cached.items()),
+            key=lambda pair: (pair[1], -len(self._cached[pair[0]]), -pair[0]),
+        )
         del self._cached[slot]
-        reused = min(reused, len(prompt_ids) - 1)
+        reused = max(0, min(reused, len(prompt_ids) - 2))
         memory = self.ctx.memory
-        if slot != source:
-            llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)
-            llama_cpp.llama_memory_seq_cp(memory, source, slot, 0, reused)
-        elif not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
-            llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # this cache cannot be cut
+        if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
+            llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
             reused = 0
-        seq = _Sequence(slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids))
-        seq.tokens = prompt_ids[:reused]
+        seq = _Sequence(slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher)
+        seq.prefilled = prompt_ids[:reused]
         self._live[slot] = seq
         try:
-            chunk = self.ctx.params.n_batch
-            for start in range(reused, len(prompt_ids), chunk):
-                part = prompt_ids[start:start + chunk]
-                batch = _internals.LlamaBatch(n_tokens=len(part), embd=0, n_seq_max=1, verbose=False)
-                for i, token in enumerate(part):
-                    _put(batch, i, token, start + i, seq.slot, start + i == len(prompt_ids) - 1)
-                batch.batch.n_tokens = len(part)
+            for start, end in _chunks(reused, len(prompt_ids), self.ctx.params.n_batch):
+                batch = _internals.LlamaBatch(n_tokens=end - start, embd=0, n_seq_max=1, verbose=False)
+                for i in range(start, end):
+                    _put(batch, i - start, prompt_ids[i], i, seq.slot, i == len(prompt_ids) - 1)
+                batch.batch.n_tokens = end - start
                 self._run(batch)
-                seq.tokens += part
+                seq.prefilled += prompt_ids[start:end]
             seq.length = len(prompt_ids)
-            seq.sample(self, len(part) - 1)
+            seq.sample(self, end - start - 1)
         except BaseException:
-            seq.tokens = []  # what reached the cache is unknown
+            seq.prefilled = []  # what reached the cache is unknown
             self._close(seq)
             raise
         return seq
 
-    def _decode(self, seqs: list["_Sequence"]) -> None:
+    def _decode(self, seqs: list[_Sequence]) -> None:
         """One step: each sequence's last sampled token, at its next position."""
         batch = _internals.LlamaBatch(n_tokens=len(seqs), embd=0, n_seq_max=1, verbose=False)
         for i, seq in enumerate(seqs):
             _put(batch, i, seq.next_id, seq.length, seq.slot, True)
             seq.length += 1
-            seq.tokens.append(seq.next_id)
         batch.batch.n_tokens = len(seqs)
         self._run(batch)
 
@@ -232,13 +316,19 @@ class LlamaCppEngine:
         if code != 0:
             raise EngineError("generation_failed", f"llama_decode failed (code {code})")
 
-    def _close(self, seq: "_Sequence") -> None:
-        """Free the slot, keeping its cache for a prompt that shares its prefix."""
-        if not seq.tokens:
+    def _close(self, seq: _Sequence) -> None:
+        """Free the slot, keeping its prefilled prompt for a prompt that shares its prefix
+        (the generated tokens' cells stay until the next sequence cuts them)."""
+        if not seq.prefilled:
             llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq.slot, -1, -1)
         llama_cpp.llama_sampler_free(seq.sampler)
         del self._live[seq.slot]
-        self._cached[seq.slot] = seq.tokens
+        self._cached[seq.slot] = seq.prefilled
+
+    def logits_row(self, idx: int) -> np.ndarray:
+        """Batch row `idx`'s logits, in place: llama.cpp's own buffer, which the next
+        llama_sampler_sample reads (a constraint masks it there)."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, idx), shape=(self.vocab_size,))
 
     def logprob(self, idx: int, token: int) -> float:
         """The model's log-probability of `token` at temperature 1, from batch row `idx`."""
@@ -262,19 +352,110 @@ class LlamaCppEngine:
             out.append(llama_cpp.llama_get_embeddings_seq(self._embedder.ctx, 0)[:width])
         return out
 
-    def score(self, prompt_ids, temperature, allowed, report, readout=None):
-        raise EngineError("field_not_honoured", "scoring is not available on llama.cpp", "logprobs")
+    # scoring ------------------------------------------------------------------------
+    # prompt positions per llama_decode of a scoring pass (its logits buffer: 256 × n_vocab floats)
+    score_batch = 256
+
+    def score(
+        self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int, readout=None
+    ) -> Scored:
+        """Scoring mode from llama.cpp's own logits (llama_get_logits) of the prompt's last
+        position, through the scoring context — never a generation slot; a prompt sharing a
+        prefix with the one scored before it prefills only the rest. `readout`: there are no
+        SAE hooks here (the ledger refuses return_sae_activations first)."""
+        last = None
+        for _, rows in self._scoring_pass(prompt_ids, every=False):
+            last = rows[-1].astype(np.float64)
+        return score_row(last, self.scoring_vocab, temperature, allowed, report)
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: list[int],
+        temperature: float,
+        report: int,
+        allowed: list[int] | None = None,
+        next_report: int | None = None,
+        readout=None,
+    ) -> Echoed:
+        """Every prompt token's log-probability (`echo`) from the logits of every position, one
+        chunk of score_batch positions at a time, each chunk reduced before the next is decoded."""
+        tokens, last = [], None
+        for start, rows in self._scoring_pass(prompt_ids, every=True):
+            targets = prompt_ids[start + 1 : start + 1 + len(rows)]
+            tokens += prompt_tokens(
+                rows[: len(targets)], targets, self.scoring_vocab, temperature, report, first=start + 1
+            )
+            last = rows[-1].astype(np.float64)
+        scored = None if next_report is None else score_row(last, self.scoring_vocab, temperature, allowed, next_report)
+        return Echoed(tokens, scored)
+
+    def _scoring_pass(self, prompt_ids: list[int], every: bool):
+        """Decode the prompt in the scoring context; yield (start, logits rows) per chunk — every
+        position's with `every`, else the last position's alone (once). The logits are llama.cpp's
+        buffer, valid until the next decode. The context keeps the last prompt's cache, so
+        without `every` (nothing is read before the last position) a shared prefix is kept.
+        As a generation's prefill (`_chunks`), no chunk after the first is a single token and
+        at least 2 tokens are prefilled: the logits equal a whole-prompt pass's, bit for bit."""
+        ctx = self._scoring_context(len(prompt_ids))
+        memory = ctx.memory
+        kept = 0 if every else max(0, min(_common_prefix(self._scored, prompt_ids), len(prompt_ids) - 2))
+        if not llama_cpp.llama_memory_seq_rm(memory, 0, kept, -1):
+            llama_cpp.llama_memory_clear(memory, True)
+            kept = 0
+        self._scored = prompt_ids[:kept]
+        for start, end in _chunks(kept, len(prompt_ids), self.score_batch):
+            part = prompt_ids[start:end]
+            last = end == len(prompt_ids)
+            batch = _internals.LlamaBatch(n_tokens=len(part), embd=0, n_seq_max=1, verbose=False)
+            for i, token in enumerate(part):
+                _put(batch, i, token, start + i, 0, every or (last and i == len(part) - 1))
+            batch.batch.n_tokens = len(part)
+            code = llama_cpp.llama_decode(ctx.ctx, batch.batch)
+            if code != 0:
+                llama_cpp.llama_memory_clear(memory, True)
+                self._scored = []
+                raise EngineError("generation_failed", f"llama_decode failed while scoring (code {code})")
+            self._scored = self._scored + part
+            outputs = len(part) if every else int(last)
+            if outputs:
+                yield (
+                    start,
+                    np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx.ctx), shape=(outputs, self.vocab_size)),
+                )
+
+    def _scoring_context(self, n_tokens: int) -> _internals.LlamaContext:
+        """The scoring context: one sequence of its own, apart from the generation context's slots,
+        so a scoring pass between two decode steps leaves every slot's cache as it was (the engine
+        actor's one worker thread runs both, never at once). Made at the first scoring request and
+        remade larger for a longer prompt: a window of the smallest power of two holding it (at
+        least 512 cells, at most the model's window), so a short judge prompt keeps a small cache."""
+        ctx = self.__dict__.get("_scorer")
+        if ctx is not None and ctx.n_ctx() >= n_tokens:
+            return ctx
+        if ctx is not None:
+            ctx.close()
+            self._scorer = None
+        size = min(self.n_ctx, max(512, 1 << max(n_tokens - 1, 1).bit_length()))
+        self._scorer = self._context(size, min(size, self.score_batch), 1)
+        self._scored: list[int] = []  # the tokens in its cache
+        return self._scorer
 
     def compile_constraint(self, spec: dict):
-        raise EngineError("field_not_honoured", "constrained decoding is not available on llama.cpp",
-                          "response_format")
+        """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
+        {"type": "tool_calls", "tools", "name"?, "parallel"} (calls in the template's own
+        syntax), from the transformers engine's constraint module; compiled grammars are
+        cached. Its tokenizer is read from the vocabulary at the first constrained request
+        (~0.3 s for SmolLM2's 49k tokens), not at every load."""
+        if self._constraints is None:
+            self._constraints = Constraints(self.model.vocab, self.vocab_size, self.eos_token_ids)
+        return self._constraints.compile(spec, self.tool_syntax)
 
     def matcher(self, grammar):
-        raise EngineError("field_not_honoured", "constrained decoding is not available on llama.cpp",
-                          "response_format")
+        """A fresh matcher of a compiled grammar, for one sequence."""
+        return self._constraints.matcher(grammar)
 
     def unload(self) -> None:
-        for ctx in (self._embedder, self.ctx):
+        for ctx in (self._embedder, self.__dict__.get("_scorer"), self.ctx):  # the contexts before the model
             if ctx is not None:
                 ctx.close()
         self.model.close()
@@ -283,14 +464,19 @@ class LlamaCppEngine:
 class _Sequence:
     """One sequence in a slot of the context: where it is, and its sampled next token."""
 
-    def __init__(self, slot: int, sampler):
-        self.slot, self.sampler = slot, sampler
+    def __init__(self, slot: int, sampler, matcher=None):
+        self.slot, self.sampler, self.matcher = slot, sampler, matcher
         self.length = 0  # tokens in the cache: the next one's position
-        self.tokens: list[int] = []  # the tokens in the cache, in order
+        self.prefilled: list[int] = []  # the prompt tokens its stream holds, from position 0
         self.next_id, self.logprob = -1, 0.0
 
     def sample(self, engine: LlamaCppEngine, idx: int) -> None:
+        """Sample from batch row `idx` (masked first by the sequence's grammar, if any)."""
+        if self.matcher is not None:
+            self.matcher.mask(engine.logits_row(idx))
         self.next_id = llama_cpp.llama_sampler_sample(self.sampler, engine.ctx.ctx, idx)  # also accepts it
+        if self.matcher is not None:
+            self.matcher.consume(self.next_id)
         self.logprob = engine.logprob(idx, self.next_id)
 
 
@@ -357,6 +543,20 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) in chunks of at most `size` tokens, the last never a single token after
+    others (it takes one from the chunk before): a position computed alone in its ubatch
+    comes out differently (the module's docstring)."""
+    out = []
+    while start < end:
+        n = min(size, end - start)
+        if end - start - n == 1 and n > 1:
+            n -= 1
+        out.append((start, start + n))
+        start += n
+    return out
+
+
 def _put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
     b = batch.batch
     b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
@@ -365,7 +565,8 @@ def _put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None
 
 def _sampler(n_vocab: int, window: int, params: SamplingParams, prompt_ids: list[int]):
     """The sequence's sampler chain, in the order our transformers sampling applies them
-    (sampling.py): repetition penalty over everything seen, top-k, temperature, top-p."""
+    (sampling.py): repetition penalty over everything seen, top-k, temperature, top-p, then
+    the draw, from a generator of the sequence's own seeded with the request's seed."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
     if params.repetition_penalty != 1.0:
@@ -380,8 +581,17 @@ def _sampler(n_vocab: int, window: int, params: SamplingParams, prompt_ids: list
     add(llama_cpp.llama_sampler_init_temp(params.temperature))
     if params.top_p < 1.0:
         add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-    add(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED))
+    add(llama_cpp.llama_sampler_init_dist(dist_seed(params.seed)))
     return chain
+
+
+def dist_seed(seed: int | None) -> int:
+    """The dist sampler's seed for a request's: llama.cpp reads LLAMA_DEFAULT_SEED (2³²−1) as
+    "draw one at random", which is what an unseeded request gets; a request seeded 2³²−1 is
+    given 2³²−2 instead (the one pair of seeds that draw alike)."""
+    if seed is None:
+        return llama_cpp.LLAMA_DEFAULT_SEED
+    return min(seed, llama_cpp.LLAMA_DEFAULT_SEED - 1)
 
 
 def _token_text(model: _internals.LlamaModel, token_id) -> str:
@@ -394,9 +604,9 @@ def _environment() -> jinja2.Environment:
     def raise_exception(message: str):
         raise jinja2.exceptions.TemplateError(message)
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=["jinja2.ext.loopcontrols"])
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, ensure_ascii=False, indent=indent)
-    env.globals.update(raise_exception=raise_exception,
-                       strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
     return env

@@ -1,10 +1,15 @@
-"""Tool calls in generated text, in the two forms chat templates teach models:
+"""Tool calls in generated text, in the forms chat templates teach models (a template's
+family is its `syntax`, detected from the template: chat.tool_syntax):
 
-- Hermes/Qwen: `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call;
-- Llama-3 JSON: the whole answer is `{"name": …, "parameters": {…}}` (or a list of them).
+- `HERMES` (Hermes/Qwen, and the description chat.py gives templates that render no tools):
+  `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call;
+- `LLAMA3_JSON` (Llama 3.x): the whole answer is `{"name": …, "parameters": {…}}` (or a list of
+  them; Mistral's `[TOOL_CALLS][…]` reads the same once its control token is dropped).
 
 One reading, delta by delta (`ToolCallStream`; `parse` feeds it a finished text), so a
-streamed answer and a finished one have the same calls and the same content:
+streamed answer and a finished one have the same calls and the same content. Without a
+syntax both forms are read (the front end does not know the model's family, and a model may
+write either); with one, only that one:
 
 - text is released as soon as it cannot begin a call; a call (its name, then its arguments)
   once its block closes, so a call cut short by max_tokens is never half announced, and its
@@ -33,7 +38,9 @@ import jsonschema
 import referencing.exceptions
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MAX_SAFE_INTEGER = 2 ** 53 - 1  # the largest integer JavaScript's JSON.parse (a double) holds exactly
+HERMES, LLAMA3_JSON = "hermes", "llama3_json"  # the call syntaxes (see the module's docstring)
+SYNTAXES = (HERMES, LLAMA3_JSON)
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JavaScript's JSON.parse (a double) holds exactly
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # what a function without takes
 _ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
@@ -74,6 +81,21 @@ def functions(tools: list[dict] | None) -> dict[str, dict | None] | None:
     return {t["function"]["name"]: t["function"].get("parameters") for t in tools}
 
 
+class Functions(dict):
+    """{name: parameters (None: none)} of the functions a tool-call grammar calls, and the
+    syntax its calls are written in (what the decoder's CallGuard reads them by)."""
+
+    def __init__(self, items, syntax: str = HERMES):
+        super().__init__(items)
+        self.syntax = _syntax(syntax)
+
+
+def _syntax(syntax: str | None) -> str | None:
+    if syntax is not None and syntax not in SYNTAXES:
+        raise ValueError(f"unknown tool-call syntax {syntax!r} (one of {', '.join(SYNTAXES)})")
+    return syntax
+
+
 def _call_from_json(text: str) -> ToolCall | None:
     """A call object's name and the raw JSON of its arguments, or None."""
     try:
@@ -101,7 +123,7 @@ def _raw_arguments(text: str) -> str | None:
         value, end = json.JSONDecoder().raw_decode(text, m.end())
     except ValueError:
         return None
-    return text[m.end():end] if isinstance(value, dict) else None
+    return text[m.end() : end] if isinstance(value, dict) else None
 
 
 class _Judge:
@@ -109,9 +131,14 @@ class _Judge:
     arguments a client holds), and not a repeat of one judged before."""
 
     def __init__(self, functions: dict[str, dict | None] | None):
-        self._validators = None if functions is None else {
-            name: jsonschema.Draft202012Validator(_NO_PARAMETERS if params is None else params)
-            for name, params in functions.items()}
+        self._validators = (
+            None
+            if functions is None
+            else {
+                name: jsonschema.Draft202012Validator(_NO_PARAMETERS if params is None else params)
+                for name, params in functions.items()
+            }
+        )
         self._seen: list[tuple[str, object]] = []
 
     def judge(self, body: str) -> tuple[str, ToolCall | str]:
@@ -150,13 +177,17 @@ class _Judge:
 
 class _Blocks:
     """Text → ("text", text) | ("block", body, raw) pieces: text as soon as it cannot begin
-    the opening tag, a block once its closing tag has come."""
+    the opening tag, a block once its closing tag has come. `tagged=False`: a syntax without
+    blocks, all text."""
 
-    def __init__(self):
+    def __init__(self, tagged: bool = True):
         self._buf = ""
         self._in_block = False
+        self._tagged = tagged
 
     def feed(self, text: str) -> list[tuple]:
+        if not self._tagged:
+            return [("text", text)] if text else []
         self._buf += text
         out: list[tuple] = []
         while True:
@@ -175,7 +206,7 @@ class _Blocks:
             if j == -1:
                 return out
             end = j + len(CLOSE)
-            out.append(("block", self._buf[len(OPEN):j], self._buf[:end]))
+            out.append(("block", self._buf[len(OPEN) : j], self._buf[:end]))
             self._buf, self._in_block = self._buf[end:], False
 
     def finish(self) -> str:
@@ -187,13 +218,16 @@ class _Blocks:
 class ToolCallStream:
     """Feed text deltas, get events ("content", text) | ("call", index, name) |
     ("arguments", index, text). `tools`: the request's OpenAI tool objects (None: any
-    function, its arguments only checked to be an object clients hold)."""
+    function, its arguments only checked to be an object clients hold); `syntax`: HERMES or
+    LLAMA3_JSON reads that form only, None both."""
 
-    def __init__(self, tools: list[dict] | None = None):
-        self._blocks = _Blocks()
+    def __init__(self, tools: list[dict] | None = None, syntax: str | None = None):
+        syntax = _syntax(syntax)
+        self._blocks = _Blocks(tagged=syntax != LLAMA3_JSON)
         self._judge = _Judge(functions(tools))
         self._space = ""  # content's trailing whitespace, held until it is known not to precede a call
-        self._json: str | None = ""  # the answer so far while it may be the JSON form; None once it is not
+        # the answer so far while it may be the JSON form; None once it is not (or never, in HERMES)
+        self._json: str | None = None if syntax == HERMES else ""
         self._blocked = False  # a block (a call or not) was read: trailing whitespace is not content
         self.calls: list[ToolCall] = []
         self.ended = False  # a repeated call ended the answer
@@ -231,7 +265,7 @@ class ToolCallStream:
             if kind == "text":
                 pending = self._space + rest[0]
                 body = pending.rstrip()
-                self._space = pending[len(body):]
+                self._space = pending[len(body) :]
                 if body:
                     events.append(("content", body))
                 continue
@@ -255,8 +289,9 @@ class ToolCallStream:
         except ValueError:
             return None
         items = value if isinstance(value, list) else [value]
-        if not items or not all(isinstance(v, dict) and "name" in v and ("parameters" in v or "arguments" in v)
-                                for v in items):
+        if not items or not all(
+            isinstance(v, dict) and "name" in v and ("parameters" in v or "arguments" in v) for v in items
+        ):
             return None
         # one object keeps the model's own argument text
         bodies = [text] if not isinstance(value, list) else [json.dumps(v, ensure_ascii=False) for v in items]
@@ -272,9 +307,9 @@ class ToolCallStream:
         return events
 
 
-def parse(text: str, tools: list[dict] | None = None) -> tuple[str, list[ToolCall]]:
+def parse(text: str, tools: list[dict] | None = None, syntax: str | None = None) -> tuple[str, list[ToolCall]]:
     """(the content, the calls) of a finished text: what `ToolCallStream` gives for it."""
-    stream = ToolCallStream(tools)
+    stream = ToolCallStream(tools, syntax)
     events = stream.feed(text) + stream.finish()
     return "".join(e[1] for e in events if e[0] == "content"), stream.calls
 
@@ -283,15 +318,21 @@ class CallGuard:
     """A constrained tool-call answer as the decoder releases it: each block's text is held
     until it closes, then released if it is a valid call that repeats none before it. A
     repeat ends the answer (`ended`), its text unreleased; an invalid call sets `invalid`
-    (why), which fails the request (a constrained document that does not validate)."""
+    (why), which fails the request (a constrained document that does not validate).
+    `syntax` (default: the one `functions` carries, a `Functions`; else HERMES): in
+    LLAMA3_JSON the whole answer is held until it is a complete JSON value, then judged."""
 
-    def __init__(self, functions: dict[str, dict | None]):
+    def __init__(self, functions: dict[str, dict | None], syntax: str | None = None):
+        self.syntax = _syntax(syntax) or getattr(functions, "syntax", HERMES)
         self._blocks = _Blocks()
         self._judge = _Judge(functions)
+        self._held = ""  # LLAMA3_JSON: the answer so far
         self.ended = False
         self.invalid: str | None = None
 
     def feed(self, text: str) -> str:
+        if self.syntax == LLAMA3_JSON:
+            return self._feed_json(text)
         out = []
         for kind, *rest in self._blocks.feed(text):
             if kind == "text":
@@ -308,8 +349,33 @@ class CallGuard:
             break  # nothing after a repeat is the answer; an invalid call fails it
         return "".join(out)
 
+    def _feed_json(self, text: str) -> str:
+        """The JSON form: held until it is a complete JSON value, released if every call in
+        it is valid (a repeat inside a list is the reader's to end at: nothing is generated
+        after the value)."""
+        self._held += text
+        body = self._held.strip()
+        if not body or body[-1] not in "}]":
+            return ""
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return ""  # not complete yet
+        for item in value if isinstance(value, list) else [value]:
+            verdict, detail = self._judge.judge(
+                json.dumps(item, ensure_ascii=False) if isinstance(value, list) else body
+            )
+            if verdict == "invalid":
+                self.invalid = detail
+                return ""
+        out, self._held = self._held, ""
+        return out
+
     def flush(self) -> str:
         """What is held when the answer ends for another reason (EOS, max_tokens)."""
+        if self.syntax == LLAMA3_JSON:
+            rest, self._held = self._held, ""
+            return rest
         return self._blocks.finish()
 
 

@@ -7,35 +7,42 @@ the caller can stop, and a sequence's cache lives exactly as long as its iterato
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterator
-
 import inspect
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
-from .constraints import Constraints, GrammarError
 from .chat import ChatTemplate
+from .constraints import Constraints, GrammarError
 from .sampling import new_generator, sample, token_logprob
-from .scoring import Scored, score_logits
+from .scoring import Echoed, Scored, prompt_tokens, score_row
 from .steering import Monitor, Readout, Steering
 
 
 class TransformersEngine:
     capabilities = ENGINES["transformers"]
 
-    def __init__(self, model_id: str, path: str | Path, device: str = "cpu", dtype: str | None = None,
-                 threads: int | None = None, chat_template: str | None = None):
+    def __init__(
+        self,
+        model_id: str,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: str | None = None,
+        threads: int | None = None,
+        chat_template: str | None = None,
+    ):
         path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(threads or default_cpu_threads())
-        torch_dtype = getattr(torch, dtype) if dtype else (
-            torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        torch_dtype = (
+            getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if chat_template:  # the config's, over the checkpoint's own
             self.tokenizer.chat_template = chat_template
@@ -50,12 +57,19 @@ class TransformersEngine:
         # the logits' rows past the tokenizer are padding, not tokens
         self.scoring_vocab = min(cfg.vocab_size, len(self.tokenizer))
         self.has_chat_template = bool(self.tokenizer.chat_template)
-        self.chat = ChatTemplate(lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
-            msgs, tools=tools, add_generation_prompt=gen, tokenize=False, **(kwargs or {}))) \
-            if self.has_chat_template else None
+        self.chat = (
+            ChatTemplate(
+                lambda msgs, gen, tools, kwargs: self.tokenizer.apply_chat_template(
+                    msgs, tools=tools, add_generation_prompt=gen, tokenize=False, **(kwargs or {})
+                )
+            )
+            if self.has_chat_template
+            else None
+        )
         # a sliding-window layer drops its oldest keys by count, which left padding would skew
         self.batchable = not getattr(cfg, "sliding_window", None) and "sliding_attention" not in (
-            getattr(cfg, "layer_types", None) or ())
+            getattr(cfg, "layer_types", None) or ()
+        )
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -76,8 +90,9 @@ class TransformersEngine:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def render_chat(self, messages: list[dict], template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         # A rendered template carries its own BOS: don't add special tokens again.
         return self.tokenizer.encode(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
 
@@ -95,16 +110,24 @@ class TransformersEngine:
                 return c.json_object()
             return c.tool_calls(spec["tools"], spec.get("name"), spec.get("parallel", True))
         except GrammarError as exc:
-            raise EngineError("response_format_unsupported", f"the constraint cannot be compiled: {exc}",
-                              "response_format" if spec["type"] != "tool_calls" else "tools") from None
+            raise EngineError(
+                "response_format_unsupported",
+                f"the constraint cannot be compiled: {exc}",
+                "response_format" if spec["type"] != "tool_calls" else "tools",
+            ) from None
 
     def matcher(self, grammar):
         """A fresh matcher of a compiled grammar, for one sequence."""
         return self._constraints.matcher(grammar)
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams,
-                     matcher=None, readout: Readout | None = None,
-                     monitor: Monitor | None = None) -> Iterator[tuple[int, float]]:
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        matcher=None,
+        readout: Readout | None = None,
+        monitor: Monitor | None = None,
+    ) -> Iterator[tuple[int, float]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
         stops once the grammar is complete); with a `readout` (steering.readout) and/or a
         `monitor` (steering.monitor), every forward records its SAE activations."""
@@ -141,12 +164,52 @@ class TransformersEngine:
 
         return DecodeBatch(self, sampling)
 
-    def score(self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int,
-              readout: Readout | None = None) -> Scored:
+    def score(
+        self,
+        prompt_ids: list[int],
+        temperature: float,
+        allowed: list[int] | None,
+        report: int,
+        readout: Readout | None = None,
+    ) -> Scored:
         """With a `readout`, the pass records its SAE activations (unsteered, as the pass is)."""
         with torch.inference_mode(), self.steering.suppressed(), self.steering.reading(readout):  # never steered
             out = self.model(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
-        return score_logits(out.logits[0, -1].cpu(), self.scoring_vocab, temperature, allowed, report)
+            row = _host_rows(out.logits[0, -1:])[0]
+        return score_row(row, self.scoring_vocab, temperature, allowed, report)
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: list[int],
+        temperature: float,
+        report: int,
+        allowed: list[int] | None = None,
+        next_report: int | None = None,
+        readout: Readout | None = None,
+    ) -> Echoed:
+        """The prompt in chunks of ECHO_CHUNK positions over one cache, unsteered: each chunk's
+        logits (every position's) are reduced as they come, so a long prompt never holds the
+        whole prompt's — the last row, the position after the prompt, is scored as `score` does."""
+        tokens, last = [], None
+        cache = DynamicCache()
+        try:
+            with torch.inference_mode(), self.steering.suppressed(), self.steering.reading(readout):
+                for start in range(0, len(prompt_ids), ECHO_CHUNK):
+                    part = prompt_ids[start : start + ECHO_CHUNK]
+                    out = self.model(
+                        input_ids=torch.tensor([part], device=self.device), use_cache=True, **{self.cache_arg: cache}
+                    )
+                    rows = _host_rows(out.logits[0])
+                    del out
+                    targets = prompt_ids[start + 1 : start + 1 + len(part)]
+                    tokens += prompt_tokens(
+                        rows[: len(targets)], targets, self.scoring_vocab, temperature, report, first=start + 1
+                    )
+                    last = rows[-1]
+        finally:
+            del cache
+        scored = None if next_report is None else score_row(last, self.scoring_vocab, temperature, allowed, next_report)
+        return Echoed(tokens, scored)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         out = []
@@ -160,6 +223,15 @@ class TransformersEngine:
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+# prompt positions run (and reduced) at a time by prompt_logprobs: 256 × a 128k vocabulary is 128 MB of logits
+ECHO_CHUNK = 256
+
+
+def _host_rows(logits: torch.Tensor):
+    """Logits rows as a float32 numpy array on the host (scoring.py reduces them in float64)."""
+    return logits.float().cpu().numpy()
 
 
 def _revision(path: Path) -> str | None:

@@ -1,0 +1,37 @@
+"""docs/engines.md's capability table says what greenroom/engines/capabilities.py says. No server."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT
+
+from greenroom.engines.capabilities import ENGINES
+
+# the table's rows, in order: the capability fields each one stands for
+ROWS = [
+    "seed",
+    "n",
+    "penalties",
+    "embeddings",
+    "chat_template_kwargs",
+    "scoring",
+    "response_format",
+    "tools",
+    "steering",
+    "profile",
+    "sae_activations",
+    "token_logprobs",
+]
+
+
+def test_the_engines_page_table_matches_the_capability_table():
+    text = (ROOT / "docs" / "engines.md").read_text(encoding="utf-8")
+    header = re.search(r"^\| capability \|(.*)\|$", text, re.M)
+    engines = [c.strip() for c in header[1].split("|")]
+    assert engines == list(ENGINES)
+    rows = re.findall(r"^\| [^|]+ \|((?: (?:yes|no) \|)+)$", text[header.end() :], re.M)
+    assert len(rows) == len(ROWS)
+    for field, row in zip(ROWS, rows):
+        said = [c.strip() == "yes" for c in row.strip(" |").split("|")]
+        assert said == [getattr(ENGINES[e], field) for e in engines], field

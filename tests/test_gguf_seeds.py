@@ -1,0 +1,168 @@
+"""Seeds on GGUF models, reproducible: the same seed, body and model give byte-identical text
+whatever ran on the server before or beside the request — greedy answers too — with
+gguf_parallel = 4 (sequences decoded together), through the real openai and ollama SDKs.
+
+Before (one KV cache the sequences shared, any cached prefix reused): SmolLM2's greedy answer
+to one prompt matched a fresh engine's after 1 of 10 rounds of unrelated traffic, and a
+conversation continuing the model's own answer never did, even with gguf_parallel = 1
+(llama_cpp_engine.py's docstring has the measurements and the rules that fixed it)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import ollama
+import pytest
+from conftest import SMOLLM2_GGUF, Server
+from openai import OpenAI
+
+SMOL = "smollm2-135m-instruct:Q4_1"
+Q8 = "greenroom-demo-gguf:Q8_0"
+QUESTION = [{"role": "user", "content": "Explain photosynthesis in one sentence."}]
+WORDS = ("a dog", "the sea", "Paris", "a robot", "winter", "a cat who sings", "the moon", "bread")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache):
+    config = (
+        "gguf_parallel = 4\n"
+        f'[[models]]\nid = "{SMOL}"\nsource = "{SMOLLM2_GGUF}"\nengine = "llama.cpp"\nn_ctx = 2048\n'
+        f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\nn_ctx = 2048\n'
+    )
+    server = Server(tmp_path_factory.mktemp("gguf-seeds"), model_cache, config)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(srv):
+    return OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=300)
+
+
+def probes(srv, model: str, oai) -> dict:
+    """What must reproduce: a seeded sampled chat, a greedy chat, a seeded text completion, a
+    conversation continuing the model's own answer (its cells were decoded, not prefilled) and
+    Ollama's options.seed; each probe's text and finish reason."""
+    greedy = oai.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=32)
+    answer = greedy.choices[0].message.content
+    follow_up = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And in French?"}]
+
+    def chat(**kw):
+        choice = oai.chat.completions.create(model=model, max_tokens=32, **kw).choices[0]
+        return choice.message.content, choice.finish_reason
+
+    out = {
+        "greedy": (answer, greedy.choices[0].finish_reason),
+        "seeded": chat(messages=QUESTION, temperature=0.9, seed=7),
+        "seeded top_p": chat(messages=QUESTION, temperature=1.2, top_p=0.9, seed=123456789),
+        "follow-up greedy": chat(messages=follow_up, temperature=0),
+        "follow-up seeded": chat(messages=follow_up, temperature=0.9, seed=7),
+    }
+    done = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=24, seed=4294967295)
+    out["completion"] = (done.choices[0].text, done.choices[0].finish_reason)
+    reply = ollama.Client(host=srv.url, timeout=300).chat(
+        model=model, messages=QUESTION, options={"seed": 11, "num_predict": 24}
+    )
+    out["ollama seed"] = (reply.message.content, reply.done_reason)
+    return out
+
+
+def traffic(srv, model: str, rounds: int, stop: threading.Event | None = None) -> None:
+    """Unrelated requests, several at once: other prompts (some sharing the probes' prefix),
+    penalties, streams, a stream dropped halfway."""
+    oai = OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=300)
+
+    def one(i: int) -> None:
+        messages = [{"role": "user", "content": f"Tell me a story about {WORDS[i % len(WORDS)]}."}]
+        if i % 4 == 0:
+            messages = QUESTION + [{"role": "assistant", "content": "Plants"}, {"role": "user", "content": "More."}]
+        if i % 5 == 3:  # a stream whose client goes away
+            with httpx.stream(
+                "POST",
+                srv.url + "/v1/chat/completions",
+                timeout=300,
+                json={"model": model, "messages": messages, "max_tokens": 200, "stream": True},
+            ) as r:
+                next(line for line in r.iter_lines() if line.startswith("data: {"))
+            return
+        oai.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=8 + 7 * (i % 6),
+            temperature=0.8 if i % 2 else 0,
+            frequency_penalty=0.5 * (i % 3),
+            stream=False,
+        )
+
+    with ThreadPoolExecutor(6) as pool:
+        for r in range(rounds):
+            if stop is not None and stop.is_set():
+                return
+            list(pool.map(one, range(6 * r, 6 * r + 6)))
+
+
+@pytest.mark.parametrize("model", [SMOL, Q8])
+def test_answers_are_byte_identical_whatever_ran_before_or_beside(srv, oai, model):
+    first = probes(srv, model, oai)
+    assert first["seeded"] != first["greedy"]  # sampling, not greedy
+    traffic(srv, model, rounds=3)
+    assert probes(srv, model, oai) == first, "after unrelated traffic"
+    # and while unrelated requests decode beside them, in the same llama_decode steps
+    stop = threading.Event()
+    background = threading.Thread(target=traffic, args=(srv, model, 50, stop))
+    background.start()
+    try:
+        beside = probes(srv, model, oai)
+    finally:
+        stop.set()
+        background.join()
+    assert beside == first, "beside unrelated traffic"
+    # a fresh load (nothing cached) answers the same
+    assert httpx.post(srv.url + "/api/models/unload", json={"model": model}, timeout=120).status_code == 200
+    assert probes(srv, model, oai) == first, "after a reload"
+
+
+def test_greedy_equals_llama_cpp_pythons_after_traffic(srv, oai, model_cache):
+    """llama-cpp-python's own Llama (one sequence, the whole prompt prefilled at once) on the
+    same file: the server's greedy answer equals it whatever ran before."""
+    from llama_cpp import Llama
+
+    from greenroom.engines.loader import source_path
+
+    llama = Llama(model_path=str(source_path(SMOLLM2_GGUF, str(model_cache))), n_ctx=1024, verbose=False)
+    messages = [{"role": "user", "content": "Name three primary colors."}]
+    direct = llama.create_chat_completion(messages=messages, temperature=0, max_tokens=40)["choices"][0]
+    for _ in range(2):
+        traffic(srv, SMOL, rounds=1)
+        served = oai.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=40).choices[0]
+        assert (served.message.content, served.finish_reason) == (direct["message"]["content"], direct["finish_reason"])
+
+
+def test_the_seed_header_and_n_choices_seeded_apart(oai):
+    kw = dict(model=SMOL, messages=QUESTION, temperature=1.0, max_tokens=16, seed=5)
+    raw = oai.chat.completions.with_raw_response.create(n=3, **kw)
+    assert raw.headers["X-miLLM-Seed"] == '5;scope="request"'
+    texts = [c.message.content for c in raw.parse().choices]
+    assert len(set(texts)) == 3  # each choice its own seed
+    assert texts[0] == oai.chat.completions.create(**kw).choices[0].message.content  # choice 0 is the seeded request
+    assert [c.message.content for c in oai.chat.completions.create(n=3, **kw).choices] == texts
+    rows = oai.chat.completions.with_raw_response.create(
+        extra_body={"extra_messages": [[{"role": "user", "content": "Name a colour."}]]}, **kw
+    )
+    assert rows.headers["X-miLLM-Seed"] == '5;scope="batch-shape"'  # what the front end promises of rows
+    assert rows.parse().choices[0].message.content == texts[0]
+
+
+def test_unseeded_sampling_draws_afresh(oai):
+    kw = dict(model=Q8, messages=QUESTION, temperature=1.0, max_tokens=24)
+    raw = oai.chat.completions.with_raw_response.create(**kw)
+    assert "X-miLLM-Seed" not in raw.headers
+    assert (
+        len(
+            {raw.parse().choices[0].message.content}
+            | {oai.chat.completions.create(**kw).choices[0].message.content for _ in range(2)}
+        )
+        > 1
+    )
