@@ -54,7 +54,7 @@ lint: install
 	$(VENV)/bin/ruff format --check greenroom tests bench
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20
 
 bench: install
 	$(PY) bench/stream_overhead.py

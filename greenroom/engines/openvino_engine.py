@@ -17,7 +17,6 @@ of MAX_PROMPT_LEN + MIN_RESPONSE_LEN. On a machine without an NPU it runs on the
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
@@ -31,6 +30,7 @@ import openvino_genai as ov_genai
 from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, context_length_exceeded, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
+from .loader import checkpoint_json
 
 # where a model directory keeps its feature-extraction graph (demo_openvino.py writes one)
 EMBEDDING_SUBDIR = "embedding"
@@ -87,7 +87,7 @@ class OpenVINOEngine:
         core = ov.Core()
         # the NPU pipeline with no NPU present computes on the CPU
         computes_on = "CPU" if self.npu and self.device not in core.available_devices else self.device
-        config = _read_json(self.path / "config.json")
+        config = checkpoint_json(self.path)
         trained = next((int(config[k]) for k in _CONTEXT_KEYS if config.get(k)), None)
         properties: dict = {}
         if dtype is not None:
@@ -317,15 +317,8 @@ def _revision(path: Path) -> str | None:
     the transformers engine names them); None (written "unrecorded") otherwise."""
     if path.parent.name == "snapshots":
         return path.name[:8]
-    marker = _read_json(path / "greenroom.json")
+    marker = checkpoint_json(path, "greenroom.json")
     return f"demo-{marker['size']}-v{marker['generator_version']}-s{marker['seed']}" if marker else None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _weights(graph: ov.Model) -> tuple[int, str | None]:
