@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.constrained import PROMPT, SCHEMAS  # noqa: E402  (the same schemas and prompt as on transformers)
 from greenroom.engines import constraints  # noqa: E402
 from greenroom.engines.base import SamplingParams  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
@@ -32,23 +33,6 @@ MODELS = {
     "demo-q8": "demo-gguf:Q8_0",
     "demo-q4": "demo-gguf:Q4_0",
 }
-SCHEMAS = {
-    # one long string field: every run writes it until max_tokens or the string's end
-    "story": {
-        "type": "object",
-        "properties": {"label": {"enum": ["a", "b"]}, "story": {"type": "string"}},
-        "required": ["label", "story"],
-        "additionalProperties": False,
-    },
-    # numbers only, in an array without end: every token is inside a number or between two
-    "numbers": {
-        "type": "object",
-        "properties": {"values": {"type": "array", "items": {"type": "number"}, "minItems": 10000}},
-        "required": ["values"],
-        "additionalProperties": False,
-    },
-}
-PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper, as JSON."}]
 
 
 class Timed:
