@@ -120,6 +120,23 @@ class Score:
 
 
 @attrs.frozen
+class Tokenize:
+    """The ids of `prompt` (tokenised as a /v1/completions prompt), of `conversation` (rendered with
+    `tools` as a chat request's prompt is, its generation prompt included), or the text of
+    `token_ids` (detokenised) — one of the three. Answered with `Tokenized`, between decode steps."""
+
+    rid: str
+    model: str
+    prompt: str | None = None
+    add_special_tokens: bool = True  # for prompt
+    conversation: list[dict] | None = None
+    tools: list[dict] | None = None
+    template_kwargs: dict | None = None
+    token_ids: list[int] | None = None
+    token_strs: bool = False  # each id's own text too
+
+
+@attrs.frozen
 class Load:
     """Load a model into the engine actor (queued behind the requests before it)."""
 
@@ -538,6 +555,15 @@ class Scores:
 
 
 @attrs.frozen
+class Tokenized:
+    rid: str
+    tokens: list[int]
+    context_length: int  # the model's window (vLLM's max_model_len)
+    text: str | None = None  # the detokenised text of Tokenize.token_ids
+    token_strs: list[str] | None = None  # with Tokenize.token_strs
+
+
+@attrs.frozen
 class Done:
     """A Load (with the model's info) or an Unload (info None) has completed."""
 
@@ -569,7 +595,7 @@ class Steered:
 
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Scores | Done | Failed | Status | Steered | SteeringReply]
+    events: list[Admitted | Text | Embedded | Scores | Tokenized | Done | Failed | Status | Steered | SteeringReply]
 
 
 _TAGS: dict[str, type] = {
@@ -578,6 +604,7 @@ _TAGS: dict[str, type] = {
         Generate,
         Embed,
         Score,
+        Tokenize,
         Load,
         Unload,
         Cancel,
@@ -586,6 +613,7 @@ _TAGS: dict[str, type] = {
         Text,
         Embedded,
         Scores,
+        Tokenized,
         Done,
         Failed,
         Status,

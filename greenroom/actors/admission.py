@@ -11,7 +11,7 @@ import attrs
 
 from greenroom.engines.base import SamplingParams, context_length_exceeded
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Admitted, Embed, Generate, Score
+from greenroom.protocol import Admitted, Embed, Generate, Score, Tokenize
 
 
 def admit(engine, req: Generate, default_max_tokens: int) -> tuple[list[list[int]], list[SamplingParams], Admitted]:
@@ -82,6 +82,18 @@ def embed_rows(engine, req: Embed) -> list[list[int]]:
     return rows
 
 
+def tokenized(engine, req: Tokenize) -> list[int]:
+    """A Tokenize's ids: the token ids sent (inside the vocabulary), the conversation rendered as
+    a chat request's (no chat template: no_chat_template), or the prompt tokenised."""
+    if req.token_ids is not None:
+        if req.token_ids:
+            _check_ids(engine, req.token_ids, "tokens", "tokens")
+        return req.token_ids
+    if req.conversation is not None:
+        return _renderer(engine, req, "messages")(req.conversation)
+    return engine.tokenize(req.prompt, add_special_tokens=req.add_special_tokens)
+
+
 def _resolve_max_tokens(
     engine, prompt_ids: list[int], params: SamplingParams, where: str, default_max_tokens: int, whole_room: bool = False
 ) -> SamplingParams:
@@ -132,7 +144,7 @@ def _rows(engine, req: Generate | Score) -> tuple[list[list[int]], list[str]]:
     return rows, ["prompt"] if len(rows) == 1 else [f"prompt[{i}]" for i in range(len(rows))]
 
 
-def _renderer(engine, req: Generate | Score, name: str):
+def _renderer(engine, req: Generate | Score | Tokenize, name: str):
     """messages → prompt ids, by the model's chat template; a model without one refuses
     (no_chat_template), or renders the last message as it is where the request says so
     (Ollama's `{{ .Prompt }}` on /api/generate)."""

@@ -30,7 +30,7 @@ import time
 import attrs
 import trio
 
-from greenroom.actors.admission import admit, embed_rows, score_rows
+from greenroom.actors.admission import admit, embed_rows, score_rows, tokenized
 from greenroom.actors.outbox import Outbox
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, Request, SchedulingPolicy, Start
@@ -53,6 +53,8 @@ from greenroom.protocol import (
     Steered,
     SteerUpdate,
     Text,
+    Tokenize,
+    Tokenized,
     Unload,
     from_wire,
 )
@@ -160,7 +162,7 @@ class EngineLoop:
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
-        if isinstance(msg, (Generate, Embed, Score)):
+        if isinstance(msg, (Generate, Embed, Score, Tokenize)):
             if len(self._queue) + len(self._running) >= self.max_queue:
                 self._outbox.put(
                     Failed(
@@ -332,8 +334,8 @@ class EngineLoop:
         return GreenroomError("generation_failed", f"generation failed: {type(exc).__name__}: {exc}")
 
     def _run(self, req):
-        """Embed, Score, Load and Unload run to the end here; a Generate returns its step
-        iterator (the serial path)."""
+        """Embed, Score, Tokenize, Load and Unload run to the end here; a Generate returns its
+        step iterator (the serial path)."""
         if isinstance(req, (Load, Unload)):
             return self._lifecycle(req)
         engine = self._engine(req)
@@ -341,6 +343,8 @@ class EngineLoop:
             return self._embed(engine, req)
         if isinstance(req, Score):
             return self._score(engine, req)
+        if isinstance(req, Tokenize):
+            return self._tokenize(engine, req)
         return self._generate(engine, req)
 
     def _engine(self, req):
@@ -599,6 +603,18 @@ class EngineLoop:
                     delta.monitor,
                 )
             )
+
+    def _tokenize(self, engine, req: Tokenize) -> None:
+        ids = tokenized(engine, req)
+        self._outbox.put_from_thread(
+            Tokenized(
+                req.rid,
+                ids,
+                engine.info.context_length,
+                engine.decode(ids) if req.token_ids is not None else None,
+                [engine.decode([i]) for i in ids] if req.token_strs else None,
+            )
+        )
 
     def _embed(self, engine, req: Embed) -> None:
         rows = embed_rows(engine, req)

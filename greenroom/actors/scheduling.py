@@ -6,7 +6,8 @@ schedule step of vLLM V1's schedule → execute → update.
 FIFO: requests start in queue order, so what starts is always a prefix of the queue. Every
 batchable request at the head joins its model's batch while the batch has room; at most one
 other request starts, after them — a Generate, Embed or Score only while the serial path is
-free, a Load/Unload only once nothing runs. A request that cannot start stops the queue: those
+free, a Tokenize whatever runs (a tokenizer call between two steps, no forward), a Load/Unload
+only once nothing runs. A request that cannot start stops the queue: those
 behind it wait, even ones that could start.
 """
 
@@ -18,14 +19,14 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from greenroom.engines.base import SamplingParams
-from greenroom.protocol import Embed, Generate, Load, Score, Unload
+from greenroom.protocol import Embed, Generate, Load, Score, Tokenize, Unload
 
 # The server's fixed sampling parameters under continuous batching (the request defaults:
 # temperature 1, top_p 1, no top_k, no penalty): only requests asking for exactly these join
 # the batch, which samples every row alike from one generator.
 FIXED_SAMPLING = SamplingParams()
 
-Request = Generate | Embed | Score | Load | Unload
+Request = Generate | Embed | Score | Tokenize | Load | Unload
 
 
 @attrs.frozen
@@ -51,6 +52,7 @@ class ModelBatching:
 class Lane(enum.Enum):
     BATCH = "batch"  # joins its model's batch: prefilled this turn, decoded with the others from the next
     SERIAL = "serial"  # the serial path: a Generate's step iterator, or an Embed/Score run to the end
+    BESIDE = "beside"  # a Tokenize, run to the end between two steps of whatever runs
     LIFECYCLE = "lifecycle"  # a Load/Unload, run to the end while nothing else runs
 
 
@@ -120,6 +122,8 @@ class SchedulingPolicy:
             if isinstance(req, (Load, Unload)):
                 if not serial and not any(batched.values()) and not starts:
                     starts.append(Start(req, Lane.LIFECYCLE))
+            elif isinstance(req, Tokenize):
+                starts.append(Start(req, Lane.BESIDE))
             elif not serial:
                 starts.append(Start(req, Lane.SERIAL))
             break  # at most one request off the batches, and nothing behind it

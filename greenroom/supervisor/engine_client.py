@@ -30,6 +30,8 @@ from greenroom.protocol import (
     Steered,
     SteeringReply,
     Text,
+    Tokenize,
+    Tokenized,
     from_wire,
     to_wire,
 )
@@ -38,8 +40,8 @@ CANCEL_SEND_TIMEOUT_S = 1.0
 
 
 class RequestEvents:
-    """The events of one request, ending after a Failed, an Embedded, a Scores, a Done, a
-    Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
+    """The events of one request, ending after a Failed, an Embedded, a Scores, a Tokenized, a
+    Done, a Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
     request has choices."""
 
     def __init__(self, recv: trio.MemoryReceiveChannel, choices: int, clock: TokenClock | None = None):
@@ -73,7 +75,10 @@ class RequestEvents:
                 self._clock.text(event.completion_tokens)
             if event.finish_reason:
                 self._unfinished -= 1
-        if isinstance(event, (Failed, Embedded, Scores, Done, Steered, SteeringReply)) or self._unfinished == 0:
+        if (
+            isinstance(event, (Failed, Embedded, Scores, Tokenized, Done, Steered, SteeringReply))
+            or self._unfinished == 0
+        ):
             self.finished = True
         return event
 
@@ -106,7 +111,7 @@ class EngineClient:
         """Send a request; leaving the block before it finished cancels it in the engine."""
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
-        if isinstance(request, (Generate, Embed, Score)):
+        if isinstance(request, (Generate, Embed, Score, Tokenize)):
             self._model_of[request.rid] = request.model
         events = RequestEvents(
             recv,
