@@ -78,6 +78,8 @@ TABLE: dict[str, ErrorKind] = {
     "profile_exists": ErrorKind(409, INVALID),  # creating or importing a profile under a name in use
     "circuit_not_found": ErrorKind(404, INVALID),  # an unknown circuit
     "circuit_exists": ErrorKind(409, INVALID),  # importing a circuit under a name in use
+    # stored responses (/v1/responses): an id never stored, deleted, or stored with store: false
+    "response_not_found": ErrorKind(404, INVALID),
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),
@@ -88,6 +90,32 @@ TABLE: dict[str, ErrorKind] = {
 # answered with Retry-After: a retry can succeed once the engine has room again
 RETRYABLE = frozenset({"queue_full", "engine_busy", "model_busy"})
 RETRY_AFTER_S = 1
+
+# Anthropic's error types (its Messages API) by status; backpressure (RETRYABLE) is its
+# overloaded_error with status 529, which its clients retry
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+}
+OVERLOADED = 529
+
+
+def anthropic_status(code: str) -> int:
+    """The status a code is answered with on the Anthropic surface."""
+    return OVERLOADED if code in RETRYABLE else TABLE[code].status
+
+
+def anthropic_type(code: str) -> str:
+    """Anthropic's error type for a code."""
+    status = anthropic_status(code)
+    if status == OVERLOADED:
+        return "overloaded_error"
+    return ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
 
 
 class GreenroomError(Exception):
@@ -113,6 +141,18 @@ class GreenroomError(Exception):
                 "param": self.param,
                 "code": self.code,
             }
+        }
+
+    def anthropic_body(self) -> dict:
+        """Anthropic's envelope; greenroom's code and param beside its type."""
+        return {
+            "type": "error",
+            "error": {
+                "type": anthropic_type(self.code),
+                "message": self.message,
+                "code": self.code,
+                "param": self.param,
+            },
         }
 
     def to_wire(self) -> dict:

@@ -1,6 +1,7 @@
-"""With an API key configured, every route but /health and / needs it (Ollama's too);
-401 in each surface's envelope."""
+"""With an API key configured, every route but /health and / needs it (Ollama's too), sent as
+Authorization: Bearer or as x-api-key (Anthropic's clients); 401 in each surface's envelope."""
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -26,6 +27,11 @@ BODIES = {
         },
     },
     "/v1/needle/complete": {"query": "x", "max_tokens": 1},
+    "/v1/responses": {"model": MODEL, "input": "x", "max_output_tokens": 1, "store": False},
+    "/v1/messages": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+    "/tokenize": {"model": MODEL, "prompt": "x"},
+    "/detokenize": {"model": MODEL, "tokens": [1]},
     "/api/generate": {"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 1}},
     "/api/chat": {
         "model": MODEL,
@@ -76,7 +82,8 @@ BODIES = {
     "/api/monitoring": {"model": "other", "enabled": False},
 }
 STREAMS = ("/api/monitoring/stream",)  # answered as it comes, never ending: its status is enough
-LAST = ("/api/saes/detach", "/api/delete")  # walked last: what earlier routes need is there until then
+# walked last: what earlier routes need is there until then (a stored response: GET before DELETE)
+LAST = ("/api/saes/detach", "/api/delete", "DELETE /v1/responses/")
 # past the key, these need the Hugging Face Hub, which tests never reach: any answer but 401 will do
 NEEDS_THE_HUB = {"/api/pull": {"model": "someone/some-repo", "stream": False}}
 
@@ -107,13 +114,20 @@ PARAMETERS = {"{id}": MODEL, "{name}": "auth-profile"}  # what each path paramet
 
 
 def walked(srv):
-    """The route table, as the index lists it, each path parameter filled in."""
+    """The route table, as the index lists it, each path parameter filled in (a response id:
+    one stored for the walk)."""
     index = httpx.get(srv.url + "/").json()["endpoints"]
     assert [(e["method"], e["path"]) for e in index] == [(r.method, r.path) for r in routes.TABLE]
+    stored = httpx.post(
+        srv.url + "/v1/responses",
+        json={"model": MODEL, "input": "x", "max_output_tokens": 1},
+        headers={"x-api-key": KEY},
+        timeout=60,
+    ).json()["id"]
     out = []
     for e in index:
         path = e["path"]
-        for parameter, value in PARAMETERS.items():
+        for parameter, value in {**PARAMETERS, "{response_id}": stored}.items():
             path = path.replace(parameter, value)
         out.append((e["method"], path, routes.BY_ENDPOINT[f"{e['method']} {e['path']}"].surface))
     return out
@@ -133,7 +147,9 @@ def call(srv, method, path, headers):
 
 def test_every_route_needs_the_key_but_health_and_index(keyed):
     # /api/create before /api/delete removes what it made; the SAE attached before the cluster is made
-    for method, path, surface in sorted(walked(keyed), key=lambda r: r[1] in LAST):
+    for method, path, surface in sorted(
+        walked(keyed), key=lambda r: r[1] in LAST or any(f"{r[0]} {r[1]}".startswith(last) for last in LAST)
+    ):
         open_route = path in ("/", "/health")
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = call(keyed, method, path, headers)
@@ -146,7 +162,11 @@ def test_every_route_needs_the_key_but_health_and_index(keyed):
                 assert body["code"] == "invalid_api_key" and "request id" in body["error"]
             else:
                 assert body["error"]["code"] == "invalid_api_key"
-        r = call(keyed, method, path, {"Authorization": f"Bearer {KEY}"})
+            if surface is Surface.ANTHROPIC:
+                assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+        r = call(
+            keyed, method, path, {"Authorization": f"Bearer {KEY}"} if path != "/v1/messages" else {"x-api-key": KEY}
+        )
         if path in NEEDS_THE_HUB:
             assert r.status_code != 401 and r.json()["code"] == "hub_unavailable", (method, path, r.text)
         else:
@@ -158,6 +178,15 @@ def test_clients_with_the_key(keyed):
     assert good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+    assert (
+        anthropic.Anthropic(base_url=keyed.url, api_key=KEY, max_retries=0)
+        .messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        .input_tokens
+    )
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=keyed.url, api_key="nope", max_retries=0).messages.create(
+            model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "x"}]
+        )
     client = ollama.Client(host=keyed.url, headers={"Authorization": f"Bearer {KEY}"})
     assert MODEL in [m.model for m in client.list().models]
     with pytest.raises(ollama.ResponseError) as exc:

@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import TABLE
 from greenroom.http import ledger, ollama_api, ollama_embed, ollama_models, routes
-from greenroom.http.openapi import document
+from greenroom.http.openapi import document, status_on
 from greenroom.http.routes import Surface
 
 PATHS: dict[str, set[str]] = {}
@@ -155,7 +155,9 @@ BOUNDS = {  # field: (cap, the largest value the server accepts)
 OPTION_BOUNDS = {"num_predict": (16, 2**31 - 1)}  # Ollama's options
 # A generation with no max_tokens runs to the server default (512 tokens; a constrained
 # answer to the end of the context window; Ollama's 128): lowered to the cap too, by sending it.
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/needle/extract", "/v1/needle/complete"}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/needle/extract", "/v1/needle/complete", "/v1/messages"}
+# the Responses API's max_tokens
+RESPONSE_BOUNDS = {"max_output_tokens": BOUNDS["max_tokens"]}
 OLLAMA_GENERATING = {"/api/generate", "/api/chat"}
 LIST_BOUNDS = {  # field: (cap, the longest list the server accepts) for a list of prompts or conversations
     "prompt": (2, 16),
@@ -184,6 +186,10 @@ REFUSED_FIELDS = {
     "/api/embed": _refused(ollama_embed.EMBED),
     "/api/embeddings": _refused(ollama_embed.EMBEDDINGS),
     "/api/show": _refused(ollama_api.SHOW),
+    "/v1/responses": _refused(ledger.RESPONSES),
+    "/v1/messages": _refused(ledger.MESSAGES),
+    "/v1/messages/count_tokens": _refused(ledger.COUNT_TOKENS),
+    "/tokenize": _refused(ledger.TOKENIZE),
 }
 
 
@@ -210,6 +216,9 @@ def _bounded(path, body):
         ):  # a scoring request generates nothing
             body["max_tokens"] = BOUNDS["max_tokens"][0]
         _capped(body, BOUNDS)
+        if path == "/v1/responses":
+            body.setdefault("max_output_tokens", RESPONSE_BOUNDS["max_output_tokens"][0])
+            _capped(body, RESPONSE_BOUNDS)
         for name, (cap, limit) in LIST_BOUNDS.items():
             value = body.get(name)
             if (
@@ -255,12 +264,12 @@ def _what_json_schema_cannot_say(case) -> None:
     describe (the document says each in prose): one field against another (a value equal to,
     below, or named in another), uniqueness by a member's field, a string holding JSON, a
     header changing what a body may hold, and what a JSON schema sent as data means."""
-    if case.headers and case.headers.get("X-miLLM-Strict") in ("true", "1"):
+    if case.headers and str(case.headers.get("X-miLLM-Strict")).lower() in ("true", "1"):
         case.headers["X-miLLM-Strict"] = "false"  # strict mode refuses the fields the ledger would report
     case.body = body = _integral(case.body)
     if not isinstance(body, dict):
         return
-    for field in ("prompt", "input", "allowed_token_ids"):
+    for field in ("prompt", "input", "allowed_token_ids", "tokens"):
         if field in body:
             body[field] = _in_vocabulary(body[field])
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
@@ -355,10 +364,13 @@ def _sent_schemas(body: dict) -> list:
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
         out.append(fmt["json_schema"].get("schema"))
+    for config in (body.get("text"), body.get("output_config")):  # the Responses and Messages APIs' formats
+        if isinstance(config, dict) and isinstance(config.get("format"), dict):
+            out.append(config["format"].get("schema"))
     for tool in body.get("tools") if isinstance(body.get("tools"), list) else ():
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         if isinstance(fn, dict):
-            out.append(fn.get("parameters"))
+            out += [fn.get("parameters"), fn.get("input_schema")]
     return [s for s in out if isinstance(s, dict)]
 
 
@@ -479,20 +491,21 @@ def _resolve(doc: dict, node: dict) -> dict:
 
 
 def test_every_error_code_is_allowed_on_every_route():
-    """Each code of the error table, under its status, in every operation's error response, in
-    the envelope of the route's surface (the Ollama surface's own codes on its routes only)."""
+    """Each code of the error table, under its status on the route's surface, in every operation's
+    error response, in the envelope of that surface (the Ollama surface's own codes on its routes
+    only)."""
     doc = document()
     for route in routes.TABLE:
         operation = doc["paths"][route.path][route.method.lower()]
         for code, kind in TABLE.items():
-            if kind.ollama_only and route.surface is Surface.OPENAI:
+            if kind.ollama_only and route.surface is not Surface.OLLAMA:
                 continue
-            response = _resolve(doc, operation["responses"][str(kind.status)])
+            response = _resolve(doc, operation["responses"][str(status_on(code, route.surface))])
             envelope = _resolve(doc, response["content"]["application/json"]["schema"])
             pinned = (
-                envelope["properties"]["error"]["properties"]["code"]
-                if route.surface is Surface.OPENAI
-                else envelope["properties"]["code"]
+                envelope["properties"]["code"]
+                if route.surface is Surface.OLLAMA
+                else envelope["properties"]["error"]["properties"]["code"]
             )
             assert code in pinned["enum"], (route.endpoint, code)
 
@@ -512,6 +525,11 @@ def test_every_error_code_is_allowed_on_every_route():
         ("/api/delete", ollama_models.DELETE),
         ("/api/copy", ollama_models.COPY),
         ("/api/create", ollama_models.CREATE),
+        ("/v1/responses", ledger.RESPONSES),
+        ("/v1/messages", ledger.MESSAGES),
+        ("/v1/messages/count_tokens", ledger.COUNT_TOKENS),
+        ("/tokenize", ledger.TOKENIZE),
+        ("/detokenize", ledger.DETOKENIZE),
     ],
 )
 def test_every_field_the_ledger_knows_is_documented(path, table):

@@ -61,6 +61,7 @@ def test_one_surface_per_route_and_its_envelope_by_path():
         ("/api/saes/nothing", Surface.OLLAMA),  # anywhere else under /api/: Ollama's
         ("/api/nothing", Surface.OLLAMA),
         ("/api/models/known/x", Surface.OLLAMA),
+        ("/v1/messages/batches", Surface.ANTHROPIC),  # under Anthropic's Messages routes: its envelope
         ("/v1/nothing", Surface.OPENAI),  # elsewhere: OpenAI's
         ("/nothing", Surface.OPENAI),
     ],

@@ -12,11 +12,12 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
-from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError
+from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError, anthropic_status
 from greenroom.http import (
     clusters_api,
     cors,
     manage_api,
+    messages_api,
     monitoring_api,
     ollama_api,
     ollama_embed,
@@ -24,8 +25,10 @@ from greenroom.http import (
     ollama_models,
     openai_api,
     openapi,
+    responses_api,
     routes,
     steering_api,
+    tokenize_api,
 )
 from greenroom.http.routes import Surface
 from greenroom.supervisor.tree import Tree
@@ -43,8 +46,11 @@ def create_app(tree: Tree) -> Quart:
         if err.code == "queue_full" and request.path.startswith("/v1/needle/"):
             err = GreenroomError("engine_busy", err.message, err.param)  # Needle's 429
         headers = {"Retry-After": str(RETRY_AFTER_S)} if err.code in RETRYABLE else {}
-        if _surface() is Surface.OLLAMA:  # Ollama's flat envelope on its /api surface
+        surface = _surface()
+        if surface is Surface.OLLAMA:  # Ollama's flat envelope on its /api surface
             return jsonify(ollama_envelope.error_body(err)), err.status, headers
+        if surface is Surface.ANTHROPIC:
+            return jsonify(err.anthropic_body()), anthropic_status(err.code), headers
         return jsonify(err.openai_body()), err.status, headers
 
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
@@ -60,11 +66,15 @@ def create_app(tree: Tree) -> Quart:
                 return "", 204, cors.preflight_headers(origin, request.headers.get("Access-Control-Request-Headers"))
         if key is None or request.path in open_paths:
             return None
-        # RFC 7235: the scheme is case-insensitive ("bearer" works); the key compared in
-        # constant time, so its timing is no oracle
-        scheme, _, sent = request.headers.get("Authorization", "").strip().partition(" ")
-        if not (scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), key)):
-            raise GreenroomError("invalid_api_key", "missing or wrong API key: send Authorization: Bearer <key>")
+        # RFC 7235: the scheme is case-insensitive ("bearer" works); Anthropic's clients send the key
+        # as x-api-key. Compared in constant time, so its timing is no oracle
+        scheme, _, bearer = request.headers.get("Authorization", "").strip().partition(" ")
+        sent = [bearer.strip()] if scheme.lower() == "bearer" else []
+        sent += request.headers.getlist("x-api-key")
+        if not any(hmac.compare_digest(k.encode(), key) for k in sent):
+            raise GreenroomError(
+                "invalid_api_key", "missing or wrong API key: send Authorization: Bearer <key> or x-api-key: <key>"
+            )
         return None
 
     @app.after_request
@@ -129,6 +139,9 @@ def create_app(tree: Tree) -> Quart:
         return openapi.document()
 
     openai_api.register(app, tree)
+    responses_api.register(app, tree)
+    messages_api.register(app, tree)
+    tokenize_api.register(app, tree)
     ollama_api.register(app, tree)
     ollama_embed.register(app, tree)
     manage_api.register(app, tree)

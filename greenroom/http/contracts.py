@@ -311,6 +311,14 @@ def when(condition: dict, then: dict, description: str) -> dict:
     return {"if": condition, "then": then, "description": description}
 
 
+def at(leaf: dict, *path: str) -> dict:
+    """JSON Schema: the value at `path` (objects all the way down: a null on the way is not
+    one) is there and holds `leaf`."""
+    for name in reversed(path):
+        leaf = {"type": "object", "properties": {name: leaf}, "required": [name]}
+    return leaf
+
+
 def sent(*names: str) -> dict:
     """JSON Schema: each of these fields is present and not null."""
     return {"required": list(names), "properties": {n: {"not": NULL} for n in names}}

@@ -8,7 +8,10 @@ Each endpoint has a table of the fields it knows. A field is
   null, or the field's listed no-op value) or the engine has the capability that
   honours it.
 Nested objects the request path reads (messages, content parts, stream_options) are
-walked, so an unread key is reported with its location, e.g. "messages[2].name".
+walked, so an unread key is reported with its location, e.g. "messages[2].name". The surfaces
+translated onto chat completions (Responses, Anthropic's Messages) have their top-level fields
+here; their translations (responses_api.py, messages_api.py) report the nested keys they do not
+read, and the chat body they make goes through `constrained_choice`.
 """
 
 from __future__ import annotations
@@ -141,13 +144,95 @@ EMBEDDINGS = {
     },
 }
 
+# miLLM's extensions, with the rules chat completions has (SDKs send them with extra_body)
+_MILLM = {key: CHAT[key] for key in ("seed", "profile", "steering_intensity", "return_sae_activations")}
+_NO_SERVER_TOOLS = "greenroom runs no tools of its own: send function tools"
+
+RESPONSES = {
+    "model": USE,
+    "input": USE,
+    "instructions": USE,
+    "max_output_tokens": USE,
+    "temperature": USE,
+    "top_p": USE,
+    "stream": USE,
+    "store": USE,
+    "previous_response_id": USE,
+    "metadata": USE,  # stored and echoed
+    "text": needs("response_format", {}, {"format": {"type": "text"}}),
+    "tools": needs("tools", []),
+    "tool_choice": needs("tools"),
+    "parallel_tool_calls": needs("tools"),
+    **_MILLM,
+    "user": REPORTED,
+    "safety_identifier": REPORTED,
+    "prompt_cache_key": REPORTED,
+    "prompt_cache_retention": REPORTED,
+    "service_tier": REPORTED,
+    "stream_options": REPORTED,  # include_obfuscation: no obfuscation is sent
+    "reasoning": refused({}, why="this model does not reason"),
+    "background": refused(False, why="a response is answered within its request: there is no background queue"),
+    "truncation": refused(
+        "disabled", why="a prompt past the context window is refused (context_length_exceeded), never cut"
+    ),
+    "include": refused([], why="no reasoning, search results or log-probabilities are produced to include"),
+    "top_logprobs": refused(0, why=_NOT_YET),
+    "max_tool_calls": refused(why=_NOT_YET),
+    "conversation": refused(why="continue a stored response with previous_response_id"),
+    "prompt": refused(why="stored prompt templates are not served"),
+    "context_management": refused(why=_NOT_YET),
+}
+
+_MESSAGES_COMMON = {
+    "model": USE,
+    "messages": USE,
+    "system": USE,
+    "tools": needs("tools", []),
+    "tool_choice": needs("tools"),
+    "output_config": needs("response_format", {}),
+    "thinking": refused({"type": "disabled"}, why="this model does not think"),
+    "mcp_servers": refused([], why=_NO_SERVER_TOOLS),
+    "container": refused(why=_NO_SERVER_TOOLS),
+    "context_management": refused(why=_NOT_YET),
+}
+MESSAGES = {
+    **_MESSAGES_COMMON,
+    "max_tokens": USE,
+    "stop_sequences": USE,
+    "temperature": USE,
+    "top_p": USE,
+    "top_k": USE,
+    "stream": USE,
+    **_MILLM,
+    "metadata": REPORTED,  # user_id
+    "service_tier": REPORTED,
+}
+COUNT_TOKENS = _MESSAGES_COMMON
+
+TOKENIZE = {
+    "model": USE,
+    "prompt": USE,
+    "add_special_tokens": USE,
+    "messages": USE,
+    "tools": USE,
+    "chat_template_kwargs": CHAT["chat_template_kwargs"],
+    "add_generation_prompt": refused(
+        True, why="a conversation is rendered as chat completions render it, with its generation prompt"
+    ),
+    "chat_template": refused(why="the model's own chat template (or its config's chat_template) renders"),
+    "return_token_strs": USE,
+}
+DETOKENIZE = {"model": USE, "tokens": USE}
+
 _MESSAGE_KEYS = {"role", "content", "tool_calls"}
 _PART_KEYS = {"type", "text"}
 _STREAM_OPTION_KEYS = {"include_usage"}
 
 
-def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[str]:
-    """Refuse what cannot be honoured; return the locations of every field not read."""
+def check(endpoint: dict, body: dict, caps: Capabilities, where: str, translated: bool = False) -> list[str]:
+    """Refuse what cannot be honoured; return the locations of every field not read.
+    `translated`: a surface translated onto chat completions — its top-level fields only (its
+    translation reports its nested keys; `constrained_choice` checks the chat body it makes)."""
     ignored: list[str] = []
     for field, value in body.items():
         rule = endpoint.get(field)
@@ -162,12 +247,13 @@ def check(endpoint: dict, body: dict, caps: Capabilities, where: str) -> list[st
         ):
             reason = f": {rule.why}" if rule.why else ""
             raise GreenroomError("field_not_honoured", f"'{field}' cannot be honoured {where}{reason}", field)
-    _constrained_choice(body, caps, where)
-    ignored += _nested(body)
-    return ignored
+    if translated:
+        return ignored
+    constrained_choice(body, caps, where)
+    return ignored + _nested(body)
 
 
-def _constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
+def constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
     """tool_choice "required" or a named function is enforced by constrained decoding: an
     engine with tools but without it (OpenVINO, for now) serves "auto" and "none" only."""
     for field in ("tool_choice", "function_call"):

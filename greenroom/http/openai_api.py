@@ -4,15 +4,20 @@ models. Every request goes through the field ledger before anything is loaded.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 from quart import Quart, request
 
 from greenroom import structured_fields as sf
+from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import (
+    contracts,
     framing,
     ledger,
     needle,
@@ -24,6 +29,7 @@ from greenroom.http import (
     structured,
 )
 from greenroom.http.answering import answer, single, vectors
+from greenroom.http.contracts import Shape
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Failed, Generate, Score, Text
 from greenroom.supervisor.tree import Tree
@@ -35,6 +41,8 @@ class Prepared:
     model: str
     ignored: list[str]
     strict: bool
+    caps: Capabilities = Capabilities()
+    where: str = ""  # "on <endpoint> with the <engine> engine": where a refusal says it could not honour
 
     def unread(self, also_ignored: tuple[str, ...] = ()) -> list[str]:
         """Every location not read: the ledger's, and fields this request's path skips."""
@@ -43,6 +51,13 @@ class Prepared:
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
         return ledger.report_headers(self.unread(also_ignored), self.strict)
+
+    def translated(self, chat: dict, unread: list[str]) -> Prepared:
+        """A surface translated onto chat completions (Responses, Anthropic's Messages): its request
+        as the chat request it became, with the nested keys its translation did not read; a
+        forced tool_choice checked as chat's is."""
+        ledger.constrained_choice(chat, self.caps, self.where)
+        return attrs.evolve(self, body=chat, ignored=self.ignored + unread)
 
 
 @attrs.frozen
@@ -53,35 +68,76 @@ class Extras:
     warnings: list[str]
 
 
-async def prepare(tree: Tree, table: dict, where: str) -> Prepared:
+@attrs.frozen
+class Shaped:
+    """How a chat completion answers on a surface: `stream` frames the chat chunks (`_chunks`, the
+    one streaming core: GreenroomError raised at a failure) as its bytes, given the Admitted;
+    `whole` turns the collected chat completion into its body."""
+
+    stream: Callable[[AsyncIterator[dict], Admitted], AsyncIterator[bytes]]
+    whole: Callable[[dict], Awaitable[dict]]
+
+
+async def prepare(tree: Tree, table: dict, where: str, translated: bool = False) -> Prepared:
     """Parse, find the model's engine, and run the ledger: refusals happen here, before
-    any engine is asked for anything."""
+    any engine is asked for anything. `translated`: see ledger.check."""
     strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
     body = openai_params.parse_json(await request.get_data())
     model = tree.resolve(openai_params.model_name(body))
     engine, caps = tree.capabilities(model)
-    ignored = ledger.check(table, body, caps, f"{where} with the {engine} engine")
-    return Prepared(body, model, ignored, strict)
+    where = f"{where} with the {engine} engine"
+    ignored = ledger.check(table, body, caps, where, translated)
+    return Prepared(body, model, ignored, strict, caps, where)
+
+
+# miLLM's per-request fields on the surfaces translated onto chat completions, declared as chat
+# declares them: top-level fields, what the SDKs send with extra_body
+MILLM = contracts.merge(
+    Shape(fields={"seed": openai_params.SEED, "return_sae_activations": openai_params.SAE_ACTIVATIONS}),
+    steering_api.CHAT,
+)
+
+
+async def generation(tree: Tree, req: Prepared, shaped: Shaped | None = None, extras: bool = False):
+    """Chat completions' generation path, the one every surface translated onto it runs: the
+    structured-output plan, the engine request, SAE activations, the request's steering, then the
+    answer, in `shaped`'s form (None: chat completions'); `extras`: the x_needle block."""
+    stream = openai_params.streaming(req.body)
+    plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
+    gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
+    gen = await sae_activations.attach(tree, req.body, gen)
+    gen, steering = await steering_api.request_steering(tree, req.body, gen)
+    needle_block = (
+        Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)])
+        if extras
+        else None
+    )
+    return await _complete(tree, gen, stream, req, plan, needle_block, steering, shaped)
+
+
+@contextlib.contextmanager
+def named(names: dict[str, str]):
+    """A refusal of the chat request a surface was translated into, naming the surface's own
+    fields (`names`: a regular expression over chat's names → the surface's)."""
+    try:
+        yield
+    except GreenroomError as exc:
+        param, message = exc.param, exc.message
+        for pattern, own in names.items():
+            param = param and re.sub(pattern, own, param)
+            message = re.sub(pattern, own, message)
+        raise GreenroomError(exc.code, message, param) from None
 
 
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/chat/completions")
     async def chat_completions():
         req = await prepare(tree, ledger.CHAT, "on chat completions")
-        stream = openai_params.streaming(req.body)
         if scoring.is_chat_scoring(req.body):
+            stream = openai_params.streaming(req.body)
             score = await sae_activations.attach(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
             return await _score(tree, score, req, scoring.chat_response)
-        plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
-        gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
-        gen = await sae_activations.attach(tree, req.body, gen)
-        gen, steering = await steering_api.request_steering(tree, req.body, gen)
-        extras = (
-            Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)])
-            if tree.config.expose_extras
-            else None
-        )
-        return await _complete(tree, gen, stream, req, plan, extras, steering)
+        return await generation(tree, req, extras=tree.config.expose_extras)
 
     @routes.view(app, "POST", "/v1/completions")
     async def completions():
@@ -238,9 +294,12 @@ async def _complete(
     plan: structured.Plan | None,
     extras: Extras | None = None,
     steering: dict[str, str] | None = None,
+    shaped: Shaped | None = None,
 ):
     """Chat when `plan` is given (its constraint and tools), else a text completion;
-    `extras` adds the x_needle block; `steering`: the steering headers (steering_api)."""
+    `extras` adds the x_needle block; `steering`: the steering headers (steering_api);
+    `shaped`: the surface's form of the answer (None: chat or text completions')."""
+    shaped = shaped or _AS_CHAT
     headers = {
         **req.headers(scoring.SCORING_ONLY),
         **_seed_header(req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"),
@@ -255,9 +314,15 @@ async def _complete(
         gen,
         framing=framing.SSE if stream.on else None,
         headers=lambda _: headers,
-        frames=lambda events, first: _stream_chunks(gen, events, first, plan, stream.include_usage, extras),
-        collect=lambda events, first: _collect(gen, events, first, plan, fingerprint(info), extras),
+        frames=lambda events, first: shaped.stream(
+            _chunks(gen, events, first, plan, stream.include_usage, extras), first
+        ),
+        collect=lambda events, first: _collected(shaped, gen, events, first, plan, fingerprint(info), extras),
     )
+
+
+async def _collected(shaped: Shaped, gen: Generate, events, admitted: Admitted, *rest) -> dict:
+    return await shaped.whole(await _collect(gen, events, admitted, *rest))
 
 
 async def _collect(
@@ -314,14 +379,16 @@ def _x_needle(message: dict, finished: Text, admitted: Admitted, extras: Extras)
     return block
 
 
-async def _stream_chunks(
+async def _chunks(
     gen: Generate,
     events,
     admitted: Admitted,
     plan: structured.Plan | None,
     include_usage: bool,
     extras: Extras | None = None,
-):
+) -> AsyncIterator[dict]:
+    """The engine's events as chat (or text) completion chunks: the one streaming core every
+    surface frames. A failure is raised (GreenroomError) once the text before it is out."""
     chat = plan is not None
     head = {
         "id": gen.rid,
@@ -334,7 +401,7 @@ async def _stream_chunks(
     read = None  # the finishing event's SAE activations
     shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
 
-    def chunk(index: int, delta: dict | str | None, finish: str | None = None, **extra) -> bytes:
+    def chunk(index: int, delta: dict | str | None, finish: str | None = None, **extra) -> dict:
         if chat:
             choice = {"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
         else:
@@ -342,7 +409,7 @@ async def _stream_chunks(
         body = {**head, "choices": [choice], **extra}
         if finish and unfinished == 0:  # the request's last chunk carries its usage
             body["usage"] = _usage(admitted, completion_tokens)
-        return framing.sse(body)
+        return body
 
     def text_chunks(index: int, text: str, final: bool = False):
         if not chat:
@@ -360,9 +427,7 @@ async def _stream_chunks(
                 for index, text in pending.items():
                     for c in text_chunks(index, "".join(text)):
                         yield c
-                yield framing.sse_error(GreenroomError.from_wire(event.error).openai_body())
-                yield framing.SSE_DONE
-                return
+                raise GreenroomError.from_wire(event.error)
             pending.setdefault(event.index, []).append(event.text)
             if event.finish_reason:
                 for c in text_chunks(event.index, "".join(pending.pop(event.index)), final=True):
@@ -381,10 +446,47 @@ async def _stream_chunks(
             for c in text_chunks(index, "".join(text)):
                 yield c
     if include_usage:  # OpenAI's usage-only chunk
-        yield framing.sse({**head, "choices": [], "usage": _usage(admitted, completion_tokens)})
+        yield {**head, "choices": [], "usage": _usage(admitted, completion_tokens)}
     if read is not None:  # the spec: one last chunk with no choices, before [DONE]
-        yield framing.sse({**head, "choices": [], "millm": sae_activations.millm(read)})
+        yield {**head, "choices": [], "millm": sae_activations.millm(read)}
+
+
+async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
+    """A one-choice chat stream (`_chunks`) as what the surfaces translated onto it write, in
+    order: ("text", delta), ("call", call id, name), ("arguments", fragment); then ("end",
+    finish_reason, usage, millm). A failure is raised as `_chunks` raises it."""
+    reason = usage = millm = None
+    async for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            if delta.get("content"):
+                yield "text", delta["content"]
+            for call in delta.get("tool_calls") or ():
+                if "id" in call:
+                    yield "call", call["id"], call["function"]["name"]
+                elif call["function"]["arguments"]:
+                    yield "arguments", call["function"]["arguments"]
+            reason = choice["finish_reason"] or reason
+        usage, millm = chunk.get("usage", usage), chunk.get("millm", millm)
+    yield "end", reason, usage, millm
+
+
+async def _sse(chunks: AsyncIterator[dict], _: Admitted) -> AsyncIterator[bytes]:
+    """Chat and text completion chunks as OpenAI frames them: a failure is an `error` event,
+    and [DONE] ends every stream."""
+    try:
+        async for chunk in chunks:
+            yield framing.sse(chunk)
+    except GreenroomError as exc:
+        yield framing.sse_error(exc.openai_body())
     yield framing.SSE_DONE
+
+
+async def _as_it_is(completion: dict) -> dict:
+    return completion
+
+
+_AS_CHAT = Shaped(_sse, _as_it_is)
 
 
 def _usage(admitted: Admitted, completion_tokens: int) -> dict:

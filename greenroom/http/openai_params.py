@@ -362,7 +362,7 @@ def _number(body: dict, name: str, field: Number) -> float:
     return float(value)
 
 
-def _int(body: dict, name: str, field: Number) -> int | None:
+def integer(body: dict, name: str, field: Number) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -411,8 +411,8 @@ def repetition_penalty(presence: float, frequency: float) -> float:
 def sampling_max_tokens(body: dict, tokens: Number = COMPLETION_MAX_TOKENS) -> int | None:
     """max_tokens, or max_completion_tokens (OpenAI's newer name for it), within `tokens`
     (CHAT_MAX_TOKENS or COMPLETION_MAX_TOKENS)."""
-    max_tokens = _int(body, "max_tokens", tokens)
-    max_completion = _int(body, "max_completion_tokens", tokens)
+    max_tokens = integer(body, "max_tokens", tokens)
+    max_completion = integer(body, "max_completion_tokens", tokens)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise GreenroomError(
             "invalid_parameter",
@@ -431,9 +431,9 @@ def sampling(body: dict, tokens: Number = COMPLETION_MAX_TOKENS) -> SamplingPara
         max_tokens=sampling_max_tokens(body, tokens),
         temperature=temperature(body),
         top_p=_number(body, "top_p", TOP_P),
-        top_k=max(_int(body, "top_k", TOP_K) or 0, 0),  # vLLM's extension; -1 and 0 mean off
+        top_k=max(integer(body, "top_k", TOP_K) or 0, 0),  # vLLM's extension; -1 and 0 mean off
         stop=_stop(body),
-        seed=_int(body, "seed", SEED),
+        seed=integer(body, "seed", SEED),
         repetition_penalty=repetition_penalty(
             _number(body, "presence_penalty", PENALTY), _number(body, "frequency_penalty", PENALTY)
         ),
@@ -460,7 +460,7 @@ def streaming(body: dict) -> Streaming:
 
 
 def choices_n(body: dict, stream: bool) -> int:
-    n = _int(body, "n", N) or N.default
+    n = integer(body, "n", N) or N.default
     if n > 1 and stream:
         raise GreenroomError(
             "field_not_honoured", "'n' above 1 cannot be honoured with stream: true; send n: 1 or stream: false", "n"
@@ -509,6 +509,30 @@ def messages(body: dict) -> list[dict]:
             msg["tool_calls"] = tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(msg)
     return out
+
+
+def text_of(content, where: str, kinds: tuple[str, ...], read: frozenset[str], unread: list[str]) -> str:
+    """`content` as one text: a string, or text parts (their `type` one of `kinds`) joined —
+    images, files and audio refused; a part's keys outside `read` added to `unread`. The
+    Responses and Messages translations' content."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be a string or an array of text parts", where)
+    out = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not (isinstance(part, dict) and part.get("type") in kinds):
+            raise GreenroomError(
+                "invalid_parameter",
+                f"'{at}' must be a {' or '.join(kinds)} part (images, files and audio are not supported)",
+                at,
+            )
+        if not isinstance(part.get("text"), str):
+            raise GreenroomError("invalid_parameter", f"'{at}.text' must be a string", f"{at}.text")
+        out.append(part["text"])
+        unread += [f"{at}.{k}" for k in part if k not in read]
+    return "".join(out)
 
 
 def tool_calls(calls, where: str) -> list[dict]:

@@ -10,8 +10,9 @@ each operation built from its entry.
   (`additionalProperties: false`): a field the server starts sending must be described here
   first, or tests/test_openapi.py fails.
 - Errors: each route's surface (routes.Surface) says its envelope, OpenAI's `{"error":
-  {message, type, param, code}}` or Ollama's flat `{"error", "code"}`; the codes each status
-  may carry are read from the one error table (greenroom/errors.py).
+  {message, type, param, code}}`, Ollama's flat `{"error", "code"}` or Anthropic's `{"type":
+  "error", "error": {type, message, code, param}}` (with its statuses: backpressure is 529); the
+  codes each status may carry are read from the one error table (greenroom/errors.py).
 
 `document()` is served at `GET /openapi.json`, and tests/test_openapi.py fuzzes the live
 server against it both ways. No torch and no third-party schema tooling: this module is part
@@ -27,21 +28,24 @@ import attrs
 
 from greenroom import __version__
 from greenroom.engines.capabilities import WHY_NOT
-from greenroom.errors import TABLE
+from greenroom.errors import TABLE, anthropic_status, anthropic_type
 from greenroom.http import (
     clusters_api,
     contracts,
     ledger,
     manage_api,
+    messages_api,
     monitoring_api,
     needle,
     ollama_api,
     ollama_embed,
     ollama_models,
     openai_params,
+    responses_api,
     scoring,
     steering_api,
     structured,
+    tokenize_api,
 )
 from greenroom.http.routes import TABLE as ROUTES
 from greenroom.http.routes import Framing, Route, Surface
@@ -141,8 +145,14 @@ _ERRORS = (
         "during the request); retry later (Retry-After on queue_full and model_busy)",
     ),
     (504, "GatewayTimeout", "The request took longer than the server's request timeout and was cancelled"),
+    (529, "Overloaded", "Anthropic's overloaded_error: the engine queue is full or the model busy; Retry-After"),
 )
-_PREFIX = {Surface.OPENAI: "", Surface.OLLAMA: "Ollama"}
+_PREFIX = {Surface.OPENAI: "", Surface.OLLAMA: "Ollama", Surface.ANTHROPIC: "Anthropic"}
+
+
+def status_on(code: str, surface: Surface) -> int:
+    """The status `code` is answered with on `surface`."""
+    return anthropic_status(code) if surface is Surface.ANTHROPIC else TABLE[code].status
 
 
 def error_codes(status: int, surface: Surface = Surface.OPENAI) -> list[str]:
@@ -150,7 +160,7 @@ def error_codes(status: int, surface: Surface = Surface.OPENAI) -> list[str]:
     return [
         code
         for code, kind in TABLE.items()
-        if kind.status == status and (surface is Surface.OLLAMA or not kind.ollama_only)
+        if status_on(code, surface) == status and (surface is Surface.OLLAMA or not kind.ollama_only)
     ]
 
 
@@ -160,6 +170,13 @@ def _statuses(surface: Surface):
         for status, name, description in _ERRORS
         if error_codes(status, surface)
     ]
+
+
+_ANTHROPIC_ERROR = _closed(
+    {"type": _string(), "message": _string(), "code": _string(), "param": _nullable(_string())},
+    ("type", "message", "code", "param"),
+    description="Anthropic's type and message, greenroom's code and param",
+)
 
 
 def _error_schemas() -> dict:
@@ -200,6 +217,24 @@ def _error_schemas() -> dict:
         schemas[f"{name}Error"] = {
             "allOf": [_ref("OllamaError")],
             "properties": {"code": {"enum": error_codes(status, Surface.OLLAMA)}},
+        }
+    schemas["AnthropicError"] = _closed(
+        {"type": {"const": "error"}, "error": _ANTHROPIC_ERROR},
+        ("type", "error"),
+        description="Anthropic's error envelope",
+    )
+    for status, name, _ in _statuses(Surface.ANTHROPIC):
+        codes = error_codes(status, Surface.ANTHROPIC)
+        schemas[f"{name}Error"] = {
+            "allOf": [_ref("AnthropicError")],
+            "properties": {
+                "error": {
+                    "properties": {
+                        "code": {"enum": codes},
+                        "type": {"enum": sorted({anthropic_type(c) for c in codes})},
+                    }
+                }
+            },
         }
     return schemas
 
@@ -249,13 +284,22 @@ _REQUESTS: dict[str, tuple[contracts.Shape, dict | None]] = {
     "OllamaDeleteRequest": (ollama_models.DELETE_REQUEST, ollama_models.DELETE),
     "OllamaCopyRequest": (ollama_models.COPY_REQUEST, ollama_models.COPY),
     "OllamaCreateRequest": (ollama_models.CREATE_REQUEST, ollama_models.CREATE),
+    "ResponseRequest": (responses_api.REQUEST, ledger.RESPONSES),
+    "MessageRequest": (messages_api.REQUEST, ledger.MESSAGES),
+    "MessageCountTokensRequest": (messages_api.COUNT_REQUEST, ledger.COUNT_TOKENS),
+    "TokenizeRequest": (tokenize_api.TOKENIZE, ledger.TOKENIZE),
+    "DetokenizeRequest": (tokenize_api.DETOKENIZE, ledger.DETOKENIZE),
 }
 _QUERIES: dict[str, contracts.Shape] = {
     "ModelQuery": monitoring_api.MODEL_QUERY,
     "MonitoringRecordsQuery": monitoring_api.RECORDS_QUERY,
     "SearchQuery": ollama_models.SEARCH_QUERY,
 }
-_PATH_PARAMETERS = {"id": openai_params.MODEL, "name": steering_api.PROFILE_NAME}
+_PATH_PARAMETERS = {
+    "id": openai_params.MODEL,
+    "name": steering_api.PROFILE_NAME,
+    "response_id": responses_api.RESPONSE_ID,
+}
 _UNKNOWN = "Unknown fields are accepted and named in the X-miLLM-Ignored-Fields response header"
 
 
@@ -1114,6 +1158,229 @@ def _ollama_schemas() -> dict:
     }
 
 
+# --- the Responses API (http/responses_api.py), Anthropic's Messages API (http/messages_api.py) --
+
+
+def _events(name: str, kinds: dict[str, tuple[dict, tuple[str, ...]]], common: dict | None = None) -> dict:
+    """A stream of typed events: each SSE event named for its data's `type` (`kinds`: type →
+    its other fields and which are required; `common`: fields every one carries, required)."""
+    common = common or {}
+    data = {
+        "anyOf": [
+            _closed({"type": {"const": kind}, **common, **fields}, ("type", *common, *required))
+            for kind, (fields, required) in kinds.items()
+        ]
+    }
+    return {
+        f"{name}Data": data,
+        name: {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"enum": list(kinds)},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": _ref(f"{name}Data"),
+                },
+                "id": _string(),
+                "retry": _integer(),
+            },
+        },
+    }
+
+
+def _responses_schemas() -> dict:
+    text = _closed(
+        {"type": {"const": "output_text"}, "text": _string(), "annotations": _array({}), "logprobs": _array({})},
+        ("type", "text", "annotations", "logprobs"),
+    )
+    status = {"enum": ["in_progress", "completed"]}
+    item = {
+        "anyOf": [
+            _closed(
+                {
+                    "id": _string(),
+                    "type": {"const": "message"},
+                    "status": status,
+                    "role": {"const": "assistant"},
+                    "content": _array(text),
+                },
+                ("id", "type", "status", "role", "content"),
+            ),
+            _closed(
+                {
+                    "id": _string(),
+                    "type": {"const": "function_call"},
+                    "status": status,
+                    "call_id": _string(),
+                    "name": _string(),
+                    "arguments": _described(_string(), "JSON text"),
+                },
+                ("id", "type", "status", "call_id", "name", "arguments"),
+            ),
+        ]
+    }
+    usage = _closed(
+        {
+            "input_tokens": _COUNT,
+            "input_tokens_details": _closed({"cached_tokens": _COUNT}, ("cached_tokens",)),
+            "output_tokens": _COUNT,
+            "output_tokens_details": _closed({"reasoning_tokens": _COUNT}, ("reasoning_tokens",)),
+            "total_tokens": _COUNT,
+        },
+        ("input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"),
+    )
+    response = {
+        "id": _string(),
+        "object": {"const": "response"},
+        "created_at": _integer(),
+        "status": {"enum": ["in_progress", "completed", "incomplete", "failed"]},
+        "error": _nullable(_closed({"code": _string(), "message": _string()}, ("code", "message"))),
+        "incomplete_details": _nullable(_closed({"reason": {"const": "max_output_tokens"}}, ("reason",))),
+        "instructions": _nullable(_string()),
+        "max_output_tokens": _nullable(_integer()),
+        "model": _string(),
+        "output": _array(_ref("ResponseOutputItem")),
+        "parallel_tool_calls": _BOOLEAN,
+        "previous_response_id": _nullable(_string()),
+        "store": _BOOLEAN,
+        "temperature": _number(),
+        "text": _closed({"format": _ANY_OBJECT}, ("format",)),
+        "tool_choice": _described({}, "As the request sent it"),
+        "tools": _described(_array({}), "As the request sent them"),
+        "top_p": _number(),
+        "truncation": {"const": "disabled"},
+        "usage": _nullable(_ref("ResponseUsage")),
+        "metadata": _obj({}, additionalProperties=_string()),
+    }
+    where = {"item_id": _string(), "output_index": _COUNT}
+    part = {**where, "content_index": _COUNT}
+    return {
+        "ResponseOutputItem": item,
+        "ResponseUsage": usage,
+        "Response": _closed(
+            {**response, "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations")},
+            tuple(response),
+            description="status incomplete when max_output_tokens cut the answer",
+        ),
+        "ResponseDeleted": _closed(
+            {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
+        ),
+        **_events(
+            "ResponseStreamEvent",
+            {
+                **{
+                    f"response.{kind}": ({"response": _ref("Response")}, ("response",))
+                    for kind in ("created", "in_progress", "completed", "incomplete", "failed")
+                },
+                **{
+                    f"response.output_item.{kind}": ({"output_index": _COUNT, "item": item}, ("output_index", "item"))
+                    for kind in ("added", "done")
+                },
+                **{
+                    f"response.content_part.{kind}": ({**part, "part": text}, (*part, "part"))
+                    for kind in ("added", "done")
+                },
+                "response.output_text.delta": (
+                    {**part, "delta": _string(), "logprobs": _array({})},
+                    (*part, "delta", "logprobs"),
+                ),
+                "response.output_text.done": (
+                    {**part, "text": _string(), "logprobs": _array({})},
+                    (*part, "text", "logprobs"),
+                ),
+                "response.function_call_arguments.delta": ({**where, "delta": _string()}, (*where, "delta")),
+                "response.function_call_arguments.done": (
+                    {**where, "name": _string(), "arguments": _string()},
+                    (*where, "name", "arguments"),
+                ),
+                "error": (
+                    {"code": _string(), "message": _string(), "param": _nullable(_string())},
+                    ("code", "message", "param"),
+                ),
+            },
+            {"sequence_number": _COUNT},
+        ),
+        "Tokenized": _closed(
+            {
+                "count": _COUNT,
+                "max_model_len": _described(_COUNT, "The model's context window"),
+                "tokens": _array(_COUNT),
+                "token_strs": _nullable(_array(_string())),
+            },
+            ("count", "max_model_len", "tokens", "token_strs"),
+        ),
+        "Detokenized": _closed({"prompt": _string()}, ("prompt",)),
+    }
+
+
+def _messages_schemas() -> dict:
+    text = _closed({"type": {"const": "text"}, "text": _string()}, ("type", "text"))
+    tool_use = _closed(
+        {"type": {"const": "tool_use"}, "id": _string(), "name": _string(), "input": _ANY_OBJECT},
+        ("type", "id", "name", "input"),
+    )
+    stop = {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}
+    message = {
+        "id": _string(),
+        "type": {"const": "message"},
+        "role": {"const": "assistant"},
+        "model": _string(),
+        "content": _array({"anyOf": [text, tool_use]}),
+        "stop_reason": _nullable(stop),
+        "stop_sequence": _nullable(_string()),
+        "usage": _closed({"input_tokens": _COUNT, "output_tokens": _COUNT}, ("input_tokens", "output_tokens")),
+    }
+    millm = _described(_ref("Millm"), "Only when the request sent return_sae_activations")
+    return {
+        "Message": _closed(
+            {**message, "millm": millm}, tuple(message), description="stop_reason null only on message_start"
+        ),
+        "MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",)),
+        **_events(
+            "MessageStreamEvent",
+            {
+                "message_start": ({"message": _ref("Message")}, ("message",)),
+                "ping": ({}, ()),
+                "content_block_start": (
+                    {"index": _COUNT, "content_block": {"anyOf": [text, tool_use]}},
+                    ("index", "content_block"),
+                ),
+                "content_block_delta": (
+                    {
+                        "index": _COUNT,
+                        "delta": {
+                            "anyOf": [
+                                _closed({"type": {"const": "text_delta"}, "text": _string()}, ("type", "text")),
+                                _closed(
+                                    {"type": {"const": "input_json_delta"}, "partial_json": _string()},
+                                    ("type", "partial_json"),
+                                ),
+                            ]
+                        },
+                    },
+                    ("index", "delta"),
+                ),
+                "content_block_stop": ({"index": _COUNT}, ("index",)),
+                "message_delta": (
+                    {
+                        "delta": _closed(
+                            {"stop_reason": stop, "stop_sequence": _nullable(_string())},
+                            ("stop_reason", "stop_sequence"),
+                        ),
+                        "usage": _closed({"output_tokens": _COUNT}, ("output_tokens",)),
+                        "millm": millm,
+                    },
+                    ("delta", "usage"),
+                ),
+                "message_stop": ({}, ()),
+                "error": ({"error": _ANTHROPIC_ERROR}, ("error",)),
+            },
+        ),
+    }
+
+
 # --- headers and parameters -----------------------------------------------------------
 
 _RFC8941_STRING = r'"(?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"'
@@ -1190,8 +1457,8 @@ _STRICT = {
     "in": "header",
     "required": False,
     "description": "true or 1: refuse unused fields with 400 unused_fields_refused instead of reporting them; "
-    "false or 0: report (the default). Any other value is a 400.",
-    "schema": {"enum": ["true", "1", "false", "0"]},
+    "false or 0: report (the default); true and false in any case. Any other value is a 400.",
+    "schema": _string(pattern="^(?:[Tt][Rr][Uu][Ee]|1|[Ff][Aa][Ll][Ss][Ee]|0)$"),
 }
 
 
@@ -1431,6 +1698,8 @@ def document() -> dict:
             **_monitoring_schemas(),
             **_management_schemas(),
             **_ollama_schemas(),
+            **_responses_schemas(),
+            **_messages_schemas(),
         }
     )
     return copy.deepcopy(

@@ -8,11 +8,13 @@ view); `GET /` lists it; openapi.py documents it; tests/test_auth.py walks it.
 
 Surfaces: greenroom's own routes (/v1, the management and steering API) answer errors in
 OpenAI's envelope `{"error": {message, type, param, code}}`; Ollama's routes in Ollama's
-flat `{"error", "code"}`. A path no route matches (404, or 405 for a known path and another
-method) keeps the rule from before the table: the surface of the route with that path
-template, else OpenAI's under the roots of greenroom's parametrised /api routes
-(/api/profiles/…, /api/clusters/…, /api/circuits/…), else Ollama's anywhere else under
-/api/, else OpenAI's.
+flat `{"error", "code"}`; Anthropic's Messages routes (/v1/messages…) in Anthropic's
+`{"type": "error", "error": {type, message}}` with its statuses (errors.anthropic_status). A
+path no route matches (404, or 405 for a known path and another method) keeps the rule from
+before the table: the surface of the route with that path template, else OpenAI's under the
+roots of greenroom's parametrised /api routes (/api/profiles/…, /api/clusters/…,
+/api/circuits/…), else Ollama's anywhere else under /api/, else Anthropic's under
+/v1/messages/, else OpenAI's.
 
 No quart here: app.py's error handler and the modules that register views read the table.
 """
@@ -28,6 +30,7 @@ import attrs
 class Surface(enum.Enum):
     OPENAI = "openai"  # OpenAI's error envelope
     OLLAMA = "ollama"  # Ollama's flat error envelope
+    ANTHROPIC = "anthropic"  # Anthropic's error envelope and statuses
 
 
 class Framing(enum.Enum):
@@ -38,7 +41,7 @@ class Framing(enum.Enum):
     TEXT = "text"  # text/plain
 
 
-OPENAI, OLLAMA = Surface.OPENAI, Surface.OLLAMA
+OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
 
 # the X-miLLM-* headers a generation's answer carries (openapi.py's header components)
 IGNORED = ("IgnoredFields",)
@@ -486,6 +489,92 @@ TABLE: tuple[Route, ...] = (
         details="Needle's flat tools, answered as a chat completion",
     ),
     Route(
+        "POST",
+        "/v1/responses",
+        OPENAI,
+        "OpenAI's Responses API: a response, streamed (typed SSE events) or not, stored unless store: false",
+        "createResponse",
+        "Response",
+        "The Response object, or with stream: true its typed SSE events",
+        "ResponseRequest",
+        framing=Framing.SSE,
+        stream="ResponseStreamEvent",
+        headers=CONSTRAINED,
+        strict=True,
+        details="Translated onto chat completions' path (the same ledger, structured output, tools, seeds and "
+        "steering); previous_response_id continues a stored response's conversation",
+    ),
+    Route(
+        "GET",
+        "/v1/responses/{response_id}",
+        OPENAI,
+        "a stored response",
+        "getResponse",
+        "Response",
+        "The Response object as it was answered",
+    ),
+    Route(
+        "DELETE",
+        "/v1/responses/{response_id}",
+        OPENAI,
+        "delete a stored response",
+        "deleteResponse",
+        "ResponseDeleted",
+        "Deleted",
+    ),
+    Route(
+        "POST",
+        "/v1/messages",
+        ANTHROPIC,
+        "Anthropic's Messages API: a message, streamed (Anthropic's SSE events) or not",
+        "createMessage",
+        "Message",
+        "The Message object, or with stream: true Anthropic's SSE events",
+        "MessageRequest",
+        framing=Framing.SSE,
+        stream="MessageStreamEvent",
+        headers=CONSTRAINED,
+        strict=True,
+        details="Translated onto chat completions' path (the same ledger, structured output, tools, seeds and "
+        "steering); errors in Anthropic's envelope, backpressure as its 529 overloaded_error",
+    ),
+    Route(
+        "POST",
+        "/v1/messages/count_tokens",
+        ANTHROPIC,
+        "Anthropic's token count: the prompt tokens a Messages request would use",
+        "countMessageTokens",
+        "MessageTokensCount",
+        "The prompt's tokens, as the model's chat template renders it",
+        "MessageCountTokensRequest",
+        headers=IGNORED,
+        strict=True,
+    ),
+    Route(
+        "POST",
+        "/tokenize",
+        OPENAI,
+        "vLLM's tokenize: a prompt, or messages as chat completions render them, to token ids",
+        "tokenize",
+        "Tokenized",
+        "The ids, their count and the model's context window",
+        "TokenizeRequest",
+        headers=IGNORED,
+        strict=True,
+    ),
+    Route(
+        "POST",
+        "/detokenize",
+        OPENAI,
+        "vLLM's detokenize: token ids to text",
+        "detokenize",
+        "Detokenized",
+        "The text",
+        "DetokenizeRequest",
+        headers=IGNORED,
+        strict=True,
+    ),
+    Route(
         "GET",
         "/openapi.json",
         OPENAI,
@@ -661,4 +750,6 @@ def surface(path: str) -> Surface:
             return owner
     if any(path == root or path.startswith(root + "/") for root in _ROOTS):
         return OPENAI
-    return OLLAMA if path.startswith("/api/") else OPENAI
+    if path.startswith("/api/"):
+        return OLLAMA
+    return ANTHROPIC if path.startswith("/v1/messages/") else OPENAI

@@ -258,6 +258,39 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
     return Plan({"type": "json_schema", "schema": schema}, tools, mode, schema=schema, header=header)
 
 
+def translated_tools(
+    body: dict, kinds: tuple, fields: dict[str, str], required: tuple[str, ...], read: frozenset[str], unread: list[str]
+) -> list[dict] | None:
+    """A translated surface's tools (Responses, Messages) as chat's function tools: each of a
+    `kinds` type (None: type left out) — any other type is the provider's own tool, refused —
+    with its `fields` renamed (its name → the function's) and its `required` ones sent; keys
+    outside `read` added to `unread`. `plan` checks the values as it checks chat's."""
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise GreenroomError("invalid_parameter", "'tools' must be an array", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or kind not in kinds:
+            if isinstance(kind, str):
+                raise GreenroomError(
+                    "field_not_honoured",
+                    f"'tools[{i}]' ({kind}) cannot be honoured: greenroom runs no tools of its own; send your own tools",
+                    f"tools[{i}]",
+                )
+            raise GreenroomError(
+                "invalid_parameter", f"'tools[{i}]' must be an object with a valid type", f"tools[{i}]"
+            )
+        for key in required:
+            if tool.get(key) is None:
+                raise GreenroomError("missing_parameter", f"'tools[{i}].{key}' is required", f"tools[{i}].{key}")
+        unread += [f"tools[{i}].{k}" for k in tool if k not in read]
+        out.append({"type": "function", "function": {fields[k]: tool[k] for k in fields if tool.get(k) is not None}})
+    return out
+
+
 def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
     tools, functions = body.get("tools"), body.get("functions")
     for field, value in (("tools", tools), ("functions", functions)):

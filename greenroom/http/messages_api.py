@@ -1,0 +1,508 @@
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), translated onto chat
+completions' path — what coding agents speak through ANTHROPIC_BASE_URL.
+
+A request becomes the chat request it means — `system` (a string or text blocks) a system
+message, each message's text blocks its content, an assistant's tool_use blocks its tool calls,
+a user's tool_result blocks tool messages, tools (name, description, input_schema) chat's
+function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
+(disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
+output_config.format a json_schema response_format — and runs through openai_api.generation.
+The chat completion is written back as Anthropic's Message (stop_reason end_turn, max_tokens or
+tool_use), its stream as Anthropic's events: message_start, ping, per content block
+content_block_start, content_block_delta (text_delta or input_json_delta)…,
+content_block_stop; then message_delta (stop_reason, usage) and message_stop — or an `error`
+event. Errors use Anthropic's envelope and statuses (errors.anthropic_body; app.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+
+import attrs
+from quart import Quart
+
+from greenroom.errors import GreenroomError
+from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured, tokenize_api
+from greenroom.http.contracts import (
+    DATA,
+    AnyOf,
+    Anything,
+    Boolean,
+    Choice,
+    ListOf,
+    Named,
+    Shape,
+    Text,
+    at,
+    merge,
+    sent,
+    when,
+)
+from greenroom.http.schema_subset import SCHEMA
+from greenroom.protocol import Admitted, Tokenize
+from greenroom.supervisor.tree import Tree
+
+# --- the request (contracts.py) ---------------------------------------------------------------
+
+_CACHE = {"cache_control": Anything(description="Not read (no prompt cache): reported")}
+TEXT_BLOCK = Shape(
+    fields={"type": Choice(values=("text",)), "text": Text(), **_CACHE},
+    required=("type", "text"),
+)
+TOOL_USE_BLOCK = Shape(
+    fields={
+        "type": Choice(values=("tool_use",)),
+        "id": Text(),
+        "name": Text(),
+        "input": Shape(fields={}, extra=DATA, null=False),
+        **_CACHE,
+    },
+    required=("type", "id", "name", "input"),
+    description="An assistant's earlier call",
+)
+TEXT = AnyOf(options=(Text(), ListOf(items=Named(name="AnthropicTextBlock", field=TEXT_BLOCK))))
+TOOL_RESULT_BLOCK = Shape(
+    fields={
+        "type": Choice(values=("tool_result",)),
+        "tool_use_id": Anything(description="Not read: the chat template renders results in order"),
+        "content": TEXT,
+        "is_error": Anything(description="Not read: reported"),
+        **_CACHE,
+    },
+    required=("type", "tool_use_id"),
+    description="A call's result (a user's): a tool message",
+)
+MESSAGE = Named(
+    name="AnthropicMessage",
+    field=AnyOf(
+        options=tuple(
+            Shape(
+                fields={
+                    "role": Choice(values=(role,)),
+                    "content": AnyOf(options=(Text(), ListOf(items=AnyOf(options=(TEXT_BLOCK, calls))))),
+                },
+                required=("role", "content"),
+            )
+            for role, calls in (("user", TOOL_RESULT_BLOCK), ("assistant", TOOL_USE_BLOCK))
+        ),
+        description="A user's text and tool_result blocks, or an assistant's text and tool_use blocks (text joined)",
+    ),
+)
+TOOL = Named(
+    name="AnthropicTool",
+    field=Shape(
+        fields={
+            "type": Choice(values=("custom",)),
+            "name": structured.NAME,
+            "description": Text(),
+            "input_schema": attrs.evolve(
+                structured.FUNCTION.field.fields["parameters"],
+                description="A JSON schema (calls are validated against it); with tool_choice any or tool, in "
+                "greenroom's subset (JSONSchema: it is compiled into the grammar)",
+            ),
+            **_CACHE,
+        },
+        required=("name", "input_schema"),
+        description="Client tools only: greenroom runs no tools of its own (server tools are refused)",
+    ),
+)
+TOOL_CHOICE = AnyOf(
+    options=(
+        Shape(
+            fields={"type": Choice(values=("auto", "any", "none")), "disable_parallel_tool_use": Boolean()},
+            required=("type",),
+        ),
+        Shape(
+            fields={"type": Choice(values=("tool",)), "name": Text(), "disable_parallel_tool_use": Boolean()},
+            required=("type", "name"),
+        ),
+    ),
+    description="auto (the default with tools), any (a call is enforced by decoding), tool (that one), none",
+)
+_FORMAT = Shape(
+    fields={
+        "format": Shape(
+            fields={"type": Choice(values=("json_schema",)), "schema": SCHEMA},
+            required=("type", "schema"),
+            description="The answer decoded under the schema (greenroom's subset) and validated: not streamed, "
+            "not with stop_sequences, not with tools unless tool_choice is none",
+        ),
+        "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
+    },
+)
+_COMMON = Shape(
+    fields={
+        "model": openai_params.MODEL,
+        "messages": ListOf(items=MESSAGE, min_items=1),
+        "system": attrs.evolve(TEXT, description="A system message first; text blocks joined"),
+        "tools": ListOf(items=TOOL),
+        "tool_choice": TOOL_CHOICE,
+        "output_config": _FORMAT,
+    },
+    required=("model", "messages"),
+)
+
+
+_NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
+_FORCED = at({"enum": ["any", "tool"]}, "tool_choice", "type")
+_FORMATTED = at({"type": "object"}, "output_config", "format")
+_UNTOOLED = {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice", "type")]}
+_RULES = (
+    when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),
+    when(
+        _FORCED,
+        {"properties": {"tools": {"items": {"properties": {"input_schema": SCHEMA}}}}},
+        "calls enforced by decoding: the tools' input_schema in greenroom's subset",
+    ),
+    when(_FORMATTED, _UNTOOLED, "output_config.format cannot be combined with tools unless tool_choice is none"),
+)
+_LONE = {"properties": {"role": {"const": "assistant"}}, "required": ["role"]}
+_UNCALLED = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"not": at({"const": "tool_use"}, "type")}}]}
+_RULES += (
+    {
+        "not": {
+            "allOf": [
+                {
+                    "properties": {
+                        "messages": {
+                            "maxItems": 1,
+                            "items": {**_LONE, "properties": {**_LONE["properties"], "content": _UNCALLED}},
+                        }
+                    }
+                },
+                {"not": sent("system")},
+            ]
+        },
+        "description": "A lone assistant message (nothing before the partial answer it continues) needs a system "
+        "prompt before it",
+    },
+)
+COUNT_REQUEST = merge(_COMMON, rules=_RULES)
+REQUEST = merge(
+    _COMMON,
+    Shape(
+        fields={
+            "max_tokens": openai_params.CHAT_MAX_TOKENS,
+            "stop_sequences": ListOf(items=Text()),
+            "temperature": openai_params.TEMPERATURE,
+            "top_p": openai_params.TOP_P,
+            "top_k": openai_params.TOP_K,
+            "stream": Boolean(default=False),
+        },
+        required=("max_tokens",),
+    ),
+    openai_api.MILLM,
+    rules=(
+        *_RULES,
+        when(
+            _FORMATTED,
+            {
+                "properties": {
+                    "stream": {"enum": [False, None]},
+                    "stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
+                }
+            },
+            "output_config.format cannot be streamed or cut by stop_sequences",
+        ),
+    ),
+)
+
+# chat's names → this surface's, in a refusal of the chat request it became
+NAMES = {
+    r"\bresponse_format(\.json_schema)?(\.schema)?\b": "output_config.format",
+    r"(tools\[\d+\])\.function\.parameters\b": r"\1.input_schema",
+    r"(tools\[\d+\])\.function\b": r"\1",
+}
+_BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
+_NOT_READ = {"cache_control", "tool_use_id", "is_error"}
+
+
+def _texts(blocks, where: str, unread: list[str]) -> str:
+    return openai_params.text_of(blocks, where, ("text",), frozenset({"type", "text"}), unread)
+
+
+def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
+    """One Anthropic message appended as chat messages: an assistant turn (text and calls), or a
+    user's tool results (tool messages) and text, in order."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be a user or assistant message", where)
+    unread += [f"{where}.{k}" for k in message if k not in ("role", "content")]
+    role, content = message["role"], message.get("content")
+    if content is None:
+        raise GreenroomError("missing_parameter", f"'{where}.content' is required", f"{where}.content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(blocks, list):
+        raise GreenroomError(
+            "invalid_parameter", f"'{where}.content' must be a string or an array of blocks", f"{where}.content"
+        )
+    text: list[str] = []
+    calls: list[dict] = []
+    allowed = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
+    for j, block in enumerate(blocks):
+        place = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind not in allowed:
+            raise GreenroomError(
+                "invalid_parameter",
+                f"'{place}' must be a text block, a tool_use block (assistant) or a tool_result block (user): "
+                "images, documents and thinking are not supported",
+                place,
+            )
+        for key in _BLOCKS[kind].required:
+            if block.get(key) is None:
+                raise GreenroomError("missing_parameter", f"'{place}.{key}' is required", f"{place}.{key}")
+        unread += [f"{place}.{k}" for k in block if k not in _BLOCKS[kind].names or k in _NOT_READ]
+        if kind == "text":
+            if not isinstance(block["text"], str):
+                raise GreenroomError("invalid_parameter", f"'{place}.text' must be a string", f"{place}.text")
+            text.append(block["text"])
+        elif kind == "tool_use":
+            if not (
+                isinstance(block["id"], str) and isinstance(block["name"], str) and isinstance(block["input"], dict)
+            ):
+                raise GreenroomError(
+                    "invalid_parameter", f"'{place}' must have a string id and name and an object input", place
+                )
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": block["input"]},
+                }
+            )
+        else:
+            if text:  # a user's text before a result: its own turn
+                out.append({"role": "user", "content": "".join(text)})
+                text = []
+            result = block.get("content")
+            out.append(
+                {"role": "tool", "content": "" if result is None else _texts(result, f"{place}.content", unread)}
+            )
+    if role == "assistant":
+        out.append({"role": "assistant", "content": "".join(text), **({"tool_calls": calls} if calls else {})})
+    elif text or not out or out[-1]["role"] != "tool":
+        out.append({"role": "user", "content": "".join(text)})
+
+
+def _tool_choice(choice) -> tuple[object, bool | None]:
+    """Anthropic's tool_choice as chat's tool_choice and parallel_tool_calls."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none") or (kind == "tool" and not isinstance(choice.get("name"), str)):
+        raise GreenroomError(
+            "invalid_parameter",
+            'tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}',
+            "tool_choice",
+        )
+    single = choice.get("disable_parallel_tool_use")
+    if single is not None and not isinstance(single, bool):
+        raise GreenroomError(
+            "invalid_parameter",
+            "'tool_choice.disable_parallel_tool_use' must be a boolean",
+            "tool_choice.disable_parallel_tool_use",
+        )
+    chat = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or {
+        "type": "function",
+        "function": {"name": choice["name"]},
+    }
+    return chat, None if single is None else not single
+
+
+def _response_format(body: dict, unread: list[str]):
+    config = body.get("output_config")
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise GreenroomError("invalid_parameter", "'output_config' must be an object", "output_config")
+    unread += [f"output_config.{k}" for k in config if k not in _FORMAT.names]
+    if config.get("effort") is not None:
+        raise GreenroomError(
+            "field_not_honoured",
+            "'output_config.effort' cannot be honoured: this model does not think",
+            "output_config.effort",
+        )
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if isinstance(fmt, dict):
+        unread += [f"output_config.format.{k}" for k in fmt if k not in ("type", "schema")]
+    if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema"):
+        raise GreenroomError(
+            "invalid_parameter",
+            '\'output_config.format\' must be {"type": "json_schema", "schema": …}',
+            "output_config.format",
+        )
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+
+
+def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
+    """The chat request `body` means, and the nested keys not read. `generating`: a Messages
+    request (max_tokens and sampling), not a count_tokens one."""
+    unread: list[str] = []
+    messages = body.get("messages")
+    if messages is None:
+        raise GreenroomError("missing_parameter", "'messages' is a required property", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise GreenroomError("invalid_parameter", "'messages' must be a non-empty array", "messages")
+    system = body.get("system")
+    out = [{"role": "system", "content": _texts(system, "system", unread)}] if system is not None else []
+    for i, message in enumerate(messages):
+        _message(message, i, out, unread)
+    choice, parallel = _tool_choice(body.get("tool_choice"))
+    chat = {
+        "model": body["model"],
+        "messages": out,
+        "tools": structured.translated_tools(
+            body,
+            (None, "custom"),
+            {"name": "name", "description": "description", "input_schema": "parameters"},
+            ("input_schema",),
+            TOOL.field.names - _NOT_READ,
+            unread,
+        ),
+        "tool_choice": choice,
+        "parallel_tool_calls": parallel,
+        "response_format": _response_format(body, unread),
+    }
+    if generating:
+        if body.get("max_tokens") is None:
+            raise GreenroomError("missing_parameter", "'max_tokens' is a required property", "max_tokens")
+        stop = body.get("stop_sequences")
+        if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            raise GreenroomError("invalid_parameter", "'stop_sequences' must be an array of strings", "stop_sequences")
+        chat |= {"stop": stop or None} | {
+            k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", *openai_api.MILLM.names)
+        }
+    return {k: v for k, v in chat.items() if v is not None}, unread
+
+
+# --- the answer ---------------------------------------------------------------------------------
+
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _tool_id(call_id: str) -> str:
+    """chat's call_<hex> as Anthropic's toolu_<hex>."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+class _Answer:
+    def __init__(self, model: str):
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model = model
+
+    def message(self, content: list[dict], reason: str | None, usage: dict, millm: dict | None = None) -> dict:
+        out = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason and _STOP_REASONS[reason],
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        return out if millm is None else {**out, "millm": millm}
+
+    async def whole(self, completion: dict) -> dict:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
+        content = [{"type": "text", "text": message["content"]}] if message["content"] or not calls else []
+        content += [
+            {
+                "type": "tool_use",
+                "id": _tool_id(c["id"]),
+                "name": c["function"]["name"],
+                "input": json.loads(c["function"]["arguments"]),
+            }
+            for c in calls
+        ]
+        usage = completion["usage"]
+        return self.message(
+            content,
+            choice["finish_reason"],
+            {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+            completion.get("millm"),
+        )
+
+    async def stream(self, chunks, admitted: Admitted):
+        def event(kind: str, **fields) -> bytes:
+            return framing.sse({"type": kind, **fields}, kind)
+
+        yield event(
+            "message_start",
+            message=self.message([], None, {"input_tokens": admitted.prompt_tokens, "output_tokens": 0}),
+        )
+        yield event("ping")
+        blocks = itertools.count()
+        index, open_kind = -1, None  # the open block
+
+        def close() -> list[bytes]:
+            nonlocal open_kind
+            if open_kind is None:
+                return []
+            open_kind = None
+            return [event("content_block_stop", index=index)]
+
+        try:
+            async for kind, *rest in openai_api.pieces(chunks):
+                if kind == "text":
+                    if open_kind != "text":
+                        for e in close():
+                            yield e
+                        index, open_kind = next(blocks), "text"
+                        yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                    yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": rest[0]})
+                elif kind == "call":
+                    for e in close():
+                        yield e
+                    index, open_kind = next(blocks), "tool_use"
+                    block = {"type": "tool_use", "id": _tool_id(rest[0]), "name": rest[1], "input": {}}
+                    yield event("content_block_start", index=index, content_block=block)
+                elif kind == "arguments":
+                    yield event(
+                        "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": rest[0]}
+                    )
+                else:
+                    for e in close():
+                        yield e
+                    reason, usage, millm = rest
+                    delta = {"stop_reason": _STOP_REASONS[reason], "stop_sequence": None}
+                    extra = {} if millm is None else {"millm": millm}
+                    yield event(
+                        "message_delta", delta=delta, usage={"output_tokens": usage["completion_tokens"]}, **extra
+                    )
+                    yield event("message_stop")
+        except GreenroomError as exc:
+            yield framing.sse(exc.anthropic_body(), "error")
+
+
+def register(app: Quart, tree: Tree) -> None:
+    @routes.view(app, "POST", "/v1/messages")
+    async def create_message():
+        req = await openai_api.prepare(tree, ledger.MESSAGES, "on messages", translated=True)
+        chat, unread = translate(req.body)
+        answer = _Answer(req.model)
+        with openai_api.named(NAMES):
+            return await openai_api.generation(
+                tree, req.translated(chat, unread), openai_api.Shaped(answer.stream, answer.whole)
+            )
+
+    @routes.view(app, "POST", "/v1/messages/count_tokens")
+    async def count_tokens():
+        req = await openai_api.prepare(tree, ledger.COUNT_TOKENS, "on count_tokens", translated=True)
+        chat, unread = translate(req.body, generating=False)
+        req = req.translated(chat, unread)
+        headers = req.headers()
+        with openai_api.named(NAMES):
+            tools = structured.plan(chat, stream=False).tools
+        message = Tokenize(
+            openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools
+        )
+        counted = await tokenize_api.tokenized(tree, message)
+        return {"input_tokens": len(counted.tokens)}, 200, headers

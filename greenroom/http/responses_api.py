@@ -1,0 +1,571 @@
+"""OpenAI's Responses API (/v1/responses), translated onto chat completions' path.
+
+A request becomes the chat request it means — `instructions` a system message, `input` (a
+string, or items: messages with text parts, function_call and function_call_output) the
+conversation after the stored one `previous_response_id` names, function tools and
+`tool_choice` chat's, `text.format` a response_format, `max_output_tokens` max_tokens — and runs
+through openai_api.generation (the same ledger, plan, steering and seeds). The chat completion,
+or its stream of chunks, is written back as the Response object, or as the typed events the
+SDKs read, in order: response.created, response.in_progress, per output item
+output_item.added, (message) content_part.added, output_text.delta…, output_text.done,
+content_part.done, (function call) function_call_arguments.delta…, .done, output_item.done;
+then response.completed — response.incomplete when max_output_tokens cut it — or, on a
+failure, error and response.failed. With `store` (the default, as OpenAI's) the response and
+its conversation are kept (store/responses.py) for GET, DELETE and previous_response_id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+
+import attrs
+import trio
+from quart import Quart
+
+from greenroom.errors import GreenroomError
+from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured
+from greenroom.http.contracts import (
+    DATA,
+    AnyOf,
+    Anything,
+    Boolean,
+    Choice,
+    ListOf,
+    MapOf,
+    Named,
+    Shape,
+    Text,
+    at,
+    merge,
+    sent,
+    when,
+)
+from greenroom.http.schema_subset import SCHEMA
+from greenroom.protocol import Admitted
+from greenroom.store.responses import ResponseStore
+from greenroom.supervisor.tree import Tree
+
+# --- the request (contracts.py) ---------------------------------------------------------------
+
+RESPONSE_ID = Text(min_length=1, description="A stored response's id (resp_…)")
+
+_ITEM_META = {"id": Anything(description="Not read (an output item sent back)"), "status": Anything()}
+TEXT_PART = Named(
+    name="ResponseTextPart",
+    field=Shape(
+        fields={
+            "type": Choice(values=("input_text", "output_text")),
+            "text": Text(),
+            "annotations": Anything(description="Not read (an output_text sent back)"),
+            "logprobs": Anything(description="Not read (an output_text sent back)"),
+        },
+        required=("type", "text"),
+    ),
+)
+_ROLES = ("user", "assistant", "system", "developer")
+MESSAGE_ITEM = Shape(
+    fields={
+        "type": Choice(values=("message",)),
+        "role": Choice(values=_ROLES),
+        "content": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
+        **_ITEM_META,
+    },
+    required=("role", "content"),
+    description="A message; its text parts are joined",
+)
+CALL_ITEM = Shape(
+    fields={
+        "type": Choice(values=("function_call",)),
+        "call_id": Text(),
+        "name": Text(),
+        "arguments": Text(description="JSON text"),
+        **_ITEM_META,
+    },
+    required=("type", "call_id", "name", "arguments"),
+    description="An earlier call of the model's: the assistant turn before it calls it",
+)
+CALL_OUTPUT_ITEM = Shape(
+    fields={
+        "type": Choice(values=("function_call_output",)),
+        "call_id": Anything(description="Not read: the chat template renders results in order"),
+        "output": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
+        **_ITEM_META,
+    },
+    required=("type", "call_id", "output"),
+    description="A call's result: a tool message",
+)
+INPUT_ITEM = Named(name="ResponseInputItem", field=AnyOf(options=(MESSAGE_ITEM, CALL_ITEM, CALL_OUTPUT_ITEM)))
+_FUNCTION = structured.FUNCTION.field.fields
+FUNCTION_TOOL = Named(
+    name="ResponseFunctionTool",
+    field=Shape(
+        fields={
+            "type": Choice(values=("function",)),
+            "name": structured.NAME,
+            "description": _FUNCTION["description"],
+            "parameters": _FUNCTION["parameters"],
+            "strict": Boolean(description="Accepted; calls are validated against the parameters either way"),
+        },
+        required=("type", "name"),
+        extra=DATA,
+        description="Function tools only: greenroom runs no tools of its own (built-in tools are refused)",
+    ),
+)
+_FORMAT = Named(
+    name="ResponseTextFormat",
+    field=AnyOf(
+        options=(
+            *structured.RESPONSE_FORMAT.field.options[:2],  # text, json_object
+            Shape(
+                fields={
+                    "type": Choice(values=("json_schema",)),
+                    "name": structured.NAME,
+                    "schema": attrs.evolve(SCHEMA, null=False),
+                    "strict": Boolean(description="Accepted; the schema is enforced by decoding either way"),
+                    "description": Anything(),
+                },
+                required=("type", "name"),
+            ),
+        ),
+        description="response_format's rules (docs/openai.md#structured-output): json_object or json_schema "
+        "(greenroom's subset) is decoded under the schema and validated; not streamed, not with tools unless "
+        "tool_choice is none",
+    ),
+)
+
+
+_NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
+_FORCED = at({"not": {"enum": ["none", "auto", None]}}, "tool_choice")
+REQUEST = merge(
+    Shape(
+        fields={
+            "model": openai_params.MODEL,
+            "input": AnyOf(
+                options=(Text(), ListOf(items=INPUT_ITEM, min_items=1)),
+                description="A user message, or the conversation's items (after previous_response_id's)",
+            ),
+            "instructions": Text(description="A system message first (not carried over to a continuation)"),
+            "max_output_tokens": openai_params.CHAT_MAX_TOKENS,
+            "temperature": openai_params.TEMPERATURE,
+            "top_p": openai_params.TOP_P,
+            "stream": Boolean(default=False),
+            "store": Boolean(default=True, description="Keep the response for GET and previous_response_id"),
+            "previous_response_id": Text(min_length=1, description="A stored response: its conversation continues"),
+            "metadata": MapOf(values=Text(max_length=512), keys=Text(max_length=64), description="Stored, echoed"),
+            "text": Shape(fields={"format": _FORMAT}),
+            "tools": ListOf(items=FUNCTION_TOOL),
+            "tool_choice": AnyOf(
+                options=(
+                    Choice(values=("none", "auto", "required")),
+                    Shape(
+                        fields={"type": Choice(values=("function",)), "name": Text()},
+                        required=("type", "name"),
+                    ),
+                ),
+                description="As chat's: required or a named function is enforced by decoding",
+            ),
+            "parallel_tool_calls": Boolean(description="false: at most one call when tool_choice forces calls"),
+        },
+        required=("model", "input"),
+    ),
+    openai_api.MILLM,
+    rules=(
+        when(
+            at({"enum": ["json_object", "json_schema"]}, "text", "format", "type"),
+            {
+                "properties": {"stream": {"enum": [False, None]}},
+                "anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice")],
+            },
+            "text.format json cannot be streamed, or combined with tools unless tool_choice is none",
+        ),
+        when(_FORCED, {"not": _NO_TOOLS}, "tool_choice required or a named function needs tools"),
+        {
+            "not": {
+                "allOf": [
+                    {
+                        "properties": {
+                            "input": {
+                                "type": "array",
+                                "maxItems": 1,
+                                "items": {
+                                    "properties": {"role": {"const": "assistant"}, "type": {"enum": ["message", None]}},
+                                    "required": ["role"],
+                                },
+                            }
+                        }
+                    },
+                    {"not": {"anyOf": [sent("instructions"), sent("previous_response_id")]}},
+                ]
+            },
+            "description": "A lone assistant message (nothing before the partial answer it continues) needs "
+            "instructions or previous_response_id",
+        },
+        when(
+            _FORCED,
+            {"properties": {"tools": {"items": {"properties": {"parameters": SCHEMA}}}}},
+            "calls enforced by decoding: the functions' parameters in greenroom's subset",
+        ),
+    ),
+)
+
+# chat's names → this surface's, in a refusal of the chat request it became
+NAMES = {
+    r"\bmax_tokens\b": "max_output_tokens",
+    r"\bresponse_format(\.json_schema)?\b": "text.format",
+    r"(tools\[\d+\])\.function\b": r"\1",
+    r"\bmessages\b": "input",
+}
+
+
+def _text(content, where: str, unread: list[str]) -> str:
+    return openai_params.text_of(content, where, ("input_text", "output_text"), TEXT_PART.field.names, unread)
+
+
+_ITEMS = {"message": MESSAGE_ITEM, "function_call": CALL_ITEM, "function_call_output": CALL_OUTPUT_ITEM}
+# what is not reported of each item: what it carries (a result's call_id is not read), and an
+# output item's id and status sent back
+_READ = {
+    kind: shape.names - ({"call_id"} if kind == "function_call_output" else set()) for kind, shape in _ITEMS.items()
+}
+
+
+def _item(item, i: int, messages: list[dict], unread: list[str]) -> None:
+    """One input item appended to the chat messages (a call to the assistant turn before it)."""
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be an object", where)
+    kind = "message" if item.get("type") is None else item["type"]
+    if kind not in _ITEMS:
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'{where}.type' {kind!r} is not served: message, function_call and function_call_output are",
+            f"{where}.type",
+        )
+    for key in _ITEMS[kind].required:
+        if item.get(key) is None:
+            raise GreenroomError("missing_parameter", f"'{where}.{key}' is required", f"{where}.{key}")
+    unread += [f"{where}.{k}" for k in item if k not in _READ[kind]]
+    if kind == "message":
+        if item["role"] not in _ROLES:
+            raise GreenroomError(
+                "invalid_parameter", f"'{where}.role' must be one of {', '.join(_ROLES)}", f"{where}.role"
+            )
+        messages.append({"role": item["role"], "content": _text(item["content"], f"{where}.content", unread)})
+    elif kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item[key], str):
+                raise GreenroomError("invalid_parameter", f"'{where}.{key}' must be a string", f"{where}.{key}")
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        if messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    else:
+        messages.append({"role": "tool", "content": _text(item["output"], f"{where}.output", unread)})
+
+
+_FUNCTION_FIELDS = {k: k for k in ("name", "description", "parameters")}
+
+
+def _tool_choice(choice):
+    """Responses' {"type": "function", "name"} is chat's {"type": "function", "function": {"name"}}."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    raise GreenroomError(
+        "invalid_parameter",
+        '\'tool_choice\' must be none, auto, required or {"type": "function", "name": ...} (built-in tools are not served)',
+        "tool_choice",
+    )
+
+
+def _response_format(body: dict, unread: list[str]):
+    text = body.get("text")
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise GreenroomError("invalid_parameter", "'text' must be an object", "text")
+    unread += [f"text.{k}" for k in text if k != "format"]
+    fmt = text.get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return fmt  # text, json_object, or what the plan refuses by name
+    unread += [f"text.format.{k}" for k in fmt if k not in ("type", "name", "schema", "strict", "description")]
+    return {
+        "type": "json_schema",
+        "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
+    }
+
+
+def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[str]]:
+    """The chat request `body` means after the stored conversation `history`: the chat body,
+    the messages of its own input (what a stored response keeps), and the nested keys not read."""
+    unread: list[str] = []
+    source = body.get("input")
+    if source is None:
+        raise GreenroomError("missing_parameter", "'input' is a required property", "input")
+    if isinstance(source, str):
+        messages = [{"role": "user", "content": source}]
+    elif isinstance(source, list) and source:
+        messages = []
+        for i, item in enumerate(source):
+            _item(item, i, messages, unread)
+    else:
+        raise GreenroomError("invalid_parameter", "'input' must be a string or a non-empty array of items", "input")
+    instructions = openai_params.string(body, "instructions")
+    metadata = body.get("metadata")
+    field = REQUEST.fields["metadata"]
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(field.keys.matches(k) and field.values.matches(v) for k, v in metadata.items())
+    ):
+        raise GreenroomError(
+            "invalid_parameter",
+            "'metadata' must map keys of at most 64 characters to strings of at most 512",
+            "metadata",
+        )
+    chat = {
+        "model": body["model"],
+        "messages": ([{"role": "system", "content": instructions}] if instructions is not None else [])
+        + history
+        + messages,
+        "max_tokens": openai_params.integer(body, "max_output_tokens", openai_params.CHAT_MAX_TOKENS),
+        "tools": structured.translated_tools(
+            body, ("function",), _FUNCTION_FIELDS, ("name",), FUNCTION_TOOL.field.names, unread
+        ),
+        "tool_choice": _tool_choice(body.get("tool_choice")),
+        "response_format": _response_format(body, unread),
+        **{k: body.get(k) for k in ("temperature", "top_p", "stream", "parallel_tool_calls", *openai_api.MILLM.names)},
+    }
+    return {k: v for k, v in chat.items() if v is not None}, messages, unread
+
+
+# --- the answer ---------------------------------------------------------------------------------
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _message_item(text: str, item_id: str, status: str = "completed") -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [part] if text or status == "completed" else [],
+    }
+
+
+def _call_item(call_id: str, name: str, arguments: str, item_id: str, status: str = "completed") -> dict:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def _usage(usage: dict | None) -> dict | None:
+    if usage is None:
+        return None
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["total_tokens"],
+    }
+
+
+class _Answer:
+    """One request's Response: its fixed fields, the output as it grows, storing it once done."""
+
+    def __init__(self, store: ResponseStore, body: dict, model: str, conversation: list[dict]):
+        self.id = _id("resp")
+        self.created = int(time.time())
+        self.body, self.model, self.store = body, model, store
+        self.keep = openai_params.boolean(body, "store", True)
+        self.conversation = conversation  # what a continuation starts from, less this answer
+        self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
+
+    def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
+        body = self.body
+
+        def sent(key: str, default):
+            return default if body.get(key) is None else body[key]
+
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": sent("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "store": self.keep,
+            "temperature": sent("temperature", openai_params.TEMPERATURE.default),
+            "text": {"format": self.fmt},
+            "tool_choice": sent("tool_choice", "auto"),
+            "tools": sent("tools", []),
+            "top_p": sent("top_p", openai_params.TOP_P.default),
+            "truncation": "disabled",
+            "usage": _usage(usage),
+            "metadata": sent("metadata", {}),
+        }
+
+    async def done(self, status: str, output: list[dict], usage: dict | None, millm: dict | None) -> dict:
+        """The finished Response (status completed or incomplete), stored unless store: false."""
+        response = self.response(status, output, usage)
+        if millm is not None:
+            response["millm"] = millm
+        if self.keep:
+            text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
+            calls = [
+                {"id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in output
+                if c["type"] == "function_call"
+            ]
+            turn = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn])
+        return response
+
+    async def whole(self, completion: dict) -> dict:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
+        output = [_message_item(message["content"], _id("msg"))] if message["content"] or not calls else []
+        output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"], _id("fc")) for c in calls]
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        return await self.done(status, output, completion["usage"], completion.get("millm"))
+
+    async def stream(self, chunks, _: Admitted):
+        """The typed events, each named and numbered (sequence_number)."""
+        numbers = itertools.count()
+
+        def event(kind: str, **fields) -> bytes:
+            return framing.sse({"type": kind, **fields, "sequence_number": next(numbers)}, kind)
+
+        output: list[dict] = []
+        yield event("response.created", response=self.response("in_progress", []))
+        yield event("response.in_progress", response=self.response("in_progress", []))
+
+        def close() -> list[bytes]:
+            """The events that finish the open item, if one is."""
+            if not output or output[-1]["status"] != "in_progress":
+                return []
+            item, index = output[-1], len(output) - 1
+            item["status"] = "completed"
+            if item["type"] == "function_call":
+                done = event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+                return [done, event("response.output_item.done", output_index=index, item=item)]
+            part = item["content"][0]
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            return [
+                event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+                event("response.content_part.done", **where, part=part),
+                event("response.output_item.done", output_index=index, item=item),
+            ]
+
+        try:
+            async for kind, *rest in openai_api.pieces(chunks):
+                if kind == "text":
+                    if not output or output[-1]["type"] != "message" or output[-1]["status"] != "in_progress":
+                        for e in close():
+                            yield e
+                        output.append(_message_item("", _id("msg"), "in_progress"))
+                        item = output[-1]
+                        yield event("response.output_item.added", output_index=len(output) - 1, item=item)
+                        item["content"] = [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
+                        yield event(
+                            "response.content_part.added",
+                            item_id=item["id"],
+                            output_index=len(output) - 1,
+                            content_index=0,
+                            part=item["content"][0],
+                        )
+                    output[-1]["content"][0]["text"] += rest[0]
+                    yield event(
+                        "response.output_text.delta",
+                        item_id=output[-1]["id"],
+                        output_index=len(output) - 1,
+                        content_index=0,
+                        delta=rest[0],
+                        logprobs=[],
+                    )
+                elif kind == "call":
+                    for e in close():
+                        yield e
+                    output.append(_call_item(rest[0], rest[1], "", _id("fc"), "in_progress"))
+                    yield event("response.output_item.added", output_index=len(output) - 1, item=output[-1])
+                elif kind == "arguments":
+                    output[-1]["arguments"] += rest[0]
+                    yield event(
+                        "response.function_call_arguments.delta",
+                        item_id=output[-1]["id"],
+                        output_index=len(output) - 1,
+                        delta=rest[0],
+                    )
+                else:
+                    for e in close():
+                        yield e
+                    reason, usage, millm = rest
+                    status = "incomplete" if reason == "length" else "completed"
+                    response = await self.done(status, output, usage, millm)
+                    yield event(f"response.{status}", response=response)
+        except GreenroomError as exc:
+            yield event("error", code=exc.code, message=exc.message, param=exc.param)
+            failed = self.response("failed", output, error={"code": exc.code, "message": exc.message})
+            yield event("response.failed", response=failed)
+
+
+def register(app: Quart, tree: Tree) -> None:
+    store = ResponseStore(tree.config.cache_dir)
+
+    async def stored(response_id: str, param: str | None = None):
+        found = await trio.to_thread.run_sync(store.get, response_id)
+        if found is None:
+            raise GreenroomError("response_not_found", f"No response with id {response_id!r} is stored", param)
+        return found
+
+    @routes.view(app, "POST", "/v1/responses")
+    async def create_response():
+        req = await openai_api.prepare(tree, ledger.RESPONSES, "on responses", translated=True)
+        previous = openai_params.string(req.body, "previous_response_id")
+        history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
+        chat, messages, unread = translate(req.body, history)
+        answer = _Answer(store, req.body, req.model, history + messages)
+        with openai_api.named(NAMES):
+            return await openai_api.generation(
+                tree, req.translated(chat, unread), openai_api.Shaped(answer.stream, answer.whole)
+            )
+
+    @routes.view(app, "GET", "/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return (await stored(response_id)).response
+
+    @routes.view(app, "DELETE", "/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        if not await trio.to_thread.run_sync(store.delete, response_id):
+            raise GreenroomError("response_not_found", f"No response with id {response_id!r} is stored")
+        return {"id": response_id, "object": "response", "deleted": True}

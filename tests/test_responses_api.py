@@ -1,0 +1,246 @@
+"""OpenAI's Responses API (/v1/responses, http/responses_api.py) with the openai SDK, on a
+transformers and a GGUF model: created, streamed (the typed events in order), parsed into a
+pydantic model, a function-tool round trip, stored and continued with previous_response_id
+across a restart; the steering of one request identical through chat completions, responses
+and messages; typed refusals. One server for the module (restarted by the last test)."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pydantic
+import pytest
+from conftest import MODEL, Server
+from fake_hub import server_cache
+
+GGUF = "greenroom-demo-gguf:Q8_0"
+CONFIG = f"""
+npu_actors = []
+[[models]]
+id = "{MODEL}"
+source = "demo:tiny"
+sae = "demo:tiny"
+[[models]]
+id = "{GGUF}"
+source = "demo-gguf:Q8_0"
+engine = "llama.cpp"
+"""
+SAE_ID = "sae_demo_tiny_l1"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+GREEDY = {"max_output_tokens": 8, "temperature": 0}
+
+
+class Served:
+    """The module's server, which the restart test replaces."""
+
+    def __init__(self, tmp, cache):
+        self.tmp, self.cache = tmp, cache
+        self.srv = Server(tmp, cache, CONFIG)
+
+    def restart(self) -> None:
+        self.srv.stop()
+        self.srv = Server(self.tmp, self.cache, CONFIG)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_cache):
+    tmp = tmp_path_factory.mktemp("responses")
+    served = Served(tmp, server_cache(tmp, model_cache))
+    yield served
+    served.srv.stop()
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_created_streamed_and_stored(served, model):
+    client = served.client()
+    created = client.responses.create(model=model, input="Hello there", **GREEDY)
+    assert created.status == "incomplete" and created.incomplete_details.reason == "max_output_tokens"
+    assert created.output_text and created.usage.output_tokens == 8 and created.usage.input_tokens > 0
+    assert client.responses.retrieve(created.id).output_text == created.output_text
+    with client.responses.stream(model=model, input="Hello there", **GREEDY) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-4].text == created.output_text == "".join(e.delta for e in events if hasattr(e, "delta"))
+    assert events[-1].response.usage.output_tokens == 8
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    unstored = client.responses.create(model=model, input="Hello", store=False, **GREEDY)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    sunny: bool
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_parse_into_a_pydantic_model(served, model):
+    parsed = served.client().responses.parse(
+        model=model, input="A city?", text_format=City, max_output_tokens=64, temperature=0
+    )
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, City)
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_a_function_tool_round_trip(served, model):
+    client = served.client()
+    ask = dict(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_output_tokens=64, temperature=0)
+    called = client.responses.create(model=model, input="Weather in Paris?", **ask)
+    (call,) = called.output
+    assert called.status == "completed" and call.type == "function_call" and call.name == "get_weather"
+    assert pydantic.TypeAdapter(dict).validate_json(call.arguments).keys() == {"city"}
+    answered = client.responses.create(
+        model=model,
+        previous_response_id=called.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        **GREEDY,
+    )
+    # the same turn sent whole, the call as the SDK returned it
+    whole = client.responses.with_raw_response.create(
+        model=model,
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+        **GREEDY,
+    )
+    assert whole.parse().output_text == answered.output_text
+    assert whole.headers["X-miLLM-Ignored-Fields"] == '"input[2].call_id"'  # the template renders results in order
+    with client.responses.stream(model=model, input="Weather in Paris?", **ask) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    fragments = kinds.count("response.function_call_arguments.delta")
+    assert fragments and kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        *["response.function_call_arguments.delta"] * fragments,
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert final.output[0].arguments == call.arguments
+
+
+def test_steering_is_the_same_through_every_surface(served):
+    """Live strengths, then a request's own steering_intensity: the same greedy text through
+    chat completions, responses and messages, and the same echoed λ."""
+    url = served.srv.url
+    chat = served.client()
+    messages = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+
+    def answers(extra: dict) -> set[tuple[str, str | None]]:
+        prompt = "Hello there"
+        out = [
+            chat.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=8,
+                temperature=0,
+                extra_body=extra,
+            ),
+            chat.responses.with_raw_response.create(model=MODEL, input=prompt, store=False, extra_body=extra, **GREEDY),
+            messages.messages.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=8,
+                extra_body={"temperature": 0, **extra},
+            ),
+        ]
+        texts = [
+            out[0].parse().choices[0].message.content,
+            out[1].parse().output_text,
+            out[2].parse().content[0].text,
+        ]
+        return {(text, raw.headers.get("X-miLLM-Steering-Intensity")) for text, raw in zip(texts, out)}
+
+    (unsteered,) = answers({})
+    r = httpx.put(url + "/api/steering", json={"model": MODEL, "strengths": {SAE_ID: {"5": 150}}}, timeout=30)
+    assert r.status_code == 200 and r.json()["live"], r.text
+    try:
+        (steered,) = answers({})
+        (dialled,) = answers({"steering_intensity": 0.5})
+    finally:
+        httpx.put(url + "/api/steering", json={"model": MODEL, "strengths": {}}, timeout=30)
+    assert len({unsteered[0], steered[0], dialled[0]}) == 3
+    assert dialled[1] == "0.5"
+
+
+@pytest.mark.parametrize(
+    "body,code,param",
+    [
+        ({"reasoning": {"effort": "high"}}, "field_not_honoured", "reasoning"),
+        ({"background": True}, "field_not_honoured", "background"),
+        ({"tools": [{"type": "web_search"}]}, "field_not_honoured", "tools[0]"),
+        ({"max_output_tokens": 0}, "invalid_parameter", "max_output_tokens"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "invalid_parameter", "input[0].type"),
+        ({"input": [{"type": "input_image"}]}, "invalid_parameter", "input[0].type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "invalid_parameter",
+            "input[0].content[0]",
+        ),
+        ({"input": None}, "missing_parameter", "input"),
+        ({"text": {"format": {"type": "json_object"}}, "stream": True}, "response_format_unsupported", "text.format"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}},
+            "response_format_unsupported",
+            "text.format",
+        ),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "invalid_parameter", "tool_choice"),
+        ({"metadata": {"k": 1}}, "invalid_parameter", "metadata"),
+        ({"max_output_tokens": 40000}, "context_length_exceeded", "max_output_tokens"),
+    ],
+)
+def test_refusals_are_typed_400s(served, body, code, param):
+    r = httpx.post(served.srv.url + "/v1/responses", json={"model": MODEL, "input": "x", **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["param"] == param, r.text
+
+
+def test_unknown_previous_response_is_404(served):
+    with pytest.raises(openai.NotFoundError) as exc:
+        served.client().responses.create(model=MODEL, input="x", previous_response_id="resp_nope", **GREEDY)
+    assert exc.value.body["code"] == "response_not_found"
+
+
+def test_a_stored_conversation_survives_a_restart(served):
+    """Last: it restarts the module's server."""
+    client = served.client()
+    first = client.responses.create(model=GGUF, input="Hello there", instructions="Be brief.", **GREEDY)
+    again = client.responses.create(model=GGUF, input="And then?", previous_response_id=first.id, **GREEDY)
+    served.restart()
+    client = served.client()
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    after = client.responses.create(model=GGUF, input="And then?", previous_response_id=first.id, **GREEDY)
+    assert after.output_text == again.output_text and after.previous_response_id == first.id
