@@ -196,6 +196,24 @@ def test_steering_is_the_same_through_every_surface(served):
     assert dialled[1] == "0.5"
 
 
+def test_sae_activations_ride_on_both_answers(served):
+    """return_sae_activations, as chat completions read it: on the Response, and on the Message
+    (streamed: on message_delta)."""
+    read = {"return_sae_activations": {"top_k": 2}}
+    response = served.client().responses.create(model=MODEL, input="Hi", store=False, extra_body=read, **GREEDY)
+    assert response.millm["sae_activations"]["sae_id"] == SAE_ID
+    messages = anthropic.Anthropic(base_url=served.srv.url, api_key="x", max_retries=0)
+    message = messages.messages.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}], extra_body=read
+    )
+    assert message.millm["sae_activations"]["sae_id"] == SAE_ID
+    with messages.messages.stream(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}], extra_body=read
+    ) as stream:
+        delta = next(e for e in stream if e.type == "message_delta")
+    assert delta.millm["sae_activations"]["positions"]
+
+
 @pytest.mark.parametrize(
     "body,code,param",
     [
