@@ -18,7 +18,7 @@ import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_intensity import ECHO, chat, text
-from test_steering_api import CONFIG, SAE_ID, put
+from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, put
 
 L2 = "sae_demo_tiny_l2"
 RUNG = "X-miLLM-Circuit-Rung"
@@ -286,7 +286,7 @@ def test_the_lock_lists_one_model_and_everything_survives_a_restart(site):
     r = httpx.put(srv.url + "/api/steering/lock", json={"model": MODEL}, timeout=30)
     assert r.status_code == 200 and r.json() == {"model": MODEL}, r.text
     assert [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]] == [MODEL]
-    r = httpx.put(srv.url + "/api/steering/lock", json={"model": "greenroom-demo-gguf:Q8_0"}, timeout=30)
+    r = httpx.put(srv.url + "/api/steering/lock", json={"model": UNSTEERABLE}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "steering_unsupported", r.text
     activate(srv, "edge")
     assert httpx.put(srv.url + "/api/circuits/edge/intensity", json={"intensity": 0.8}, timeout=30).status_code == 200

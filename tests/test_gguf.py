@@ -54,10 +54,8 @@ def error_of(exc) -> dict:
 
 # seed, n, response_format and every tool_choice are served: test_gguf_seeds.py, test_gguf_constrained.py
 REFUSED_BEFORE_LOAD = [
-    # scoring (logprobs, top_logprobs, allowed_token_ids) and echo are served: test_gguf_scoring.py, test_echo.py
-    ("profile", {"profile": "calm"}),
-    ("steering_intensity", {"steering_intensity": 1.0}),
-    ("return_sae_activations", {"return_sae_activations": {"features": [1]}}),
+    # scoring (logprobs, top_logprobs, allowed_token_ids) and echo are served: test_gguf_scoring.py, test_echo.py;
+    # profile, steering_intensity and return_sae_activations: test_gguf_steering.py
     ("logit_bias", {"logit_bias": {"5": 1}}),
 ]
 

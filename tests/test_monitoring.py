@@ -15,7 +15,7 @@ import torch
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_steering_api import CONFIG as STEERING_CONFIG
-from test_steering_api import GGUF
+from test_steering_api import UNSTEERABLE
 
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
@@ -134,7 +134,7 @@ def test_records_are_pre_steering_per_choice_from_every_generation_route(srv):
     r = put(srv, {"enabled": True})  # sae_id left out: the one attached
     assert r.status_code == 200, r.text
     assert r.json() == {"model": MODEL, "enabled": True, "sae_id": SAE_ID, "top_k": 8}
-    assert httpx.get(srv.url + "/api/monitoring", timeout=30).json() == {"models": [r.json()]}  # GGUF not listed
+    assert httpx.get(srv.url + "/api/monitoring", timeout=30).json() == {"models": [r.json()]}  # OpenVINO not listed
     _, since = records(srv, 0)
 
     body = chat(srv)  # the fixed sampling: batchable, but monitored, so served serially
@@ -228,7 +228,7 @@ def test_stream_scoring_embeddings_and_monitoring_off(srv):
     "body,status,code,param",
     [
         ({"model": "nope", "enabled": True}, 404, "model_not_found", "model"),
-        ({"model": GGUF, "enabled": True}, 400, "steering_unsupported", "model"),
+        ({"model": UNSTEERABLE, "enabled": True}, 400, "steering_unsupported", "model"),
         ({"enabled": "yes"}, 400, "invalid_parameter", "enabled"),
         ({}, 400, "missing_parameter", "enabled"),
         ({"enabled": True, "top_k": 0}, 400, "invalid_parameter", "top_k"),

@@ -1,7 +1,7 @@
 """The per-request `profile` field on chat completions (spec: "Per-request steering with
 profile") against a live server with a cache of its own: the request is steered exactly as the
 same strengths set live, the live state is as it was afterwards; the typed refusals (unknown
-profile, a profile whose SAE was detached, GGUF before any load, scoring, text completions);
+profile, a profile whose SAE was detached, OpenVINO before any load, scoring, text completions);
 no SAE attached → unsteered; and the operator-wins race: a PUT /api/steering mid-stream stays."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG, GGUF, SAE_ID, greedy, put, steering
+from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
 
 STRENGTHS = {SAE_ID: {"5": 150.0}}
 OTHER = {SAE_ID: {"9": -60.0}}
@@ -74,15 +74,15 @@ def test_a_profile_whose_sae_was_detached_is_a_400(srv):
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("sae_not_attached", "profile")
 
 
-def test_gguf_is_refused_before_any_load(srv):
+def test_an_engine_without_sae_hooks_is_refused_before_any_load(srv):
     def loaded() -> bool:
-        return any(GGUF in a["models"] for a in srv.actors().values())
+        return any(UNSTEERABLE in a["models"] for a in srv.actors().values())
 
     was = loaded()
     r = httpx.post(
         srv.url + "/v1/chat/completions",
         timeout=60,
-        json={"model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "profile": "loud"},
+        json={"model": UNSTEERABLE, "messages": [{"role": "user", "content": "Hi"}], "profile": "loud"},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured", r.text
     assert r.json()["error"]["param"] == "profile" and loaded() == was

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG, GGUF, SAE_ID, greedy, put, steering
+from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
 
 U = "/api/profiles"
 STRENGTHS = {SAE_ID: {"5": 150.0}}
@@ -157,7 +157,7 @@ def _document(strengths: dict, **changes):
         ("", {"name": "no spaces", "model": MODEL}, 400, "invalid_parameter", "name"),
         ("", {"model": MODEL}, 400, "missing_parameter", "name"),
         ("", {"name": "p", "model": MODEL, "enabled": True}, 400, "invalid_parameter", "enabled"),
-        ("", {"name": "p", "model": GGUF}, 400, "steering_unsupported", "model"),
+        ("", {"name": "p", "model": UNSTEERABLE}, 400, "steering_unsupported", "model"),
         ("", {"name": "p", "model": "nope"}, 404, "model_not_found", "model"),
         ("/import", _document({"sae_other": {"5": 1}}, sae_id="sae_other"), 400, "sae_not_attached", "saes[0]"),
         ("/import", _document({SAE_ID: {"5": 1}}, width=1024), 400, "sae_not_attached", "saes[0]"),

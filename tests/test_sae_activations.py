@@ -1,6 +1,6 @@
 """return_sae_activations on /v1/chat/completions and /v1/completions against the session
 server (the demo model with the demo SAE attached by the default config): the millm object,
-streamed and not, every positions mode, pre vs post steering, each refusal, GGUF refused
+streamed and not, every positions mode, pre vs post steering, each refusal, OpenVINO refused
 before any load, scoring's X-miLLM-Steering: none and its unsteered readout. Tests that change steering restore it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import MODEL, Server
 from fake_hub import server_cache
 
 SAE_ID = "sae_demo_tiny_l1"  # attached by the default config: layer 1, 512 features
-GGUF = "greenroom-demo-gguf:Q8_0"
+NPU = "greenroom-demo-npu"  # OpenVINO: no SAE hooks (GGUF reads them: test_gguf_steering.py)
 PROMPT = [1, 20, 30, 40, 50, 60]  # token ids: the prompt's positions are known
 
 
@@ -262,15 +262,15 @@ def test_refused_for_malformed_values(server, body):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
 
 
-def test_gguf_is_refused_before_any_load(server):
+def test_an_engine_without_sae_hooks_is_refused_before_any_load(server):
     def loaded() -> bool:
-        return any(GGUF in a["models"] for a in server.actors().values())
+        return any(NPU in a["models"] for a in server.actors().values())
 
     was = loaded()
     r = httpx.post(
         server.url + "/v1/chat/completions",
         timeout=60,
-        json={"model": GGUF, "messages": [{"role": "user", "content": "Hi"}], "return_sae_activations": {}},
+        json={"model": NPU, "messages": [{"role": "user", "content": "Hi"}], "return_sae_activations": {}},
     )
     refused(r, "field_not_honoured", "return_sae_activations")
     assert loaded() == was

@@ -122,6 +122,14 @@ def test_a_batch_takes_sequences_up_to_its_capacity():
     assert schedule([gen("a")] * 3, batched={"tf": 500}) == [("a", Lane.BATCH)] * 3  # no fixed number
 
 
+def test_a_serial_request_needs_one_of_its_engines_sequences():
+    serial = gen("s", "gguf", n=2)  # several choices: the serial path
+    assert schedule([serial], batched={"gguf": 2}) == []  # every sequence taken (the batch's, or the serial one's)
+    assert schedule([serial], batched={"gguf": 1}) == [("s", Lane.SERIAL)]
+    assert schedule([gen("a", "gguf"), serial], batched={"gguf": 1}) == [("a", Lane.BATCH)]  # it waits, FIFO
+    assert schedule([gen("s", "tf", n=2)], batched={"tf": 500}) == [("s", Lane.SERIAL)]  # no fixed number
+
+
 def test_a_full_batch_stops_the_queue():
     behind = [gen("full", "gguf"), gen("b"), gen("c", params=SamplingParams(seed=1)), Unload("u", "tf")]
     assert schedule(behind, batched={"gguf": 2}) == []  # FIFO: nothing starts past it, even with room

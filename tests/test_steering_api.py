@@ -17,7 +17,7 @@ from fake_hub import server_cache
 from greenroom.config import load_config
 
 SAE_ID = "sae_demo_tiny_l1"  # the demo SAE of the tiny demo model's first SAE layer
-GGUF = "greenroom-demo-gguf:Q8_0"
+UNSTEERABLE = "greenroom-demo-openvino"  # OpenVINO has no SAE hooks (GGUF steers: test_gguf_steering.py)
 CONFIG = f"""
 npu_actors = []
 [[models]]
@@ -25,9 +25,10 @@ id = "{MODEL}"
 source = "demo:tiny"
 sae = "demo:tiny"
 [[models]]
-id = "{GGUF}"
-source = "demo-gguf:Q8_0"
-engine = "llama.cpp"
+id = "{UNSTEERABLE}"
+source = "demo-openvino:tiny"
+engine = "openvino"
+preload = false
 """
 
 
@@ -147,11 +148,11 @@ def test_strength_steers_greedy_output_and_clearing_restores_it(srv):
         ("steering", {"strengths": {SAE_ID: {"512": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.512"),
         ("steering", {"strengths": {SAE_ID: {"-1": 1}}}, "invalid_feature_index", f"strengths.{SAE_ID}.-1"),
         ("steering", {"strengths": {"sae_nope": {"5": 1}}}, "sae_not_attached", "strengths.sae_nope"),
-        ("steering", {"model": GGUF, "strengths": {}}, "steering_unsupported", "model"),
+        ("steering", {"model": UNSTEERABLE, "strengths": {}}, "steering_unsupported", "model"),
         ("steering", {"enabled": "yes"}, "invalid_parameter", "enabled"),
         ("steering", {"strength": {}}, "invalid_parameter", "strength"),
         ("detach", {"sae_id": "sae_nope"}, "sae_not_attached", "sae_id"),
-        ("attach", {"model": GGUF, "sae": "demo:tiny"}, "steering_unsupported", "model"),
+        ("attach", {"model": UNSTEERABLE, "sae": "demo:tiny"}, "steering_unsupported", "model"),
         ("attach", {"sae": "/etc/passwd"}, "invalid_sae", "sae"),
         ("attach", {"sae": "demo:tiny:9"}, "invalid_sae", "sae"),
     ],

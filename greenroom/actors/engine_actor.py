@@ -203,7 +203,7 @@ class EngineLoop:
             "steering": {
                 m: self._applied.get(m, {"version": 0, "saes": []})
                 for m, e in list(self.engines.items())
-                if hasattr(e, "steering")
+                if e.capabilities.steering
             },
             **attrs.asdict(self.counters),
         }
@@ -266,12 +266,10 @@ class EngineLoop:
 
     def _take(self) -> list[Start]:
         """The requests that start now, as the policy says (scheduling.py), off the queue."""
-        starting = self.policy.schedule(
-            self._queue,
-            self._models,
-            serial=self._serial is not None,
-            batched={model: len(batch) for model, batch in self._batches.items()},
-        )
+        held = {model: len(batch) for model, batch in self._batches.items()}
+        if self._serial is not None:  # the serial request holds one of its engine's sequences too
+            held[self._serial[0].model] = held.get(self._serial[0].model, 0) + 1
+        starting = self.policy.schedule(self._queue, self._models, serial=self._serial is not None, batched=held)
         for start in starting:
             self._queue.popleft()
             self._running.add(start.request.rid)
@@ -485,10 +483,9 @@ class EngineLoop:
     def _monitor(self, engine, req: Generate):
         """A monitor for one choice of a monitored request; None without one, or when its SAE
         is not attached here (any more): monitoring never fails the request it watches."""
-        steering = getattr(engine, "steering", None)
-        if req.monitor is None or steering is None:
+        if req.monitor is None or not engine.capabilities.steering:
             return None
-        return steering.monitor(req.monitor["sae_id"], req.monitor["top_k"])
+        return engine.steering.monitor(req.monitor["sae_id"], req.monitor["top_k"])
 
     def _readout(self, engine, req: Generate | Score, ids: list[int], max_tokens: int) -> tuple:
         """The readout of the request's one sequence (validated against the SAEs attached now,

@@ -6,8 +6,9 @@ schedule step of vLLM V1's schedule → execute → update.
 FIFO: requests start in queue order, so what starts is always a prefix of the queue. Every
 batchable request at the head joins its model's batch while the batch has room; at most one
 other request starts, after them — a Generate, Embed or Score only while the serial path is
-free, a Tokenize whatever runs (a tokenizer call between two steps, no forward), a Load/Unload
-only once nothing runs. A request that cannot start stops the queue: those
+free (a Generate also needs a free sequence of an engine that has a fixed number), a Tokenize
+whatever runs (a tokenizer call between two steps, no forward), a Load/Unload only once
+nothing runs. A request that cannot start stops the queue: those
 behind it wait, even ones that could start.
 """
 
@@ -107,14 +108,19 @@ class SchedulingPolicy:
         batched: Mapping[str, int],
     ) -> list[Start]:
         """What starts this turn, in queue order (a prefix of `queued`). `serial`: the serial
-        path is taken; `batched`: model → sequences in its batch now."""
+        path is taken; `batched`: model → sequences its engine holds now (its batch's, and the
+        serial request's)."""
         starts: list[Start] = []
         joining: dict[str, int] = {}  # model → sequences starting in its batch this turn
         for req in queued:
             model = models.get(req.model) if isinstance(req, Generate) else None
+            full = (
+                model is not None
+                and model.capacity is not None
+                and batched.get(req.model, 0) + joining.get(req.model, 0) >= model.capacity
+            )
             if self.batchable(req, model):
-                held = batched.get(req.model, 0) + joining.get(req.model, 0)
-                if model.capacity is not None and held >= model.capacity:
+                if full:
                     break  # the batch is full: FIFO, so nothing behind it starts either
                 joining[req.model] = joining.get(req.model, 0) + 1
                 starts.append(Start(req, Lane.BATCH))
@@ -124,7 +130,7 @@ class SchedulingPolicy:
                     starts.append(Start(req, Lane.LIFECYCLE))
             elif isinstance(req, Tokenize):
                 starts.append(Start(req, Lane.BESIDE))
-            elif not serial:
+            elif not serial and not full:  # a Generate needs one of its engine's sequences too
                 starts.append(Start(req, Lane.SERIAL))
             break  # at most one request off the batches, and nothing behind it
         return starts

@@ -451,7 +451,6 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
     loading it and checking that the model can take it."""
     from greenroom.engines.demo_model import default_cache_dir
     from greenroom.engines.demo_sae import ensure_demo_sae
-    from greenroom.engines.loader import checkpoint_json, source_path
     from greenroom.engines.random_sae import PREFIX as RANDOM_SAE
     from greenroom.engines.random_sae import ensure_random_sae
     from greenroom.engines.sae import SAEFormatError, load_sae  # torch: only once an SAE is attached
@@ -478,9 +477,13 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
         raise GreenroomError(
             "invalid_sae", f"{source!r} reads layer {sae.layer} ({sae.hook_name}), not layer {layer}", "layer"
         )
-    # {} while the model is not built yet: the engine actor checks when it attaches
-    config = checkpoint_json(source_path(placement["source"], placement["cache_dir"]))
-    width_in, blocks = config.get("hidden_size"), config.get("num_hidden_layers")
+    width_in, blocks = _residual_shape(placement)
+    if placement.get("engine") == "llama.cpp":
+        from greenroom.engines.llama_steering import unsteerable
+
+        why = unsteerable(sae)
+        if why is not None:
+            raise GreenroomError("invalid_sae", f"{source!r}: {why}", "sae")
     if width_in is not None and sae.d_in != width_in:
         raise GreenroomError(
             "invalid_sae",
@@ -502,3 +505,22 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
         "d_in": sae.d_in,
         "architecture": sae.architecture,
     }
+
+
+def _residual_shape(placement: dict) -> tuple[int | None, int | None]:
+    """The residual stream's width and the block count of the model placed at `placement`, from
+    its checkpoint's config.json or its GGUF header; None for what cannot be read yet (a model
+    not built or converted yet: the engine actor checks when it attaches)."""
+    from greenroom.engines import gguf_meta
+    from greenroom.engines.loader import checkpoint_json, source_path
+
+    path = source_path(placement["source"], placement["cache_dir"])
+    if placement.get("engine") == "llama.cpp":
+        try:
+            meta = gguf_meta.read(path)
+        except (OSError, gguf_meta.GGUFError):
+            return None, None
+        arch = meta.get("general.architecture")
+        return meta.get(f"{arch}.embedding_length"), meta.get(f"{arch}.block_count")
+    config = checkpoint_json(path)
+    return config.get("hidden_size"), config.get("num_hidden_layers")

@@ -44,7 +44,9 @@ ENGINES: dict[str, Capabilities] = {
     # llama.cpp's logits with the constraint module transformers uses (engines/constraints.py);
     # scoring (and echo) reads llama.cpp's own logits (llama_get_logits) in a context of its own;
     # seeds reproduce byte for byte whatever ran before or beside (measured: llama_cpp_engine.py's
-    # docstring), so n > 1 choices are seeded apart; the file's template takes no variables
+    # docstring), so n > 1 choices are seeded apart; the file's template takes no variables;
+    # steering is a control vector per context and SAE readouts read the eval callback
+    # (llama_steering.py), so a request's own steering and readouts decode alone
     "llama.cpp": Capabilities(
         seed=True,
         n=True,
@@ -54,11 +56,14 @@ ENGINES: dict[str, Capabilities] = {
         tools=True,
         token_logprobs=True,
         scoring=True,
+        steering=True,
+        profile=True,
+        sae_activations=True,
     ),
     # OpenVINO GenAI: rng_seed reproduces (CPU and NPU pipeline alike), its repetition penalty is
     # HF's rule (measured: greedy ids equal transformers'), the template takes variables and tools
     # (auto and none, as on llama.cpp); no per-token distribution (scoring), no grammar bridge
-    # (so no required/named tool_choice), no hooks for steering
+    # (so no required/named tool_choice), no hooks for steering (the pipeline owns its forward)
     "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True, tools=True),
 }
 
@@ -74,9 +79,9 @@ WHY_NOT: dict[str, str] = {
     "scoring": "scoring mode is not available on this engine yet",
     "response_format": "constrained decoding (structured output) is not available on this engine yet",
     "tools": "tool calling is not available on this engine yet",
-    "steering": "this engine has no SAE hooks to steer with (only transformers models are steered)",
-    "profile": "this engine has no SAE hooks to steer with (only transformers models are steered)",
-    "sae_activations": "this engine has no SAE hooks (only transformers models read SAE activations)",
+    "steering": "this engine has no SAE hooks to steer with (transformers and llama.cpp models are steered)",
+    "profile": "this engine has no SAE hooks to steer with (transformers and llama.cpp models are steered)",
+    "sae_activations": "this engine has no SAE hooks (transformers and llama.cpp models read SAE activations)",
     "token_logprobs": "this engine reports no token probabilities (OpenVINO GenAI's pipeline has none)",
 }
 

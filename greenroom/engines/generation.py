@@ -91,7 +91,7 @@ def generate(
     """The serial path: one Delta per decode step (text may be empty while a character or
     a possible stop string is incomplete); the last one carries finish_reason, and with a
     `readout` (steering.Readout) the activations read, with a `monitor` (steering.Monitor)
-    its record — transformers only."""
+    its record — on the engines with SAE hooks."""
     guard = CallGuard(grammar.functions) if grammar is not None and grammar.kind == "tool_calls" else None
     decoder = Decoder(engine, params, engine.matcher(grammar) if grammar is not None else None, guard)
 

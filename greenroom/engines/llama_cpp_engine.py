@@ -21,12 +21,20 @@ tokens its stream prefilled (never a generated token's cells, and never cells co
 another slot), and a prefill is cut so that no chunk after the first holds a single token.
 A stream per slot costs ~8 % of 4-sequence decode throughput here (SmolLM2, one thread), and
 concurrent prompts sharing a prefix each prefill it.
+
+Steering (llama_steering.py): the deltas are a control vector per context, set before a decode
+when it differs from the one the context holds; a slot's prefilled prompt is kept with the key
+of the vector it was prefilled under and reused only under the same one. Readouts and monitors
+read `l_out-L` through llama.cpp's eval callback, which only the reading and scoring contexts
+are made with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
+import functools
 import json
 import logging
 import time
@@ -36,6 +44,7 @@ from pathlib import Path
 import jinja2
 import jinja2.sandbox
 import llama_cpp
+import llama_cpp._ctypes_extensions as _ctypes_ext
 import llama_cpp._internals as _internals
 import numpy as np
 
@@ -69,6 +78,13 @@ def _log_callback(level: int, text: bytes, user_data) -> None:
 
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
+# ggml's tensor accessors, for the eval callback (the bindings wrap none of them)
+_ggml = _ctypes_ext.load_shared_library("ggml-base", Path(llama_cpp.__file__).parent / "lib")
+_ggml.ggml_get_name.argtypes, _ggml.ggml_get_name.restype = [ctypes.c_void_p], ctypes.c_char_p
+_ggml.ggml_nelements.argtypes, _ggml.ggml_nelements.restype = [ctypes.c_void_p], ctypes.c_int64
+_ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+_ggml.ggml_backend_tensor_get.restype = None
+
 
 class LlamaCppEngine:
     """One model, one generation context holding up to `parallel` sequences: every
@@ -100,11 +116,18 @@ class LlamaCppEngine:
         trained = self.model.n_ctx_train()
         self.n_ctx = min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
         self.parallel = max(1, parallel)
+        self.n_layers = llama_cpp.llama_model_n_layer(self.model.model)
+        # the eval callback of the contexts that read residuals (llama_steering.py); kept alive here
+        self._eval_callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
+        self._taps: dict = {}  # what the decode running in an observed context reads (llama_steering.py)
+        self._tapping = None  # who takes the tensor the eval callback asked for last
         # every sequence may fill its whole window: the shared cache holds `parallel` of them
-        self.ctx = self._context(self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel)
-        # a free slot keeps its last sequence's cache: a prompt sharing its prefix skips that much prefill
-        self._cached: dict[int, list[int]] = {slot: [] for slot in range(self.parallel)}  # free slots
-        self._live: dict[int, _Sequence] = {}  # busy slots
+        self.gen = _Slots(
+            self._context(self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel),
+            self.model.n_vocab(),
+            self.parallel,
+        )
+        self._reader: _Slots | None = None  # one sequence whose residuals are read, made on first use
         self._embedder: _internals.LlamaContext | None = None  # an embeddings context, made on first use
         meta = self.model.metadata()
         self.vocab_size = self.scoring_vocab = self.model.n_vocab()
@@ -180,7 +203,7 @@ class LlamaCppEngine:
         known = known if isinstance(known, dict) else {}
         if isinstance(known.get(key), bool):
             return known[key]
-        token, memory = max(self.model.token_bos(), 0), self.ctx.memory
+        token, memory = max(self.model.token_bos(), 0), self.gen.ctx.memory
 
         def step(rows: list[tuple[int, int]]) -> float:  # (sequence, position) rows, logits for each
             batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
@@ -188,7 +211,7 @@ class LlamaCppEngine:
                 _put(batch, i, token, pos, seq, True)
             batch.batch.n_tokens = len(rows)
             start = time.perf_counter()
-            self._run(batch)
+            self._run(self.gen, batch)
             return time.perf_counter() - start
 
         together, apart = [], []
@@ -220,7 +243,10 @@ class LlamaCppEngine:
             pass  # an unwritable cache only costs the next load its probe
         return answer
 
-    def _context(self, n_ctx: int, n_batch: int, n_seq: int, embeddings: bool = False) -> _internals.LlamaContext:
+    def _context(
+        self, n_ctx: int, n_batch: int, n_seq: int, embeddings: bool = False, observed: bool = False
+    ) -> _internals.LlamaContext:
+        """`observed`: with the eval callback, so residuals can be read (a call per graph node)."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         params.n_threads = params.n_threads_batch = self.threads
@@ -231,7 +257,58 @@ class LlamaCppEngine:
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # "auto" picked it on CPU: slower here
         if embeddings:
             params.embeddings, params.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        if observed:
+            params.cb_eval = self._eval_callback
         return _internals.LlamaContext(model=self.model, params=params, verbose=True)
+
+    @functools.cached_property
+    def steering(self):
+        """SAEs, steering and readouts (llama_steering.py), made when first asked for: torch is
+        imported then, not at every load."""
+        from .llama_steering import CvecSteering
+
+        return CvecSteering(self, self.n_layers)
+
+    def _steering(self):
+        """The steering, if it was ever asked for (without making it)."""
+        return self.__dict__.get("steering")
+
+    def _on_tensor(self, tensor, ask: bool, _user_data) -> bool:
+        """llama.cpp's eval callback: asked about every node of an observed context's graph
+        (`ask`), then given each one it said it wants, once computed; True goes on."""
+        if ask:
+            if not self._taps:
+                return False
+            self._tapping = self._taps.get(_ggml.ggml_get_name(tensor))
+            return self._tapping is not None
+        n = _ggml.ggml_nelements(tensor)
+        rows = np.empty(n, dtype=np.float32)  # l_out is float32: [positions, n_embd]
+        _ggml.ggml_backend_tensor_get(tensor, rows.ctypes.data, 0, n * 4)
+        take, self._tapping = self._tapping, None
+        take(rows.reshape(-1, self.model.n_embd()))
+        return True
+
+    def _reads_last_layer(self) -> bool:
+        """Whether a forward on this thread reads the last layer's residuals, where llama.cpp
+        computes only the positions it outputs."""
+        steering = self._steering()
+        return steering is not None and residual_name(self.n_layers - 1) in steering.taps()
+
+    def _observed(self, ctx: _internals.LlamaContext, batch) -> int:
+        """llama_decode in an observed context, its eval callback reading what this thread's
+        forward reads now (`_taps`)."""
+        steering = self._steering()
+        self._taps = steering.taps() if steering is not None else {}
+        try:
+            return llama_cpp.llama_decode(ctx.ctx, batch.batch)
+        finally:
+            self._taps, self._tapping = {}, None
+
+    def residuals(self, prompt_ids: list[int]) -> None:
+        """One unsteered pass over `prompt_ids` in the scoring context: what the steering's
+        calibration reads (CvecSteering._residual_norm)."""
+        for _ in self._scoring_pass(prompt_ids, every=False):
+            pass
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # as transformers does: special tokens written in the text are parsed as such
@@ -247,16 +324,25 @@ class LlamaCppEngine:
     def decode(self, ids: list[int]) -> str:
         return self.model.detokenize(ids).decode("utf-8", errors="replace")
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
-        """The serial path: one sequence slot of the shared context, decoded alone. With a
-        `matcher` (constraints.Matcher) every step's logits row is masked in place to what its
-        grammar allows before the sequence's sampler reads it."""
-        seq = self._open(prompt_ids, params, matcher)
+    def generate_ids(
+        self, prompt_ids: list[int], params: SamplingParams, matcher=None, readout=None, monitor=None
+    ) -> Iterator[tuple[int, float]]:
+        """The serial path: one sequence slot, decoded alone. With a `matcher`
+        (constraints.Matcher) every step's logits row is masked in place to what its grammar
+        allows before the sequence's sampler reads it; with a `readout` and/or a `monitor`
+        (steering.py) the sequence runs in the reading context, whose every forward they read."""
+        observers = (readout, monitor)
+        observed = readout is not None or monitor is not None
+        slots = self._reading(len(prompt_ids) + (params.max_tokens or 0)) if observed else self.gen
+        reading = self.steering.reading(*observers) if observed else contextlib.nullcontext()
+        with reading:
+            seq = self._open(prompt_ids, params, matcher, slots)
         try:
             while True:
                 yield seq.next_id, seq.logprob
-                self._decode([seq])
-                seq.sample(self, 0)
+                with reading:
+                    self._decode([seq])
+                seq.sample(0)
         finally:
             self._close(seq)
 
@@ -265,37 +351,47 @@ class LlamaCppEngine:
         return LlamaCppBatch(self)
 
     # sequences ---------------------------------------------------------------------
-    def _open(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> _Sequence:
+    def _open(
+        self, prompt_ids: list[int], params: SamplingParams, matcher=None, slots: _Slots | None = None
+    ) -> _Sequence:
         """Take the free slot whose stream holds the longest prefix of the prompt (prompt
-        tokens it prefilled: never generated ones), keep that prefix, prefill the rest —
-        at least 2 tokens, in n_batch chunks none of which after the first is a single token
-        (`_chunks`: the module's docstring says why) — and sample the first token."""
-        if not self._cached:
-            raise EngineError("queue_full", f"all {self.parallel} sequence slots of the model are in use")
+        tokens it prefilled under the control vector this prefill adds: never generated ones),
+        keep that prefix, prefill the rest — at least 2 tokens, in n_batch chunks none of
+        which after the first is a single token (`_chunks`: the module's docstring says why) —
+        and sample the first token. A forward that reads the last layer's residuals computes
+        every position there (llama.cpp keeps only the rows it outputs in the last layer)."""
+        slots = slots or self.gen
+        if not slots.free:
+            raise EngineError("queue_full", f"all {len(slots.live)} sequence slots of the model are in use")
+        vector = self._set_vector(slots)
         # ties: the slot with the least cached (a fresh prompt keeps the others' prefixes)
         slot, reused = max(
-            ((slot, _common_prefix(tokens, prompt_ids)) for slot, tokens in self._cached.items()),
-            key=lambda pair: (pair[1], -len(self._cached[pair[0]]), -pair[0]),
+            (
+                (slot, _common_prefix(tokens, prompt_ids) if key == vector and slots.reuse else 0)
+                for slot, (key, tokens) in slots.free.items()
+            ),
+            key=lambda pair: (pair[1], -len(slots.free[pair[0]][1]), -pair[0]),
         )
-        del self._cached[slot]
+        del slots.free[slot]
         reused = max(0, min(reused, len(prompt_ids) - 2))
-        memory = self.ctx.memory
+        memory = slots.ctx.memory
         if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
             llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
             reused = 0
-        seq = _Sequence(slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher)
-        seq.prefilled = prompt_ids[:reused]
-        self._live[slot] = seq
+        seq = _Sequence(slots, slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher)
+        seq.vector, seq.prefilled = vector, prompt_ids[:reused]
+        slots.live[slot] = seq
+        every = self._reads_last_layer()
         try:
-            for start, end in _chunks(reused, len(prompt_ids), self.ctx.params.n_batch):
+            for start, end in _chunks(reused, len(prompt_ids), slots.ctx.params.n_batch):
                 batch = _internals.LlamaBatch(n_tokens=end - start, embd=0, n_seq_max=1, verbose=False)
                 for i in range(start, end):
-                    _put(batch, i - start, prompt_ids[i], i, seq.slot, i == len(prompt_ids) - 1)
+                    _put(batch, i - start, prompt_ids[i], i, seq.slot, every or i == len(prompt_ids) - 1)
                 batch.batch.n_tokens = end - start
-                self._run(batch)
+                self._run(slots, batch)
                 seq.prefilled += prompt_ids[start:end]
             seq.length = len(prompt_ids)
-            seq.sample(self, end - start - 1)
+            seq.sample(end - start - 1)
         except BaseException:
             seq.prefilled = []  # what reached the cache is unknown
             self._close(seq)
@@ -303,38 +399,65 @@ class LlamaCppEngine:
         return seq
 
     def _decode(self, seqs: list[_Sequence]) -> None:
-        """One step: each sequence's last sampled token, at its next position."""
+        """One step: each sequence's last sampled token, at its next position (one context's)."""
+        slots = seqs[0].slots
+        self._set_vector(slots)
         batch = _internals.LlamaBatch(n_tokens=len(seqs), embd=0, n_seq_max=1, verbose=False)
         for i, seq in enumerate(seqs):
             _put(batch, i, seq.next_id, seq.length, seq.slot, True)
             seq.length += 1
         batch.batch.n_tokens = len(seqs)
-        self._run(batch)
+        self._run(slots, batch)
 
-    def _run(self, batch) -> None:
-        code = llama_cpp.llama_decode(self.ctx.ctx, batch.batch)
+    def _run(self, slots: _Slots, batch) -> None:
+        code = (
+            self._observed(slots.ctx, batch) if slots.observed else llama_cpp.llama_decode(slots.ctx.ctx, batch.batch)
+        )
         if code != 0:
             raise EngineError("generation_failed", f"llama_decode failed (code {code})")
 
+    def _set_vector(self, slots: _Slots) -> bytes | None:
+        """Make the context's control vector the one a decode on this thread adds now (the live
+        steering, or a request's own: llama_steering.py); its key (None: none)."""
+        steering = self._steering()
+        key, vector = steering.control_vector() if steering is not None else (None, None)
+        if key != slots.vector:
+            if vector is None:
+                code = llama_cpp.llama_set_adapter_cvec(slots.ctx.ctx, None, 0, self.model.n_embd(), -1, -1)
+            else:
+                data, start, end = vector
+                pointer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                code = llama_cpp.llama_set_adapter_cvec(
+                    slots.ctx.ctx, pointer, data.size, self.model.n_embd(), start, end
+                )
+            if code != 0:
+                raise EngineError("generation_failed", f"llama.cpp refused the control vector (code {code})")
+            slots.vector = key
+        return key
+
+    def _reading(self, n_tokens: int) -> _Slots:
+        """The reading context (one sequence, the eval callback on, no prefix kept: every position
+        of a read sequence is computed and read), made or remade to hold `n_tokens` — a window
+        of the smallest power of two holding them (at least 512, at most the model's). Only the
+        serial path reads, so it is free whenever this is asked."""
+        size = min(self.n_ctx, max(512, 1 << max(n_tokens - 1, 1).bit_length()))
+        if self._reader is None or self._reader.ctx.n_ctx() < size:
+            if self._reader is not None:
+                self._reader.ctx.close()
+            context = self._context(size, min(size, 512), 1, observed=True)
+            self._reader = _Slots(context, self.vocab_size, 1, reuse=False, observed=True)
+        return self._reader
+
     def _close(self, seq: _Sequence) -> None:
-        """Free the slot, keeping its prefilled prompt for a prompt that shares its prefix
-        (the generated tokens' cells stay until the next sequence cuts them)."""
+        """Free the slot, keeping its prefilled prompt (and the control vector it was prefilled
+        under) for a prompt that shares its prefix; the generated tokens' cells stay until the
+        next sequence cuts them."""
+        slots = seq.slots
         if not seq.prefilled:
-            llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq.slot, -1, -1)
+            llama_cpp.llama_memory_seq_rm(slots.ctx.memory, seq.slot, -1, -1)
         llama_cpp.llama_sampler_free(seq.sampler)
-        del self._live[seq.slot]
-        self._cached[seq.slot] = seq.prefilled
-
-    def logits_row(self, idx: int) -> np.ndarray:
-        """Batch row `idx`'s logits, in place: llama.cpp's own buffer, which the next
-        llama_sampler_sample reads (a constraint masks it there)."""
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, idx), shape=(self.vocab_size,))
-
-    def logprob(self, idx: int, token: int) -> float:
-        """The model's log-probability of `token` at temperature 1, from batch row `idx`."""
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, idx), shape=(self.vocab_size,))
-        top = float(row.max())
-        return float(row[token] - top - np.log(np.exp(row - top, dtype=np.float64).sum()))
+        del slots.live[seq.slot]
+        slots.free[seq.slot] = (seq.vector, seq.prefilled)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """Mean-pooled final hidden states (after the output norm), one per input, from a
@@ -360,12 +483,13 @@ class LlamaCppEngine:
         self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int, readout=None
     ) -> Scored:
         """Scoring mode from llama.cpp's own logits (llama_get_logits) of the prompt's last
-        position, through the scoring context — never a generation slot; a prompt sharing a
-        prefix with the one scored before it prefills only the rest. `readout`: there are no
-        SAE hooks here (the ledger refuses return_sae_activations first)."""
+        position, through the scoring context — never a generation slot, never steered; a
+        prompt sharing a prefix with the one scored before it prefills only the rest. With a
+        `readout` (steering.py), every position is computed and read on that pass."""
         last = None
-        for _, rows in self._scoring_pass(prompt_ids, every=False):
-            last = rows[-1].astype(np.float64)
+        with self._read_unsteered(readout):
+            for _, rows in self._scoring_pass(prompt_ids, every=False):
+                last = rows[-1].astype(np.float64)
         return score_row(last, self.scoring_vocab, temperature, allowed, report)
 
     def prompt_logprobs(
@@ -380,48 +504,63 @@ class LlamaCppEngine:
         """Every prompt token's log-probability (`echo`) from the logits of every position, one
         chunk of score_batch positions at a time, each chunk reduced before the next is decoded."""
         tokens, last = [], None
-        for start, rows in self._scoring_pass(prompt_ids, every=True):
-            targets = prompt_ids[start + 1 : start + 1 + len(rows)]
-            tokens += prompt_tokens(
-                rows[: len(targets)], targets, self.scoring_vocab, temperature, report, first=start + 1
-            )
-            last = rows[-1].astype(np.float64)
+        with self._read_unsteered(readout):
+            for start, rows in self._scoring_pass(prompt_ids, every=True):
+                targets = prompt_ids[start + 1 : start + 1 + len(rows)]
+                tokens += prompt_tokens(
+                    rows[: len(targets)], targets, self.scoring_vocab, temperature, report, first=start + 1
+                )
+                last = rows[-1].astype(np.float64)
         scored = None if next_report is None else score_row(last, self.scoring_vocab, temperature, allowed, next_report)
         return Echoed(tokens, scored)
+
+    def _read_unsteered(self, readout):
+        """A scoring pass's scope: what the request's `readout` reads there is the unsteered model
+        (the scoring context never holds a control vector), as on transformers."""
+        if readout is None:
+            return contextlib.nullcontext()
+        scope = contextlib.ExitStack()
+        scope.enter_context(self.steering.suppressed())
+        scope.enter_context(self.steering.reading(readout))
+        return scope
 
     def _scoring_pass(self, prompt_ids: list[int], every: bool):
         """Decode the prompt in the scoring context; yield (start, logits rows) per chunk — every
         position's with `every`, else the last position's alone (once). The logits are llama.cpp's
         buffer, valid until the next decode. The context keeps the last prompt's cache, so
-        without `every` (nothing is read before the last position) a shared prefix is kept.
-        As a generation's prefill (`_chunks`), no chunk after the first is a single token and
-        at least 2 tokens are prefilled: the logits equal a whole-prompt pass's, bit for bit."""
+        while nothing is read before the last position a shared prefix is kept; `every`, or a
+        residual read (a readout, the calibration), computes the whole prompt. As a
+        generation's prefill (`_chunks`), no chunk after the first is a single token and at
+        least 2 tokens are prefilled: the logits equal a whole-prompt pass's, bit for bit."""
         ctx = self._scoring_context(len(prompt_ids))
         memory = ctx.memory
-        kept = 0 if every else max(0, min(_common_prefix(self._scored, prompt_ids), len(prompt_ids) - 2))
+        steering = self._steering()
+        whole = every or bool(steering is not None and steering.taps())
+        kept = 0 if whole else max(0, min(_common_prefix(self._scored, prompt_ids), len(prompt_ids) - 2))
         if not llama_cpp.llama_memory_seq_rm(memory, 0, kept, -1):
             llama_cpp.llama_memory_clear(memory, True)
             kept = 0
         self._scored = prompt_ids[:kept]
+        # llama.cpp computes only the positions it outputs through the last layer
+        outputs_all = every or self._reads_last_layer()
         for start, end in _chunks(kept, len(prompt_ids), self.score_batch):
             part = prompt_ids[start:end]
             last = end == len(prompt_ids)
             batch = _internals.LlamaBatch(n_tokens=len(part), embd=0, n_seq_max=1, verbose=False)
             for i, token in enumerate(part):
-                _put(batch, i, token, start + i, 0, every or (last and i == len(part) - 1))
+                _put(batch, i, token, start + i, 0, outputs_all or (last and i == len(part) - 1))
             batch.batch.n_tokens = len(part)
-            code = llama_cpp.llama_decode(ctx.ctx, batch.batch)
+            code = self._observed(ctx, batch)
             if code != 0:
                 llama_cpp.llama_memory_clear(memory, True)
                 self._scored = []
                 raise EngineError("generation_failed", f"llama_decode failed while scoring (code {code})")
             self._scored = self._scored + part
-            outputs = len(part) if every else int(last)
+            outputs = len(part) if outputs_all else int(last)
             if outputs:
-                yield (
-                    start,
-                    np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx.ctx), shape=(outputs, self.vocab_size)),
-                )
+                rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx.ctx), shape=(outputs, self.vocab_size))
+                if every or last:
+                    yield start, rows if every else rows[-1:]
 
     def _scoring_context(self, n_tokens: int) -> _internals.LlamaContext:
         """The scoring context: one sequence of its own, apart from the generation context's slots,
@@ -436,7 +575,7 @@ class LlamaCppEngine:
             ctx.close()
             self._scorer = None
         size = min(self.n_ctx, max(512, 1 << max(n_tokens - 1, 1).bit_length()))
-        self._scorer = self._context(size, min(size, self.score_batch), 1)
+        self._scorer = self._context(size, min(size, self.score_batch), 1, observed=True)
         self._scored: list[int] = []  # the tokens in its cache
         return self._scorer
 
@@ -455,29 +594,48 @@ class LlamaCppEngine:
         return self._constraints.matcher(grammar)
 
     def unload(self) -> None:
-        for ctx in (self._embedder, self.__dict__.get("_scorer"), self.ctx):  # the contexts before the model
+        contexts = (self._embedder, self.__dict__.get("_scorer"), self._reader and self._reader.ctx, self.gen.ctx)
+        for ctx in contexts:  # the contexts before the model
             if ctx is not None:
                 ctx.close()
         self.model.close()
 
 
-class _Sequence:
-    """One sequence in a slot of the context: where it is, and its sampled next token."""
+class _Slots:
+    """A context and its sequence slots (a KV stream each). A free slot keeps the prompt tokens
+    its stream prefilled and the key of the control vector they were prefilled under, for a
+    prompt that shares the prefix (`reuse`); `vector` is the key of the one the context holds."""
 
-    def __init__(self, slot: int, sampler, matcher=None):
-        self.slot, self.sampler, self.matcher = slot, sampler, matcher
+    def __init__(self, ctx: _internals.LlamaContext, n_vocab: int, n: int, reuse: bool = True, observed: bool = False):
+        self.ctx, self.n_vocab, self.reuse, self.observed = ctx, n_vocab, reuse, observed
+        self.free: dict[int, tuple[bytes | None, list[int]]] = {slot: (None, []) for slot in range(n)}
+        self.live: dict[int, _Sequence] = {}
+        self.vector: bytes | None = None
+
+
+class _Sequence:
+    """One sequence in a slot of a context: where it is, and its sampled next token."""
+
+    def __init__(self, slots: _Slots, slot: int, sampler, matcher=None):
+        self.slots, self.slot, self.sampler, self.matcher = slots, slot, sampler, matcher
         self.length = 0  # tokens in the cache: the next one's position
         self.prefilled: list[int] = []  # the prompt tokens its stream holds, from position 0
+        self.vector: bytes | None = None  # the key of the control vector they were prefilled under
         self.next_id, self.logprob = -1, 0.0
 
-    def sample(self, engine: LlamaCppEngine, idx: int) -> None:
-        """Sample from batch row `idx` (masked first by the sequence's grammar, if any)."""
+    def sample(self, idx: int) -> None:
+        """Sample from batch row `idx` (masked first by the sequence's grammar, if any): the
+        row is llama.cpp's own buffer, which the sampler reads after the mask."""
+        ctx = self.slots.ctx.ctx
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, idx), shape=(self.slots.n_vocab,))
         if self.matcher is not None:
-            self.matcher.mask(engine.logits_row(idx))
-        self.next_id = llama_cpp.llama_sampler_sample(self.sampler, engine.ctx.ctx, idx)  # also accepts it
+            self.matcher.mask(row)
+        self.next_id = llama_cpp.llama_sampler_sample(self.sampler, ctx, idx)  # also accepts it
         if self.matcher is not None:
             self.matcher.consume(self.next_id)
-        self.logprob = engine.logprob(idx, self.next_id)
+        # the model's log-probability of the token at temperature 1 (read after the sampler: a mask leaves -inf)
+        top = float(row.max())
+        self.logprob = float(row[self.next_id] - top - np.log(np.exp(row - top, dtype=np.float64).sum()))
 
 
 class LlamaCppBatch:
@@ -518,11 +676,11 @@ class LlamaCppBatch:
         if engine.decode_together:
             engine._decode([seq for _, (seq, _) in rows])
             for i, (_, (seq, _)) in enumerate(rows):
-                seq.sample(engine, i)
+                seq.sample(i)
         else:
             for _, (seq, _) in rows:
                 engine._decode([seq])
-                seq.sample(engine, 0)
+                seq.sample(0)
         out = [(key, decoder.feed(seq.next_id, seq.logprob)) for key, (seq, decoder) in rows]
         self.leave([key for key, delta in out if delta.finish_reason])
         return out
@@ -532,6 +690,11 @@ class LlamaCppBatch:
             seq, _ = self._seqs.pop(key, (None, None))
             if seq is not None:
                 self._engine._close(seq)
+
+
+def residual_name(block: int) -> bytes:
+    """The name llama.cpp gives the residual stream after `block` (its control vector added)."""
+    return f"l_out-{block}".encode()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -1,8 +1,10 @@
-"""SAE hooks on a loaded transformers model: steering, feature readouts, monitors, suppression.
-
-An attached SAE owns one forward hook on the decoder block whose output its hook point
-names (`model.model.layers[block]`: the residual stream after that block, sae.py); several
-SAEs attach at once, one per block.
+"""SAE steering, feature readouts, monitors and suppression, the same for every engine that
+steers: the SAEs attached, the state, the deltas and who reads what are decided here; where a
+delta is added and a residual read is the engine's (`Steering`'s subclasses). On transformers
+an attached SAE owns one forward hook on the decoder block whose output its hook point names
+(`model.model.layers[block]`, sae.py); on llama.cpp the deltas are a control vector added to
+that layer's output and residuals are read through the eval callback (llama_steering.py).
+Several SAEs attach at once, one per block.
 
 **Steering formula.** For every forward pass that is not suppressed, at each attached
 block L, at every position t (prompt and generated alike):
@@ -95,10 +97,10 @@ class AttachedSAE:
 
 
 @attrs.define(eq=False)
-class _Hooked:
+class Hooked:
     info: AttachedSAE
     sae: SAE
-    handle: object = None
+    handle: object = None  # the engine's (transformers: the forward hook's handle)
     delta: torch.Tensor | None = None  # [d_in] in the model's dtype, None when unsteered
     version: int = 0  # of the state `delta` came from (a request's steering lapses once it is newer)
 
@@ -262,19 +264,38 @@ class _Suppressed:
 
 
 class Steering:
-    """The SAEs attached to one engine's model, the steering state it applies, readouts and
-    suppression. `engine` gives `model`, `device` and `tokenize`."""
+    """The SAEs attached to one engine's model, the steering state it applies, a request's own
+    steering, readouts, monitors and suppression — the same for every engine. A subclass says
+    where an attached SAE's delta is added and its residuals read (`_install`, `_remove`,
+    `_residual_norm`): transformers' forward hooks (transformers_engine.py), llama.cpp's control
+    vectors and eval callback (llama_steering.py). Either reads a forward's view of a block
+    through `_at`, so what is steered and read is decided here, once."""
 
-    def __init__(self, engine):
-        self._engine = engine  # not its layers: holding them would keep an unloaded model's weights alive
-        self._dtype = next(engine.model.parameters()).dtype
-        self._hooked: dict[str, _Hooked] = {}
+    def __init__(self, d_model: int, n_blocks: int, device, dtype: torch.dtype):
+        self._d_model, self._n_blocks = d_model, n_blocks
+        self._device, self._dtype = torch.device(device), dtype
+        self._hooked: dict[str, Hooked] = {}
         self._local = _Local()
         self.state = SteeringState(version=0)
+        self.changes = 0  # counts attaches, detaches and applied states: what a cached view is keyed by
 
-    @property
-    def _blocks(self):
-        return self._engine.model.model.layers
+    # -- what a subclass provides ------------------------------------------------------------
+
+    def _check(self, sae: SAE) -> None:
+        """Refuse (ValueError) an SAE the engine cannot serve beyond the shared checks."""
+
+    def _install(self, entry: Hooked) -> None:
+        """Start adding `entry`'s delta and feeding its observers at its block."""
+        raise NotImplementedError
+
+    def _remove(self, entry: Hooked) -> None:
+        """Stop: the block computes exactly what it did before the attach."""
+        raise NotImplementedError
+
+    def _residual_norm(self, block: int) -> float:
+        """ρ_L: the median residual norm after `block` over CALIBRATION_TEXT, unsteered
+        (`median_norm` of what the block gives)."""
+        raise NotImplementedError
 
     # -- SAEs ---------------------------------------------------------------------------
 
@@ -282,15 +303,17 @@ class Steering:
         """Hook `sae` on its block; it starts unsteered (the next `apply` may steer it)."""
         if sae_id in self._hooked:
             raise ValueError(f"an SAE named {sae_id!r} is already attached")
-        if not 0 <= sae.block < len(self._blocks):
-            raise ValueError(f"SAE hook {sae.hook_name} reads block {sae.block}; the model has {len(self._blocks)}")
-        d_model = self._engine.model.config.hidden_size
-        if sae.d_in != d_model:
-            raise ValueError(f"the SAE reads {sae.d_in}-wide vectors; this model's residual stream is {d_model} wide")
+        if not 0 <= sae.block < self._n_blocks:
+            raise ValueError(f"SAE hook {sae.hook_name} reads block {sae.block}; the model has {self._n_blocks}")
+        if sae.d_in != self._d_model:
+            raise ValueError(
+                f"the SAE reads {sae.d_in}-wide vectors; this model's residual stream is {self._d_model} wide"
+            )
         for other in self._hooked.values():
             if other.info.block == sae.block:
                 raise ValueError(f"block {sae.block} already has SAE {other.info.sae_id!r} attached")
-        sae = sae.to(self._engine.device)
+        self._check(sae)
+        sae = sae.to(self._device)
         info = AttachedSAE(
             sae_id,
             sae.layer,
@@ -301,17 +324,19 @@ class Steering:
             sae.architecture,
             self._residual_norm(sae.block),
         )
-        entry = _Hooked(info, sae)
-        entry.handle = self._blocks[sae.block].register_forward_hook(self._hook(entry))
+        entry = Hooked(info, sae)
+        self._install(entry)
         self._hooked[sae_id] = entry
+        self.changes += 1
         return info
 
     def detach(self, sae_id: str) -> None:
-        """Remove the SAE's hook: its block computes exactly what it did before the attach."""
+        """Remove the SAE: its block computes exactly what it did before the attach."""
         entry = self._hooked.pop(sae_id, None)
         if entry is None:
             raise KeyError(f"no SAE named {sae_id!r} is attached")
-        entry.handle.remove()
+        self._remove(entry)
+        self.changes += 1
 
     def attached(self) -> list[AttachedSAE]:
         return [entry.info for entry in self._hooked.values()]
@@ -336,9 +361,10 @@ class Steering:
         for sae_id, entry in self._hooked.items():
             entry.delta, entry.version = deltas.get(sae_id), state.version
         self.state = state
+        self.changes += 1
         return True
 
-    def _delta(self, entry: _Hooked, strengths: Mapping[int, float]) -> torch.Tensor | None:
+    def _delta(self, entry: Hooked, strengths: Mapping[int, float]) -> torch.Tensor | None:
         width = entry.info.width
         bad = [i for i in strengths if not (isinstance(i, int) and 0 <= i < width)]
         if bad:
@@ -350,11 +376,23 @@ class Steering:
         live = {i: max(-STRENGTH_MAX, min(STRENGTH_MAX, float(s))) for i, s in strengths.items() if s}
         if not live:
             return None
-        index = torch.tensor(list(live), device=self._engine.device)
+        index = torch.tensor(list(live), device=self._device)
         rows = entry.sae.W_dec[index]
-        weights = torch.tensor(list(live.values()), device=self._engine.device, dtype=rows.dtype)
+        weights = torch.tensor(list(live.values()), device=self._device, dtype=rows.dtype)
         direction = (weights[:, None] * rows / rows.norm(dim=1, keepdim=True)).sum(dim=0)
         return (direction * (entry.info.residual_norm / 100.0)).to(self._dtype)
+
+    def _at(self, entry: Hooked) -> tuple[torch.Tensor | None, list]:
+        """What a forward on this thread does at `entry`'s block: the delta it adds (None: none)
+        and the observers that read it there. Suppressed, nothing is added and only a readout
+        the request asked for reads; inside `steered(request)` the request's delta, unless a
+        newer state was applied since (the operator wins); else the live state's."""
+        local, sae_id = self._local, entry.info.sae_id
+        if local.suppressed:
+            return None, [o for o in local.observers if o.sae_id == sae_id and o.reads_suppressed]
+        request = local.request
+        delta = request.deltas.get(sae_id) if request is not None and request.version == entry.version else entry.delta
+        return delta, [o for o in local.observers if o.sae_id == sae_id] if local.observers else []
 
     # -- readouts and suppression ------------------------------------------------------------
 
@@ -467,53 +505,16 @@ class Steering:
         steering, nothing read. A forward on another thread (or after the block) is steered."""
         return _Suppressed(self._local)
 
-    # -- internals ---------------------------------------------------------------------------
 
-    def _hook(self, entry: _Hooked):
-        local, sae_id = self._local, entry.info.sae_id
+def feed(observers: list, sae: SAE, pre: torch.Tensor, post: torch.Tensor) -> None:
+    """Give each observer its view of one forward at its SAE's block: the residual before the
+    block's delta (`pre`) or after it (`post`), [1, positions, d_in]."""
+    for observer in observers:
+        observer.observe(sae, pre if observer.pre else post)
 
-        def hook(module, args, output):
-            if local.suppressed:  # no steering; only a readout the request asked for reads
-                for observer in local.observers:
-                    if observer.sae_id == sae_id and observer.reads_suppressed:
-                        observer.observe(entry.sae, output[0] if isinstance(output, tuple) else output)
-                return None
-            observers = local.observers
-            if observers:
-                observers = [o for o in observers if o.sae_id == sae_id]
-            request = local.request
-            delta = (
-                request.deltas.get(sae_id) if request is not None and request.version == entry.version else entry.delta
-            )
-            if delta is None and not observers:
-                return None
-            # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
-            hidden = output[0] if isinstance(output, tuple) else output
-            for observer in observers:
-                if observer.pre:
-                    observer.observe(entry.sae, hidden)
-            if delta is not None:
-                hidden = hidden + delta
-            for observer in observers:
-                if not observer.pre:
-                    observer.observe(entry.sae, hidden)
-            if delta is None:
-                return None
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-        return hook
-
-    def _residual_norm(self, block: int) -> float:
-        """ρ_L: the median residual norm after `block` over CALIBRATION_TEXT, unsteered."""
-        seen = []
-        handle = self._blocks[block].register_forward_hook(
-            lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output)
-        )
-        try:
-            ids = self._engine.tokenize(CALIBRATION_TEXT)
-            with self.suppressed(), torch.inference_mode():
-                self._engine.model(input_ids=torch.tensor([ids], device=self._engine.device), logits_to_keep=1)
-        finally:
-            handle.remove()
-        norms = seen[0][0].float().norm(dim=-1)
-        return float(norms[1:].median() if len(norms) > 1 else norms[0])
+def median_norm(hidden: torch.Tensor) -> float:
+    """ρ_L from a block's residuals over CALIBRATION_TEXT, [positions, d_in]: the median norm,
+    the first position left out (a BOS attention sink has an outsized norm in real models)."""
+    norms = hidden.float().norm(dim=-1)
+    return float(norms[1:].median() if len(norms) > 1 else norms[0])

@@ -21,7 +21,7 @@ from .chat import ChatTemplate
 from .constraints import Constraints, GrammarError
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Echoed, Scored, prompt_tokens, score_row
-from .steering import Monitor, Readout, Steering
+from .steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
 
 
 class TransformersEngine:
@@ -85,7 +85,7 @@ class TransformersEngine:
             revision=_revision(path),
             quantization=_quantization(cfg),
         )
-        self.steering = Steering(self)  # SAE hooks: steering, readouts, suppression (steering.py)
+        self.steering = BlockHooks(self)  # SAE hooks: steering, readouts, suppression (steering.py)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -223,6 +223,55 @@ class TransformersEngine:
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class BlockHooks(Steering):
+    """Steering on a transformers model: each attached SAE owns a forward hook on its decoder
+    block (`model.model.layers[block]`), which adds the forward's delta to the block's output
+    and feeds the observers (steering.Steering._at says which)."""
+
+    def __init__(self, engine: TransformersEngine):
+        # the engine, not its layers: holding them would keep an unloaded model's weights alive
+        self._engine = engine
+        model = engine.model
+        super().__init__(
+            model.config.hidden_size, len(model.model.layers), engine.device, next(model.parameters()).dtype
+        )
+
+    @property
+    def _blocks(self):
+        return self._engine.model.model.layers
+
+    def _install(self, entry) -> None:
+        def hook(module, args, output):
+            delta, observers = self._at(entry)
+            if delta is None and not observers:
+                return None
+            # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
+            hidden = output[0] if isinstance(output, tuple) else output
+            steered = hidden if delta is None else hidden + delta
+            feed(observers, entry.sae, hidden, steered)
+            if delta is None:
+                return None
+            return (steered, *output[1:]) if isinstance(output, tuple) else steered
+
+        entry.handle = self._blocks[entry.info.block].register_forward_hook(hook)
+
+    def _remove(self, entry) -> None:
+        entry.handle.remove()
+
+    def _residual_norm(self, block: int) -> float:
+        seen = []
+        handle = self._blocks[block].register_forward_hook(
+            lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output)
+        )
+        try:
+            ids = self._engine.tokenize(CALIBRATION_TEXT)
+            with self.suppressed(), torch.inference_mode():
+                self._engine.model(input_ids=torch.tensor([ids], device=self._engine.device), logits_to_keep=1)
+        finally:
+            handle.remove()
+        return median_norm(seen[0][0])
 
 
 # prompt positions run (and reduced) at a time by prompt_logprobs: 256 × a 128k vocabulary is 128 MB of logits
