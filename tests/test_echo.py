@@ -261,10 +261,12 @@ def test_lm_evals_loglikelihood_request_gets_the_right_answer(srv, refs, model):
 
 
 @pytest.mark.parametrize("model", [MODEL, SMOL])
-def test_echo_of_a_1k_token_prompt(srv, refs, model):
+def test_echo_of_a_prompt_of_several_chunks(srv, refs, model):
+    """An echo longer than two of the engines' 256-position chunks (llama.cpp's score_batch,
+    transformers' ECHO_CHUNK), read chunk by chunk, equals a whole in-process pass."""
     ref = refs[model]
     rng = np.random.default_rng(0)
-    ids = ref.tokenize("Hello")[:1] + [int(t) for t in rng.integers(100, 1000, size=1023)]
+    ids = ref.tokenize("Hello")[:1] + [int(t) for t in rng.integers(100, 1000, size=539)]
     httpx.post(
         srv.url + "/v1/completions",
         json={"model": model, "prompt": [ids[:8]], "max_tokens": 1, "logprobs": 1, "echo": True},
