@@ -53,7 +53,7 @@ def run(engine, tokens: int, readout: bool, take: int) -> tuple[float, int]:
     start = time.perf_counter()
     n, finished = 0, False
     steps = engine.generate_ids(ids, params, readout=reader)
-    for token, logprob in steps:  # every mode decodes `tokens` steps: an end of generation is decoded past
+    for token, logprob, _ in steps:  # every mode decodes `tokens` steps: an end of generation is decoded past
         n += 1
         if not finished:
             finished = decoder.feed(token, logprob).finish_reason is not None

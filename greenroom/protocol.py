@@ -122,8 +122,9 @@ class Score:
 @attrs.frozen
 class Tokenize:
     """The ids of `prompt` (tokenised as a /v1/completions prompt), of `conversation` (rendered with
-    `tools` as a chat request's prompt is, its generation prompt included), or the text of
-    `token_ids` (detokenised) — one of the three. Answered with `Tokenized`, between decode steps."""
+    `tools` as a chat request's prompt is, its generation prompt included unless
+    `generation_prompt` is false), or the text of `token_ids` (detokenised) — one of the three.
+    Answered with `Tokenized`, between decode steps."""
 
     rid: str
     model: str
@@ -132,6 +133,7 @@ class Tokenize:
     conversation: list[dict] | None = None
     tools: list[dict] | None = None
     template_kwargs: dict | None = None
+    generation_prompt: bool = True
     token_ids: list[int] | None = None
     token_strs: bool = False  # each id's own text too
 
@@ -524,6 +526,10 @@ class Text:
     # on the finishing event of a monitored choice: {"sae_id", "layer", "positions" (a count),
     # "features": [{"index", "max", "mean"}]} (engines/steering.py, Monitor.result)
     monitor: dict | None = None
+    stop: str | None = None  # on the finishing event: the stop string that ended the choice, if one did
+    # with SamplingParams.logprobs: the tokens since the previous event, each [text, log-probability,
+    # [[text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
+    logprobs: list | None = None
 
 
 @attrs.frozen

@@ -143,7 +143,7 @@ def test_stop_sequences_through_the_shared_matcher(oai):
     full = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0).choices[0].message.content
     stop = full[10:13]
     cut = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
-    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == stop
     assert cut.choices[0].message.content == full[: full.index(stop)]
 
 

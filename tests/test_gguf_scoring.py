@@ -285,7 +285,7 @@ def _generations(path, interleave: bool) -> list:
         out = [("join", d.text, d.logprob) for d in batch.join([(1, prompts[1], greedy), (2, prompts[2], greedy)])]
         seen = list(prompts[0])
         for step in range(40):
-            token, logprob = next(serial)
+            token, logprob, _ = next(serial)
             seen.append(token)
             out.append(("serial", token, logprob))
             if len(batch):

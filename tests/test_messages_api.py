@@ -54,6 +54,27 @@ def client(srv: Server) -> anthropic.Anthropic:
 
 
 @pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_a_stop_sequence_is_named(srv, model):
+    whole = client(srv).messages.create(model=model, max_tokens=16, messages=HELLO, extra_body=GREEDY)
+    text = whole.content[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]  # a string the greedy answer holds
+    created = client(srv).messages.create(
+        model=model, max_tokens=16, messages=HELLO, stop_sequences=["\u2603", stop], extra_body=GREEDY
+    )
+    assert (created.stop_reason, created.stop_sequence) == ("stop_sequence", stop)
+    assert text.startswith(created.content[0].text) and stop not in created.content[0].text
+    with client(srv).messages.stream(
+        model=model, max_tokens=16, messages=HELLO, stop_sequences=[stop], extra_body=GREEDY
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, final.content[0].text) == (
+        "stop_sequence",
+        stop,
+        created.content[0].text,
+    )
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
 def test_created_streamed_and_counted(srv, model):
     created = client(srv).messages.create(model=model, max_tokens=8, messages=HELLO, extra_body=GREEDY)
     (block,) = created.content

@@ -41,7 +41,7 @@ def engine(model_cache):
 
 def _run(engine, ids, **observers) -> list[int]:
     fed = list(ids)
-    for token, _ in engine.generate_ids(ids, SamplingParams(max_tokens=6, temperature=0), **observers):
+    for token, *_ in engine.generate_ids(ids, SamplingParams(max_tokens=6, temperature=0), **observers):
         fed.append(token)
         if len(fed) == len(ids) + 6:
             break

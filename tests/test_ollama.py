@@ -106,7 +106,7 @@ def test_load_requests_answer_done_without_text(oc, server):
 
 def test_raw_and_template_prompts(oc):
     turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-    greedy = {"num_predict": 6, "temperature": 0}
+    greedy = {"num_predict": 6, "temperature": 0, "repeat_penalty": 1.0}  # the top token is the one drawn
     raw = oc.generate(model=MODEL, prompt=turn.format("Hi"), raw=True, options=greedy)
     templated = oc.generate(
         model=MODEL, prompt="Hi", options=greedy, template=turn.format("{{ .Prompt }}") + "{{ .Response }}"
@@ -157,6 +157,47 @@ def test_tools_and_tool_results_are_rendered(oc):
 
 
 # --- options on the wire ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_logprobs_and_top_logprobs_streamed_and_not(oc, model):
+    """Each generated token's log-probability and the most probable at its position, as Ollama
+    writes them; streamed, every line carries the tokens it writes, and the two agree."""
+    greedy = {"num_predict": 6, "temperature": 0, "repeat_penalty": 1.0}  # the top token is the one drawn
+    whole = oc.generate(model=model, prompt="Once upon a time", logprobs=True, top_logprobs=3, options=greedy)
+    assert len(whole.logprobs) == whole.eval_count == 6 and whole.done_reason == "length"
+    for entry in whole.logprobs:
+        alternatives = [(alt.token, alt.logprob) for alt in entry.top_logprobs]
+        assert len(alternatives) == 3 and alternatives[0] == (entry.token, entry.logprob)  # greedy: the top one
+        assert [lp for _, lp in alternatives] == sorted((lp for _, lp in alternatives), reverse=True)
+        assert sum(math.exp(lp) for _, lp in alternatives) <= 1 + 1e-6 and entry.logprob <= 0
+    streamed = [
+        e
+        for part in oc.generate(
+            model=model, prompt="Once upon a time", logprobs=True, top_logprobs=3, options=greedy, stream=True
+        )
+        for e in part.logprobs or ()
+    ]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
+        (e.token, round(e.logprob, 4)) for e in whole.logprobs
+    ]
+    chat = oc.chat(model=model, messages=[{"role": "user", "content": "Hi"}], logprobs=True, options=greedy)
+    assert len(chat.logprobs) == 6 and all(not e.top_logprobs for e in chat.logprobs)
+    assert oc.chat(model=model, messages=[{"role": "user", "content": "Hi"}], options=greedy).logprobs is None
+
+
+def test_top_logprobs_alone_is_reported_and_its_bounds_are_typed(server):
+    r = post(
+        server,
+        "/api/generate",
+        {"model": MODEL, "prompt": "x", "stream": False, "top_logprobs": 2, "options": {"num_predict": 2}},
+    )
+    assert r.status_code == 200 and "logprobs" not in r.json(), r.text
+    assert r.headers["X-miLLM-Ignored-Fields"] == '"top_logprobs"'
+    for top in (21, -1, 1.5, "3"):
+        body = {"model": MODEL, "prompt": "x", "logprobs": True, "top_logprobs": top}
+        flat(post(server, "/api/generate", body), 400, "invalid_parameter")
+    flat(post(server, "/api/chat", {"model": MODEL, "messages": [], "logprobs": "yes"}), 400, "invalid_parameter")
 
 
 def test_seed_and_temperature(oc):

@@ -77,13 +77,16 @@ def test_text_completion_streamed_and_not(client):
 def test_stop_sequence_streamed_and_not(client):
     base = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0).choices[0].text
     stop = base[10:13]
-    r = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=[stop])
+    r = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=["\u2603", stop])
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
+    assert r.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: which stop string matched
     parts = list(
         client.completions.create(model=MODEL, prompt="Once", max_tokens=30, temperature=0, stop=stop, stream=True)
     )
     assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
-    assert parts[-1].choices[0].finish_reason == "stop"
+    assert parts[-1].choices[0].finish_reason == "stop" and parts[-1].choices[0].model_extra["stop_reason"] == stop
+    ended = client.completions.create(model=MODEL, prompt="Once", max_tokens=3, temperature=0, stop=[stop])
+    assert ended.choices[0].finish_reason == "length" and ended.choices[0].model_extra["stop_reason"] is None
 
 
 def test_seeded_sampling_repeats(client):

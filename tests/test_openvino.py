@@ -6,6 +6,7 @@ on the `cpu` engine actor of a live server (engine "openvino")."""
 import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -99,8 +100,8 @@ def test_same_ids_as_the_transformers_engine(cpu):
     ids = cpu.render_chat(chat)
     assert ids == hf.render_chat(chat)
     greedy = SamplingParams(max_tokens=40, temperature=0)
-    assert [t for (t, _), _ in zip(cpu.generate_ids(ids, greedy), range(40))] == [
-        t for (t, _), _ in zip(hf.generate_ids(ids, greedy), range(40))
+    assert [t for (t, *_), _ in zip(cpu.generate_ids(ids, greedy), range(40))] == [
+        t for (t, *_), _ in zip(hf.generate_ids(ids, greedy), range(40))
     ]
     mine, theirs = cpu.embed([cpu.tokenize(PROMPT)])[0], hf.embed([hf.tokenize(PROMPT)])[0]
     np.testing.assert_allclose(mine, theirs, atol=1e-5)
@@ -124,7 +125,7 @@ def test_stop_string_finishes_with_stop(engine):
 def test_streamed_ids_are_the_text(engine):
     ids = engine.tokenize(PROMPT)
     params = SamplingParams(max_tokens=16, temperature=0)
-    streamed = [t for t, logprob in engine.generate_ids(ids, params)]
+    streamed = [t for t, *_ in engine.generate_ids(ids, params)]
     assert len(streamed) == 16  # the pipeline itself stops at max_new_tokens
     text, _ = run(engine, params)
     assert engine.decode(streamed) == text
@@ -140,7 +141,7 @@ def test_cancel_stops_at_once_and_frees_the_pipeline(engine):
     assert time.monotonic() - started < 1.0  # one token's work, not the other ~room of them
     assert not [t for t in threading.enumerate() if t.name == "openvino-generate"]
     # usable at once (a pipeline still running would refuse a second caller)
-    again = [t for t, _ in engine.generate_ids(ids, SamplingParams(max_tokens=3, temperature=0))]
+    again = [t for t, *_ in engine.generate_ids(ids, SamplingParams(max_tokens=3, temperature=0))]
     assert again == first
 
 
@@ -287,7 +288,7 @@ def test_tools_are_described_and_required_is_refused(oai):
     )
 
 
-def test_served_embeddings_and_refusals(oai):
+def test_served_embeddings_and_refusals(srv, oai):
     from openai import BadRequestError
 
     vectors = oai.embeddings.create(model=OV_MODEL, input=[PROMPT, "hi"]).data
@@ -295,6 +296,8 @@ def test_served_embeddings_and_refusals(oai):
     with pytest.raises(BadRequestError) as refused:
         oai.completions.create(model=OV_MODEL, prompt=PROMPT, max_tokens=1, logprobs=2)
     assert refused.value.body["code"] == "field_not_honoured"
+    r = httpx.post(srv.url + "/api/generate", json={"model": OV_MODEL, "prompt": "x", "logprobs": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["code"] == "field_not_honoured", r.text  # no token probabilities
 
 
 def test_served_disconnect_stops_generation(srv):

@@ -227,7 +227,7 @@ def test_readout_positions(engine, attach):
     def positions(spec):
         readout = engine.steering.readout(n, sae_id=name, positions=spec, top_k=3)
         fed = list(ids)
-        for token, _ in engine.generate_ids(ids, SamplingParams(max_tokens=3, temperature=0), readout=readout):
+        for token, *_ in engine.generate_ids(ids, SamplingParams(max_tokens=3, temperature=0), readout=readout):
             fed.append(token)
             if len(fed) == n + 3:
                 break

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import attrs
 from conftest import ROOT
 
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, SchedulingPolicy
@@ -120,6 +121,11 @@ def test_a_batch_takes_sequences_up_to_its_capacity():
     assert schedule(queued) == [("a", Lane.BATCH), ("b", Lane.BATCH)]
     assert schedule(queued, batched={"gguf": 1}) == [("a", Lane.BATCH)]
     assert schedule([gen("a")] * 3, batched={"tf": 500}) == [("a", Lane.BATCH)] * 3  # no fixed number
+
+
+def test_reported_log_probabilities_batch_only_where_each_sequence_samples_alone():
+    asks = gen("a", params=SamplingParams(logprobs=3))
+    assert not ON.batchable(asks, MODELS["tf"]) and ON.batchable(attrs.evolve(asks, model="gguf"), MODELS["gguf"])
 
 
 def test_a_serial_request_needs_one_of_its_engines_sequences():

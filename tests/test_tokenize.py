@@ -33,6 +33,8 @@ def test_tokenize_and_back(server, model):
     assert answered["usage"]["prompt_tokens"] == chat["count"] > prompt["count"]
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     assert post("/tokenize", {"messages": HELLO, "tools": [tool]})["count"] > chat["count"]
+    standing = post("/tokenize", {"messages": HELLO, "add_generation_prompt": False})  # no assistant turn opened
+    assert chat["tokens"][: standing["count"]] == standing["tokens"] and standing["count"] < chat["count"]
 
 
 @pytest.mark.parametrize(
@@ -42,12 +44,7 @@ def test_tokenize_and_back(server, model):
         ("/tokenize", {"prompt": "x", "messages": HELLO}, "invalid_parameter", "prompt"),
         ("/tokenize", {"prompt": 3}, "invalid_parameter", "prompt"),
         ("/tokenize", {"messages": [{"role": "nobody"}]}, "invalid_parameter", "messages[0].role"),
-        (
-            "/tokenize",
-            {"messages": HELLO, "add_generation_prompt": False},
-            "field_not_honoured",
-            "add_generation_prompt",
-        ),
+        ("/tokenize", {"messages": HELLO, "add_generation_prompt": "no"}, "invalid_parameter", "add_generation_prompt"),
         ("/detokenize", {}, "missing_parameter", "tokens"),
         ("/detokenize", {"tokens": ["a"]}, "invalid_parameter", "tokens"),
         ("/detokenize", {"tokens": [10**6]}, "invalid_parameter", "tokens"),

@@ -161,7 +161,7 @@ def _renderer(engine, req: Generate | Score | Tokenize, name: str):
 
     def render(messages: list[dict]) -> list[int]:
         try:
-            return engine.render_chat(messages, req.template_kwargs, req.tools)
+            return engine.render_chat(messages, req.template_kwargs, req.tools, getattr(req, "generation_prompt", True))
         except Exception as exc:  # a template error names the conversation it came from
             raise GreenroomError(
                 "invalid_parameter", f"{name} cannot be rendered with the model's chat template: {exc}", name

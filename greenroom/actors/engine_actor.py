@@ -106,6 +106,7 @@ class _Choice:
     start: float = attrs.Factory(time.monotonic)  # this choice's
     first_token: float | None = None
     logprob_sum: float = 0.0
+    tokens: list = attrs.Factory(list)  # the reported tokens (Delta.token) not yet sent
 
 
 @attrs.define
@@ -576,6 +577,8 @@ class EngineLoop:
         now = time.monotonic()
         choice.first_token = choice.first_token or now
         choice.logprob_sum += delta.logprob
+        if delta.token is not None:
+            choice.tokens.append([delta.token[0], delta.token[1], [list(alt) for alt in delta.token[2]]])
         stats = None
         if delta.finish_reason:
             stats = {
@@ -598,8 +601,11 @@ class EngineLoop:
                     stats,
                     activations,
                     delta.monitor,
+                    delta.stop,
+                    choice.tokens or None,
                 )
             )
+            choice.tokens = []
 
     def _tokenize(self, engine, req: Tokenize) -> None:
         ids = tokenized(engine, req)

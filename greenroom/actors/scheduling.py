@@ -90,6 +90,7 @@ class SchedulingPolicy:
         return (
             self.continuous_batching
             and p.seed is None
+            and p.logprobs is None  # the batch samples every row alike and reports no alternatives
             and (p.temperature, p.top_p, p.top_k, p.repetition_penalty)
             == (
                 FIXED_SAMPLING.temperature,

@@ -81,6 +81,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens already seen
+    # each generated token's log-probability reported, with this many of the most probable
+    # tokens at its position (0–20: Ollama's `top_logprobs`); None: none reported
+    logprobs: int | None = None
 
 
 @attrs.frozen
@@ -106,10 +109,14 @@ class Engine(Protocol):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def render_chat(
-        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+        generation_prompt: bool = True,
     ) -> list[int]:
-        """Prompt ids for a conversation, with the generation prompt appended; a trailing
-        assistant message is continued, not answered (see chat.py)."""
+        """Prompt ids for a conversation, with the generation prompt appended (a trailing
+        assistant message is continued, not answered: see chat.py), or without it."""
         ...
 
     def score(
@@ -147,10 +154,14 @@ class Engine(Protocol):
         """A fresh constraint state for one sequence (constraints.Matcher)."""
         ...
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
-        """Yield (token id, its log-probability) per decode step. Closing the iterator frees the
-        sequence's cache; the next forward pass runs only when the next id is asked for.
-        With a matcher, each step samples only what its grammar allows."""
+    def generate_ids(
+        self, prompt_ids: list[int], params: SamplingParams, matcher=None
+    ) -> Iterator[tuple[int, float, tuple]]:
+        """Yield (token id, its log-probability, the `params.logprobs` most probable (id,
+        log-probability) pairs at its position — () unless asked for) per decode step; the
+        log-probabilities are at temperature 1, after any constraint's mask. Closing the iterator
+        frees the sequence's cache; the next forward pass runs only when the next id is asked
+        for. With a matcher, each step samples only what its grammar allows."""
         ...
 
     def unload(self) -> None: ...

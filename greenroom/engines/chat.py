@@ -41,9 +41,19 @@ class ChatTemplate:
             self.renders_tools = False
         self.tool_syntax = tool_syntax(source, self.renders_tools)
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
+        generation_prompt: bool = True,
+    ) -> str:
+        """The conversation as the model's prompt: with the generation prompt (a trailing
+        assistant message continued: `render_conversation`), or without it, as it stands."""
         if tools and not self.renders_tools:
             messages, tools = described_tools(messages, tools), None
+        if not generation_prompt:
+            return self._apply(messages, False, tools, template_kwargs)
         return render_conversation(lambda msgs, gen: self._apply(msgs, gen, tools, template_kwargs), messages)
 
 

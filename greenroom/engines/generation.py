@@ -22,6 +22,10 @@ class Delta:
     logprob: float = 0.0  # of this step's token
     sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
     monitor: dict | None = None  # on the last Delta of a monitored sequence: Monitor.result
+    stop: str | None = None  # on the last Delta: the stop string that ended it (vLLM's stop_reason)
+    # with params.logprobs: this step's token — (its text, its log-probability, ((text, log-probability)
+    # of the most probable at its position), …)) — None for an end of generation
+    token: tuple | None = None
 
 
 class Decoder:
@@ -39,6 +43,8 @@ class Decoder:
         self._stops = StopMatcher(params.stop)
         self._eos = engine.eos_token_ids
         self._max_tokens = params.max_tokens
+        self._report = params.logprobs is not None
+        self._text_of = engine.decode
         self._guard = guard
         self.matcher = matcher
         self.n = 0
@@ -47,19 +53,29 @@ class Decoder:
         """The whole answer when no token is asked for: nothing need run."""
         return Delta("", 0, "length") if self._max_tokens <= 0 else None
 
-    def feed(self, token_id: int, logprob: float) -> Delta:
+    def feed(self, token_id: int, logprob: float, top: tuple = ()) -> Delta:
+        delta = self._feed(token_id, logprob)
+        if not self._report or token_id in self._eos:
+            return delta
+        text = self._text_of
+        return attrs.evolve(delta, token=(text([token_id]), logprob, tuple((text([i]), lp) for i, lp in top)))
+
+    def _feed(self, token_id: int, logprob: float) -> Delta:
         self.n += 1
         detok, stops, n = self._detok, self._stops, self.n
         if token_id in self._eos:
-            return Delta(self._released(stops.feed(detok.flush()) + stops.flush(), end=True), n, "stop", logprob)
+            text = self._released(stops.feed(detok.flush()) + stops.flush(), end=True)
+            return Delta(text, n, "stop", logprob, stop=stops.matched)
         text = self._released(stops.feed(detok.add(token_id)))
         if stops.matched is not None or self._repeated():
-            return Delta(text + self._released("", end=True), n, "stop", logprob)
+            return Delta(text + self._released("", end=True), n, "stop", logprob, stop=stops.matched)
         if self.matcher is not None and self.matcher.done():
-            return Delta(text + self._tail(), n, "stop", logprob)
+            text += self._tail()
+            return Delta(text, n, "stop", logprob, stop=stops.matched)
         if n >= self._max_tokens:
             text += self._tail()
-            return Delta(text, n, "stop" if stops.matched is not None or self._repeated() else "length", logprob)
+            reason = "stop" if stops.matched is not None or self._repeated() else "length"
+            return Delta(text, n, reason, logprob, stop=stops.matched)
         return Delta(text, n, logprob=logprob)
 
     def _tail(self) -> str:
@@ -111,8 +127,8 @@ def generate(
     observers = {k: v for k, v in (("readout", readout), ("monitor", monitor)) if v is not None}
     ids = engine.generate_ids(prompt_ids, params, decoder.matcher, **observers)
     try:
-        for token_id, logprob in ids:
-            delta = decoder.feed(token_id, logprob)
+        for token_id, logprob, top in ids:
+            delta = decoder.feed(token_id, logprob, top)
             if delta.finish_reason:
                 delta = last(delta)
             fed.append(token_id)

@@ -315,11 +315,15 @@ class LlamaCppEngine:
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_special_tokens and self._add_bos, special=True)
 
     def render_chat(
-        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+        generation_prompt: bool = True,
     ) -> list[int]:
         """The file's own template (or the config's); `template_kwargs` never reach it (the
         ledger reports them). The rendered text carries the template's own BOS."""
-        return self.tokenize(self.chat.render(messages, tools), add_special_tokens=False)
+        return self.tokenize(self.chat.render(messages, tools, None, generation_prompt), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.model.detokenize(ids).decode("utf-8", errors="replace")
@@ -339,7 +343,7 @@ class LlamaCppEngine:
             seq = self._open(prompt_ids, params, matcher, slots)
         try:
             while True:
-                yield seq.next_id, seq.logprob
+                yield seq.next_id, seq.logprob, seq.top
                 with reading:
                     self._decode([seq])
                 seq.sample(0)
@@ -378,7 +382,9 @@ class LlamaCppEngine:
         if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
             llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
             reused = 0
-        seq = _Sequence(slots, slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher)
+        seq = _Sequence(
+            slots, slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher, params.logprobs
+        )
         seq.vector, seq.prefilled = vector, prompt_ids[:reused]
         slots.live[slot] = seq
         every = self._reads_last_layer()
@@ -616,12 +622,13 @@ class _Slots:
 class _Sequence:
     """One sequence in a slot of a context: where it is, and its sampled next token."""
 
-    def __init__(self, slots: _Slots, slot: int, sampler, matcher=None):
+    def __init__(self, slots: _Slots, slot: int, sampler, matcher=None, report: int | None = None):
         self.slots, self.slot, self.sampler, self.matcher = slots, slot, sampler, matcher
+        self.report = report or 0  # the most probable tokens reported at each position
         self.length = 0  # tokens in the cache: the next one's position
         self.prefilled: list[int] = []  # the prompt tokens its stream holds, from position 0
         self.vector: bytes | None = None  # the key of the control vector they were prefilled under
-        self.next_id, self.logprob = -1, 0.0
+        self.next_id, self.logprob, self.top = -1, 0.0, ()
 
     def sample(self, idx: int) -> None:
         """Sample from batch row `idx` (masked first by the sequence's grammar, if any): the
@@ -633,9 +640,14 @@ class _Sequence:
         self.next_id = llama_cpp.llama_sampler_sample(self.sampler, ctx, idx)  # also accepts it
         if self.matcher is not None:
             self.matcher.consume(self.next_id)
-        # the model's log-probability of the token at temperature 1 (read after the sampler: a mask leaves -inf)
-        top = float(row.max())
-        self.logprob = float(row[self.next_id] - top - np.log(np.exp(row - top, dtype=np.float64).sum()))
+        # the model's log-probabilities at temperature 1 (after the sampler: a mask leaves -inf)
+        peak = float(row.max())
+        norm = peak + float(np.log(np.exp(row - peak, dtype=np.float64).sum()))
+        self.logprob = float(row[self.next_id]) - norm
+        if self.report:
+            best = np.argpartition(row, -self.report)[-self.report :]
+            best = best[np.argsort(-row[best], kind="stable")]
+            self.top = tuple((int(i), float(row[i]) - norm) for i in best)
 
 
 class LlamaCppBatch:
@@ -662,7 +674,7 @@ class LlamaCppBatch:
         if done is not None:
             return done
         seq = self._engine._open(prompt_ids, params)
-        delta = decoder.feed(seq.next_id, seq.logprob)
+        delta = decoder.feed(seq.next_id, seq.logprob, seq.top)
         if delta.finish_reason is None:
             self._seqs[key] = (seq, decoder)
         else:
@@ -681,7 +693,7 @@ class LlamaCppBatch:
             for _, (seq, _) in rows:
                 engine._decode([seq])
                 seq.sample(0)
-        out = [(key, decoder.feed(seq.next_id, seq.logprob)) for key, (seq, decoder) in rows]
+        out = [(key, decoder.feed(seq.next_id, seq.logprob, seq.top)) for key, (seq, decoder) in rows]
         self.leave([key for key, delta in out if delta.finish_reason])
         return out
 

@@ -152,11 +152,16 @@ class OpenVINOEngine:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
 
     def render_chat(
-        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+        generation_prompt: bool = True,
     ) -> list[int]:
         """The model's own template, rendered by openvino-genai; `template_kwargs` are its
         variables. The rendered text carries the template's own BOS."""
-        return self.tokenize(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
+        text = self.chat.render(messages, tools, template_kwargs, generation_prompt)
+        return self.tokenize(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -180,7 +185,7 @@ class OpenVINOEngine:
         try:
             while (tokens := steps.next_tokens()) is not None:
                 for token in tokens:
-                    yield token, 0.0
+                    yield token, 0.0, ()  # the pipeline reports no probabilities (capabilities)
         finally:
             steps.cancel()
             worker.join()

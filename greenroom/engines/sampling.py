@@ -17,10 +17,15 @@ def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return gen
 
 
-def token_logprob(logits: torch.Tensor, token: int) -> float:
+def token_logprob(logits: torch.Tensor, token: int, top: int | None = None) -> tuple[float, tuple]:
     """The model's own log-probability of `token` (temperature 1, after any constraint
-    mask): what confidence figures are computed from."""
-    return float(torch.log_softmax(logits.float(), dim=-1)[token])
+    mask): what confidence figures are computed from; and the `top` most probable (id,
+    log-probability) pairs (() for None or 0)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    if not top:
+        return float(logprobs[token]), ()
+    values, ids = logprobs.topk(min(top, logprobs.shape[-1]))
+    return float(logprobs[token]), tuple(zip(ids.tolist(), values.tolist()))
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seen: torch.Tensor) -> int:

@@ -91,10 +91,15 @@ class TransformersEngine:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def render_chat(
-        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+        generation_prompt: bool = True,
     ) -> list[int]:
         # A rendered template carries its own BOS: don't add special tokens again.
-        return self.tokenizer.encode(self.chat.render(messages, tools, template_kwargs), add_special_tokens=False)
+        text = self.chat.render(messages, tools, template_kwargs, generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -127,7 +132,7 @@ class TransformersEngine:
         matcher=None,
         readout: Readout | None = None,
         monitor: Monitor | None = None,
-    ) -> Iterator[tuple[int, float]]:
+    ) -> Iterator[tuple[int, float, tuple]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
         stops once the grammar is complete); with a `readout` (steering.readout) and/or a
         `monitor` (steering.monitor), every forward records its SAE activations."""
@@ -150,7 +155,7 @@ class TransformersEngine:
                     token = sample(logits, params, gen, seen[:n_seen])
                     if matcher is not None:
                         matcher.consume(token)
-                    yield token, token_logprob(logits, token)
+                    yield token, *token_logprob(logits, token, params.logprobs)
                     if n_seen < len(seen):
                         seen[n_seen] = token
                         n_seen += 1

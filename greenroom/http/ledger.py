@@ -216,9 +216,7 @@ TOKENIZE = {
     "messages": USE,
     "tools": USE,
     "chat_template_kwargs": CHAT["chat_template_kwargs"],
-    "add_generation_prompt": refused(
-        True, why="a conversation is rendered as chat completions render it, with its generation prompt"
-    ),
+    "add_generation_prompt": USE,
     "chat_template": refused(why="the model's own chat template (or its config's chat_template) renders"),
     "return_token_strs": USE,
 }

@@ -7,8 +7,8 @@ a user's tool_result blocks tool messages, tools (name, description, input_schem
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
 output_config.format a json_schema response_format — and runs through openai_api.generation.
-The chat completion is written back as Anthropic's Message (stop_reason end_turn, max_tokens or
-tool_use), its stream as Anthropic's events: message_start, ping, per content block
+The chat completion is written back as Anthropic's Message (stop_reason end_turn, max_tokens,
+stop_sequence — with the string, read from the choice's stop_reason — or tool_use), its stream as Anthropic's events: message_start, ping, per content block
 content_block_start, content_block_delta (text_delta or input_json_delta)…,
 content_block_stop; then message_delta (stop_reason, usage) and message_stop — or an `error`
 event. Errors use Anthropic's envelope and statuses (errors.anthropic_body; app.py).
@@ -66,7 +66,7 @@ TEXT = AnyOf(options=(Text(), ListOf(items=Named(name="AnthropicTextBlock", fiel
 TOOL_RESULT_BLOCK = Shape(
     fields={
         "type": Choice(values=("tool_result",)),
-        "tool_use_id": Anything(description="Not read: the chat template renders results in order"),
+        "tool_use_id": Text(description="Not read: the chat template renders results in order"),
         "content": TEXT,
         "is_error": Anything(description="Not read: reported"),
         **_CACHE,
@@ -274,6 +274,10 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
                 }
             )
         else:
+            if not isinstance(block["tool_use_id"], str):
+                raise GreenroomError(
+                    "invalid_parameter", f"'{place}.tool_use_id' must be a string", f"{place}.tool_use_id"
+                )
             if text:  # a user's text before a result: its own turn
                 out.append({"role": "user", "content": "".join(text)})
                 text = []
@@ -385,6 +389,13 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+def _stopped(reason: str | None, stop: str | None) -> dict:
+    """Anthropic's stop_reason and stop_sequence for a choice's finish_reason and stop string."""
+    if reason == "stop" and stop is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    return {"stop_reason": reason and _STOP_REASONS[reason], "stop_sequence": None}
+
+
 def _tool_id(call_id: str) -> str:
     """chat's call_<hex> as Anthropic's toolu_<hex>."""
     return "toolu_" + call_id.removeprefix("call_")
@@ -395,15 +406,16 @@ class _Answer:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
 
-    def message(self, content: list[dict], reason: str | None, usage: dict, millm: dict | None = None) -> dict:
+    def message(
+        self, content: list[dict], reason: str | None, usage: dict, millm: dict | None = None, stop: str | None = None
+    ) -> dict:
         out = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "model": self.model,
             "content": content,
-            "stop_reason": reason and _STOP_REASONS[reason],
-            "stop_sequence": None,
+            **_stopped(reason, stop),
             "usage": usage,
         }
         return out if millm is None else {**out, "millm": millm}
@@ -428,6 +440,7 @@ class _Answer:
             choice["finish_reason"],
             {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
             completion.get("millm"),
+            choice["stop_reason"],
         )
 
     async def stream(self, chunks, admitted: Admitted):
@@ -471,8 +484,8 @@ class _Answer:
                 else:
                     for e in close():
                         yield e
-                    reason, usage, millm = rest
-                    delta = {"stop_reason": _STOP_REASONS[reason], "stop_sequence": None}
+                    reason, usage, millm, stop = rest
+                    delta = _stopped(reason, stop)
                     extra = {} if millm is None else {"millm": millm}
                     yield event(
                         "message_delta", delta=delta, usage={"output_tokens": usage["completion_tokens"]}, **extra

@@ -49,6 +49,8 @@ from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
 
+TOP_LOGPROBS_MAX = 20  # Ollama's bound
+
 # what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
 # `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
 TRUNCATED_HEADER = "X-Greenroom-Truncated"
@@ -63,8 +65,9 @@ _COMMON = {
     "options": ledger.USE,
     "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
     "think": ledger.refused(False, why="this model does not think"),
-    "logprobs": ledger.refused(False, why=_NOT_YET),
-    "top_logprobs": ledger.refused(0, why=_NOT_YET),
+    # each generated token's log-probability and the most probable at its position (Ollama's)
+    "logprobs": ledger.needs("token_logprobs", False),
+    "top_logprobs": ledger.needs("token_logprobs", 0),
 }
 GENERATE = {
     **_COMMON,
@@ -132,6 +135,16 @@ _COMMON_FIELDS = {
     "format": _FORMAT_FIELD,
     "options": ollama_params.SHAPE,
     "keep_alive": ollama_params.KEEP_ALIVE,
+    "logprobs": contracts.Boolean(
+        default=False, description="true: each generated token's log-probability (temperature 1) in `logprobs`"
+    ),
+    "top_logprobs": contracts.Number(
+        lo=0,
+        hi=TOP_LOGPROBS_MAX,
+        integer=True,
+        default=0,
+        description="With logprobs: the most probable tokens at each position too (without it: not read, reported)",
+    ),
 }
 _LOADS = "Absent or empty: the model is loaded (keep_alive 0: unloaded)"
 GENERATE_REQUEST = contracts.Shape(
@@ -321,9 +334,9 @@ def _head(job: Job) -> dict:
     return {"model": job.req.sent_model, "created_at": _now()}
 
 
-def _final(job: Job, text: str, finished: Text, timing: _Timing) -> dict:
+def _final(job: Job, text: str, finished: Text, timing: _Timing, tokens: list) -> dict:
     """The `done: true` object of a non-streamed answer (a complete constrained document
-    that does not validate is a 500, never a 200)."""
+    that does not validate is a 500, never a 200), with every reported token's `logprobs`."""
     message, reason = structured.message(job.plan, text, finished.finish_reason)
     reason = "stop" if reason == "tool_calls" else reason
     out = _head(job)
@@ -337,19 +350,23 @@ def _final(job: Job, text: str, finished: Text, timing: _Timing) -> dict:
         out["message"] = msg
     else:
         out["response"] = text
+    if job.gen.params.logprobs is not None:
+        out["logprobs"] = _logprobs(tokens)
     return {**out, "done": True, "done_reason": reason, **timing.metrics(finished)}
 
 
 async def _collect(job: Job, events, timing: _Timing) -> dict:
     texts: list[str] = []
+    tokens: list = []
     finished = None
     async for event in events:
         if isinstance(event, Failed):
             raise GreenroomError.from_wire(event.error)
         texts.append(event.text)
+        tokens += event.logprobs or ()
         if event.finish_reason:
             finished = event
-    return _final(job, "".join(texts), finished, timing)
+    return _final(job, "".join(texts), finished, timing, tokens)
 
 
 async def _frames(job: Job, events, timing: _Timing, rid: str):
@@ -357,14 +374,22 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
     failure, the flat error envelope as the last line."""
     calls = ToolCallStream(job.plan.tools) if job.chat and job.plan.parses_tools else None
     texts: list[str] = []
+    tokens: list = []  # reported tokens not yet written: they ride on the next line
+
+    def reported() -> dict:
+        if not tokens:
+            return {}
+        out = {"logprobs": _logprobs(tokens)}
+        tokens.clear()
+        return out
 
     def delta(text: str, tool_calls: list | None = None) -> bytes:
         if job.chat:
             msg = {"role": "assistant", "content": text}
             if tool_calls:
                 msg["tool_calls"] = tool_calls
-            return framing.ndjson({**_head(job), "message": msg, "done": False})
-        return framing.ndjson({**_head(job), "response": text, "done": False})
+            return framing.ndjson({**_head(job), "message": msg, "done": False, **reported()})
+        return framing.ndjson({**_head(job), "response": text, "done": False, **reported()})
 
     def shaped(text: str, final: bool = False) -> list[bytes]:
         if calls is None:
@@ -394,6 +419,7 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
                     return
                 pending.append(event.text)
                 texts.append(event.text)
+                tokens.extend(event.logprobs or ())
                 if event.finish_reason:
                     finished = event
             for line in shaped("".join(pending), final=finished is not None):
@@ -407,6 +433,7 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
             "done": True,
             "done_reason": reason,
             **timing.metrics(finished),
+            **reported(),
         }
         yield framing.ndjson(done)
     except GreenroomError as exc:
@@ -438,7 +465,41 @@ async def _generation_request(tree: Tree, table: dict, where: str):
     req = await prepare(tree, table, where, defaults="chat" if table is CHAT else "generate")
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
+    top = _top_logprobs(req.body)
+    if openai_params.boolean(req.body, "logprobs", False):
+        options = attrs.evolve(options, params=attrs.evolve(options.params, logprobs=top))
+    elif req.body.get("top_logprobs"):  # Ollama reads it only with logprobs
+        req = attrs.evolve(req, unread=req.unread + ["top_logprobs"])
     return req, options, openai_params.boolean(req.body, "stream", True), parse_keep_alive(req.body)
+
+
+def _top_logprobs(body: dict) -> int:
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0
+    if not _COMMON_FIELDS["top_logprobs"].holds(top):
+        raise GreenroomError(
+            "invalid_parameter", f"top_logprobs must be between 0 and {TOP_LOGPROBS_MAX}", "top_logprobs"
+        )
+    return top
+
+
+def _logprobs(tokens: list) -> list[dict]:
+    """Text events' reported tokens as Ollama writes them: token, logprob, bytes and, when
+    asked for, top_logprobs."""
+    return [
+        {
+            "token": text,
+            "logprob": logprob,
+            "bytes": list(text.encode("utf-8")),
+            **(
+                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top]}
+                if top
+                else {}
+            ),
+        }
+        for text, logprob, top in tokens
+    ]
 
 
 # --- routes ----------------------------------------------------------------------------------

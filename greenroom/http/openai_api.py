@@ -343,12 +343,13 @@ async def _collect(
             finished[event.index] = event
     choices = []
     for i in range(gen.choices):
-        text, reason = "".join(texts[i]), finished[i].finish_reason
+        text, reason, stop = "".join(texts[i]), finished[i].finish_reason, finished[i].stop
         if plan is not None:
             message, reason = structured.message(plan, text, reason)
             choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
         else:
             choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+        choices[-1]["stop_reason"] = stop
     response = {
         "id": gen.rid,
         "object": "chat.completion" if plan is not None else "text_completion",
@@ -401,11 +402,13 @@ async def _chunks(
     read = None  # the finishing event's SAE activations
     shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
 
-    def chunk(index: int, delta: dict | str | None, finish: str | None = None, **extra) -> dict:
+    def chunk(index: int, delta: dict | str | None, finish: str | None = None, stop: str | None = None, **extra):
         if chat:
             choice = {"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        if finish:
+            choice["stop_reason"] = stop
         body = {**head, "choices": [choice], **extra}
         if finish and unfinished == 0:  # the request's last chunk carries its usage
             body["usage"] = _usage(admitted, completion_tokens)
@@ -441,7 +444,7 @@ async def _chunks(
                 extra = {}
                 if extras is not None and event.index == 0:  # the finish-reason chunk carries x_needle
                     extra["x_needle"] = _x_needle(shapers[0].message(), event, admitted, extras)
-                yield chunk(event.index, None, reason, **extra)
+                yield chunk(event.index, None, reason, event.stop, **extra)
         for index, text in pending.items():
             for c in text_chunks(index, "".join(text)):
                 yield c
@@ -454,8 +457,9 @@ async def _chunks(
 async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
     """A one-choice chat stream (`_chunks`) as what the surfaces translated onto it write, in
     order: ("text", delta), ("call", call id, name), ("arguments", fragment); then ("end",
-    finish_reason, usage, millm). A failure is raised as `_chunks` raises it."""
-    reason = usage = millm = None
+    finish_reason, usage, millm, the stop string that ended it). A failure is raised as `_chunks`
+    raises it."""
+    reason = usage = millm = stop = None
     async for chunk in chunks:
         for choice in chunk["choices"]:
             delta = choice["delta"]
@@ -467,8 +471,9 @@ async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
                 elif call["function"]["arguments"]:
                     yield "arguments", call["function"]["arguments"]
             reason = choice["finish_reason"] or reason
+            stop = choice.get("stop_reason", stop)
         usage, millm = chunk.get("usage", usage), chunk.get("millm", millm)
-    yield "end", reason, usage, millm
+    yield "end", reason, usage, millm, stop
 
 
 async def _sse(chunks: AsyncIterator[dict], _: Admitted) -> AsyncIterator[bytes]:

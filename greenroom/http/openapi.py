@@ -418,9 +418,18 @@ def _sse_event(chunk: str) -> dict:
 
 def _choice(content: dict, *, streamed: bool, logprobs: dict, finish: dict) -> dict:
     """One choice of a completion: its content fields between `index` and `finish_reason`
-    (null on every streamed chunk but the one that ends the choice)."""
+    (null on every streamed chunk but the one that ends the choice), and on a generated
+    choice's end vLLM's `stop_reason`."""
     return _closed(
-        {"index": _COUNT, **content, "logprobs": logprobs, "finish_reason": _nullable(finish) if streamed else finish},
+        {
+            "index": _COUNT,
+            **content,
+            "logprobs": logprobs,
+            "finish_reason": _nullable(finish) if streamed else finish,
+            "stop_reason": _nullable(
+                _string(description="The stop string that ended the choice (vLLM's field); null: none did")
+            ),
+        },
         ("index", *content, "logprobs", "finish_reason"),
     )
 
@@ -1065,14 +1074,23 @@ def _ollama_schemas() -> dict:
         {"role": {"const": "assistant"}, "content": _string(), "tool_calls": _array(call)}, ("role", "content")
     )
 
+    token = {"token": _string(), "logprob": _number(), "bytes": _array(_COUNT)}
+    logprobs = {
+        "logprobs": _described(
+            _array(_closed({**token, "top_logprobs": _array(_closed(token, tuple(token)))}, tuple(token))),
+            "With logprobs: the tokens of this line (of the answer, not streamed), each with its "
+            "log-probability at temperature 1 and, with top_logprobs, the most probable at its position",
+        )
+    }
+
     def answers(name: str, text: dict) -> dict:
         """The done: true object, and one NDJSON line: a delta, that object, or the error envelope."""
         done = _closed(
-            {**head, **text, "done": {"const": True}, "done_reason": reason, **durations},
+            {**head, **text, "done": {"const": True}, "done_reason": reason, **durations, **logprobs},
             ("model", "created_at", *text, "done", "done_reason"),
             description="Durations in nanoseconds; absent on a load or unload",
         )
-        delta = _closed({**head, **text, "done": {"const": False}}, ("model", "created_at", *text, "done"))
+        delta = _closed({**head, **text, "done": {"const": False}, **logprobs}, ("model", "created_at", *text, "done"))
         return {name: done, f"{name}Line": {"anyOf": [delta, _ref(name), _ref("OllamaError")]}}
 
     details = _closed(

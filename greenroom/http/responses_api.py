@@ -89,7 +89,7 @@ CALL_ITEM = Shape(
 CALL_OUTPUT_ITEM = Shape(
     fields={
         "type": Choice(values=("function_call_output",)),
-        "call_id": Anything(description="Not read: the chat template renders results in order"),
+        "call_id": Text(description="Not read: the chat template renders results in order"),
         "output": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
         **_ITEM_META,
     },
@@ -267,6 +267,8 @@ def _item(item, i: int, messages: list[dict], unread: list[str]) -> None:
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
     else:
+        if not isinstance(item["call_id"], str):
+            raise GreenroomError("invalid_parameter", f"'{where}.call_id' must be a string", f"{where}.call_id")
         messages.append({"role": "tool", "content": _text(item["output"], f"{where}.output", unread)})
 
 
@@ -529,7 +531,7 @@ class _Answer:
                 else:
                     for e in close():
                         yield e
-                    reason, usage, millm = rest
+                    reason, usage, millm, _ = rest
                     status = "incomplete" if reason == "length" else "completed"
                     response = await self.done(status, output, usage, millm)
                     yield event(f"response.{status}", response=response)

@@ -26,6 +26,10 @@ TOKENIZE = Shape(
         "messages": openai_params.MESSAGES,
         "tools": ListOf(items=structured.TOOL, description="Rendered with messages, as chat completions render them"),
         "chat_template_kwargs": openai_params.CHAT.fields["chat_template_kwargs"],
+        "add_generation_prompt": Boolean(
+            default=True,
+            description="For messages: false, the conversation as it stands (no assistant turn opened after it)",
+        ),
         "return_token_strs": Boolean(default=False, description="true: each token's own text too (token_strs)"),
     },
     required=("model",),
@@ -55,18 +59,22 @@ def register(app: Quart, tree: Tree) -> None:
         if (body.get("prompt") is None) == (body.get("messages") is None):
             raise GreenroomError("invalid_parameter", "send a prompt or messages (one of the two)", "prompt")
         rid = openai_params.new_rid("tokenize")
+        # validated whichever is sent, so a bad value is a 400 even where it is not read
+        tools = structured.plan({"tools": body.get("tools")}, stream=False).tools
+        template_kwargs = openai_params.template_kwargs(body)
         if body.get("messages") is not None:
             unread = ["add_special_tokens"] if body.get("add_special_tokens") is not None else []
             message = Tokenize(
                 rid,
                 req.model,
                 conversation=openai_params.messages(body),
-                tools=structured.plan({"tools": body.get("tools")}, stream=False).tools,
-                template_kwargs=openai_params.template_kwargs(body),
+                tools=tools,
+                template_kwargs=template_kwargs,
+                generation_prompt=openai_params.boolean(body, "add_generation_prompt", True),
                 token_strs=strings,
             )
         else:
-            unread = [f for f in ("tools", "chat_template_kwargs") if body.get(f) is not None]
+            unread = [f for f in ("tools", "chat_template_kwargs", "add_generation_prompt") if body.get(f) is not None]
             message = Tokenize(
                 rid,
                 req.model,
