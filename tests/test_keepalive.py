@@ -147,7 +147,7 @@ def unread_then_next(url: str, request_line: bytes, status: int, auth: bytes = b
 @pytest.mark.parametrize(
     "request_line, status",
     [
-        (b"POST /v1/responses", 404),  # no such route
+        (b"POST /v1/images/generations", 404),  # no such route
         (b"PUT /v1/chat/completions", 405),  # the wrong method
         (b"GET /v1/models", 200),  # a body no view reads
     ],
@@ -164,13 +164,13 @@ def test_unauthorized_body_then_the_next_request(own_server):
 
 
 def test_openai_sdk_after_a_not_found(server):
-    """The reported sequence: /v1/responses (greenroom has none) then models.list() on the same
-    client, which used to wait out the SDK's whole timeout."""
+    """The reported sequence: a route greenroom has none of (then /v1/responses, now images) and
+    models.list() on the same client, which used to wait out the SDK's whole timeout."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=ANSWER_S)
     with generating(server.url), client:
         for _ in range(10):
             with pytest.raises(openai.NotFoundError):
-                client.responses.create(model=MODEL, input="Hello")
+                client.images.generate(model=MODEL, prompt="Hello")
             assert MODEL in [m.id for m in client.models.list()]
 
 
@@ -214,7 +214,7 @@ def test_idle_connections_are_still_closed_by_the_keepalive_timeout(server):
     conn = Connection(server.url)
     conn.send(MODELS % b"")
     assert conn.response()[0] == 200
-    conn.send(head(b"POST /v1/responses", len(BODY)) + BODY)
+    conn.send(head(b"POST /v1/images/generations", len(BODY)) + BODY)
     assert conn.response()[0] == 404
     assert conn.closed(HypercornConfig.keep_alive_timeout + ANSWER_S)
     conn.close()
@@ -228,7 +228,7 @@ def test_load_50_pooled_connections(server):
     def requests(i: int) -> list[tuple[str, str, dict, int]]:
         chat = {"model": MODEL, "messages": [{"role": "user", "content": f"client {i}"}], "max_tokens": 1 + i % 4}
         mix = [
-            ("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x" * 300}}, 404),
+            ("POST", "/v1/images/generations", {"json": {"model": MODEL, "prompt": "x" * 300}}, 404),
             ("PUT", "/v1/chat/completions", {"json": chat}, 405),
             ("GET", "/v1/models", {"content": BODY}, 200),
             ("GET", "/v1/models", {}, 200),

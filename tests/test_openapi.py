@@ -64,6 +64,8 @@ STATE_PARAMS = {  # route: refused parameters that name what the server may or m
     "PUT /api/monitoring": {"sae_id"},  # left out while several SAEs are attached
     "POST /v1/chat/completions": {"return_sae_activations.sae_id"},
     "POST /v1/completions": {"return_sae_activations.sae_id"},
+    "POST /v1/messages": {"return_sae_activations.sae_id"},
+    "POST /v1/responses": {"return_sae_activations.sae_id"},
 }
 
 
