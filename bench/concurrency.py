@@ -1,6 +1,7 @@
 """Aggregate throughput under concurrency: N streams at once against `greenroom serve`
-(N = 1, 4, 16, 64), tokens/s summed over all of them, printed as a ratio to one stream,
-for the serial engine path and for continuous batching (`continuous_batching = true`).
+(N = 1, 4, 16, 64) from bench/lean_client.py in a process of its own, tokens/s summed over
+all of them, printed as a ratio to one stream, for the serial engine path and for continuous
+batching (`continuous_batching = true`).
 Also the time to first token seen by the slowest stream. Every stream asks for the
 server's fixed sampling parameters (no temperature, top_p, seed or penalty), so under
 continuous batching all of them are batchable; the serial server runs the same bodies.
@@ -15,9 +16,8 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -28,23 +28,16 @@ sys.path.insert(0, str(ROOT))
 from bench.server import start_server  # noqa: E402
 
 
-def one_stream(url: str, tokens: int, i: int) -> tuple[int, float]:
-    body = {
-        "model": "bench",
-        "messages": [{"role": "user", "content": f"Story number {i}"}],
-        "max_tokens": tokens,
-        "stream": True,
-    }
-    start, ttft, n = time.perf_counter(), None, 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    ttft = time.perf_counter() - start
-                if chunk.get("usage"):
-                    n = chunk["usage"]["completion_tokens"]
-    return n, ttft or 0.0
+def streams(url: str, n: int, tokens: int) -> dict:
+    """N streams at once from bench/lean_client.py, a process of its own (the client must not
+    take the cores the server needs: httpx threads in this process did, and halved the figures)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/lean_client.py"), url, "--streams", str(n), "--tokens", str(tokens)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
 
 
 def run(mode: str, size: str, tokens: int, levels: list[int]) -> list[float]:
@@ -56,16 +49,16 @@ def run(mode: str, size: str, tokens: int, levels: list[int]) -> list[float]:
     rates = []
     try:
         backend = httpx.get(url + "/api/health/inference", timeout=10).json()["backend"]
-        one_stream(url, tokens, -1)  # warm
+        streams(url, 1, tokens)  # warm
         print(f"demo:{size}, {tokens} tokens per stream, backend {backend}")
-        print(f"{'streams':>8} {'agg tok/s':>10} {'ratio':>7} {'worst TTFT s':>13}")
+        print(f"{'streams':>8} {'agg tok/s':>10} {'ratio':>7} {'worst TTFT s':>13} {'client CPU s':>13}")
         for n in levels:
-            start = time.perf_counter()
-            with ThreadPoolExecutor(n) as pool:
-                results = list(pool.map(lambda i: one_stream(url, tokens, i), range(n)))
-            wall = time.perf_counter() - start
-            rates.append(sum(r[0] for r in results) / wall)
-            print(f"{n:>8} {rates[-1]:>10.1f} {rates[-1] / rates[0]:>7.2f} {max(r[1] for r in results):>13.2f}")
+            figures = streams(url, n, tokens)
+            rates.append(figures["tok_s"])
+            print(
+                f"{n:>8} {rates[-1]:>10.1f} {rates[-1] / rates[0]:>7.2f} {figures['ttft_worst_s']:>13.2f} "
+                f"{figures['client_cpu_s']:>13.2f}"
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

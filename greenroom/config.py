@@ -57,6 +57,9 @@ class Config:
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
+    # streamed chunks a second the front end sends in all before it holds each stream's tokens to
+    # fewer, larger chunks (http/pacing.py); 0: one chunk per engine event, whatever the load
+    stream_chunks_per_s: float = 2000.0
     # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
     # the server's maximum dial, all within [0, 2]
     cluster_intensity_min: float = 0.5

@@ -52,15 +52,17 @@ class TokenClock:
         self.model = model
         self._start = self._last = time.monotonic()
         self._tokens = 0
+        # labelled once: `labels()` is a lock and a dict lookup on every token otherwise
+        self._inter_token, self._count = INTER_TOKEN.labels(model), TOKENS.labels(model)
 
     def text(self, completion_tokens: int) -> None:
         now = time.monotonic()
         if self._tokens == 0:
             TTFT.labels(self.model).observe(now - self._start)
         elif completion_tokens > self._tokens:
-            INTER_TOKEN.labels(self.model).observe((now - self._last) / (completion_tokens - self._tokens))
+            self._inter_token.observe((now - self._last) / (completion_tokens - self._tokens))
         if completion_tokens > self._tokens:
-            TOKENS.labels(self.model).inc(completion_tokens - self._tokens)
+            self._count.inc(completion_tokens - self._tokens)
             self._tokens, self._last = completion_tokens, now
 
 

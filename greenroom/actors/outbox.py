@@ -1,21 +1,26 @@
 """The engine actor's outbox: events from both of its threads to the front end's stream,
 as `Events` messages.
 
-The worker thread queues its events and wakes the trio loop only when no wake-up is pending
-(every hand-off of the GIL to the loop thread delays the decode step); the sender sends at
-most one message per SEND_INTERVAL_S, carrying everything produced since the last one.
+A wake-up of the trio loop from the worker thread is a write to trio's wake-up socket, and
+the loop thread it wakes takes the GIL at once: the worker then waits for the loop's whole
+turn, once per decode step — a third of the step's time for one stream of the tiny demo
+(bench/throughput.py). So the worker wakes the loop only for the first event after a lull;
+while events keep coming the sender polls the queue every SEND_INTERVAL_S on its own timer,
+which lets its turn overlap the worker's compute (torch and llama.cpp release the GIL), and
+goes back to sleep once IDLE_POLLS polls in a row found nothing. Each message carries
+everything produced since the last one: a fast engine's steps are coalesced.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 
 import trio
 
 from greenroom.protocol import Events, to_wire
 
-SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor; below that rate nothing waits
+SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor, and an event waits at most this long
+IDLE_POLLS = 25  # 50 ms without an event: stop polling until the next wake-up
 
 
 class Outbox:
@@ -25,6 +30,7 @@ class Outbox:
         self._token = trio.lowlevel.current_trio_token()
         self._wake = trio.Event()
         self._wake_pending = False
+        self._polling = False
         self._events: collections.deque = collections.deque()
 
     def put(self, event) -> None:
@@ -33,9 +39,11 @@ class Outbox:
         self._wake.set()
 
     def put_from_thread(self, event) -> None:
-        """From the worker thread."""
+        """From the worker thread. The append comes before the read of `_polling`, and the
+        sender clears `_polling` before it looks at the queue a last time: no event is left
+        behind without a wake-up."""
         self._events.append(event)
-        if not self._wake_pending:
+        if not self._polling and not self._wake_pending:
             self._wake_pending = True
             self._token.run_sync_soon(self._wake_sender)
 
@@ -43,20 +51,24 @@ class Outbox:
         self._wake.set()
 
     async def send(self, stream) -> None:
-        """One message per wake-up carrying everything produced since the last one, and
-        at most one per SEND_INTERVAL_S: a fast engine's steps are coalesced instead of
-        each paying the trip, while the first event after a lull goes at once."""
-        last = -math.inf
+        """One message at once for the first event after a lull, then one per poll that
+        finds events, until IDLE_POLLS polls find none."""
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            wait = last + SEND_INTERVAL_S - trio.current_time()
-            if wait > 0:
-                await trio.sleep(wait)
+            self._polling = True
             self._wake_pending = False
-            batch = []
-            while self._events:
-                batch.append(self._events.popleft())
-            if batch:
-                await stream.send(to_wire(Events(batch)))
-                last = trio.current_time()
+            idle = 0
+            while idle < IDLE_POLLS:
+                if self._events:
+                    batch = []
+                    while self._events:
+                        batch.append(self._events.popleft())
+                    await stream.send(to_wire(Events(batch)))
+                    idle = 0
+                else:
+                    idle += 1
+                await trio.sleep(SEND_INTERVAL_S)
+            self._polling = False
+            if self._events:  # appended while `_polling` was still read as set
+                self._wake.set()

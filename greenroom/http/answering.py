@@ -11,11 +11,12 @@ import array
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from quart import request
+from quart import current_app, request
 
 from greenroom.errors import GreenroomError
 from greenroom.http import monitoring_api
 from greenroom.http.framing import Framing, streamed
+from greenroom.http.pacing import Pacer
 from greenroom.protocol import Admitted, Embedded, Failed, Generate
 from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admit
 from greenroom.supervisor.tree import Tree
@@ -42,6 +43,7 @@ async def answer(
         events = monitoring_api.recorded(tree, gen, request.path, events)
         answered = headers(first)
         if framing is not None:
+            events = pacer().paced(events, stack)
             return streamed(_then(frames(events, first), done), framing, answered, stack)
         async with stack:
             result = await collect(events, first)
@@ -51,6 +53,11 @@ async def answer(
     except BaseException:
         await stack.aclose()
         raise
+
+
+def pacer() -> Pacer:
+    """The app's one pacer (create_app makes it)."""
+    return current_app.extensions["greenroom.pacer"]
 
 
 async def _then(chunks: AsyncIterator[bytes], done: Callable[[], None] | None):

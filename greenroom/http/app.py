@@ -30,6 +30,7 @@ from greenroom.http import (
     steering_api,
     tokenize_api,
 )
+from greenroom.http.pacing import Pacer
 from greenroom.http.routes import Surface
 from greenroom.supervisor.tree import Tree
 
@@ -40,6 +41,7 @@ def create_app(tree: Tree) -> Quart:
     app = QuartTrio("greenroom")
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as their generation
     app.config["BODY_TIMEOUT"] = 60
+    app.extensions["greenroom.pacer"] = Pacer(tree.config.stream_chunks_per_s)
 
     @app.errorhandler(GreenroomError)
     async def typed_error(err: GreenroomError):

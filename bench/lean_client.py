@@ -1,0 +1,106 @@
+"""A streaming client that costs the server's machine as little as possible, in a process of its
+own: N streamed completions over raw sockets (asyncio), no JSON parsing of the chunks. It reads
+each stream to its end, takes the token count from the last chunk (`usage.completion_tokens` on
+/v1, `eval_count` on Ollama's /api) and the time to first token from the first chunk that
+carries text. Prints one JSON line: aggregate tokens/s, worst and median TTFT, and the CPU
+seconds this client used (so a bench can show the client was not the bottleneck).
+
+    python bench/lean_client.py URL --streams 32 --tokens 128 [--surface openai|ollama]
+        [--stagger-ms 0] [--model bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import resource
+import statistics
+import time
+from urllib.parse import urlsplit
+
+FIRST_TEXT = {  # the first chunk whose text is not empty
+    "openai": re.compile(rb'"content":"[^"]'),
+    "ollama": re.compile(rb'"(?:response|content)":"[^"]'),
+}
+COUNT = {"openai": re.compile(rb'"completion_tokens":(\d+)'), "ollama": re.compile(rb'"eval_count":(\d+)')}
+
+
+def request(surface: str, host: str, model: str, tokens: int, i: int) -> bytes:
+    messages = [{"role": "user", "content": f"Story number {i}"}]
+    if surface == "openai":
+        path = "/v1/chat/completions"
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    else:
+        path = "/api/chat"
+        # the server's fixed sampling parameters and no seed (the spec's default is 0): batchable
+        options = {"num_predict": tokens, "temperature": 1, "top_p": 1, "top_k": 0, "repeat_penalty": 1, "seed": -1}
+        body = {"model": model, "messages": messages, "options": options}
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+async def one(surface: str, addr: tuple[str, int], model: str, tokens: int, i: int, delay: float):
+    await asyncio.sleep(delay)
+    reader, writer = await asyncio.open_connection(*addr)
+    start = time.perf_counter()
+    writer.write(request(surface, addr[0], model, tokens, i))
+    ttft, tail = None, b""
+    while chunk := await reader.read(65536):
+        if ttft is None and FIRST_TEXT[surface].search(tail[-64:] + chunk):
+            ttft = time.perf_counter() - start
+        tail = (tail + chunk)[-4096:]  # the count is in the last chunk
+    writer.close()
+    counts = COUNT[surface].findall(tail)
+    if not counts:
+        raise SystemExit(f"stream {i} ended without a token count: {tail[-300:]!r}")
+    return int(counts[-1]), ttft or 0.0, time.perf_counter() - start
+
+
+async def run(args) -> dict:
+    url = urlsplit(args.url)
+    addr = (url.hostname, url.port)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *(one(args.surface, addr, args.model, args.tokens, i, i * args.stagger_ms / 1000) for i in range(args.streams))
+    )
+    wall = time.perf_counter() - start
+    ttfts = [r[1] for r in results]
+    return {
+        "streams": args.streams,
+        "tokens": sum(r[0] for r in results),
+        "tok_s": sum(r[0] for r in results) / wall,
+        "ttft_worst_s": max(ttfts),
+        "ttft_median_s": statistics.median(ttfts),
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--surface", choices=("openai", "ollama"), default="openai")
+    ap.add_argument("--stagger-ms", type=float, default=0.0)
+    ap.add_argument("--model", default="bench")
+    args = ap.parse_args()
+    figures = asyncio.run(run(args))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    figures["client_cpu_s"] = usage.ru_utime + usage.ru_stime
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Throughput through `greenroom serve` against the same engine in process, side by side in one
+run: N concurrent streams with continuous batching against `DecodeBatch` decoding the same N
+prompts together. The client is bench/lean_client.py in a
+process of its own (raw sockets, no JSON parsing); its CPU seconds are printed beside each
+figure so a client-bound measurement shows. Every stream asks for the server's fixed sampling
+parameters, so every one is batchable, on /v1 (SSE) and on Ollama's /api/chat (NDJSON).
+
+    .venv/bin/python bench/throughput.py [--size tiny|100m] [--tokens 128] [--levels 1,32,64]
+        [--ollama-levels 16] [--repeat 3] [--stagger-ms 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.server import start_server  # noqa: E402
+from greenroom.actors.scheduling import FIXED_SAMPLING  # noqa: E402
+from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds of the server's front end (the root process) and of its actors together."""
+    children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+    return {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children)}
+
+
+def in_process(engine, n: int, tokens: int) -> float:
+    """Tokens/s of the engine alone, and its CPU seconds per token: the same chat prompts the
+    client sends, decoded together as the server's batch decodes them (one stream too: a server
+    with continuous batching serves it in a batch of one; bench/stream_overhead.py measures the
+    serial path against `generate`)."""
+    params = attrs.evolve(FIXED_SAMPLING, max_tokens=tokens)
+    prompts = [engine.render_chat([{"role": "user", "content": f"Story number {i}"}]) for i in range(n)]
+    start, cpu = time.perf_counter(), time.process_time()
+    batch = engine.new_batch(FIXED_SAMPLING)
+    done = len(batch.join([(i, p, params) for i, p in enumerate(prompts)]))  # each one's first token
+    while len(batch):
+        done += len(batch.step())
+    return done / (time.perf_counter() - start), (time.process_time() - cpu) / done
+
+
+def over_http(url: str, pid: int, n: int, tokens: int, surface: str, stagger_ms: float) -> dict:
+    """The lean client's figures, and the server's CPU milliseconds per token it used meanwhile."""
+    before = tree_cpu(pid)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/lean_client.py"), url, "--streams", str(n), "--tokens", str(tokens)]
+        + ["--surface", surface, "--stagger-ms", str(stagger_ms)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures = json.loads(out.stdout)
+    after = tree_cpu(pid)
+    figures |= {f"{k}_ms": (after[k] - before[k]) * 1000 / figures["tokens"] for k in after}
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--levels", default="1,32,64")
+    ap.add_argument("--ollama-levels", default="16")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--stagger-ms", type=float, default=0.0)
+    ap.add_argument("--chunks-per-s", type=float, help="the server's stream_chunks_per_s (0: no pacing)")
+    args = ap.parse_args()
+    runs = [("openai", int(n)) for n in args.levels.split(",") if n] + [
+        ("ollama", int(n)) for n in args.ollama_levels.split(",") if n
+    ]
+    engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size))
+    proc, url = start_server(
+        f'log_level = "warning"\nmax_queue = {max(n for _, n in runs) * 2}\ncontinuous_batching = true\n'
+        + (f"stream_chunks_per_s = {args.chunks_per_s}\n" if args.chunks_per_s is not None else "")
+        + f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n'
+    )
+    pacing = "server default" if args.chunks_per_s is None else args.chunks_per_s
+    print(f"demo:{args.size}, {args.tokens} tokens per stream, median of {args.repeat} (interleaved), pacing {pacing}")
+    print(
+        f"{'surface':>8} {'streams':>7} {'in-process':>11} {'served':>9} {'ratio':>6} {'worst TTFT':>11} {'client CPU':>11}"
+    )
+    try:
+        for surface, n in runs:
+            in_process(engine, n, args.tokens), over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms)
+            local, served = [], []
+            for _ in range(args.repeat):  # interleaved, so drift hits both alike
+                local.append(in_process(engine, n, args.tokens))
+                served.append(over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms))
+            mid = sorted(served, key=lambda r: r["tok_s"])[len(served) // 2]
+            ref, ref_cpu = statistics.median(r[0] for r in local), statistics.median(r[1] for r in local)
+            print(
+                f"{surface:>8} {n:>7} {ref:>9.0f}/s {mid['tok_s']:>7.0f}/s {mid['tok_s'] / ref:>6.2f} "
+                f"{mid['ttft_worst_s'] * 1000:>8.0f} ms {mid['client_cpu_s']:>9.2f} s   "
+                f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}"
+            )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
