@@ -42,7 +42,7 @@ def cpu_s(pid: int) -> float:
 
 def tree_cpu(root: int) -> dict[str, float]:
     """CPU seconds of the server's front end (the root process) and of its actors together."""
-    children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+    children = [c for task in Path(f"/proc/{root}/task").iterdir() for c in (task / "children").read_text().split()]
     return {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children)}
 
 

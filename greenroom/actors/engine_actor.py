@@ -75,7 +75,8 @@ async def engine_session(
     value, then serves the stream until the front end closes it."""
     die_with_parent(parent_pid)
     # The worker thread holds the GIL between torch ops; a short switch interval lets the
-    # loop thread forward each step's message promptly instead of after up to 5 ms.
+    # loop thread's turns (the outbox's polls, status, cancel) in promptly instead of after up
+    # to 5 ms (measured: one stream of the tiny demo 4 % faster than at the default 5 ms).
     sys.setswitchinterval(0.0005)
     try:
         engines = await trio.to_thread.run_sync(_load_engines, models)

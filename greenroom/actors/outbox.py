@@ -2,13 +2,15 @@
 as `Events` messages.
 
 A wake-up of the trio loop from the worker thread is a write to trio's wake-up socket, and
-the loop thread it wakes takes the GIL at once: the worker then waits for the loop's whole
-turn, once per decode step — a third of the step's time for one stream of the tiny demo
-(bench/throughput.py). So the worker wakes the loop only for the first event after a lull;
-while events keep coming the sender polls the queue every SEND_INTERVAL_S on its own timer,
-which lets its turn overlap the worker's compute (torch and llama.cpp release the GIL), and
-goes back to sleep once IDLE_POLLS polls in a row found nothing. Each message carries
-everything produced since the last one: a fast engine's steps are coalesced.
+the loop thread it wakes takes the GIL at once: the worker then waits out the loop's whole
+turn. Once per decode step, that cost a third of a step for one stream of the tiny demo
+(bench/throughput.py). So a running stream's tokens do not wake the loop: while events keep
+coming, the sender polls the queue every SEND_INTERVAL_S on its own timer, its turn then
+overlapping the worker's compute (torch and llama.cpp release the GIL), and sends everything
+produced since the last message as one. What starts, ends or fails a request — `Admitted`, a
+stream's first and last text, `Failed`, every answer that is not a stream — wakes it at once,
+as does the first event after a lull; the sender stops polling once IDLE_POLLS polls in a row
+found nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ import collections
 
 import trio
 
-from greenroom.protocol import Events, to_wire
+from greenroom.protocol import Events, Text, to_wire
 
-SEND_INTERVAL_S = 0.002  # ≤ 500 messages/s per actor, and an event waits at most this long
-IDLE_POLLS = 25  # 50 ms without an event: stop polling until the next wake-up
+SEND_INTERVAL_S = 0.01  # a running stream's tokens wait at most this long: 100 messages/s per actor
+IDLE_POLLS = 5  # 50 ms without an event: stop polling until the next wake-up
+
+
+def _urgent(event) -> bool:
+    return not isinstance(event, Text) or event.finish_reason is not None or event.completion_tokens <= 1
 
 
 class Outbox:
@@ -34,16 +40,16 @@ class Outbox:
         self._events: collections.deque = collections.deque()
 
     def put(self, event) -> None:
-        """From the loop thread."""
+        """From the loop thread: sent at once."""
         self._events.append(event)
         self._wake.set()
 
     def put_from_thread(self, event) -> None:
-        """From the worker thread. The append comes before the read of `_polling`, and the
-        sender clears `_polling` before it looks at the queue a last time: no event is left
-        behind without a wake-up."""
+        """From the worker thread. The append comes before the reads of `_polling` and
+        `_wake_pending`, and the sender clears each before it looks at the queue: no event is
+        left behind without a wake-up or a poll to come."""
         self._events.append(event)
-        if not self._polling and not self._wake_pending:
+        if (_urgent(event) or not self._polling) and not self._wake_pending:
             self._wake_pending = True
             self._token.run_sync_soon(self._wake_sender)
 
@@ -51,15 +57,14 @@ class Outbox:
         self._wake.set()
 
     async def send(self, stream) -> None:
-        """One message at once for the first event after a lull, then one per poll that
-        finds events, until IDLE_POLLS polls find none."""
+        """One message per wake-up or poll that finds events, carrying all of them."""
         while True:
             await self._wake.wait()
-            self._wake = trio.Event()
             self._polling = True
-            self._wake_pending = False
             idle = 0
             while idle < IDLE_POLLS:
+                self._wake = trio.Event()
+                self._wake_pending = False
                 if self._events:
                     batch = []
                     while self._events:
@@ -68,7 +73,8 @@ class Outbox:
                     idle = 0
                 else:
                     idle += 1
-                await trio.sleep(SEND_INTERVAL_S)
+                with trio.move_on_after(SEND_INTERVAL_S):
+                    await self._wake.wait()
             self._polling = False
             if self._events:  # appended while `_polling` was still read as set
                 self._wake.set()
