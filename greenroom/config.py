@@ -57,6 +57,8 @@ class Config:
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
+    # transformers: KV tokens of prompts kept per model for automatic prefix reuse (engines/prefix_cache.py); 0: off
+    prefix_cache_tokens: int = 8192
     # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
     # the server's maximum dial, all within [0, 2]
     cluster_intensity_min: float = 0.5
@@ -80,6 +82,7 @@ _ENV_FIELDS = {
     "default_max_tokens": int,
     "max_queue": int,
     "continuous_batching": _on,
+    "prefix_cache_tokens": int,
 }
 
 

@@ -19,6 +19,7 @@ from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
 from .constraints import Constraints, GrammarError
+from .prefix_cache import PrefixCache
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Echoed, Scored, prompt_tokens, score_row
 from .steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
@@ -35,7 +36,9 @@ class TransformersEngine:
         dtype: str | None = None,
         threads: int | None = None,
         chat_template: str | None = None,
+        prefix_cache_tokens: int = 0,
     ):
+        """`prefix_cache_tokens`: the KV tokens kept for prefix reuse (prefix_cache.py); 0: none."""
         path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -66,10 +69,13 @@ class TransformersEngine:
             if self.has_chat_template
             else None
         )
-        # a sliding-window layer drops its oldest keys by count, which left padding would skew
-        self.batchable = not getattr(cfg, "sliding_window", None) and "sliding_attention" not in (
+        # a sliding-window layer drops its oldest keys by count, which left padding would skew and
+        # a stored prefix's cache may already have dropped: neither batching nor prefix reuse there
+        sliding = bool(getattr(cfg, "sliding_window", None)) or "sliding_attention" in (
             getattr(cfg, "layer_types", None) or ()
         )
+        self.batchable = not sliding
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and not sliding else None
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -135,20 +141,27 @@ class TransformersEngine:
     ) -> Iterator[tuple[int, float, tuple]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
         stops once the grammar is complete); with a `readout` (steering.readout) and/or a
-        `monitor` (steering.monitor), every forward records its SAE activations."""
+        `monitor` (steering.monitor), every forward records its SAE activations. The prompt's
+        KV is stored for prefix reuse, and a stored prefix of it is reused unless a readout or
+        monitor must read every prompt position."""
         gen = new_generator(params.seed, self.device)
-        cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
         seen = torch.tensor(prompt_ids + [0] * (params.max_tokens or 0), device=self.device)
         n_seen = len(prompt_ids)
         try:
             with torch.inference_mode():
-                ids = torch.tensor([prompt_ids], device=self.device)
+                cache, start = self._prefilled(prompt_ids, reuse=readout is None and monitor is None)
+                ids = torch.tensor([prompt_ids[start:]], device=self.device)
                 while True:
                     with self.steering.reading(readout, monitor):
                         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
                     logits = out.logits[0, -1]
                     del out
+                    if start is not None and self.prefix_cache is not None:  # the prompt's KV, as computed
+                        self.prefix_cache.store(
+                            self.steering.key(), prompt_ids, [(layer.keys, layer.values) for layer in cache.layers]
+                        )
+                    start = None
                     if matcher is not None:
                         logits = logits.float()
                         matcher.mask(logits)
@@ -162,6 +175,17 @@ class TransformersEngine:
                     ids = torch.tensor([[token]], device=self.device)
         finally:
             del cache  # the sequence's KV memory goes with its iterator
+
+    def _prefilled(self, prompt_ids: list[int], reuse: bool) -> tuple[DynamicCache, int]:
+        """A cache for `prompt_ids`, holding the longest stored prefix of it computed under this
+        thread's steering (copied: the store's tensors are never written), and that prefix's length."""
+        cache = DynamicCache()
+        if not reuse or self.prefix_cache is None:
+            return cache, 0
+        start, kv = self.prefix_cache.lookup(self.steering.key(), prompt_ids)
+        for layer, (keys, values) in enumerate(kv or ()):
+            cache.update(keys, values, layer)
+        return cache, start
 
     def new_batch(self, sampling: SamplingParams):
         """A continuous batch of sequences sampled under `sampling` (batching.py)."""

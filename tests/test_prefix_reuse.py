@@ -1,0 +1,115 @@
+"""Automatic prefix reuse on the transformers engine (engines/prefix_cache.py): a prompt that
+starts with a prefix an earlier prompt computed prefills only the rest, with the same tokens as
+a full prefill; steering is part of the key; the store is bounded and shown in /metrics."""
+
+import httpx
+import pytest
+from conftest import MODEL
+from test_metrics import sample
+
+from greenroom.engines.base import SamplingParams
+from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.generation import generate
+from greenroom.engines.prefix_cache import BLOCK
+from greenroom.engines.sae import load_sae
+from greenroom.engines.steering import SteeringState
+from greenroom.engines.transformers_engine import TransformersEngine
+
+STORY = "The lighthouse keeper wrote in his log every night, about the sea, the ships and the gulls. "
+
+
+def mixed(engine, n: int) -> list[tuple[list[int], SamplingParams]]:
+    """`n` prompts sharing prefixes of different lengths (and some sharing none), greedy and seeded."""
+    out = []
+    for i in range(n):
+        shared = STORY * (1 + i % 4)
+        text = shared[: len(shared) - 7 * (i % 5)] + f" Question {i}: what came next?" if i % 6 else f"Alone {i}"
+        params = (
+            SamplingParams(max_tokens=8, temperature=0)
+            if i % 3
+            else SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, seed=i)
+        )
+        out.append((engine.tokenize(text), params))
+    return out
+
+
+def texts(engine, requests) -> list[list[str]]:
+    return [[d.text for d in generate(engine, ids, params)] for ids, params in requests]
+
+
+@pytest.mark.parametrize("size,n", [("tiny", 50), ("100m", 12)])  # bench/prefix_reuse.py: 50 on 100m
+def test_reuse_gives_the_tokens_of_a_full_prefill(model_cache, size, n):
+    """Mixed requests (greedy and seeded), with and without reuse: 0 differences."""
+    path = ensure_demo_model(default_cache_dir(), size)
+    plain, reusing = TransformersEngine(MODEL, path), TransformersEngine(MODEL, path, prefix_cache_tokens=50_000)
+    assert plain.prefix_cache is None
+    requests = mixed(plain, n)
+    assert texts(reusing, requests) == texts(plain, requests)
+    stats = reusing.prefix_cache.stats()
+    assert stats["hits"] >= n * 2 // 3 and stats["reused_tokens"] >= stats["hits"] * 2 * BLOCK, stats
+    assert stats["hits"] + stats["misses"] == n
+
+
+def test_steering_is_part_of_the_key(model_cache):
+    """A prefix computed unsteered is not reused under steering (live or a request's own), and
+    what each computes is what an engine without reuse computes."""
+    path = ensure_demo_model(default_cache_dir(), "tiny")
+    layer = demo_sae_layers("tiny")[0]
+    engines = [TransformersEngine(MODEL, path), TransformersEngine(MODEL, path, prefix_cache_tokens=50_000)]
+    for engine in engines:
+        engine.steering.attach("sae", load_sae(demo_sae_dir(default_cache_dir(), "tiny", layer)))
+    ids = engines[0].tokenize(STORY * 3)
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    runs = {}
+    for name, engine in zip(("plain", "reusing"), engines):
+        cache = engine.prefix_cache
+        out = [[d.text for d in generate(engine, ids, greedy)]]  # unsteered: stored
+        hits = cache.stats()["hits"] if cache else 0
+        with engine.steering.steered(engine.steering.for_request({"sae": {3: 120.0}})):
+            out.append([d.text for d in generate(engine, ids, greedy)])
+        engine.steering.apply(SteeringState(1, True, {"sae": {5: -150.0}}))
+        out.append([d.text for d in generate(engine, ids, greedy)])
+        if cache:
+            assert cache.stats()["hits"] == hits, "a prefix computed under other steering was reused"
+            out.append([d.text for d in generate(engine, ids, greedy)])  # the same steering: reused
+            assert cache.stats()["hits"] == hits + 1
+        runs[name] = out
+    assert runs["reusing"][:3] == runs["plain"] and runs["reusing"][3] == runs["plain"][2]
+    assert len({"".join(t) for t in runs["plain"]}) == 3  # each steering changed the text
+
+
+def test_readouts_prefill_every_position(model_cache):
+    """A request reading the prompt's activations does not reuse a prefix (every position is read)."""
+    engine = TransformersEngine(MODEL, ensure_demo_model(default_cache_dir(), "tiny"), prefix_cache_tokens=50_000)
+    engine.steering.attach("sae", load_sae(demo_sae_dir(default_cache_dir(), "tiny", demo_sae_layers("tiny")[0])))
+    ids = engine.tokenize(STORY * 2)
+    list(generate(engine, ids, SamplingParams(max_tokens=2, temperature=0)))
+    readout = engine.steering.readout(len(ids), positions="prompt", top_k=2)
+    list(generate(engine, ids, SamplingParams(max_tokens=2, temperature=0), readout=readout))
+    assert len(readout.result(ids)) == len(ids)
+    assert engine.prefix_cache.stats()["hits"] == 0
+
+
+def test_bounded_and_shown_in_metrics(own_server):
+    """The store keeps at most prefix_cache_tokens (the least recently used go first), and
+    /metrics shows what it holds and how often it was hit."""
+    srv = own_server(f'prefix_cache_tokens = 300\n[[models]]\nid = "{MODEL}"\nsource = "demo:tiny"\n')
+
+    def complete(prompt: str) -> str:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    first = complete(STORY * 2 + "First.")
+    assert complete(STORY * 2 + "First.") == first
+    for i in range(6):  # ~90 tokens each: past the bound
+        complete(f"Other {i}. " + STORY * 2)
+    text = httpx.get(srv.url + "/metrics", timeout=10).text
+    figure = {
+        name: sample(text, f"greenroom_prefix_cache_{name}", actor="cpu", model=MODEL)
+        for name in ("max_tokens", "tokens", "bytes", "entries", "hits", "misses", "reused_tokens")
+    }
+    assert figure["max_tokens"] == 300 and 0 < figure["tokens"] <= 300 and figure["bytes"] > 0
+    assert figure["hits"] >= 1 and figure["reused_tokens"] >= 2 * BLOCK and figure["misses"] >= 6
