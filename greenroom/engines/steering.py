@@ -513,6 +513,11 @@ class Steering:
         request = local.request
         return (self.changes, request.key if request is not None and request.version == self.state.version else None)
 
+    def deltas(self) -> dict[int, torch.Tensor]:
+        """Per block, the delta a forward on this thread adds there (`_at`'s; blocks adding none
+        left out): what the fixed-shape step adds from its buffer instead of running the hooks."""
+        return {e.info.block: d for e in self._hooked.values() if (d := self._at(e)[0]) is not None}
+
     def suppressed(self) -> _Suppressed:
         """Forwards inside this, on this thread, run with every attached SAE's hook off: no
         steering, nothing read. A forward on another thread (or after the block) is steered."""
