@@ -2,6 +2,9 @@
 starts with a prefix an earlier prompt computed prefills only the rest, with the same tokens as
 a full prefill; steering is part of the key; the store is bounded and shown in /metrics."""
 
+import json
+import shutil
+
 import httpx
 import pytest
 from conftest import MODEL
@@ -113,3 +116,16 @@ def test_bounded_and_shown_in_metrics(own_server):
     }
     assert figure["max_tokens"] == 300 and 0 < figure["tokens"] <= 300 and figure["bytes"] > 0
     assert figure["hits"] >= 1 and figure["reused_tokens"] >= 2 * BLOCK and figure["misses"] >= 6
+
+
+def test_off_for_sliding_window_models(model_cache, tmp_path):
+    """A sliding-window layer's cache may already have dropped what a stored prefix needs:
+    neither prefix reuse nor the fixed-shape step (nor batching) runs there."""
+    path = tmp_path / "sliding"
+    shutil.copytree(ensure_demo_model(default_cache_dir(), "tiny"), path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sliding_window": 64}))
+    engine = TransformersEngine(MODEL, path, prefix_cache_tokens=50_000, fixed_shape="on")
+    assert engine.prefix_cache is None and not engine.fixed_shape and not engine.batchable
+    ids = engine.tokenize(STORY)
+    assert len(list(generate(engine, ids, SamplingParams(max_tokens=3, temperature=0)))) == 3

@@ -67,6 +67,7 @@ class FixedShape:
         if compiled:  # the buffers written in place stay where they are: CUDA graphs replay over them
             for t in (*self.cache.keys, *self.cache.values, self._steer, self._ids, self._at):
                 torch._dynamo.mark_static_address(t)
+        self._compiled = compiled
         self._run = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True) if compiled else self._forward
 
     def load(self, slot: int, cache) -> None:
@@ -86,7 +87,11 @@ class FixedShape:
             self._steer_key = key
         self._ids.copy_(torch.tensor(ids)[:, None])
         self._at.copy_(torch.tensor(positions))
-        return self._run()
+        if not self._compiled:
+            return self._run()
+        # a new replay; its output lives in the graph's memory, which the next replay reuses
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._run().clone()
 
     def _forward(self) -> torch.Tensor:
         body = self._model.model
