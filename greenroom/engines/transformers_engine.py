@@ -304,7 +304,11 @@ class TransformersEngine:
 
     def unload(self) -> None:
         del self.model
+        # the stored prefixes and the fixed-shape slots are KV of this model: they go with it
+        self.prefix_cache = self._serial_step = self._batch_step = None
         if self.device.type == "cuda":
+            if self.fixed_shape:  # compiled graphs hold the weights (every model here recompiles once)
+                torch._dynamo.reset()
             torch.cuda.empty_cache()
 
 
