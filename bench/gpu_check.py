@@ -144,11 +144,13 @@ def measure(name: str, value: float, goal: str, met: bool | None) -> None:
     print(json.dumps({"measure": name, "value": round(value, 3), "goal": goal, "met": met}), flush=True)
 
 
-def stream(http: httpx.Client, url: str, tokens: int, greedy: bool, delay: float = 0.0) -> tuple[int, float, float]:
+def stream(
+    http: httpx.Client, url: str, model: str, tokens: int, greedy: bool, delay: float = 0.0
+) -> tuple[int, float, float]:
     """One streamed chat after `delay` s: (completion tokens, its start, its end) in perf_counter time."""
     time.sleep(delay)
     body = {
-        "model": "bench",
+        "model": model,
         "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
         "max_tokens": tokens,
         "stream": True,
@@ -165,30 +167,35 @@ def stream(http: httpx.Client, url: str, tokens: int, greedy: bool, delay: float
 
 def throughput(args) -> None:
     on_card = ACTOR.startswith("gpu")
+    model = f"throughput-{args.size}"  # its own name: the steering store keeps what a model had attached
     proc, url = start_server(
         f'log_level = "warning"\nollama_port = 0\nnpu_actors = []\ncontinuous_batching = true\n'
         f'fixed_shape = "{args.fixed_shape}"\nfixed_shape_slots = {args.streams}\n'
-        f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\nsae = "demo:{args.size}"\n'
+        f'[[models]]\nid = "{model}"\nsource = "demo:{args.size}"\n'
     )
     http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=args.streams + 8))
     try:
-        sae = next(m for m in http.get(url + "/api/saes").json()["models"] if m["model"] == "bench")["saes"][0]
-        sae_id = sae["sae_id"]
+        r = http.post(url + "/api/saes/attach", json={"model": model, "sae": f"demo:{args.size}"})
+        assert r.status_code == 200, r.text
+        sae_id = next(m for m in http.get(url + "/api/saes").json()["models"] if m["model"] == model)["saes"][0][
+            "sae_id"
+        ]
 
         def steer(on: bool) -> None:
             strengths = {sae_id: {"5": 60.0, "9": -30.0}} if on else {}
-            r = http.put(url + "/api/steering", json={"model": "bench", "enabled": True, "strengths": strengths})
+            r = http.put(url + "/api/steering", json={"model": model, "enabled": True, "strengths": strengths})
             assert r.status_code == 200, r.text
 
         def one() -> float:
-            n, start, end = stream(http, url, args.tokens, greedy=True)
+            n, start, end = stream(http, url, model, args.tokens, greedy=True)
             return n / (end - start)
 
         def many() -> float:
             with ThreadPoolExecutor(args.streams) as pool:
                 runs = list(
                     pool.map(
-                        lambda i: stream(http, url, args.tokens, False, i * args.stagger_ms / 1000), range(args.streams)
+                        lambda i: stream(http, url, model, args.tokens, False, i * args.stagger_ms / 1000),
+                        range(args.streams),
                     )
                 )
             return sum(n for n, _, _ in runs) / (max(e for _, _, e in runs) - min(s for _, s, _ in runs))
@@ -221,6 +228,8 @@ def throughput(args) -> None:
             measure(
                 f"{label}: steering on / off, {kind} stream(s)", ratio, ">= 0.97", ratio >= 0.97 if on_card else None
             )
+        steer(False)  # the store keeps the model's steering: leave it unsteered, the SAE detached
+        http.post(url + "/api/saes/detach", json={"model": model, "sae_id": sae_id})
     finally:
         http.close()
         proc.send_signal(signal.SIGTERM)
