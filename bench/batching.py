@@ -1,8 +1,10 @@
 """In-process decode throughput of N sequences, four ways: one after another (the serial
 engine path), transformers' continuous batching manager (`generate_batch`), a static batch
 (`generate` on N left-padded prompts, every sequence the same length: the ceiling), and
-greenroom's decode-step batch (`engines/batching.py`, every sequence joining at once).
-The measurement that chose greenroom's own batch over transformers' manager.
+greenroom's decode-step batch (`engines/batching.py`, every sequence joining at once) —
+the last two of greenroom's also on the fixed-shape path (`engines/fixed_shape.py`, compiled
+on CUDA, eager here on the CPU). The measurement that chose greenroom's own batch over
+transformers' manager.
 
     .venv/bin/python bench/batching.py [--size tiny|100m|1b] [--n 16] [--tokens 64] [--device cpu|cuda:0] [--repeat 3]
 """
@@ -54,13 +56,17 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size), device=args.device)
+    path = ensure_demo_model(default_cache_dir(), args.size)
+    engine = TransformersEngine("bench", path, device=args.device, fixed_shape="off")
+    fixed = TransformersEngine(
+        "bench", path, device=args.device, fixed_shape="on", fixed_shape_slots=args.n, fixed_shape_length=512
+    )
     prompts = [engine.tokenize(f"Story number {i} about the sea") for i in range(args.n)]
     params = SamplingParams(max_tokens=args.tokens, temperature=0)
     total = args.n * args.tokens
     model, device = engine.model, engine.device
 
-    def serial():
+    def serial(engine=engine):
         for ids in prompts:
             for _ in generate(engine, ids, params):
                 pass
@@ -87,7 +93,7 @@ def main() -> None:
                 pad_token_id=0,
             )
 
-    def greenroom():
+    def greenroom(engine=engine):
         batch = engine.new_batch(GREEDY)
         batch.join([(i, p, params) for i, p in enumerate(prompts)])
         while len(batch):
@@ -100,6 +106,8 @@ def main() -> None:
         ("transformers generate_batch", manager),
         ("static batch (generate)", static),
         ("greenroom DecodeBatch", greenroom),
+        ("serial, fixed shape", lambda: serial(fixed)),
+        ("DecodeBatch, fixed shape", lambda: greenroom(fixed)),
     ]:
         rate = total / timed(fn, args.repeat)
         base = base or rate

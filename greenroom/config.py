@@ -60,6 +60,13 @@ class Config:
     # streamed chunks a second the front end sends in all before it holds each stream's tokens to
     # fewer, larger chunks (http/pacing.py); 0: one chunk per engine event, whatever the load
     stream_chunks_per_s: float = 2000.0
+    # transformers: KV tokens of prompts kept per model for automatic prefix reuse (engines/prefix_cache.py); 0: off
+    prefix_cache_tokens: int = 8192
+    # transformers: decode in fixed shapes (engines/fixed_shape.py), compiled on CUDA: "auto" (on CUDA), "on", "off";
+    # a continuous batch holds fixed_shape_slots sequences, each of up to fixed_shape_length tokens (longer: eager)
+    fixed_shape: str = "auto"
+    fixed_shape_slots: int = 64
+    fixed_shape_length: int = 2048
     # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
     # the server's maximum dial, all within [0, 2]
     cluster_intensity_min: float = 0.5
@@ -83,6 +90,8 @@ _ENV_FIELDS = {
     "default_max_tokens": int,
     "max_queue": int,
     "continuous_batching": _on,
+    "prefix_cache_tokens": int,
+    "fixed_shape": str,
 }
 
 
@@ -103,6 +112,8 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
         raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
     raw.update({k: v for k, v in overrides.items() if v is not None})
     config = _converter.structure(raw, Config)
+    if config.fixed_shape not in ("auto", "on", "off"):
+        raise ValueError(f"fixed_shape is auto, on or off, not {config.fixed_shape!r}")
     for model in config.models:
         model.chat_template = _template_text(model)
     from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start

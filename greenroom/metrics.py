@@ -45,6 +45,28 @@ ACTOR_EVENTS = Counter(
 )
 
 
+# automatic prefix reuse per model (engines/prefix_cache.py), as its engine actor's status reports it
+PREFIX_CACHE = {
+    figure: Gauge(f"greenroom_prefix_cache_{figure}", doc, ("actor", "model"), registry=REGISTRY)
+    for figure, doc in {
+        "max_tokens": "The prefix store's bound, in KV tokens",
+        "tokens": "KV tokens held for prefix reuse",
+        "bytes": "Bytes of KV held for prefix reuse",
+        "entries": "Prompts whose KV is held for prefix reuse",
+        "hits": "Prompts that reused a stored prefix, since the model loaded",
+        "misses": "Prompts that found no stored prefix, since the model loaded",
+        "reused_tokens": "Prompt tokens not prefilled thanks to a stored prefix, since the model loaded",
+    }.items()
+}
+
+
+def engine_status(actor: str, status: dict | None) -> None:
+    """The gauges read from an engine actor's status (each /api/actors or /metrics read)."""
+    for model, figures in ((status or {}).get("prefix_cache") or {}).items():
+        for figure, value in figures.items():
+            PREFIX_CACHE[figure].labels(actor, model).set(value)
+
+
 class TokenClock:
     """Per request: observes the first token's latency, then the time per later token."""
 

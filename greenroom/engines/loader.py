@@ -104,10 +104,15 @@ def _package_file(source: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / rel
 
 
+# the placement's keys the transformers engine takes as they are (absent: the engine's defaults)
+TRANSFORMERS_KEYS = ("prefix_cache_tokens", "fixed_shape", "fixed_shape_slots", "fixed_shape_length")
+
+
 def load_engine(spec: dict) -> Engine:
     """`spec`: a placement as it crosses to the engine actor (the front end's Placement.to_spec):
     {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
-    the model's own, or None)}, and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
+    the model's own, or None)}, for transformers "prefix_cache_tokens" and "fixed_shape",
+    "fixed_shape_slots", "fixed_shape_length", and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
     "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len"."""
     path = resolve_source(spec["source"], spec.get("cache_dir"))
     if spec["engine"] == "transformers":
@@ -123,6 +128,7 @@ def load_engine(spec: dict) -> Engine:
             device=spec.get("device", "cpu"),
             dtype=spec.get("dtype"),
             chat_template=spec.get("chat_template"),
+            **{key: spec[key] for key in TRANSFORMERS_KEYS if spec.get(key) is not None},
         )
     if spec["engine"] == "llama.cpp":
         from .llama_cpp_engine import LlamaCppEngine

@@ -117,6 +117,7 @@ class RequestSteering:
 
     version: int
     deltas: Mapping[str, torch.Tensor | None]  # per attached SAE; one not named is unsteered
+    key: tuple = ()  # the strengths, canonical: what Steering.key tells requests apart by
 
 
 class Readout:
@@ -491,7 +492,9 @@ class Steering:
                     "profile",
                 )
         return RequestSteering(
-            self.state.version, {sae_id: self._delta(self._hooked[sae_id], s) for sae_id, s in strengths.items()}
+            self.state.version,
+            {sae_id: self._delta(self._hooked[sae_id], s) for sae_id, s in strengths.items()},
+            tuple(sorted((sae_id, tuple(sorted(s.items()))) for sae_id, s in strengths.items())),
         )
 
     def steered(self, request: RequestSteering) -> _Scoped:
@@ -499,6 +502,21 @@ class Steering:
         newer state is applied (an operator's write mid-request wins, for the rest of it too).
         The live state itself never changes, so a batch's rows and later requests keep it."""
         return _Scoped(self._local, "request", request)
+
+    def key(self) -> tuple:
+        """What a forward on this thread adds, as a hashable value: two forwards under equal keys
+        add the same (a cached prefix's KV is reused only under its key, prefix_cache.py). The
+        attaches and applied states so far, and a request's own strengths while they hold."""
+        local = self._local
+        if local.suppressed:
+            return (self.changes, "suppressed")
+        request = local.request
+        return (self.changes, request.key if request is not None and request.version == self.state.version else None)
+
+    def deltas(self) -> dict[int, torch.Tensor]:
+        """Per block, the delta a forward on this thread adds there (`_at`'s; blocks adding none
+        left out): what the fixed-shape step adds from its buffer instead of running the hooks."""
+        return {e.info.block: d for e in self._hooked.values() if (d := self._at(e)[0]) is not None}
 
     def suppressed(self) -> _Suppressed:
         """Forwards inside this, on this thread, run with every attached SAE's hook off: no

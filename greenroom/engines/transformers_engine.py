@@ -19,6 +19,9 @@ from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
 from .constraints import Constraints, GrammarError
+from .fixed_shape import FixedShape
+from .fixed_shape import supported as fixed_shape_supported
+from .prefix_cache import PrefixCache
 from .sampling import new_generator, sample, token_logprob
 from .scoring import Echoed, Scored, prompt_tokens, score_row
 from .steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
@@ -35,7 +38,15 @@ class TransformersEngine:
         dtype: str | None = None,
         threads: int | None = None,
         chat_template: str | None = None,
+        prefix_cache_tokens: int = 0,
+        fixed_shape: str = "auto",
+        fixed_shape_slots: int = 64,
+        fixed_shape_length: int = 2048,
     ):
+        """`prefix_cache_tokens`: the KV tokens kept for prefix reuse (prefix_cache.py); 0: none.
+        `fixed_shape`: decode in fixed shapes (fixed_shape.py) — "auto" (on CUDA, compiled), "on"
+        (here; compiled on CUDA only), "off" — in slots of `fixed_shape_length` tokens, a batch
+        holding `fixed_shape_slots` sequences."""
         path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -66,10 +77,21 @@ class TransformersEngine:
             if self.has_chat_template
             else None
         )
-        # a sliding-window layer drops its oldest keys by count, which left padding would skew
-        self.batchable = not getattr(cfg, "sliding_window", None) and "sliding_attention" not in (
+        # a sliding-window layer drops its oldest keys by count, which left padding would skew and
+        # a stored prefix's cache may already have dropped: neither batching nor prefix reuse there
+        sliding = bool(getattr(cfg, "sliding_window", None)) or "sliding_attention" in (
             getattr(cfg, "layer_types", None) or ()
         )
+        self.batchable = not sliding
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and not sliding else None
+        wanted = fixed_shape == "on" or fixed_shape == "auto" and self.device.type == "cuda"
+        self.fixed_shape = wanted and not sliding and fixed_shape_supported(self.model)
+        self.fixed_shape_slots, self.fixed_shape_length = fixed_shape_slots, fixed_shape_length
+        self._serial_step: FixedShape | None = None  # one slot, for the serial path's sequence
+        self._serial_step_busy = False
+        self._batch_step: FixedShape | None = None
+        # sequences a continuous batch holds at most (the scheduling policy's capacity): its slots
+        self.parallel = fixed_shape_slots if self.fixed_shape else None
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
@@ -135,20 +157,26 @@ class TransformersEngine:
     ) -> Iterator[tuple[int, float, tuple]]:
         """With a `matcher`, every step is masked to what its grammar allows (the caller
         stops once the grammar is complete); with a `readout` (steering.readout) and/or a
-        `monitor` (steering.monitor), every forward records its SAE activations."""
+        `monitor` (steering.monitor), every forward records its SAE activations — and the
+        prompt is prefilled whole (no stored prefix: every position is read). With the
+        fixed-shape path on, the steps after the prefill run there (fixed_shape.py) unless
+        the sequence is observed or could outgrow a slot."""
         gen = new_generator(params.seed, self.device)
-        cache = DynamicCache()
         # every token seen so far, for the repetition penalty (prompt included, as HF does)
         seen = torch.tensor(prompt_ids + [0] * (params.max_tokens or 0), device=self.device)
         n_seen = len(prompt_ids)
+        observed = readout is not None or monitor is not None
+        fixed = cache = None
         try:
             with torch.inference_mode():
-                ids = torch.tensor([prompt_ids], device=self.device)
+                with self.steering.reading(readout, monitor):
+                    logits, cache = self.prefill(prompt_ids, reuse=not observed)
+                if not observed and params.max_tokens and n_seen + params.max_tokens <= self.fixed_shape_length:
+                    fixed = self._take_serial_step()
+                if fixed is not None:
+                    fixed.load(0, cache)
+                    cache = None
                 while True:
-                    with self.steering.reading(readout, monitor):
-                        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
-                    logits = out.logits[0, -1]
-                    del out
                     if matcher is not None:
                         logits = logits.float()
                         matcher.mask(logits)
@@ -158,10 +186,60 @@ class TransformersEngine:
                     yield token, *token_logprob(logits, token, params.logprobs)
                     if n_seen < len(seen):
                         seen[n_seen] = token
-                        n_seen += 1
-                    ids = torch.tensor([[token]], device=self.device)
+                    n_seen += 1
+                    if fixed is not None:
+                        logits = fixed.step([token], [n_seen - 1])[0]
+                        continue
+                    with self.steering.reading(readout, monitor):
+                        out = self.model(
+                            input_ids=torch.tensor([[token]], device=self.device),
+                            use_cache=True,
+                            logits_to_keep=1,
+                            **{self.cache_arg: cache},
+                        )
+                    logits = out.logits[0, -1]
+                    del out
         finally:
             del cache  # the sequence's KV memory goes with its iterator
+            if fixed is not None:
+                self._serial_step_busy = False
+
+    def prefill(self, prompt_ids: list[int], reuse: bool = True) -> tuple[torch.Tensor, DynamicCache]:
+        """One sequence's prompt forward: the next-token logits and the cache. It starts from
+        the longest stored prefix of the prompt computed under this thread's steering (unless
+        not `reuse`), and stores the prompt's KV (prefix_cache.py)."""
+        cache = DynamicCache()
+        start, kv = (
+            self.prefix_cache.lookup(self.steering.key(), prompt_ids) if reuse and self.prefix_cache else (0, None)
+        )
+        for layer, (keys, values) in enumerate(kv or ()):
+            cache.update(keys, values, layer)  # a copy: the store's tensors are never written
+        ids = torch.tensor([prompt_ids[start:]], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        if self.prefix_cache is not None:  # DynamicCache appends by concatenation: these stay as they are
+            self.prefix_cache.store(
+                self.steering.key(), prompt_ids, [(layer.keys, layer.values) for layer in cache.layers]
+            )
+        return out.logits[0, -1], cache
+
+    def _take_serial_step(self) -> FixedShape | None:
+        """The one-slot fixed-shape step for a serial sequence, if the path is on and the step is
+        free (a second sequence meanwhile, e.g. interleaved by an in-process caller, runs eagerly)."""
+        if not self.fixed_shape or self._serial_step_busy:
+            return None
+        if self._serial_step is None:
+            self._serial_step = FixedShape(self, 1, self.fixed_shape_length, self.device.type == "cuda")
+        self._serial_step_busy = True
+        return self._serial_step
+
+    def batch_step(self) -> FixedShape:
+        """The fixed-shape step of the continuous batch: `fixed_shape_slots` slots, made once
+        (its KV buffers and compiled graphs outlive each batch)."""
+        if self._batch_step is None:
+            self._batch_step = FixedShape(
+                self, self.fixed_shape_slots, self.fixed_shape_length, self.device.type == "cuda"
+            )
+        return self._batch_step
 
     def new_batch(self, sampling: SamplingParams):
         """A continuous batch of sequences sampled under `sampling` (batching.py)."""
@@ -226,7 +304,11 @@ class TransformersEngine:
 
     def unload(self) -> None:
         del self.model
+        # the stored prefixes and the fixed-shape slots are KV of this model: they go with it
+        self.prefix_cache = self._serial_step = self._batch_step = None
         if self.device.type == "cuda":
+            if self.fixed_shape:  # compiled graphs hold the weights (every model here recompiles once)
+                torch._dynamo.reset()
             torch.cuda.empty_cache()
 
 

@@ -216,6 +216,7 @@ class Supervisor:
             if slot.on_demand and slot.state == SlotState.STOPPED:
                 continue  # a GGUF model's actor exists while the model is loaded
             status = await slot.client.status() if slot.client is not None else None
+            metrics.engine_status(slot.name, status)
             rows.append(
                 {
                     "name": slot.name,

@@ -124,7 +124,17 @@ class Tree:
             slot = self.slots[actor]
             if any(r.slot is slot for r in self.replicas.get(model_id, ())):
                 raise ValueError(f"model {model_id!r} is placed twice on engine actor {actor!r}")
-            placement = Placement(**common, device=device_of(actor))
+            transformers = (
+                {
+                    "prefix_cache_tokens": self.config.prefix_cache_tokens,
+                    "fixed_shape": self.config.fixed_shape,
+                    "fixed_shape_slots": self.config.fixed_shape_slots,
+                    "fixed_shape_length": self.config.fixed_shape_length,
+                }
+                if engine == "transformers"
+                else {}
+            )
+            placement = Placement(**common, device=device_of(actor), **transformers)
         m = ModelState(slot, placement, preload)
         self.table.add(m)
         return m
