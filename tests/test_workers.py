@@ -23,6 +23,7 @@ from conftest import ROOT, Server, free_port
 TOKEN = "test-worker-token-0123456789abcdef"
 HOST = "hostb"
 SAE_ID = "sae_demo_tiny_l1"
+TIMEOUT_S = 3.0  # a link silent this long is a lost host
 
 
 def config(listen_port: int) -> str:
@@ -30,6 +31,7 @@ def config(listen_port: int) -> str:
 engine_actors = []
 npu_actors = []
 workers_listen = "127.0.0.1:{listen_port}"
+worker_timeout_s = {TIMEOUT_S}
 
 [[models]]
 id = "remote-demo"
@@ -218,6 +220,33 @@ def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
     assert state["live"] and state["version"] == version
     r = chat(main, temperature=0)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == steered
+
+
+def test_a_silent_worker_is_lost_within_the_timeout_then_rejoins(main):
+    """SIGSTOP of the worker's tree: its link stays open and says nothing, as a cut network would."""
+    worker = main.workers[-1]
+    tree = worker.tree()
+    client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True
+    )
+    stopped_at = None
+    try:
+        with pytest.raises(openai.APIError) as exc:
+            for chunk in stream:
+                if stopped_at is None and chunk.choices and chunk.choices[0].delta.content:
+                    for p in tree:
+                        p.suspend()
+                    stopped_at = time.monotonic()
+        assert time.monotonic() - stopped_at < TIMEOUT_S + 2.0
+        assert exc.value.body["code"] == "engine_crashed" and "nothing received" in exc.value.body["message"]
+        r = chat(main)
+        assert r.status_code == 503 and f"worker host {HOST!r}" in r.json()["error"]["message"], r.text
+    finally:
+        for p in tree:
+            p.resume()
+    wait_ready(main, f"{HOST}/cpu")  # the worker finds its link gone and joins again
+    assert chat(main).status_code == 200
 
 
 def test_sigterm_of_the_main_host_leaves_no_process_on_either_host(main):
