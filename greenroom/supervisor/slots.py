@@ -59,7 +59,7 @@ class ActorSlot:
             raise GreenroomError(
                 "model_not_loaded",
                 f"model {model!r} is not available: its engine actor {self.name!r} is on worker host "
-                f"{self.host!r}, which is not connected ({self.last_error or 'it has not joined'})",
+                f"{self.host!r}, which is not serving it ({self.last_error or 'it has not joined'})",
                 "model",
             )
         if self.client is None:

@@ -111,20 +111,28 @@ class Supervisor:
         )
 
     async def _host_up(self, slot: ActorSlot) -> bool:
-        """Wait while a worker host's actor has no host: `offline` (503 naming the host) until
-        it joins. False for an on-demand actor, whose life ends with its host."""
+        """Wait while a worker host's actor has no host (or one that does not offer it):
+        `offline`, 503 naming the host, until it joins offering it. False for an on-demand
+        actor, whose life ends with its host."""
         host = self.workers.host(slot.host)
-        if host.connected:
-            return True
-        if slot.on_demand:
-            slot.last_error = f"worker host {host.name!r} is not connected ({host.lost_reason or 'it never joined'})"
-            return False
-        slot.state, slot.client, slot.pid = SlotState.OFFLINE, None, None
-        slot.last_error = host.lost_reason or "it has not joined"
-        self.lifecycle.stopped(slot)  # its models went with it
-        slot.ready.set()  # waiters see the offline state at once
-        await host.joined.wait()
-        slot.state, slot.ready = SlotState.STARTING, trio.Event()
+        actor = slot.name.split("/", 1)[1]
+        while not (host.connected and (slot.on_demand or actor in host.actors)):
+            if slot.on_demand:
+                slot.last_error = (
+                    f"worker host {host.name!r} is not connected ({host.lost_reason or 'it never joined'})"
+                )
+                return False
+            slot.state, slot.client, slot.pid = SlotState.OFFLINE, None, None
+            slot.last_error = (
+                f"it joined offering only {', '.join(host.actors)}"
+                if host.connected
+                else host.lost_reason or "it has not joined"
+            )
+            self.lifecycle.stopped(slot)  # its models went with it
+            slot.ready.set()  # waiters see the offline state at once
+            await (host.left if host.connected else host.joined).wait()
+        if slot.state == SlotState.OFFLINE:
+            slot.state, slot.ready = SlotState.STARTING, trio.Event()
         return True
 
     async def _supervise_loop(self, slot: ActorSlot) -> None:

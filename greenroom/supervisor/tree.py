@@ -197,7 +197,7 @@ class Tree:
     @property
     def loading(self) -> bool:
         return not self.discovered.is_set() or any(
-            s.state == SlotState.STARTING and not s.on_demand for s in self.slots.values()
+            s.state == SlotState.STARTING and not s.on_demand and s.host is None for s in self.slots.values()
         )
 
     def model_ids(self) -> list[str]:

@@ -82,6 +82,7 @@ class RemoteHost:
     name: str
     connected: bool = False
     joined: trio.Event = attrs.Factory(trio.Event)  # set while connected
+    left: trio.Event = attrs.Factory(trio.Event)  # set while not connected
     lost_reason: str | None = None  # why it is not connected (None: it never joined)
     pid: int | None = None
     address: str | None = None  # the peer address of its link
@@ -98,6 +99,7 @@ class RemoteHost:
         """The link is gone: close every pipe, end every actor's life, answer every waiting spawn."""
         self.connected, self.lost_reason, self.link = False, reason, None
         self.joined = trio.Event()
+        self.left.set()
         for scope in self.pipe_scopes:
             scope.cancel()
         for listener in self.pipes.values():
@@ -214,6 +216,7 @@ class WorkerHosts:
                 host.connected, host.link, host.pid, host.address = True, link, join.pid, peer
                 host.actors, host.lost_reason = list(join.actors), None
                 self._on_join(host.name, host.actors)
+                host.left = trio.Event()
                 host.joined.set()
                 log.info("worker host %s joined from %s offering %s", host.name, peer, ", ".join(join.actors))
                 async with trio.open_nursery() as nursery:
