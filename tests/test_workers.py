@@ -238,7 +238,7 @@ def test_a_silent_worker_is_lost_within_the_timeout_then_rejoins(main):
                     for p in tree:
                         p.suspend()
                     stopped_at = time.monotonic()
-        assert time.monotonic() - stopped_at < TIMEOUT_S + 2.0
+        assert time.monotonic() - stopped_at < TIMEOUT_S + 3.0  # silence, then the teardown
         assert exc.value.body["code"] == "engine_crashed" and "nothing received" in exc.value.body["message"]
         r = chat(main)
         assert r.status_code == 503 and f"worker host {HOST!r}" in r.json()["error"]["message"], r.text

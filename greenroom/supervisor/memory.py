@@ -79,9 +79,7 @@ async def free_memory(slot: ActorSlot) -> dict | None:
     """{"device", "free_bytes", "total_bytes"} of the device `slot`'s actor loads on: the host's
     for an on-demand (llama.cpp) actor, which is not running yet; else what the engine actor
     reports in its status (torch.cuda.mem_get_info on a card, available host memory on cpu).
-    None when it does not answer, or for an on-demand actor of a worker host (its engine checks)."""
-    if slot.on_demand and slot.host is not None:
-        return None
+    None when it does not answer."""
     if slot.on_demand:
         vm = psutil.virtual_memory()
         return {"device": "cpu", "free_bytes": vm.available, "total_bytes": vm.total}
