@@ -130,6 +130,11 @@ class Tree:
             )
             preload = False
         else:
+            if actor == "auto" and not self._engine_actors:
+                raise ValueError(
+                    f'model {model_id!r}: actor = "auto" is the first local engine actor, and this host has none '
+                    '(engine_actors = []); name one, or a worker host\'s ("hostb/gpu0")'
+                )
             actor = self._engine_actors[0] if actor == "auto" else actor
             if "/" in actor:  # a worker host's actor: its slot waits for the host to join
                 host = actor.split("/", 1)[0]
