@@ -176,6 +176,10 @@ def test_remote_actor_serves_plain_streamed_on_demand_and_gguf(main):
     assert models["remote-lazy"]["state"] == "unloaded"
     assert chat(main, "remote-lazy").status_code == 200
     assert "remote-lazy" in main.actors()[f"{HOST}/cpu"]["models"]
+    # a second worker under the same name, while the first is connected: refused
+    twin = Worker(main.tmp, main.listen_port)
+    assert twin.proc.wait(30) == 2 and f"a worker named {HOST!r} is connected" in twin.log()
+    assert main.actors()[f"{HOST}/cpu"]["pid"] == row["pid"]
     # a GGUF model's actor, spawned on the worker host
     assert chat(main, "remote-gguf").status_code == 200
     gguf = main.actors()[f"{HOST}/gguf:remote-gguf"]

@@ -27,7 +27,7 @@ import trio
 
 from greenroom.actors import runtime
 from greenroom.hosts import tls
-from greenroom.hosts.link import Link, LinkClosed, splice
+from greenroom.hosts.link import HEARTBEAT_S, Link, LinkClosed, splice
 from greenroom.protocol import (
     Bye,
     Exited,
@@ -86,6 +86,7 @@ class RemoteHost:
     lost_reason: str | None = None  # why it is not connected (None: it never joined)
     pid: int | None = None
     address: str | None = None  # the peer address of its link
+    heard: float = 0.0  # when its link last said something (trio time)
     actors: list[str] = attrs.Factory(list)
     link: Link | None = None
     scope: trio.CancelScope | None = None  # its link's task
@@ -205,8 +206,12 @@ class WorkerHosts:
             await link.send(Refused(f"invalid host or actor names: {join.host!r} {bad}"))
             return
         host = self.host(join.host)
-        if host.scope is not None:  # it rejoined before its old link was noticed gone
-            host.scope.cancel()
+        if host.scope is not None:
+            if join.pid != host.pid and trio.current_time() - host.heard < 2 * HEARTBEAT_S:
+                # another worker process under a connected host's name, whose link is alive
+                await link.send(Refused(f"a worker named {join.host!r} is connected from {host.address}; use --name"))
+                return
+            host.scope.cancel()  # it rejoined before its old link was noticed gone
             await host.done.wait()
         host.done = trio.Event()
         reason = None
@@ -214,6 +219,7 @@ class WorkerHosts:
             with trio.CancelScope() as host.scope:
                 await link.send(Joined())
                 host.connected, host.link, host.pid, host.address = True, link, join.pid, peer
+                host.heard = trio.current_time()
                 host.actors, host.lost_reason = list(join.actors), None
                 self._on_join(host.name, host.actors)
                 host.left = trio.Event()
@@ -223,6 +229,7 @@ class WorkerHosts:
                     nursery.start_soon(_heartbeat, link)
                     while True:
                         self._handle(host, await link.receive(self.timeout_s))
+                        host.heard = trio.current_time()
             reason = "it joined again"
         except LinkClosed as exc:
             reason = str(exc)
