@@ -134,11 +134,23 @@ class RemoteHost:
         self.pipes[pipe] = listener
         try:
             await self.link.send(OpenPipe(pipe, port))
-            async with runtime.connect("127.0.0.1", listener.socket.getsockname()[1]) as portal:
-                yield portal
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._expire_pipe, pipe)
+                async with runtime.connect("127.0.0.1", listener.socket.getsockname()[1]) as portal:
+                    yield portal
+                nursery.cancel_scope.cancel()
         finally:
             if self.pipes.pop(pipe, None) is listener:
                 listener.socket.close()
+
+    async def _expire_pipe(self, pipe: str) -> None:
+        """A pipe the worker never dials: close its listener, which resets tractor's connection
+        waiting in the backlog — its handshake has no timeout of its own."""
+        await trio.sleep(PIPE_TIMEOUT_S)
+        listener = self.pipes.pop(pipe, None)
+        if listener is not None:
+            log.warning("worker host %s did not dial pipe %s in %.0f s", self.name, pipe, PIPE_TIMEOUT_S)
+            listener.socket.close()
 
     async def join_pipe(self, pipe: str, stream: trio.abc.Stream, leftover: bytes) -> None:
         """The worker's pipe connection for `pipe`: splice it to tractor's connection until either ends."""
