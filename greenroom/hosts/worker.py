@@ -128,14 +128,15 @@ class WorkerHost:
             return
         if msg.actor in self._running:  # its previous life is ending
             self._running[msg.actor].cancel()
+        port = None
         with trio.CancelScope() as scope:
             self._running[msg.actor] = scope
             task_status.started()
             try:
                 async with runtime.spawn(msg.actor, msg.module, self._loglevel, host=self.bind) as child:
-                    self._ports[msg.actor] = await runtime.actor_port(child)
+                    port = self._ports[msg.actor] = await runtime.actor_port(child)
                     log.info("actor %s started, pid %d", msg.actor, child.pid)
-                    await link.send(Spawned(msg.actor, child.pid, self._ports[msg.actor]))
+                    await link.send(Spawned(msg.actor, child.pid, port))
                     code = await runtime.watch_death(child)
                     log.error("actor %s (pid %d) died with exit code %s", msg.actor, child.pid, code)
                     await link.send(Exited(msg.actor, code))
@@ -144,7 +145,8 @@ class WorkerHost:
             except Exception as exc:
                 await link.send(SpawnFailed(msg.actor, f"{type(exc).__name__}: {exc}"))
             finally:
-                self._ports.pop(msg.actor, None)
+                if port is not None and self._ports.get(msg.actor) == port:  # not a next life's
+                    del self._ports[msg.actor]
                 if self._running.get(msg.actor) is scope:
                     del self._running[msg.actor]
 
