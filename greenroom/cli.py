@@ -1,4 +1,4 @@
-"""greenroom's command line: serve, ps, demo-model, convert."""
+"""greenroom's command line: serve, worker, ps, demo-model, convert."""
 
 from __future__ import annotations
 
@@ -30,6 +30,22 @@ def main(argv: list[str] | None = None) -> int:
         help="batch requests that use the fixed sampling parameters (see GET /api/health/inference)",
     )
 
+    p = sub.add_parser(
+        "worker",
+        help="offer this host's engine actors to a main host's tree (GREENROOM_WORKER_TOKEN set on both)",
+    )
+    p.add_argument("--join", required=True, metavar="HOST:PORT", help="the main host's workers_listen address")
+    p.add_argument("--name", help="this host's name in the tree (default: its hostname)")
+    p.add_argument(
+        "--actors", help="engine actors to offer, comma-separated (default: one per CUDA card, else cpu; and npu0…)"
+    )
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="the loopback address this host's actors listen on (default 127.0.0.1); never a network one",
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+
     p = sub.add_parser("ps", help="print the live actor tree of a running server")
     p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
     p.add_argument("--json", action="store_true", help="print GET /api/actors as JSON")
@@ -58,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert" and (args.checkpoint is None) == (args.from_gguf is None):
         parser.error("convert takes CHECKPOINT OUT, or --from-gguf FILE OUT")
-    return {"serve": _serve, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[args.command](args)
+    return {"serve": _serve, "worker": _worker, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[
+        args.command
+    ](args)
 
 
 def _serve(args) -> int:
@@ -79,6 +97,38 @@ def _serve(args) -> int:
     return 0
 
 
+def _worker(args) -> int:
+    import ipaddress
+    import socket
+
+    import trio
+
+    from greenroom.config import detect_engine_actors, detect_npu_actors
+    from greenroom.hosts.tls import TokenError, token_from_env
+    from greenroom.hosts.worker import WorkerHost, run_worker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, _, port = args.join.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"greenroom worker: --join takes HOST:PORT, not {args.join!r}", file=sys.stderr)
+        return 2
+    try:
+        token = token_from_env()
+        if not ipaddress.ip_address(args.bind).is_loopback:
+            raise ValueError(
+                f"--bind {args.bind}: this host's actors run whatever an unauthenticated peer of their "
+                "port asks (tractor checks nothing); they listen on a loopback address only"
+            )
+    except (TokenError, ValueError) as exc:
+        print(f"greenroom worker: {exc}", file=sys.stderr)
+        return 2
+    actors = [a.strip() for a in args.actors.split(",") if a.strip()] if args.actors else None
+    actors = actors or detect_engine_actors() + detect_npu_actors()
+    name = args.name or socket.gethostname().split(".")[0]
+    worker = WorkerHost((host.strip("[]"), int(port)), name, actors, args.bind, token, args.log_level)
+    return trio.run(run_worker, worker)
+
+
 def _ps(args) -> int:
     url = (args.url or "http://127.0.0.1:8000").rstrip("/") + "/api/actors"
     key = args.api_key or os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")
@@ -96,12 +146,15 @@ def _ps(args) -> int:
         print(json.dumps({"actors": actors}, indent=2))
         return 0
     width = max(12, *(len(a["name"]) for a in actors))  # GGUF actors are named after their model
-    print(f"{'NAME':<{width}} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS")
+    hosts = max(4, *(len(a.get("host") or "-") for a in actors))
+    print(
+        f"{'NAME':<{width}} {'HOST':<{hosts}} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS"
+    )
     for a in actors:
         rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
         print(
-            f"{a['name']:<{width}} {a['pid'] or '-':>8} {a['state']:<11} {a['queue_depth']:>5} {rss:>8} "
-            f"{a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}"
+            f"{a['name']:<{width}} {a.get('host') or '-':<{hosts}} {a['pid'] or '-':>8} {a['state']:<11} "
+            f"{a['queue_depth']:>5} {rss:>8} {a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}"
         )
     return 0
 

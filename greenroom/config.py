@@ -17,6 +17,8 @@ class ModelConfig:
     id: str
     source: str  # "demo:<size>", "demo-gguf:<QUANT>", a checkpoint directory or a .gguf file
     engine: str = "transformers"  # or "llama.cpp": one actor of its own, spawned when the model loads
+    # an engine actor: "auto" (the first local one), a local one (gpu0, cpu…), or a worker host's
+    # ("hostb/gpu0"); llama.cpp: "auto" (this host) or a worker host's name, where its actor is spawned
     actor: str = "auto"
     dtype: str | None = None
     preload: bool = True  # loaded when its actor starts; else on the first request (GGUF: always on demand)
@@ -67,6 +69,10 @@ class Config:
     fixed_shape: str = "auto"
     fixed_shape_slots: int = 64
     fixed_shape_length: int = 2048
+    # "ADDR:PORT" where worker hosts join (`greenroom worker --join`), over TLS keyed by
+    # GREENROOM_WORKER_TOKEN (set on both hosts); unset: no worker can join
+    workers_listen: str | None = None
+    worker_timeout_s: float = 5.0  # a worker link silent this long is a lost host
     # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
     # the server's maximum dial, all within [0, 2]
     cluster_intensity_min: float = 0.5
@@ -119,7 +125,23 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
     from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start
 
     Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
+    _check_workers(config)
     return config
+
+
+def _check_workers(config: Config) -> None:
+    """A model on another host's actor needs workers_listen; workers_listen needs the token."""
+    remote = [m.id for m in config.models if "/" in m.actor or (m.engine == "llama.cpp" and m.actor != "auto")]
+    if config.workers_listen is None:
+        if remote:
+            raise ValueError(f"models {remote} are placed on worker hosts, but workers_listen is not set")
+        return
+    host, _, port = config.workers_listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"workers_listen must be ADDR:PORT, not {config.workers_listen!r}")
+    from greenroom.hosts.tls import token_from_env
+
+    token_from_env()  # raises TokenError saying what is missing
 
 
 def _template_text(model: ModelConfig) -> str | None:

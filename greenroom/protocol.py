@@ -604,6 +604,88 @@ class Events:
     events: list[Admitted | Text | Embedded | Scores | Tokenized | Done | Failed | Status | Steered | SteeringReply]
 
 
+# worker host ↔ main host: the worker link's control messages (hosts/link.py frames them, over TLS)
+@attrs.frozen
+class Join:
+    """Worker → main, first on a control connection: the host's name, the engine actors it offers."""
+
+    host: str
+    actors: list[str]
+    pid: int  # the worker's root process: its actors' parent
+
+
+@attrs.frozen
+class JoinPipe:
+    """Worker → main, first on a pipe connection: it carries the bytes of tractor connection `pipe`."""
+
+    host: str
+    pipe: str
+
+
+@attrs.frozen
+class Joined:
+    """Main → worker: admitted."""
+
+
+@attrs.frozen
+class Refused:
+    reason: str
+
+
+@attrs.frozen
+class Spawn:
+    """Main → worker: start engine actor `actor` (its bare name on the worker) serving `module`."""
+
+    actor: str
+    module: str
+
+
+@attrs.frozen
+class Spawned:
+    actor: str
+    pid: int
+    port: int  # its tractor port, on the worker's loopback: reached only through a pipe
+
+
+@attrs.frozen
+class SpawnFailed:
+    actor: str
+    error: str
+
+
+@attrs.frozen
+class Exited:
+    """Worker → main: an actor's process is gone (supervision restarts it through Spawn)."""
+
+    actor: str
+    code: int | None
+
+
+@attrs.frozen
+class Stop:
+    actor: str
+
+
+@attrs.frozen
+class OpenPipe:
+    """Main → worker: dial a pipe connection for `pipe` and join it to the actor port `port`."""
+
+    pipe: str
+    port: int
+
+
+@attrs.frozen
+class Ping:
+    """Either way, every second: silence past the timeout means the other host is lost."""
+
+
+@attrs.frozen
+class Bye:
+    """Main → worker: the main host is shutting down; the worker stops its actors and exits."""
+
+    reason: str
+
+
 _TAGS: dict[str, type] = {
     c.__name__: c
     for c in (
@@ -627,6 +709,18 @@ _TAGS: dict[str, type] = {
         SteeringCall,
         Steered,
         SteeringReply,
+        Join,
+        JoinPipe,
+        Joined,
+        Refused,
+        Spawn,
+        Spawned,
+        SpawnFailed,
+        Exited,
+        Stop,
+        OpenPipe,
+        Ping,
+        Bye,
     )
 }
 _conv = cattrs.Converter()

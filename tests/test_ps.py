@@ -16,9 +16,10 @@ def test_ps_shows_engine_actor_in_its_own_process(server):
     ).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert {"supervisor", "scheduler", "steering", "cpu"} <= set(rows)
-    assert rows["cpu"][1] != rows["supervisor"][1]
-    assert int(rows["supervisor"][1]) == server.proc.pid
-    assert rows["cpu"][2] == "ready" and "greenroom-demo" in rows["cpu"][-1].split(",")
+    assert rows["cpu"][1] == rows["supervisor"][1]  # both on this host
+    assert rows["cpu"][2] != rows["supervisor"][2]
+    assert int(rows["supervisor"][2]) == server.proc.pid
+    assert rows["cpu"][3] == "ready" and "greenroom-demo" in rows["cpu"][-1].split(",")
 
 
 def test_ps_without_server_says_so():

@@ -195,6 +195,7 @@ class EngineLoop:
     def status(self) -> dict:
         return {
             "pid": os.getpid(),
+            "rss_bytes": _rss_bytes(),  # what /api/actors shows for an actor on another host
             "memory": _device_memory(self.device),
             "models": list(self.engines),
             "queue_depth": len(self._queue),
@@ -695,6 +696,11 @@ def _device_memory(device: str) -> dict:
         vm = psutil.virtual_memory()
         free, total = vm.available, vm.total
     return {"device": device, "free_bytes": int(free), "total_bytes": int(total)}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _peak_rss_mb() -> float:

@@ -12,7 +12,11 @@ tractor 0.1.0a5's sharp edges are handled here and nowhere else:
 - the root binds the registry ("arbiter") on a free loopback port, so servers
   on one machine never join each other's tree;
 - per-request `Portal.run` calls leak, so requests never use them: one session
-  stream per actor carries everything (see protocol.py).
+  stream per actor carries everything (see protocol.py);
+- any peer that reaches an actor's port may run every async function of its enabled
+  modules and the actor's own methods (`cancel`…): tractor checks nothing after its uid
+  handshake. So every actor binds a loopback address only, and another host's actors are
+  reached through the worker link's authenticated pipes (`connect`, hosts/).
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ def tractor_loglevel(level: str) -> str:
 
 
 @asynccontextmanager
-async def open_root(name: str, loglevel: str) -> AsyncIterator[None]:
-    async with tractor.open_root_actor(name=name, arbiter_addr=("127.0.0.1", free_port()), loglevel=loglevel):
+async def open_root(name: str, loglevel: str, host: str = "127.0.0.1") -> AsyncIterator[None]:
+    async with tractor.open_root_actor(name=name, arbiter_addr=(host, free_port(host)), loglevel=loglevel):
         yield
 
 
@@ -67,6 +71,7 @@ class Child:
     name: str
     portal: tractor.Portal
     process: trio.Process
+    parent_pid: int = attrs.Factory(os.getpid)  # what the actor's session watches (die_with_parent)
 
     @property
     def pid(self) -> int:
@@ -75,14 +80,19 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    async def wait_death(self, poll_s: float = 0.05) -> str:
+        """Return once the child's process is gone, saying how it ended."""
+        return f"died (exit code {await watch_death(self, poll_s)})"
+
 
 @asynccontextmanager
-async def spawn(name: str, module: str, loglevel: str) -> AsyncIterator[Child]:
-    """Start actor `name` serving `module`'s functions; on exit, cancel it (hard kill
-    after CANCEL_TIMEOUT_S). Raises if it cannot start within SPAWN_TIMEOUT_S."""
+async def spawn(name: str, module: str, loglevel: str, host: str = "127.0.0.1") -> AsyncIterator[Child]:
+    """Start actor `name` serving `module`'s functions, its port bound on `host` (a loopback
+    address); on exit, cancel it (hard kill after CANCEL_TIMEOUT_S). Raises if it cannot
+    start within SPAWN_TIMEOUT_S."""
     async with tractor.open_nursery(loglevel=loglevel) as an:
         with trio.fail_after(SPAWN_TIMEOUT_S):
-            portal = await an.start_actor(name, enable_modules=[module])
+            portal = await an.start_actor(name, enable_modules=[module], bind_addr=(host, 0))
         _, process, _ = an._children[portal.channel.uid]
         child = Child(name, portal, process)
         try:
@@ -100,6 +110,27 @@ async def watch_death(child: Child, poll_s: float = 0.05) -> int:
     while child.alive():
         await trio.sleep(poll_s)
     return child.process.returncode
+
+
+async def actor_port(child: Child, timeout_s: float = SPAWN_TIMEOUT_S) -> int:
+    """The port `child` accepts connections on, once it has registered with this root (the
+    registry): by its uid, since a dead actor's entry under the same name may linger."""
+    registry = tractor.current_actor()._registry
+    with trio.fail_after(timeout_s):
+        while (addr := registry.get(child.portal.channel.uid)) is None:
+            await trio.sleep(0.02)
+    return addr[1]
+
+
+@asynccontextmanager
+async def connect(host: str, port: int) -> AsyncIterator[tractor.Portal]:
+    """A portal to the actor listening at (host, port) — not a child of this process: how the
+    main host reaches a worker host's actor through its pipe."""
+    from tractor._ipc import _connect_chan
+    from tractor._portal import open_portal
+
+    async with _connect_chan(host, port) as chan, open_portal(chan) as portal:
+        yield portal
 
 
 @asynccontextmanager

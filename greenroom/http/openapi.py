@@ -546,7 +546,8 @@ def _response_schemas() -> dict:
         {
             "name": _string(),
             "role": _string(),
-            "pid": _nullable(_integer()),
+            "host": _described(_string(), "The host the actor runs on: this one's name, or a worker host's"),
+            "pid": _nullable(_described(_integer(), "Its process id on its host")),
             "state": _string(),
             "models": _array(_string()),
             "queue_depth": _COUNT,
@@ -555,7 +556,7 @@ def _response_schemas() -> dict:
             "last_error": _nullable(_string()),
             "counters": _nullable({"type": "object"}),
         },
-        ("name", "role", "pid", "state", "models", "queue_depth", "rss_bytes", "restarts"),
+        ("name", "role", "host", "pid", "state", "models", "queue_depth", "rss_bytes", "restarts"),
     )
     embedding = _closed(
         {

@@ -139,8 +139,9 @@ class Lifecycle:
         # loading from here: a request arriving during the memory query waits for this load
         m.state, m.changed = LoadState.LOADING, trio.Event()
         try:
-            check_quantization(m.placement)  # before any weight moves
-            check_fit(m.placement, m.slot.name, await self._memory(m.slot))
+            if m.slot.host is None:  # a worker host's files are not on this disk: its engine checks them
+                check_quantization(m.placement)  # before any weight moves
+                check_fit(m.placement, m.slot.name, await self._memory(m.slot))
             if m.slot.on_demand:  # its actor loads it as it starts (`started`)
                 try:
                     await self._spawn(m.slot)

@@ -137,7 +137,9 @@ class ModelTable:
 
 
 def device_of(actor: str) -> str:
-    """gpuN → cuda:N, npuN → npu:N (OpenVINO's NPU pipeline), anything else → cpu."""
+    """gpuN → cuda:N, npuN → npu:N (OpenVINO's NPU pipeline), anything else → cpu; a worker
+    host's actor (`hostb/gpu0`) by its own name there."""
+    actor = actor.rpartition("/")[2]
     for prefix, device in (("gpu", "cuda"), ("npu", "npu")):
         if actor.startswith(prefix) and actor[len(prefix) :].isdigit():
             return f"{device}:{actor[len(prefix) :]}"

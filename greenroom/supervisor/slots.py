@@ -21,6 +21,7 @@ class SlotState(enum.StrEnum):
     RESTARTING = "restarting"
     FAILED = "failed"  # restarted too often: left down, its last error kept
     STOPPED = "stopped"  # an on-demand actor while its model is not loaded
+    OFFLINE = "offline"  # its worker host is not connected: back when the host joins again
 
 
 class StartFailed(Exception):
@@ -31,6 +32,7 @@ class StartFailed(Exception):
 class ActorSlot:
     name: str
     role: str  # "engine" | "scheduler" | "steering"
+    host: str | None = None  # the worker host it runs on (supervisor/workers.py); None: this one
     state: SlotState = SlotState.STARTING
     pid: int | None = None
     restarts: int = 0
@@ -47,11 +49,19 @@ class ActorSlot:
     async def wait_client(self, model: str, timeout_s: float) -> EngineClient:
         """The actor's client, waiting up to `timeout_s` while it (re)starts; else 503
         model_not_loaded with the actor's state and last error (`model`: the one asked for)."""
+        down = (SlotState.FAILED, SlotState.OFFLINE)
         with trio.move_on_after(timeout_s):
-            while self.client is None and self.state != SlotState.FAILED:
+            while self.client is None and self.state not in down:
                 await self.ready.wait()
-                if self.client is None and self.state != SlotState.FAILED:
+                if self.client is None and self.state not in down:
                     await trio.sleep(0.05)  # ready was set by a previous life; wait for the next
+        if self.client is None and self.state == SlotState.OFFLINE:
+            raise GreenroomError(
+                "model_not_loaded",
+                f"model {model!r} is not available: its engine actor {self.name!r} is on worker host "
+                f"{self.host!r}, which is not serving it ({self.last_error or 'it has not joined'})",
+                "model",
+            )
         if self.client is None:
             raise GreenroomError(
                 "model_not_loaded",

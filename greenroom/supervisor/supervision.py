@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -26,6 +26,7 @@ from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle
 from greenroom.supervisor.placements import LoadState, ModelState, device_of
 from greenroom.supervisor.slots import ActorSlot, SlotState, StartFailed
+from greenroom.supervisor.workers import RemoteChild, WorkerHosts
 
 log = logging.getLogger("greenroom.supervisor")
 
@@ -43,8 +44,10 @@ class Supervisor:
         slots: dict[str, ActorSlot],
         lifecycle: Lifecycle,
         after_start: Callable[[ModelState], Awaitable[None]],
+        workers: WorkerHosts | None = None,
     ):
         self.config = config
+        self.workers = workers  # where actors of other hosts are spawned (slot.host set)
         self.slots = slots
         self.lifecycle = lifecycle
         self._after_start = after_start
@@ -60,10 +63,17 @@ class Supervisor:
             task_status.started()
             await trio.sleep_forever()  # on-demand actors start here later
 
+    def adopt(self, slot: ActorSlot) -> None:
+        """Supervise a slot added after the start (a worker host's actor)."""
+        self._nursery.start_soon(self._supervise, slot)
+
     async def start(self, slot: ActorSlot) -> None:
         """Start an on-demand actor, which loads its model as it starts (its session's first
-        answer); return once it is up. A load that fails stops the actor: StartFailed."""
+        answer); return once it is up. A load that fails stops the actor: StartFailed; one
+        whose worker host is not connected: 503 model_not_loaded naming the host."""
         await slot.stopped.wait()  # a previous life is still shutting down
+        if slot.host is not None and not self.workers.host(slot.host).connected:
+            raise self._offline_error(slot)
         slot.state, slot.ready, slot.last_error = SlotState.STARTING, trio.Event(), None
         self._nursery.start_soon(self._supervise, slot)
         with trio.move_on_after(self.config.ready_timeout_s):
@@ -91,9 +101,45 @@ class Supervisor:
             slot.ready.set()  # waiters see the stopped state instead of hanging
             slot.stopped.set()
 
+    def _offline_error(self, slot: ActorSlot) -> GreenroomError:
+        host = self.workers.host(slot.host)
+        return GreenroomError(
+            "model_not_loaded",
+            f"engine actor {slot.name!r} is on worker host {host.name!r}, which is not connected "
+            f"({host.lost_reason or 'it has not joined'})",
+            "model",
+        )
+
+    async def _host_up(self, slot: ActorSlot) -> bool:
+        """Wait while a worker host's actor has no host (or one that does not offer it):
+        `offline`, 503 naming the host, until it joins offering it. False for an on-demand
+        actor, whose life ends with its host."""
+        host = self.workers.host(slot.host)
+        actor = slot.name.split("/", 1)[1]
+        while not (host.connected and (slot.on_demand or actor in host.actors)):
+            if slot.on_demand:
+                slot.last_error = (
+                    f"worker host {host.name!r} is not connected ({host.lost_reason or 'it never joined'})"
+                )
+                return False
+            slot.state, slot.client, slot.pid = SlotState.OFFLINE, None, None
+            slot.last_error = (
+                f"it joined offering only {', '.join(host.actors)}"
+                if host.connected
+                else host.lost_reason or "it has not joined"
+            )
+            self.lifecycle.stopped(slot)  # its models went with it
+            slot.ready.set()  # waiters see the offline state at once
+            await (host.left if host.connected else host.joined).wait()
+        if slot.state == SlotState.OFFLINE:
+            slot.state, slot.ready = SlotState.STARTING, trio.Event()
+        return True
+
     async def _supervise_loop(self, slot: ActorSlot) -> None:
         failures: collections.deque[float] = collections.deque()
         while True:
+            if slot.host is not None and not await self._host_up(slot):
+                return
             try:
                 await self._run_once(slot)
                 reason = "its session ended"
@@ -102,6 +148,9 @@ class Supervisor:
             slot.last_error = reason
             slot.pid = None
             metrics.ACTOR_EVENTS.labels(slot.name, "stopped").inc()
+            if slot.host is not None and not self.workers.host(slot.host).connected:
+                log.warning("actor %s stopped with its worker host: %s", slot.name, reason)
+                continue  # the host is gone, not the actor: no restart counted, wait for it
             if slot.on_demand and slot.state == SlotState.STARTING:
                 log.error("actor %s could not load its model: %s", slot.name, reason)
                 return  # a load that failed is the request's error, not a restart loop
@@ -153,12 +202,17 @@ class Supervisor:
         else:
             fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
-        async with runtime.spawn(slot.name, module, loglevel=runtime.tractor_loglevel(self.config.log_level)) as child:
+        spawner = (
+            runtime.spawn(slot.name, module, loglevel=runtime.tractor_loglevel(self.config.log_level))
+            if slot.host is None
+            else self.workers.spawn(slot.name, slot.host, module)
+        )
+        async with spawner as child:
             slot.pid = child.pid
             log.info("actor %s started, pid %d", slot.name, child.pid)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch, slot, child)
-                async with runtime.open_session(child, fn, parent_pid=os.getpid(), **kwargs) as (first, stream):
+                async with runtime.open_session(child, fn, parent_pid=child.parent_pid, **kwargs) as (first, stream):
                     if not first["ok"]:
                         raise RuntimeError(f"load failed: {first['error']}")
                     slot.client = EngineClient(slot.name, stream)
@@ -182,28 +236,29 @@ class Supervisor:
                         slot.client = None
                 nursery.cancel_scope.cancel()
 
-    async def _watch(self, slot: ActorSlot, child: runtime.Child) -> None:
-        """Raise once the child's process is gone: tractor would wait on it forever."""
-        code = await runtime.watch_death(child)
-        log.error("actor %s (pid %d) died with exit code %s", slot.name, child.pid, code)
+    async def _watch(self, slot: ActorSlot, child: runtime.Child | RemoteChild) -> None:
+        """Raise once the child's process is gone, or its worker host: tractor would wait on it forever."""
+        how = await child.wait_death()
+        log.error("actor %s (pid %d) %s", slot.name, child.pid, how)
         if slot.client is not None:
             slot.client.fail_all(
                 GreenroomError(
                     "engine_crashed",
-                    f"engine actor {slot.name!r} died (exit code {code}) during the request; "
-                    "it is being restarted, retry the request",
+                    f"engine actor {slot.name!r} {how} during the request; "
+                    + ("it is being restarted, retry the request" if slot.host is None else "retry the request"),
                 )
             )
-        raise RuntimeError(f"process exited with code {code}")
+        raise RuntimeError(f"the actor {how}")
 
     async def actors(self) -> list[dict]:
         """/api/actors' rows: the supervisor itself, then every actor up or given up (an
         on-demand actor while its model is loaded)."""
-        me = psutil.Process()
+        me, here = psutil.Process(), socket.gethostname()
         rows = [
             {
                 "name": "supervisor",
                 "role": "supervisor",
+                "host": here,
                 "pid": me.pid,
                 "state": "ready",
                 "models": [],
@@ -221,11 +276,13 @@ class Supervisor:
                 {
                     "name": slot.name,
                     "role": slot.role,
+                    "host": slot.host or here,
                     "pid": slot.pid,
                     "state": slot.state,
                     "models": [m.id for m in self.lifecycle.table.on(slot) if m.state == LoadState.LOADED],
                     "queue_depth": (status or {}).get("queue_depth", 0) + (status or {}).get("active", 0),
-                    "rss_bytes": _rss(slot.pid),
+                    # a worker host's pid is not this host's: its actor reports its own memory
+                    "rss_bytes": _rss(slot.pid) if slot.host is None else (status or {}).get("rss_bytes"),
                     "restarts": slot.restarts,
                     "last_error": slot.last_error,
                     "counters": status,

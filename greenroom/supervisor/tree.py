@@ -12,6 +12,7 @@ from greenroom.config import Config, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
+from greenroom.hosts.tls import token_from_env
 from greenroom.protocol import SteeringAnswer, SteeringRequest, SteeringState
 from greenroom.supervisor import memory
 from greenroom.supervisor.engine_client import EngineClient
@@ -21,6 +22,7 @@ from greenroom.supervisor.placements import ModelState, ModelTable, Placement, d
 from greenroom.supervisor.slots import ActorSlot, SlotState
 from greenroom.supervisor.steering_relay import SteeringRelay
 from greenroom.supervisor.supervision import Supervisor
+from greenroom.supervisor.workers import WorkerHosts
 
 
 class Tree:
@@ -35,6 +37,11 @@ class Tree:
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         self._engine_actors = names
+        self.workers = (
+            WorkerHosts(config.workers_listen, token_from_env(), config.worker_timeout_s, self._adopt)
+            if config.workers_listen
+            else None
+        )
         self.table = ModelTable()
         self.replicas = self.table.replicas  # each model's placements, preferred first
         self.relay = SteeringRelay(
@@ -52,7 +59,7 @@ class Tree:
             memory=memory.free_memory,
             loaded=self.relay.push_steering_quietly,
         )
-        self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly)
+        self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for model in config.models:  # the same id on several actors: replicas, preferred first
             self.add_model(
@@ -105,8 +112,13 @@ class Tree:
             "defaults": defaults,
         }
         if engine == "llama.cpp":
+            host = None if actor == "auto" else actor  # a worker host's name: its actor is spawned there
+            if host is not None:
+                self._require_workers(model_id, host)
+                common["cache_dir"] = None  # the worker's own cache
             name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
-            slot = ActorSlot(name, "engine", on_demand=True, state=SlotState.STOPPED)
+            name = f"{host}/{name}" if host else name
+            slot = ActorSlot(name, "engine", host=host, on_demand=True, state=SlotState.STOPPED)
             slot.stopped.set()
             self.slots[slot.name] = slot
             placement = Placement(
@@ -118,7 +130,17 @@ class Tree:
             )
             preload = False
         else:
+            if actor == "auto" and not self._engine_actors:
+                raise ValueError(
+                    f'model {model_id!r}: actor = "auto" is the first local engine actor, and this host has none '
+                    '(engine_actors = []); name one, or a worker host\'s ("hostb/gpu0")'
+                )
             actor = self._engine_actors[0] if actor == "auto" else actor
+            if "/" in actor:  # a worker host's actor: its slot waits for the host to join
+                host = actor.split("/", 1)[0]
+                self._require_workers(model_id, host)
+                self.slots.setdefault(actor, ActorSlot(actor, "engine", host=host, state=SlotState.OFFLINE))
+                common["cache_dir"] = None
             if actor not in self.slots or self.slots[actor].role != "engine" or self.slots[actor].on_demand:
                 raise ValueError(f"model {model_id!r} is placed on unknown engine actor {actor!r}")
             slot = self.slots[actor]
@@ -139,6 +161,20 @@ class Tree:
         self.table.add(m)
         return m
 
+    def _require_workers(self, model_id: str, host: str) -> None:
+        if self.workers is None:
+            raise ValueError(f"model {model_id!r} is placed on worker host {host!r}, but workers_listen is not set")
+        if "/" in host or not host:
+            raise ValueError(f"model {model_id!r}: {host!r} is not a worker host's name")
+
+    def _adopt(self, host: str, actors: list[str]) -> None:
+        """A worker host joined offering `actors`: the ones no model named yet get slots, supervised from now."""
+        for actor in actors:
+            name = f"{host}/{actor}"
+            if name not in self.slots:
+                self.slots[name] = ActorSlot(name, "engine", host=host, state=SlotState.OFFLINE)
+                self.supervisor.adopt(self.slots[name])
+
     async def remove_model(self, model_id: str) -> None:
         """Unload (gracefully) and forget a model; its own actor, if it had one, goes too."""
         await self.lifecycle.unload(model_id)
@@ -150,6 +186,8 @@ class Tree:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.lifecycle.run)  # keep-alive timers
             await nursery.start(self.supervisor.run)  # one task per actor; on-demand ones later
+            if self.workers is not None:
+                await nursery.start(self.workers.serve)
             nursery.start_soon(self.relay.attach_default_saes)
             nursery.start_soon(self._discover)
             task_status.started()
@@ -174,7 +212,7 @@ class Tree:
     @property
     def loading(self) -> bool:
         return not self.discovered.is_set() or any(
-            s.state == SlotState.STARTING and not s.on_demand for s in self.slots.values()
+            s.state == SlotState.STARTING and not s.on_demand and s.host is None for s in self.slots.values()
         )
 
     def model_ids(self) -> list[str]:
@@ -194,7 +232,7 @@ class Tree:
                     "state": m.state if m.slot.state in (SlotState.READY, SlotState.STOPPED) else "loading",
                 }
                 for m in replicas
-                if m.slot.state != SlotState.FAILED
+                if m.slot.state not in (SlotState.FAILED, SlotState.OFFLINE)
             ]
             if rows:
                 out.append({"id": model_id, **rows[0], **({"replicas": rows} if len(replicas) > 1 else {})})
