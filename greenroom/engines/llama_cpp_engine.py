@@ -686,6 +686,9 @@ class LlamaCppBatch:
         measured faster (LlamaCppEngine._together_is_faster)."""
         engine, rows = self._engine, list(self._seqs.items())
         if engine.decode_together:
+            # in slot order: llama.cpp puts only sequences of consecutive ids in one ubatch when
+            # each has a KV stream of its own (split_equal), so slots 2, 0, 1 took two ubatches
+            rows.sort(key=lambda row: row[1][0].slot)
             engine._decode([seq for _, (seq, _) in rows])
             for i, (_, (seq, _)) in enumerate(rows):
                 seq.sample(i)
