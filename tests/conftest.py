@@ -157,3 +157,42 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
+
+
+def staggered_batch(serial_engine, batch_engine) -> tuple[dict, dict, list[str]]:
+    """Five greedy sequences of different lengths, one ending on a stop string, decoded one at
+    a time by `serial_engine` and in one batch of `batch_engine`, joining at steps 0, 3 and 5:
+    (the batch's texts, its finish reasons, the serial texts)."""
+    from greenroom.engines.base import SamplingParams
+    from greenroom.engines.generation import generate
+
+    def serial_text(ids, params) -> str:
+        return "".join(d.text for d in generate(serial_engine, ids, params))
+
+    prompts = [
+        serial_engine.tokenize(t)
+        for t in ("Once upon a time", "Hi", "x y z", "Story five", "A longer prompt about lighthouses and the sea")
+    ]
+    params = [SamplingParams(max_tokens=m, temperature=0) for m in (30, 12, 40, 20, 25)]
+    stop = serial_text(prompts[2], params[2])[10:14]
+    params[2] = SamplingParams(max_tokens=40, temperature=0, stop=(stop,))
+    serial = [serial_text(p, q) for p, q in zip(prompts, params)]
+    batch = batch_engine.new_batch(SamplingParams(temperature=0))
+    texts, reasons = {}, {}
+
+    def join(*rows):
+        for i, delta in zip(rows, batch.join([(i, prompts[i], params[i]) for i in rows])):
+            texts[i] = delta.text
+
+    join(0, 1)
+    steps = 0
+    while len(batch):
+        for i, delta in batch.step():
+            texts[i] += delta.text
+            reasons[i] = delta.finish_reason
+        steps += 1
+        if steps == 3:
+            join(4)
+        if steps == 5:
+            join(2, 3)
+    return texts, reasons, serial

@@ -8,11 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, Server, staggered_batch
 
-from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.generation import generate
 from greenroom.engines.transformers_engine import TransformersEngine
 
 
@@ -105,39 +103,7 @@ def test_greedy_batched_equals_greedy_serial(model_cache):
     """Left padding, the mask and the position ids leave every row computing what it would
     alone: sequences of different lengths, joining at different steps, one with a stop."""
     engine = TransformersEngine(MODEL, ensure_demo_model(default_cache_dir(), "tiny"))
-    prompts = [
-        engine.tokenize(t)
-        for t in (
-            "Once upon a time",
-            "Hi",
-            "x y z",
-            "Story five",
-            "A much longer prompt about lighthouses, the sea and their keepers",
-        )
-    ]
-    params = [SamplingParams(max_tokens=m, temperature=0) for m in (30, 12, 40, 20, 25)]
-    serial = ["".join(d.text for d in generate(engine, p, q)) for p, q in zip(prompts, params)]
-    stop = serial[2][10:14]
-    params[2] = SamplingParams(max_tokens=40, temperature=0, stop=(stop,))
-    serial[2] = "".join(d.text for d in generate(engine, prompts[2], params[2]))
-    batch = engine.new_batch(SamplingParams(temperature=0))
-    texts, reasons = {}, {}
-
-    def join(*rows):  # prefilled together, left-padded
-        for i, delta in zip(rows, batch.join([(i, prompts[i], params[i]) for i in rows])):
-            texts[i] = delta.text
-
-    join(0, 1)
-    steps = 0
-    while len(batch):
-        for i, delta in batch.step():
-            texts[i] += delta.text
-            reasons[i] = delta.finish_reason
-        steps += 1
-        if steps == 3:
-            join(4)
-        if steps == 5:
-            join(2, 3)
+    texts, reasons, serial = staggered_batch(engine, engine)
     assert texts == dict(enumerate(serial))
     assert reasons[2] == "stop" and reasons[0] == "length"
 

@@ -4,7 +4,7 @@ batched, steered or not, and the steering is a buffer's contents, never a differ
 
 import httpx
 import pytest
-from conftest import MODEL
+from conftest import MODEL, staggered_batch
 
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
@@ -45,32 +45,7 @@ def test_greedy_tokens_equal_the_eager_path(model_cache, size, tokens):
 def test_batch_in_slots_equals_serial_eager(model_cache):
     """Sequences joining at different steps, one with a stop, decoded in the batch's slots."""
     eager, fast = engines("tiny", fixed_shape_slots=6)
-    prompts = [
-        eager.tokenize(t)
-        for t in ("Once upon a time", "Hi", "x y z", "Story five", "A longer prompt about lighthouses and the sea")
-    ]
-    params = [SamplingParams(max_tokens=m, temperature=0) for m in (30, 12, 40, 20, 25)]
-    stop = "".join(text(eager, prompts[2], params[2]))[10:14]
-    params[2] = SamplingParams(max_tokens=40, temperature=0, stop=(stop,))
-    serial = ["".join(text(eager, p, q)) for p, q in zip(prompts, params)]
-    batch = fast.new_batch(SamplingParams(temperature=0))
-    texts, reasons = {}, {}
-
-    def join(*rows):
-        for i, delta in zip(rows, batch.join([(i, prompts[i], params[i]) for i in rows])):
-            texts[i] = delta.text
-
-    join(0, 1)
-    steps = 0
-    while len(batch):
-        for i, delta in batch.step():
-            texts[i] += delta.text
-            reasons[i] = delta.finish_reason
-        steps += 1
-        if steps == 3:
-            join(4)
-        if steps == 5:
-            join(2, 3)
+    texts, reasons, serial = staggered_batch(eager, fast)
     assert texts == dict(enumerate(serial)) and reasons[2] == "stop"
 
 
