@@ -15,10 +15,13 @@ def test_disconnect_stops_generation(server):
             seen += line.startswith("data: ")
             if seen == 6:
                 break  # leaving the block closes the connection
+    # chunks carry what came meanwhile (actors/outbox.py, http/pacing.py), so what the client had
+    # is not a token count: what counts is how far the engine went after it left
+    left = server.actors()["cpu"]["counters"]["tokens_generated"]
     counters = server.after_cancel("cpu", before)
     assert counters["cancelled"] == before["cancelled"] + 1
     assert counters["active"] == 0 and counters["queue_depth"] == 0
-    generated = counters["tokens_generated"] - before["tokens_generated"]
-    assert generated < 200, f"{generated} tokens generated after asking for 1800 and leaving after 5"
+    after = counters["tokens_generated"] - left
+    assert after < 200, f"{after} tokens generated after the client left (1800 asked for)"
     time.sleep(0.5)  # and nothing more is generated afterwards
     assert server.actors()["cpu"]["counters"]["tokens_generated"] == counters["tokens_generated"]
