@@ -126,7 +126,7 @@ _FORMAT_FIELD = contracts.AnyOf(
         '"json" or a JSON schema: the answer is decoded under it and validated; not with options.stop or tools'
     ),
 )
-_NONE = {"anyOf": [NULL, {"maxItems": 0}]}
+_NONE = {"anyOf": [NULL, {"type": "array", "maxItems": 0}]}  # a string stop is one stop
 _STOPPED = {"options": {"anyOf": [NULL, {"properties": {"stop": _NONE}}]}}
 _FORMATTED = {"properties": {"format": {"not": {"enum": [None, ""]}}}, "required": ["format"]}
 _COMMON_FIELDS = {
