@@ -6,6 +6,8 @@ and messages; typed refusals. One server for the module (restarted by the last t
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import anthropic
 import httpx
 import openai
@@ -212,6 +214,38 @@ def test_sae_activations_ride_on_both_answers(served):
     ) as stream:
         delta = next(e for e in stream if e.type == "message_delta")
     assert delta.millm["sae_activations"]["positions"]
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_both_surfaces_on_pooled_clients_while_other_streams_run(served, model):
+    """One pooled client per SDK, 6 requests each, while chat streams decode beside them: the
+    greedy answers are the ones a quiet server gives."""
+    client = served.client()
+    messages = anthropic.Anthropic(base_url=served.srv.url, api_key="x", max_retries=0, timeout=60)
+    prompts = [f"Story {i}" for i in range(6)]
+
+    def response(prompt: str) -> str:
+        return client.responses.create(model=model, input=prompt, **GREEDY).output_text
+
+    def message(prompt: str) -> str:
+        answer = messages.messages.create(
+            model=model, max_tokens=8, messages=[{"role": "user", "content": prompt}], extra_body={"temperature": 0}
+        )
+        return answer.content[0].text if answer.content else ""
+
+    quiet = [(response(p), message(p)) for p in prompts]
+
+    def stream(i: int) -> int:
+        chunks = served.client().chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"Talk {i}"}], max_tokens=64, stream=True
+        )
+        return sum(1 for _ in chunks)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        beside = [pool.submit(stream, i) for i in range(3)]
+        busy = [(response(p), message(p)) for p in prompts]
+        assert all(f.result() > 1 for f in beside)
+    assert busy == quiet
 
 
 @pytest.mark.parametrize(
