@@ -186,6 +186,24 @@ def test_remote_actor_serves_plain_streamed_on_demand_and_gguf(main):
     assert gguf["host"] == HOST and gguf["pid"] in {p.pid for p in worker.tree()}
 
 
+def fault_mid_stream(main, fault) -> tuple[pytest.ExceptionInfo, float]:
+    """A long stream from the remote actor; at its first text, `fault` on every process of the
+    worker's tree. The error the stream ended with, and when the fault came."""
+    tree = main.workers[-1].tree()
+    client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True
+    )
+    at = None
+    with pytest.raises(openai.APIError) as exc:
+        for chunk in stream:
+            if at is None and chunk.choices and chunk.choices[0].delta.content:
+                for p in tree:
+                    fault(p)
+                at = time.monotonic()
+    return exc, at
+
+
 def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
     r = httpx.put(
         main.url + "/api/steering",
@@ -194,19 +212,7 @@ def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
     )
     assert r.json()["live"], r.text
     version, steered = r.json()["version"], chat(main, temperature=0).json()["choices"][0]["message"]["content"]
-    worker = main.workers[-1]
-    tree = worker.tree()
-    client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
-    stream = client.chat.completions.create(
-        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True
-    )
-    killed_at = None
-    with pytest.raises(openai.APIError) as exc:
-        for chunk in stream:
-            if killed_at is None and chunk.choices and chunk.choices[0].delta.content:
-                for p in tree:
-                    p.kill()
-                killed_at = time.monotonic()
+    exc, killed_at = fault_mid_stream(main, lambda p: p.kill())
     assert time.monotonic() - killed_at < 5.0  # bounded: the link's end, at worst its timeout
     assert exc.value.body["code"] == "engine_crashed" and f"worker host {HOST!r}" in exc.value.body["message"]
     r = chat(main)
@@ -228,20 +234,9 @@ def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
 
 def test_a_silent_worker_is_lost_within_the_timeout_then_rejoins(main):
     """SIGSTOP of the worker's tree: its link stays open and says nothing, as a cut network would."""
-    worker = main.workers[-1]
-    tree = worker.tree()
-    client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
-    stream = client.chat.completions.create(
-        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True
-    )
-    stopped_at = None
+    tree = main.workers[-1].tree()
     try:
-        with pytest.raises(openai.APIError) as exc:
-            for chunk in stream:
-                if stopped_at is None and chunk.choices and chunk.choices[0].delta.content:
-                    for p in tree:
-                        p.suspend()
-                    stopped_at = time.monotonic()
+        exc, stopped_at = fault_mid_stream(main, lambda p: p.suspend())
         assert time.monotonic() - stopped_at < TIMEOUT_S + 3.0  # silence, then the teardown
         assert exc.value.body["code"] == "engine_crashed" and "nothing received" in exc.value.body["message"]
         r = chat(main)
