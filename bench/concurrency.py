@@ -13,10 +13,8 @@ continuous batching all of them are batchable; the serial server runs the same b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,19 +23,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
-
-
-def streams(url: str, n: int, tokens: int) -> dict:
-    """N streams at once from bench/lean_client.py, a process of its own (the client must not
-    take the cores the server needs: httpx threads in this process did, and halved the figures)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench/lean_client.py"), url, "--streams", str(n), "--tokens", str(tokens)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout)
 
 
 def run(mode: str, size: str, tokens: int, levels: list[int]) -> list[float]:

@@ -17,7 +17,10 @@ import json
 import re
 import resource
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 FIRST_TEXT = {  # the first chunk whose text is not empty
@@ -85,6 +88,19 @@ async def run(args) -> dict:
         "ttft_median_s": statistics.median(ttfts),
         "wall_s": wall,
     }
+
+
+def streams(url: str, n: int, tokens: int, surface: str = "openai", stagger_ms: float = 0.0) -> dict:
+    """This client run in a process of its own (it must not take the cores the server needs:
+    httpx threads in a bench's own process did, and halved its figures); its figures."""
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__)), url, "--streams", str(n), "--tokens", str(tokens)]
+        + ["--surface", surface, "--stagger-ms", str(stagger_ms)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
 
 
 def main() -> None:

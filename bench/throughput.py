@@ -12,11 +12,9 @@ parameters, so every one is batchable, on /v1 (SSE) and on Ollama's /api/chat (N
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (gre
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
 from greenroom.actors.scheduling import FIXED_SAMPLING  # noqa: E402
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
@@ -64,14 +63,7 @@ def in_process(engine, n: int, tokens: int) -> float:
 def over_http(url: str, pid: int, n: int, tokens: int, surface: str, stagger_ms: float) -> dict:
     """The lean client's figures, and the server's CPU milliseconds per token it used meanwhile."""
     before = tree_cpu(pid)
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench/lean_client.py"), url, "--streams", str(n), "--tokens", str(tokens)]
-        + ["--surface", surface, "--stagger-ms", str(stagger_ms)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    figures = json.loads(out.stdout)
+    figures = streams(url, n, tokens, surface, stagger_ms)
     after = tree_cpu(pid)
     figures |= {f"{k}_ms": (after[k] - before[k]) * 1000 / figures["tokens"] for k in after}
     return figures
