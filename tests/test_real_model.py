@@ -5,6 +5,7 @@ checked against the libraries themselves run in-process on the same files."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -199,6 +200,41 @@ def test_steering_a_random_sae_feature_changes_the_answer(srv, client):
     finally:
         steer({})
     assert greedy(client, HF_MODEL, **question).message.content == plain
+
+
+def test_steering_and_reading_the_gguf_model_with_a_random_sae(srv, client):
+    """The same generated SAE attached to the GGUF model: a control vector changes its answer
+    and leaves it as it was once zeroed; the residual read through llama.cpp's eval callback
+    gives finite activations at every completion position; detached after."""
+    url = srv.url + "/api/saes"
+    r = httpx.post(url + "/attach", json={"model": GGUF_MODEL, "sae": "random:576:15"}, timeout=120)
+    sae_id = "sae_random_d576_l15"  # as on the transformers model: named for its shape
+    assert r.status_code == 200 and sae_id in r.text, r.text
+    question = {"messages": [{"role": "user", "content": CAPITAL}], "max_tokens": 12}
+
+    def steer(strengths: dict) -> None:
+        r = httpx.put(srv.url + "/api/steering", json={"model": GGUF_MODEL, "strengths": strengths}, timeout=60)
+        assert r.status_code == 200 and r.json()["live"], r.text
+
+    try:
+        plain = greedy(client, GGUF_MODEL, **question).message.content
+        steer({sae_id: {"7": 60}})
+        assert greedy(client, GGUF_MODEL, **question).message.content != plain
+        steer({})
+        read = client.chat.completions.create(
+            model=GGUF_MODEL,
+            messages=question["messages"],
+            max_tokens=6,
+            temperature=0,
+            extra_body={"return_sae_activations": {"sae_id": sae_id, "top_k": 4, "positions": "completion"}},
+        )
+        assert read.choices[0].message.content == plain[: len(read.choices[0].message.content)]
+        positions = read.model_extra["millm"]["sae_activations"]["positions"]
+        assert len(positions) == read.usage.completion_tokens - 1  # the last sampled token is never fed
+        assert all(len(p["features"]) == 4 and all(math.isfinite(f["value"]) for f in p["features"]) for p in positions)
+    finally:
+        steer({})
+        assert httpx.post(url + "/detach", json={"model": GGUF_MODEL, "sae_id": sae_id}, timeout=60).status_code == 200
 
 
 @pytest.mark.parametrize("model", [GGUF_MODEL, HF_MODEL])
