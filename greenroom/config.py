@@ -17,11 +17,14 @@ class ModelConfig:
     id: str
     source: str  # "demo:<size>", "demo-gguf:<QUANT>", a checkpoint directory or a .gguf file
     engine: str = "transformers"  # or "llama.cpp": one actor of its own, spawned when the model loads
-    # an engine actor: "auto" (the first local one), a local one (gpu0, cpu…), or a worker host's
-    # ("hostb/gpu0"); llama.cpp: "auto" (this host) or a worker host's name, where its actor is spawned
+    # an engine actor: "auto" (chosen at each load: the first local one if the model fits, else a
+    # worker host's with room), a local one (gpu0, cpu…), or a worker host's ("hostb/gpu0");
+    # llama.cpp: "auto" (this host) or a worker host's name, where its actor is spawned
     actor: str = "auto"
     dtype: str | None = None
-    preload: bool = True  # loaded when its actor starts; else on the first request (GGUF: always on demand)
+    # loaded when its actor starts; else on the first request (GGUF, and "auto" with no local
+    # engine actor: always on demand)
+    preload: bool = True
     n_ctx: int | None = None  # llama.cpp: context window (default: gguf_n_ctx; 0: the model's trained one)
     threads: int | None = None  # llama.cpp: decode threads (default: gguf_threads)
     # an SAE attached on the model's first start ("demo:<size>[:<layer>]" or an SAELens directory);

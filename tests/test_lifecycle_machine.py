@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from pathlib import Path
 
 import pytest
 import trio
@@ -114,19 +115,27 @@ class FakeActor:
 
 
 class Machine:
-    """A lifecycle over three models: "m" and "n" on engine actor "cpu" (up, holding
+    """A lifecycle over four models: "m" and "n" on engine actor "cpu" (up, holding
     nothing), "g" on on-demand actor "gguf:g" (stopped), whose start fails while `spawn_error`
-    is set. `pushed`: the models the after-load hook ran for."""
+    is set, and "a", placed with actor = "auto", whose candidates are "cpu" then a worker
+    host's "hostb/gpu0" (up, holding nothing). `pushed`: the models the after-load hook ran for."""
 
     def __init__(self, nursery: trio.Nursery, config: Config, source: str):
         self.nursery = nursery
         self.table = ModelTable()
         self.lifecycle = Lifecycle(
-            config, self.table, spawn=self._spawn, stop=self._stop, memory=free_memory, loaded=self._loaded
+            config,
+            self.table,
+            spawn=self._spawn,
+            stop=self._stop,
+            memory=free_memory,
+            loaded=self._loaded,
+            candidates=lambda m: [s for s in (self.cpu, self.gpu) if s.state == SlotState.READY or s is self.cpu],
         )
         self.actor = FakeActor("cpu", nursery)
         self.cpu = ActorSlot("cpu", "engine", state=SlotState.READY, client=self.actor.client)
-        self.cpu.ready.set()
+        self.remote = FakeActor("hostb/gpu0", nursery)
+        self.gpu = ActorSlot("hostb/gpu0", "engine", host="hostb", state=SlotState.READY, client=self.remote.client)
         self.gguf = ActorSlot("gguf:g", "engine", state=SlotState.STOPPED, on_demand=True)
         self.gguf.stopped.set()
         for slot, model, engine in (
@@ -135,7 +144,11 @@ class Machine:
             (self.gguf, "g", "llama.cpp"),
         ):
             self.table.add(ModelState(slot, Placement(model, source, engine, "cpu"), preload=False))
-        self.lifecycle.started(self.cpu, {})  # as supervision reports the actor's start
+        auto = Placement("a", source, "transformers", "cpu", cache_dir=str(Path(source).parent))
+        self.table.add(ModelState(self.cpu, auto, preload=False, auto=auto))
+        for slot in (self.cpu, self.gpu):
+            slot.ready.set()
+            self.lifecycle.started(slot, {})  # as supervision reports the actor's start
         self.spawn_error: str | None = None
         self.spawns = 0
         self.pushed: list[str] = []
@@ -408,5 +421,56 @@ def test_an_on_demand_actor_failing_to_start_is_model_load_failed(tmp_path):
         mc.spawn_error = None  # the next request starts it again
         await mc.lifecycle.client_for("g")
         assert mc.spawns == 2 and mc.state("g") == LoadState.LOADED
+
+    run(scenario, tmp_path)
+
+
+def test_an_auto_placement_loads_where_it_fits_and_moves_when_that_host_is_lost(tmp_path):
+    """actor = "auto": this host's actor while the model fits there, else a worker host's
+    actor with room, measured there; that host lost, the next load chooses again."""
+
+    async def scenario(mc: Machine):
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"\0" * 4096)
+        client, got = await mc.lifecycle.client_for("a")
+        assert client is mc.actor.client and got["actor"] == "cpu" and mc.actor.loaded == {"a"}
+        placed = mc.table.state_of("a").placement
+        assert placed.device == "cpu" and placed.cache_dir == str(tmp_path)
+        await mc.lifecycle.unload("a")
+        mc.actor.free_bytes = 1024  # this host is full now: the next load goes to the worker host
+        client, got = await mc.lifecycle.client_for("a")
+        assert client is mc.remote.client and got["actor"] == "hostb/gpu0" and mc.remote.loaded == {"a"}
+        placed = mc.table.state_of("a").placement
+        assert placed.device == "cuda:0" and placed.cache_dir is None  # the worker host's own cache
+        assert mc.pushed == ["a", "a"] and mc.actor.loads == 1
+        # the worker host is lost (supervision reports its actor stopped): back here once it fits
+        mc.gpu.state, mc.gpu.client = SlotState.OFFLINE, None
+        mc.lifecycle.stopped(mc.gpu)
+        with pytest.raises(GreenroomError) as caught:
+            await mc.lifecycle.client_for("a")
+        assert caught.value.code == "insufficient_memory" and "cpu (cpu) has 0.0 GiB free" in caught.value.message
+        assert mc.state("a") == LoadState.UNLOADED
+        mc.actor.free_bytes = 64 * GIB
+        client, got = await mc.lifecycle.client_for("a")
+        assert client is mc.actor.client and got["actor"] == "cpu"
+        assert mc.table.state_of("a").placement.cache_dir == str(tmp_path)
+
+    run(scenario, tmp_path)
+
+
+def test_concurrent_requests_for_an_auto_placement_wait_for_one_choice(tmp_path):
+    async def scenario(mc: Machine):
+        mc.actor.free_bytes = 0
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"\0" * 4096)
+        results = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(mc.request, "a", results)
+            await trio.sleep(0.5)
+            assert mc.state("a") == LoadState.LOADING
+            await trio.sleep(1.0)  # the load (1 s) is done
+            mc.remote.finish("a")
+        assert len(results) == 3 and mc.remote.loads == 1 and mc.actor.loads == 0
 
     run(scenario, tmp_path)

@@ -2,8 +2,10 @@
 worker` whose actors bind 127.0.0.2 joins a main server over the token-keyed TLS link; its
 actor serves chats plain and streamed, loads a model on demand and spawns a GGUF actor; a
 kill -9 of its whole tree mid-stream is a typed error event and a 503 naming the host until it
-rejoins, with its steering pushed again; a wrong, missing or absent token (a raw tractor
-peer) gets nothing run; SIGTERM of the main host leaves no process on either host."""
+rejoins, with its steering pushed again; a model placed with actor = "auto" loads on the
+worker host's actor while this host has none; replicas on both hosts are routed between;
+keep_alive unloads on the worker host; a wrong, missing or absent token (a raw tractor peer)
+gets nothing run; SIGTERM of the main host leaves no process on either host."""
 
 import os
 import signal
@@ -47,6 +49,21 @@ preload = false
 
 [[models]]
 id = "remote-gguf"
+source = "demo-gguf:Q8_0"
+engine = "llama.cpp"
+actor = "{HOST}"
+
+[[models]]  # actor = "auto", and this host has no engine actor: a worker host's, chosen at load
+id = "anywhere"
+source = "demo:tiny"
+
+[[models]]  # replicas across hosts: this host's GGUF actor preferred, the worker host's beside it
+id = "pair"
+source = "demo-gguf:Q8_0"
+engine = "llama.cpp"
+
+[[models]]
+id = "pair"
 source = "demo-gguf:Q8_0"
 engine = "llama.cpp"
 actor = "{HOST}"
@@ -108,6 +125,32 @@ def chat(srv: Server, model: str = "remote-demo", **kw) -> httpx.Response:
     return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
 
 
+def generate(srv: Server, model: str, **kw) -> httpx.Response:
+    body = {"model": model, "prompt": "Hello", "stream": False, "options": {"num_predict": 4}, **kw}
+    return httpx.post(srv.url + "/api/generate", json=body, timeout=120)
+
+
+def models(srv: Server) -> dict[str, dict]:
+    return {m["id"]: m for m in httpx.get(srv.url + "/api/models", timeout=10).json()["models"]}
+
+
+def nowhere_to_load(r: httpx.Response) -> bool:
+    """The 503 of an auto placement while no host has an engine actor up for it."""
+    error = r.json()["error"]
+    return r.status_code == 503 and error["code"] == "model_not_loaded" and 'actor = "auto"' in error["message"]
+
+
+def routed_while_a_stream_runs(srv: Server, model: str) -> httpx.Response:
+    """An Ollama request for `model` while a long stream of it runs on its preferred placement."""
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Go"}], max_tokens=2000, stream=True
+    )
+    with stream:
+        next(c for c in stream if c.choices and c.choices[0].delta.content)
+        return generate(srv, model)
+
+
 def steering(srv: Server) -> dict:
     rows = httpx.get(srv.url + "/api/steering", timeout=30).json()["models"]
     return next(row for row in rows if row["model"] == "remote-demo")
@@ -143,6 +186,11 @@ def test_no_token_no_admission_and_nothing_run(main):
         n: (a["pid"], a["restarts"]) for n, a in before.items()
     }
     assert main.log().count("refused a connection") >= 2
+    # no host has an engine actor for the auto placement yet; the replica on the absent host is skipped
+    assert nowhere_to_load(chat(main, "anywhere")) and "anywhere" not in models(main)
+    assert [row["actor"] for row in models(main)["pair"]["replicas"]] == ["gguf:pair"]
+    r = routed_while_a_stream_runs(main, "pair")
+    assert r.status_code == 200 and r.headers["X-NPU-Proxy-Route-Reason"] == "preferred_device", r.text
 
 
 def test_remote_actor_serves_plain_streamed_on_demand_and_gguf(main):
@@ -186,6 +234,31 @@ def test_remote_actor_serves_plain_streamed_on_demand_and_gguf(main):
     assert gguf["host"] == HOST and gguf["pid"] in {p.pid for p in worker.tree()}
 
 
+def test_auto_placement_replicas_and_keep_alive_across_hosts(main):
+    wait_ready(main, f"{HOST}/cpu")
+    # actor = "auto" with no engine actor here: loaded on the worker host's, chosen at its first load
+    assert models(main)["anywhere"]["actor"] == "auto"
+    assert chat(main, "anywhere").status_code == 200
+    assert "anywhere" in main.actors()[f"{HOST}/cpu"]["models"] and models(main)["anywhere"]["actor"] == f"{HOST}/cpu"
+    # replicas on two hosts: the preferred one busy, the request goes to the worker host's
+    r = routed_while_a_stream_runs(main, "pair")
+    assert r.status_code == 200 and r.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy", r.text
+    remote_pair = f"{HOST}/gguf:pair#1"
+    assert main.actors()[remote_pair]["models"] == ["pair"] and main.actors()[remote_pair]["host"] == HOST
+    # keep_alive 0 unloads on the worker host as here: the model from its actor, a GGUF actor with its model
+    assert generate(main, "remote-lazy", keep_alive=0).status_code == 200
+    assert generate(main, "pair", keep_alive=0).status_code == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        "remote-lazy" in main.actors()[f"{HOST}/cpu"]["models"] or remote_pair in main.actors()
+    ):
+        time.sleep(0.2)
+    assert "remote-lazy" not in main.actors()[f"{HOST}/cpu"]["models"] and remote_pair not in main.actors()
+    assert models(main)["remote-lazy"]["state"] == "unloaded"
+    ps = {m["name"] for m in httpx.get(main.url + "/api/ps", timeout=10).json()["models"]}
+    assert "remote-lazy" not in ps and "pair" not in ps
+
+
 def fault_mid_stream(main, fault) -> tuple[pytest.ExceptionInfo, float]:
     """A long stream from the remote actor; at its first text, `fault` on every process of the
     worker's tree. The error the stream ended with, and when the fault came."""
@@ -220,6 +293,8 @@ def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
     assert f"worker host {HOST!r}" in r.json()["error"]["message"]
     r = chat(main, "remote-gguf")
     assert r.status_code == 503 and f"worker host {HOST!r}" in r.json()["error"]["message"], r.text
+    assert nowhere_to_load(chat(main, "anywhere"))  # its host is gone, and no other has room
+    assert generate(main, "pair").headers["X-NPU-Proxy-Route-Reason"] == "preferred_device"
     assert main.proc.poll() is None
     # it joins again: served, with the steering it had pushed to the new actor
     start_worker(main)
@@ -230,6 +305,7 @@ def test_kill_9_of_the_worker_mid_stream_then_rejoin(main):
     assert state["live"] and state["version"] == version
     r = chat(main, temperature=0)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == steered
+    assert chat(main, "anywhere").status_code == 200  # placed again, on the rejoined host
 
 
 def test_a_silent_worker_is_lost_within_the_timeout_then_rejoins(main):
@@ -259,3 +335,21 @@ def test_sigterm_of_the_main_host_leaves_no_process_on_either_host(main):
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.1)
     assert not [p for p in pids if psutil.pid_exists(p)]
+
+
+@pytest.mark.parametrize(
+    ("engine_actors", "actors", "refusal"),
+    [
+        (["cpu"], ["cpu", "auto"], 'a replica names its actor ("cpu", "hostb/gpu0"), not "auto"'),
+        ([], ["auto"], "this host has none (engine_actors = []) and takes no workers (workers_listen)"),
+        ([], ["hostb/cpu"], "is placed on worker host 'hostb', but workers_listen is not set"),
+    ],
+)
+def test_placements_the_tree_refuses_at_start(engine_actors, actors, refusal):
+    from greenroom.config import Config, ModelConfig
+    from greenroom.supervisor.tree import Tree
+
+    models = [ModelConfig("m", "demo:tiny", actor=actor) for actor in actors]
+    with pytest.raises(ValueError) as caught:
+        Tree(Config(engine_actors=engine_actors, npu_actors=[], models=models))
+    assert refusal in str(caught.value)

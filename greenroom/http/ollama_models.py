@@ -192,10 +192,14 @@ def _spec(tree: Tree, model: str) -> dict:
     """Tree.add_model's arguments that place another name on `model`'s source."""
     m = tree.state_of(model)
     p = m.placement
+    if p.engine == "transformers":
+        actor = "auto" if m.auto is not None else m.slot.name
+    else:  # an actor of its own is spawned for it: on this host, or on the source's worker host
+        actor = m.slot.host or "auto"
     return {
         "source": p.source,
         "engine": p.engine,
-        "actor": m.slot.name if p.engine == "transformers" else "auto",
+        "actor": actor,
         "dtype": p.dtype,
         "n_ctx": p.n_ctx,
         "threads": p.threads,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 
+import attrs
 import trio
 
 from greenroom import metrics
@@ -22,7 +23,7 @@ from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Unload
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.memory import check_fit, check_quantization
-from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement
+from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, placed_on
 from greenroom.supervisor.routing import route
 from greenroom.supervisor.slots import ActorSlot, StartFailed
 
@@ -38,7 +39,8 @@ class Lifecycle:
     and returns once it has ended (`stopped` reported); `memory(slot)` is the free memory of
     the device a load on `slot` goes to ({"device", "free_bytes", "total_bytes"}, None when
     unknown); `loaded(m)` runs after each load made here (the steering relay's push; it must
-    not raise)."""
+    not raise); `candidates(m)` are the actors an auto placement may load on, preferred
+    first."""
 
     def __init__(
         self,
@@ -49,10 +51,12 @@ class Lifecycle:
         stop: Callable[[ActorSlot], Awaitable[None]],
         memory: Callable[[ActorSlot], Awaitable[dict | None]],
         loaded: Callable[[ModelState], Awaitable[None]],
+        candidates: Callable[[ModelState], list[ActorSlot]] = lambda m: [m.slot],
     ):
         self.config = config
         self.table = table
         self._spawn, self._stop, self._memory, self._loaded = spawn, stop, memory, loaded
+        self._candidates = candidates
         self._nursery: trio.Nursery | None = None  # the keep-alive timers'
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -95,7 +99,7 @@ class Lifecycle:
             return await self._client_for(model)
         with trio.move_on_after(self.config.graceful_unload_timeout_s + UNLOAD_WAIT_MARGIN_S):
             while True:
-                while busy := [m.slot for m in self.table.replicas_of(model) if m.slot.unloading]:
+                while busy := [slot for slot in self._actors_of(model) if slot.unloading]:
                     await busy[0].unloaded.wait()
                 try:
                     return await self._client_for(model)
@@ -104,20 +108,25 @@ class Lifecycle:
                         raise
         return await self._client_for(model)  # the wait ran out: answered as on /v1
 
+    def _actors_of(self, model: str) -> list[ActorSlot]:
+        """The actors a request for `model` may be served on: its placements', and the candidates
+        of an auto placement that the request's load would choose among."""
+        return [
+            slot
+            for m in self.table.replicas_of(model)
+            for slot in (self._candidates(m) if m.auto is not None and m.state == LoadState.UNLOADED else [m.slot])
+        ]
+
     async def _client_for(self, model: str) -> tuple[EngineClient, dict]:
         m, reason = route(self.table.replicas_of(model))
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
             self.keep_alive(model, self.config.idle_unload_s)
-        if m.slot.on_demand and m.state == LoadState.UNLOADED:
-            await self._load(m)
+        unplaced = m.auto is not None and m.state in (LoadState.UNLOADED, LoadState.LOADING)
+        if unplaced or (m.slot.on_demand and m.state == LoadState.UNLOADED):
+            await self._load(m)  # an auto placement's actor is the one this load chooses
         client = await m.slot.wait_client(model, self.config.ready_timeout_s)
         while True:
-            if m.slot.unloading:
-                raise GreenroomError(
-                    "model_busy",
-                    f"a model is being unloaded from engine actor {m.slot.name!r}; retry once the unload finishes",
-                    "model",
-                )
+            _refuse_while_unloading(m.slot)
             if m.state == LoadState.LOADED:
                 return client, {**m.info, "actor": m.slot.name, "route_reason": reason}
             if m.state == LoadState.UNLOADED:
@@ -131,7 +140,8 @@ class Lifecycle:
         return await self._load(self.table.state_of(model))
 
     async def _load(self, m: ModelState) -> dict:
-        client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+        if m.auto is None and not m.slot.on_demand:
+            await m.slot.wait_client(m.id, self.config.ready_timeout_s)
         while m.state in (LoadState.LOADING, LoadState.UNLOADING):
             await m.changed.wait()
         if m.state == LoadState.LOADED:
@@ -139,9 +149,12 @@ class Lifecycle:
         # loading from here: a request arriving during the memory query waits for this load
         m.state, m.changed = LoadState.LOADING, trio.Event()
         try:
-            if m.slot.host is None:  # a worker host's files are not on this disk: its engine checks them
+            if m.auto is not None:
+                await self._place(m)
+            elif m.slot.host is None:  # a worker host's files are not on this disk: its engine checks them
                 check_quantization(m.placement)  # before any weight moves
                 check_fit(m.placement, m.slot.name, await self._memory(m.slot))
+            client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
             if m.slot.on_demand:  # its actor loads it as it starts (`started`)
                 try:
                     await self._spawn(m.slot)
@@ -162,6 +175,34 @@ class Lifecycle:
             if m.state == LoadState.LOADING:
                 m.state = LoadState.UNLOADED
             m.changed.set()
+
+    async def _place(self, m: ModelState) -> None:
+        """Put an auto placement on the first of its candidate actors (this host's first
+        engine actor, then the worker hosts' up now) that is up and whose device has room for
+        it, measured there as a named actor's load is; else refuse with the first one's reason."""
+        refusals = []
+        for slot in self._candidates(m):
+            placed = placed_on(m.auto, slot)
+            try:
+                await slot.wait_client(m.id, self.config.ready_timeout_s)
+                _refuse_while_unloading(slot)
+                if slot.host is None:  # a worker host's engine checks what it can load
+                    check_quantization(placed)
+                # its size as this host sees the checkpoint; a worker host builds a demo model itself
+                check_fit(attrs.evolve(m.auto, device=placed.device), slot.name, await self._memory(slot))
+            except GreenroomError as exc:
+                refusals.append(exc)
+                continue
+            m.slot, m.placement = slot, placed
+            return
+        if refusals:
+            raise refusals[0]
+        raise GreenroomError(
+            "model_not_loaded",
+            f'model {m.id!r} (actor = "auto") has no engine actor to load on: this host has none, '
+            "and no worker host offering one has joined",
+            "model",
+        )
 
     # unload ------------------------------------------------------------------------------
     async def unload(self, model: str) -> None:
@@ -244,3 +285,13 @@ class Lifecycle:
                 return
         finally:
             m.timer = False
+
+
+def _refuse_while_unloading(slot: ActorSlot) -> None:
+    """model_busy while an unload runs on `slot`'s actor (the spec's /v1 rule: retry after it)."""
+    if slot.unloading:
+        raise GreenroomError(
+            "model_busy",
+            f"a model is being unloaded from engine actor {slot.name!r}; retry once the unload finishes",
+            "model",
+        )

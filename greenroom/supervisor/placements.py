@@ -73,6 +73,9 @@ class ModelState:
     timer: bool = False  # a keep-alive timer task is watching expires_at
     keep_alive_s: float = 0.0  # the idle time expires_at was last set from
     moved: trio.Event = attrs.Factory(trio.Event)  # wakes the timer when expires_at changes
+    # actor = "auto": the placement as configured, on this host; each load moves it to the actor
+    # chosen then, on any host (Lifecycle._place); None: placed on `slot` for good
+    auto: Placement | None = None
 
     @property
     def id(self) -> str:
@@ -134,6 +137,12 @@ class ModelTable:
         """The engine(s) `model` is placed on (`a/b` for several) and what all of them honour."""
         engines = list(dict.fromkeys(m.placement.engine for m in self.replicas_of(model)))
         return "/".join(engines), common(engines)
+
+
+def placed_on(p: Placement, slot: ActorSlot) -> Placement:
+    """An auto placement `p` (as configured on this host) moved to `slot`'s actor: the device
+    there, and a worker host's own cache for what it builds."""
+    return attrs.evolve(p, device=device_of(slot.name), cache_dir=p.cache_dir if slot.host is None else None)
 
 
 def device_of(actor: str) -> str:

@@ -95,8 +95,9 @@ class Supervisor:
                 await self._supervise_loop(slot)
         finally:
             slot.scope, slot.client, slot.pid = None, None, None
-            if slot.on_demand:
-                slot.state = SlotState.STOPPED
+            if slot.on_demand:  # offline while its worker host is gone: routing skips it
+                gone = slot.host is not None and not self.workers.host(slot.host).connected
+                slot.state = SlotState.OFFLINE if gone else SlotState.STOPPED
                 self.lifecycle.stopped(slot)
             slot.ready.set()  # waiters see the stopped state instead of hanging
             slot.stopped.set()
@@ -268,7 +269,7 @@ class Supervisor:
             }
         ]
         for slot in self.slots.values():
-            if slot.on_demand and slot.state == SlotState.STOPPED:
+            if slot.on_demand and slot.state in (SlotState.STOPPED, SlotState.OFFLINE):
                 continue  # a GGUF model's actor exists while the model is loaded
             status = await slot.client.status() if slot.client is not None else None
             metrics.engine_status(slot.name, status)

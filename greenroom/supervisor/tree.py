@@ -18,7 +18,7 @@ from greenroom.supervisor import memory
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle
 from greenroom.supervisor.monitoring import Monitoring
-from greenroom.supervisor.placements import ModelState, ModelTable, Placement, device_of
+from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, device_of
 from greenroom.supervisor.slots import ActorSlot, SlotState
 from greenroom.supervisor.steering_relay import SteeringRelay
 from greenroom.supervisor.supervision import Supervisor
@@ -37,8 +37,12 @@ class Tree:
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         self._engine_actors = names
+        # where an auto placement is while no load has chosen an actor and this host has none
+        self._unplaced = ActorSlot(
+            "auto", "engine", state=SlotState.OFFLINE, last_error="it loads where a worker host has room"
+        )
         self.workers = (
-            WorkerHosts(config.workers_listen, token_from_env(), config.worker_timeout_s, self._adopt)
+            WorkerHosts(config.workers_listen, token_from_env(), config.worker_timeout_s, self._adopt, self._left)
             if config.workers_listen
             else None
         )
@@ -58,6 +62,7 @@ class Tree:
             stop=lambda slot: self.supervisor.stop(slot),
             memory=memory.free_memory,
             loaded=self.relay.push_steering_quietly,
+            candidates=self._auto_candidates,
         )
         self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
@@ -111,6 +116,7 @@ class Tree:
             "chat_template": chat_template,
             "defaults": defaults,
         }
+        auto = actor == "auto" and engine != "llama.cpp"  # llama.cpp's "auto" is this host
         if engine == "llama.cpp":
             host = None if actor == "auto" else actor  # a worker host's name: its actor is spawned there
             if host is not None:
@@ -118,7 +124,11 @@ class Tree:
                 common["cache_dir"] = None  # the worker's own cache
             name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
             name = f"{host}/{name}" if host else name
-            slot = ActorSlot(name, "engine", host=host, on_demand=True, state=SlotState.STOPPED)
+            # a worker host's: offline while the host is not connected (workers report joins and leaves)
+            up = host is None or self.workers.host(host).connected
+            slot = ActorSlot(
+                name, "engine", host=host, on_demand=True, state=SlotState.STOPPED if up else SlotState.OFFLINE
+            )
             slot.stopped.set()
             self.slots[slot.name] = slot
             placement = Placement(
@@ -130,20 +140,20 @@ class Tree:
             )
             preload = False
         else:
-            if actor == "auto" and not self._engine_actors:
-                raise ValueError(
-                    f'model {model_id!r}: actor = "auto" is the first local engine actor, and this host has none '
-                    '(engine_actors = []); name one, or a worker host\'s ("hostb/gpu0")'
-                )
-            actor = self._engine_actors[0] if actor == "auto" else actor
-            if "/" in actor:  # a worker host's actor: its slot waits for the host to join
+            if auto:
+                self._check_auto(model_id, replica)
+                # on this host's first engine actor until its first load chooses (Lifecycle._place);
+                # with none here, no actor starts holding it: loaded on demand, as a GGUF model is
+                actor = self._engine_actors[0] if self._engine_actors else self._unplaced.name
+                preload = preload and bool(self._engine_actors)
+            elif "/" in actor:  # a worker host's actor: its slot waits for the host to join
                 host = actor.split("/", 1)[0]
                 self._require_workers(model_id, host)
                 self.slots.setdefault(actor, ActorSlot(actor, "engine", host=host, state=SlotState.OFFLINE))
                 common["cache_dir"] = None
-            if actor not in self.slots or self.slots[actor].role != "engine" or self.slots[actor].on_demand:
+            slot = self._unplaced if actor == self._unplaced.name else self.slots.get(actor)
+            if slot is None or slot.role != "engine" or slot.on_demand:
                 raise ValueError(f"model {model_id!r} is placed on unknown engine actor {actor!r}")
-            slot = self.slots[actor]
             if any(r.slot is slot for r in self.replicas.get(model_id, ())):
                 raise ValueError(f"model {model_id!r} is placed twice on engine actor {actor!r}")
             transformers = (
@@ -156,10 +166,36 @@ class Tree:
                 if engine == "transformers"
                 else {}
             )
-            placement = Placement(**common, device=device_of(actor), **transformers)
-        m = ModelState(slot, placement, preload)
+            placement = Placement(**common, device=device_of(slot.name), **transformers)
+        m = ModelState(slot, placement, preload, auto=placement if auto else None)
         self.table.add(m)
         return m
+
+    def _check_auto(self, model_id: str, replica: bool) -> None:
+        if replica:
+            raise ValueError(f'model {model_id!r}: a replica names its actor ("cpu", "hostb/gpu0"), not "auto"')
+        if not self._engine_actors and self.workers is None:
+            raise ValueError(
+                f'model {model_id!r}: actor = "auto" loads on this host\'s first engine actor or on a worker '
+                "host's, and this host has none (engine_actors = []) and takes no workers (workers_listen)"
+            )
+
+    def _auto_candidates(self, m: ModelState) -> list[ActorSlot]:
+        """Where an auto placement may load, preferred first: this host's first engine actor,
+        then the worker hosts' engine actors up now, cards first — less those holding another
+        placement of the model."""
+        local = [self.slots[self._engine_actors[0]]] if self._engine_actors else []
+        remote = [
+            s
+            for s in self.slots.values()
+            if s.host is not None
+            and not s.on_demand
+            and s.state == SlotState.READY
+            and not device_of(s.name).startswith("npu")
+        ]
+        remote.sort(key=lambda s: not device_of(s.name).startswith("cuda"))
+        taken = {r.slot.name for r in self.replicas.get(m.id, ()) if r is not m}
+        return [s for s in local + remote if s.name not in taken]
 
     def _require_workers(self, model_id: str, host: str) -> None:
         if self.workers is None:
@@ -168,12 +204,23 @@ class Tree:
             raise ValueError(f"model {model_id!r}: {host!r} is not a worker host's name")
 
     def _adopt(self, host: str, actors: list[str]) -> None:
-        """A worker host joined offering `actors`: the ones no model named yet get slots, supervised from now."""
+        """A worker host joined offering `actors`: the ones no model named yet get slots,
+        supervised from now; its GGUF models' actors can start again."""
         for actor in actors:
             name = f"{host}/{actor}"
             if name not in self.slots:
                 self.slots[name] = ActorSlot(name, "engine", host=host, state=SlotState.OFFLINE)
                 self.supervisor.adopt(self.slots[name])
+        for slot in self.slots.values():
+            if slot.host == host and slot.on_demand and slot.state == SlotState.OFFLINE:
+                slot.state = SlotState.STOPPED
+
+    def _left(self, host: str) -> None:
+        """A worker host was lost: its GGUF models' actors that are not running are offline
+        (routing skips them) until it joins again; supervision marks the running ones as they end."""
+        for slot in self.slots.values():
+            if slot.host == host and slot.on_demand and slot.state == SlotState.STOPPED:
+                slot.state = SlotState.OFFLINE
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (gracefully) and forget a model; its own actor, if it had one, goes too."""
@@ -223,17 +270,22 @@ class Tree:
         preferred placement's actor and state; a model none of whose actors is running or
         able to start is not listed. `replicas` lists every placement when there are several."""
         out = []
+        down = (SlotState.FAILED, SlotState.OFFLINE)
         for model_id, replicas in self.replicas.items():
-            rows = [
-                {
-                    "actor": m.slot.name,
-                    "engine": m.placement.engine,
-                    "device": m.placement.device,
-                    "state": m.state if m.slot.state in (SlotState.READY, SlotState.STOPPED) else "loading",
-                }
-                for m in replicas
-                if m.slot.state not in (SlotState.FAILED, SlotState.OFFLINE)
-            ]
+            rows = []
+            for m in replicas:
+                choosing = m.auto is not None and m.state == LoadState.UNLOADED  # its next load picks the actor
+                if all(s.state in down for s in (self._auto_candidates(m) if choosing else [m.slot])):
+                    continue
+                up = choosing or m.slot.state in (SlotState.READY, SlotState.STOPPED)
+                rows.append(
+                    {
+                        "actor": m.slot.name,  # an auto placement's: where it last loaded ("auto": nowhere yet)
+                        "engine": m.placement.engine,
+                        "device": m.placement.device,
+                        "state": m.state if up else "loading",
+                    }
+                )
             if rows:
                 out.append({"id": model_id, **rows[0], **({"replicas": rows} if len(replicas) > 1 else {})})
         return out

@@ -174,14 +174,22 @@ class RemoteHost:
 
 class WorkerHosts:
     """Every worker host the config names or that has joined, by name. `on_join(host, actors)`
-    runs as a host is admitted, before its actors are spawned (the tree adds their slots)."""
+    runs as a host is admitted, before its actors are spawned (the tree adds their slots);
+    `on_leave(host)` as one is lost."""
 
-    def __init__(self, listen: str, token: str, timeout_s: float, on_join: Callable[[str, list[str]], None]):
+    def __init__(
+        self,
+        listen: str,
+        token: str,
+        timeout_s: float,
+        on_join: Callable[[str, list[str]], None],
+        on_leave: Callable[[str], None],
+    ):
         host, _, port = listen.rpartition(":")
         self.listen = (host.strip("[]"), int(port))
         self.timeout_s = timeout_s
         self._ssl = tls.context(token, server=True)
-        self._on_join = on_join
+        self._on_join, self._on_leave = on_join, on_leave
         self.hosts: dict[str, RemoteHost] = {}
 
     def host(self, name: str) -> RemoteHost:
@@ -250,6 +258,7 @@ class WorkerHosts:
             reason = reason or ("the main host is shutting down" if shutdown else "an internal error")
             (log.info if shutdown else log.error)("worker host %s lost: %s", host.name, reason)
             host.lose(reason)
+            self._on_leave(host.name)
             host.scope = None
             if shutdown:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
