@@ -11,6 +11,12 @@ produced since the last message as one. What starts, ends or fails a request —
 stream's first and last text, `Failed`, every answer that is not a stream — wakes it at once,
 as does the first event after a lull; the sender stops polling once IDLE_POLLS polls in a row
 found nothing.
+
+Each message costs the serving tree about 1.2 ms of CPU whatever it carries (the loop's turn,
+the GIL handed to it and back, the front end's chunk), so a longer interval buys a CPU-bound
+engine more: one tiny-demo stream on 2 cores ran at 0.83 of in-process at 10 ms, 0.86 at 25
+and 0.88 at 50 (side by side). 10 ms is kept: it holds a token no longer than a reader or a
+client measuring inter-token latency would notice.
 """
 
 from __future__ import annotations
