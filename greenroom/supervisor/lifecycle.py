@@ -124,10 +124,11 @@ class Lifecycle:
         unplaced = m.auto is not None and m.state in (LoadState.UNLOADED, LoadState.LOADING)
         if unplaced or (m.slot.on_demand and m.state == LoadState.UNLOADED):
             await self._load(m)  # an auto placement's actor is the one this load chooses
-        client = await m.slot.wait_client(model, self.config.ready_timeout_s)
+        await m.slot.wait_client(model, self.config.ready_timeout_s)
         while True:
             _refuse_while_unloading(m.slot)
-            if m.state == LoadState.LOADED:
+            if m.state == LoadState.LOADED:  # the client of its actor now: an auto placement may have moved
+                client = await m.slot.wait_client(model, self.config.ready_timeout_s)
                 return client, {**m.info, "actor": m.slot.name, "route_reason": reason}
             if m.state == LoadState.UNLOADED:
                 await self._load(m)
