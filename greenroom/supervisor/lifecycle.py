@@ -141,8 +141,6 @@ class Lifecycle:
         return await self._load(self.table.state_of(model))
 
     async def _load(self, m: ModelState) -> dict:
-        if m.auto is None and not m.slot.on_demand:
-            await m.slot.wait_client(m.id, self.config.ready_timeout_s)
         while m.state in (LoadState.LOADING, LoadState.UNLOADING):
             await m.changed.wait()
         if m.state == LoadState.LOADED:
@@ -152,10 +150,11 @@ class Lifecycle:
         try:
             if m.auto is not None:
                 await self._place(m)
-            elif m.slot.host is None:  # a worker host's files are not on this disk: its engine checks them
+            # (re)starting: its actor is waited for, which answers the memory query
+            client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+            if m.auto is None and m.slot.host is None:  # a worker host's files are not on this disk
                 check_quantization(m.placement)  # before any weight moves
                 check_fit(m.placement, m.slot.name, await self._memory(m.slot))
-            client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
             if m.slot.on_demand:  # its actor loads it as it starts (`started`)
                 try:
                     await self._spawn(m.slot)

@@ -24,6 +24,9 @@ class SlotState(enum.StrEnum):
     OFFLINE = "offline"  # its worker host is not connected: back when the host joins again
 
 
+DOWN = (SlotState.FAILED, SlotState.OFFLINE)  # no client to wait for: refused at once
+
+
 class StartFailed(Exception):
     """An on-demand actor did not come up: its load failed, or it did not start in time (the reason)."""
 
@@ -49,11 +52,10 @@ class ActorSlot:
     async def wait_client(self, model: str, timeout_s: float) -> EngineClient:
         """The actor's client, waiting up to `timeout_s` while it (re)starts; else 503
         model_not_loaded with the actor's state and last error (`model`: the one asked for)."""
-        down = (SlotState.FAILED, SlotState.OFFLINE)
         with trio.move_on_after(timeout_s):
-            while self.client is None and self.state not in down:
+            while self.client is None and self.state not in DOWN:
                 await self.ready.wait()
-                if self.client is None and self.state not in down:
+                if self.client is None and self.state not in DOWN:
                     await trio.sleep(0.05)  # ready was set by a previous life; wait for the next
         if self.client is None and self.state == SlotState.OFFLINE:
             raise GreenroomError(

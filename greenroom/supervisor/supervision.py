@@ -95,12 +95,17 @@ class Supervisor:
                 await self._supervise_loop(slot)
         finally:
             slot.scope, slot.client, slot.pid = None, None, None
-            if slot.on_demand:  # offline while its worker host is gone: routing skips it
-                gone = slot.host is not None and not self.workers.host(slot.host).connected
-                slot.state = SlotState.OFFLINE if gone else SlotState.STOPPED
+            if slot.on_demand:
+                slot.state = self.resting(slot)
                 self.lifecycle.stopped(slot)
             slot.ready.set()  # waiters see the stopped state instead of hanging
             slot.stopped.set()
+
+    def resting(self, slot: ActorSlot) -> SlotState:
+        """An on-demand actor's state while it is not running: stopped, or offline while its
+        worker host is not connected (routing skips it then)."""
+        gone = slot.host is not None and not self.workers.host(slot.host).connected
+        return SlotState.OFFLINE if gone else SlotState.STOPPED
 
     def _offline_error(self, slot: ActorSlot) -> GreenroomError:
         host = self.workers.host(slot.host)

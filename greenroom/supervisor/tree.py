@@ -19,7 +19,7 @@ from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle
 from greenroom.supervisor.monitoring import Monitoring
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, device_of
-from greenroom.supervisor.slots import ActorSlot, SlotState
+from greenroom.supervisor.slots import DOWN, ActorSlot, SlotState
 from greenroom.supervisor.steering_relay import SteeringRelay
 from greenroom.supervisor.supervision import Supervisor
 from greenroom.supervisor.workers import WorkerHosts
@@ -42,7 +42,7 @@ class Tree:
             "auto", "engine", state=SlotState.OFFLINE, last_error="it loads where a worker host has room"
         )
         self.workers = (
-            WorkerHosts(config.workers_listen, token_from_env(), config.worker_timeout_s, self._adopt, self._left)
+            WorkerHosts(config.workers_listen, token_from_env(), config.worker_timeout_s, self._adopt, self._rest)
             if config.workers_listen
             else None
         )
@@ -124,11 +124,8 @@ class Tree:
                 common["cache_dir"] = None  # the worker's own cache
             name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
             name = f"{host}/{name}" if host else name
-            # a worker host's: offline while the host is not connected (workers report joins and leaves)
-            up = host is None or self.workers.host(host).connected
-            slot = ActorSlot(
-                name, "engine", host=host, on_demand=True, state=SlotState.STOPPED if up else SlotState.OFFLINE
-            )
+            slot = ActorSlot(name, "engine", host=host, on_demand=True)
+            slot.state = self.supervisor.resting(slot)
             slot.stopped.set()
             self.slots[slot.name] = slot
             placement = Placement(
@@ -211,16 +208,14 @@ class Tree:
             if name not in self.slots:
                 self.slots[name] = ActorSlot(name, "engine", host=host, state=SlotState.OFFLINE)
                 self.supervisor.adopt(self.slots[name])
-        for slot in self.slots.values():
-            if slot.host == host and slot.on_demand and slot.state == SlotState.OFFLINE:
-                slot.state = SlotState.STOPPED
+        self._rest(host)
 
-    def _left(self, host: str) -> None:
-        """A worker host was lost: its GGUF models' actors that are not running are offline
-        (routing skips them) until it joins again; supervision marks the running ones as they end."""
+    def _rest(self, host: str) -> None:
+        """A worker host joined or was lost: its GGUF models' actors that are not running are
+        stopped or offline by it (supervision sets the running ones' as they end)."""
         for slot in self.slots.values():
-            if slot.host == host and slot.on_demand and slot.state == SlotState.STOPPED:
-                slot.state = SlotState.OFFLINE
+            if slot.host == host and slot.on_demand and slot.state in (SlotState.STOPPED, SlotState.OFFLINE):
+                slot.state = self.supervisor.resting(slot)
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (gracefully) and forget a model; its own actor, if it had one, goes too."""
@@ -270,12 +265,11 @@ class Tree:
         preferred placement's actor and state; a model none of whose actors is running or
         able to start is not listed. `replicas` lists every placement when there are several."""
         out = []
-        down = (SlotState.FAILED, SlotState.OFFLINE)
         for model_id, replicas in self.replicas.items():
             rows = []
             for m in replicas:
                 choosing = m.auto is not None and m.state == LoadState.UNLOADED  # its next load picks the actor
-                if all(s.state in down for s in (self._auto_candidates(m) if choosing else [m.slot])):
+                if all(s.state in DOWN for s in (self._auto_candidates(m) if choosing else [m.slot])):
                     continue
                 up = choosing or m.slot.state in (SlotState.READY, SlotState.STOPPED)
                 rows.append(
