@@ -7,6 +7,7 @@ worker host's actor while this host has none; replicas on both hosts are routed 
 keep_alive unloads on the worker host; a wrong, missing or absent token (a raw tractor peer)
 gets nothing run; SIGTERM of the main host leaves no process on either host."""
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -240,6 +241,16 @@ def test_auto_placement_replicas_and_keep_alive_across_hosts(main):
     assert models(main)["anywhere"]["actor"] == "auto"
     assert chat(main, "anywhere").status_code == 200
     assert "anywhere" in main.actors()[f"{HOST}/cpu"]["models"] and models(main)["anywhere"]["actor"] == f"{HOST}/cpu"
+    # one pooled SDK client, model after model on both hosts, while a stream decodes beside it
+    client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(chat, main, "remote-demo", max_tokens=400)
+        for model in ("anywhere", "remote-demo", "pair", "anywhere", "remote-lazy"):
+            answer = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
+            assert answer.choices[0].finish_reason in ("stop", "length") and answer.model == model
+        assert beside.result().status_code == 200
     # replicas on two hosts: the preferred one busy, the request goes to the worker host's
     r = routed_while_a_stream_runs(main, "pair")
     assert r.status_code == 200 and r.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy", r.text
