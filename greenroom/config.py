@@ -49,6 +49,8 @@ class Config:
     gguf_n_ctx: int = 4096  # llama.cpp context window, capped at the model's trained context
     gguf_threads: int = 0  # llama.cpp decode threads; 0: all cores but one
     gguf_parallel: int = 4  # llama.cpp sequences decoded together per model (each its own n_ctx of cache)
+    # an engine actor computing on one thread gets a CPU of its own, when one is free (cpus.py)
+    pin_cpus: bool = True
     cache_dir: str | None = None  # cache root (models/ below it); default $GREENROOM_CACHE or ~/.cache/greenroom
     restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
     restart_window_s: float = 300.0

@@ -25,6 +25,7 @@ import collections
 
 import trio
 
+from greenroom.actors.runtime import send_now
 from greenroom.protocol import Events, Text, to_wire
 
 SEND_INTERVAL_S = 0.01  # a running stream's tokens wait at most this long: 100 messages/s per actor
@@ -75,7 +76,7 @@ class Outbox:
                     batch = []
                     while self._events:
                         batch.append(self._events.popleft())
-                    await stream.send(to_wire(Events(batch)))
+                    await send_now(stream, to_wire(Events(batch)))
                     idle = 0
                 else:
                     idle += 1

@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from .base import Engine, EngineError
+from .base import Engine, EngineError, default_cpu_threads
 
 PACKAGE = "package:"  # package:<top-level package>/<file inside it>
 CONVERTED = "gguf-converted:"  # gguf-converted:<a source naming a .gguf file>
@@ -106,6 +106,16 @@ def _package_file(source: str) -> Path | None:
 
 # the placement's keys the transformers engine takes as they are (absent: the engine's defaults)
 TRANSFORMERS_KEYS = ("prefix_cache_tokens", "fixed_shape", "fixed_shape_slots", "fixed_shape_length")
+
+
+def compute_threads(spec: dict) -> int | None:
+    """The CPU threads the engine `spec` loads computes on; None where greenroom does not choose
+    them (a card, OpenVINO's own pool)."""
+    if spec["engine"] == "transformers" and spec.get("device", "cpu") == "cpu":
+        return default_cpu_threads()  # TransformersEngine's
+    if spec["engine"] == "llama.cpp":
+        return spec.get("threads") or default_cpu_threads()  # LlamaCppEngine's
+    return None
 
 
 def load_engine(spec: dict) -> Engine:

@@ -21,6 +21,8 @@ from greenroom.actors.engine_actor import engine_session
 from greenroom.actors.service_actors import service_session
 from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config
+from greenroom.cpus import CpuPool
+from greenroom.engines.loader import compute_threads
 from greenroom.errors import GreenroomError
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle
@@ -52,6 +54,7 @@ class Supervisor:
         self.lifecycle = lifecycle
         self._after_start = after_start
         self._nursery: trio.Nursery | None = None  # every supervising task's
+        self.cpus = CpuPool(config.pin_cpus)  # this host's engine actors' own CPUs (cpus.py)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every slot but the on-demand ones until cancelled."""
@@ -95,11 +98,19 @@ class Supervisor:
                 await self._supervise_loop(slot)
         finally:
             slot.scope, slot.client, slot.pid = None, None, None
+            self.cpus.give(slot.name)
             if slot.on_demand:
                 slot.state = self.resting(slot)
                 self.lifecycle.stopped(slot)
             slot.ready.set()  # waiters see the stopped state instead of hanging
             slot.stopped.set()
+
+    def _own_cpu(self, slot: ActorSlot, specs: list[dict]) -> int | None:
+        """A CPU of its own for a local actor that starts with models computing on one thread
+        (cpus.py); held until the actor stops."""
+        if slot.host is None and specs and {compute_threads(spec) for spec in specs} == {1}:
+            return self.cpus.take(slot.name)
+        return None
 
     def resting(self, slot: ActorSlot) -> SlotState:
         """An on-demand actor's state while it is not running: stopped, or offline while its
@@ -185,13 +196,14 @@ class Supervisor:
     async def _run_once(self, slot: ActorSlot) -> None:
         if slot.role == "engine":
             fn = engine_session
-            preloads = self.lifecycle.preloads(slot)
+            specs = [p.to_spec() for p in self.lifecycle.preloads(slot)]
             kwargs = {
-                "models": [p.to_spec() for p in preloads],
-                "device": preloads[0].device if slot.on_demand else device_of(slot.name),
+                "models": specs,
+                "device": specs[0]["device"] if slot.on_demand else device_of(slot.name),
                 "max_queue": self.config.max_queue,
                 "default_max_tokens": self.config.default_max_tokens,
                 "continuous_batching": self.config.continuous_batching,
+                "cpu": self._own_cpu(slot, specs),
             }
         elif slot.role == "steering":
             fn, kwargs = (

@@ -1,0 +1,50 @@
+"""greenroom/actors/runtime.py's edges, on a real tractor tree in this process: the engine
+actor's fast send, and what reaches an actor's port that is not an actor."""
+
+import socket
+
+import trio
+
+from greenroom.actors import runtime
+from greenroom.actors.runtime import tractor
+
+BIG = 32 << 20  # far past a socket's buffer: the frame is written in part, then by tractor
+
+
+@tractor.context
+async def sender(ctx, parent_pid: int):
+    runtime.die_with_parent(parent_pid)
+    await ctx.started(None)
+    async with ctx.open_stream() as stream:
+        await runtime.send_now(stream, {"n": 1, "blob": b"x" * BIG})
+        await runtime.send_now(stream, {"n": 2})
+        await stream.send({"n": 3})
+        await runtime.send_now(stream, {"n": 4})
+        async for msg in stream:  # echo until the parent closes
+            await runtime.send_now(stream, msg)
+
+
+def _garbage(port: int, data: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+
+
+def test_send_now_frames_as_tractor_does_and_a_bad_peer_leaves_the_tree_up():
+    async def main():
+        async with runtime.open_root("test-root", "critical"):
+            async with runtime.spawn("sender", __name__, "critical") as child:
+                async with runtime.open_session(child, sender, parent_pid=child.parent_pid) as (_, stream):
+                    got = [await stream.receive() for _ in range(4)]
+                    assert [m["n"] for m in got] == [1, 2, 3, 4]
+                    assert got[0]["blob"] == b"x" * BIG
+                    # an HTTP client at the root's port and at the actor's, and a frame that is no msgpack
+                    root_port = tractor.current_actor().accept_addr[1]
+                    for port in (root_port, await runtime.actor_port(child)):
+                        for data in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x05\x00\x00\x00\xc1\xc1\xc1\xc1\xc1"):
+                            await trio.to_thread.run_sync(_garbage, port, data)
+                    await trio.sleep(0.5)  # their handlers have run
+                    await stream.send({"n": 5})
+                    assert (await stream.receive())["n"] == 5
+                    assert child.alive()
+
+    trio.run(main)
