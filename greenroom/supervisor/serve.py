@@ -21,12 +21,19 @@ log = logging.getLogger("greenroom")
 
 
 async def serve(config: Config) -> None:
+    # the HTTP ports are bound before the tree's own loopback ports are picked: a port of
+    # greenroom's is then never the one a client of greenroom's is about to reach
+    try:
+        listening = [_listen(config.host, config.port)]
+    except OSError as exc:
+        raise SystemExit(f"greenroom: cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+    listening += _ollama_listen(config)
     async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
         Registry(config.cache_dir).restore(tree)  # models added by /api/pull, /api/copy, /api/create
         app = DrainBody(create_app(tree))  # keep-alive after responses that leave a body unread
         hc = HypercornConfig()
-        hc.bind = [f"{config.host}:{config.port}"] + _ollama_bind(config)
+        hc.bind = [f"fd://{sock.fileno()}" for sock in listening]
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None
         hc.errorlog = logging.getLogger("greenroom.http")
         hc.graceful_timeout = 1.0
@@ -34,26 +41,38 @@ async def serve(config: Config) -> None:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(tree.run)
             await nursery.start(hypercorn_serve, app, hc)
-            log.info("greenroom serving on %s", ", ".join(f"http://{b}" for b in hc.bind))
+            addresses = (sock.getsockname() for sock in listening)
+            log.info("greenroom serving on %s", ", ".join(f"http://{host}:{port}" for host, port, *_ in addresses))
 
 
-def _ollama_bind(config: Config) -> list[str]:
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), as hypercorn binds one; it listens once served."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _ollama_listen(config: Config) -> list[socket.socket]:
     """Ollama's port too, unless it is off, the same, or taken (a real Ollama running):
     then greenroom serves the Ollama API on its own port only, and says so."""
     if not config.ollama_port or config.ollama_port == config.port:
         return []
-    with socket.socket() as s:
-        try:
-            s.bind((config.host, config.ollama_port))
-        except OSError as exc:
-            log.warning(
-                "not listening on Ollama's port %d (%s); the Ollama API is on port %d",
-                config.ollama_port,
-                exc.strerror,
-                config.port,
-            )
-            return []
-    return [f"{config.host}:{config.ollama_port}"]
+    try:
+        return [_listen(config.host, config.ollama_port)]
+    except OSError as exc:
+        log.warning(
+            "not listening on Ollama's port %d (%s); the Ollama API is on port %d",
+            config.ollama_port,
+            exc.strerror,
+            config.port,
+        )
+        return []
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:
