@@ -6,10 +6,13 @@ worker far more than the loop's own work: on the 2-core VM, a thread that takes 
 0.2 ms every 10 ms slowed a tiny-demo decode in the other thread by 18 % when the two floated,
 by 8 % on two fixed cores, and by 3 % on one shared core; through `greenroom serve`, one
 stream ran 485 tok/s with the actor's threads on one core against 290–440 floating. So an
-actor whose engine computes on one thread is pinned, all its threads, to a CPU of its own when
-one is free. The first CPU of the server's own set is never given: the front end runs there.
-An actor computing on more threads (its OpenMP or ggml threads would share its cores with the
-loop), an actor of another host, or one that finds no free CPU is left to the scheduler.
+actor whose engine computes on one thread holding the GIL between short ops (transformers on
+one CPU thread: engines/loader.one_gil_thread) is pinned, all its threads, to a CPU of its own
+when one is free. The first CPU of the server's own set is never given: the front end runs
+there. Left to the scheduler: an actor computing on more threads (its OpenMP threads would
+share its cores with the loop); a llama.cpp actor, whose step is one call without the GIL that
+the loop's turns overlap from the other core (pinned, 4 streams of SmolLM2 ran 0.94 of
+llama-server against 0.97 floating); an actor of another host; one that finds no CPU free.
 """
 
 from __future__ import annotations

@@ -108,14 +108,11 @@ def _package_file(source: str) -> Path | None:
 TRANSFORMERS_KEYS = ("prefix_cache_tokens", "fixed_shape", "fixed_shape_slots", "fixed_shape_length")
 
 
-def compute_threads(spec: dict) -> int | None:
-    """The CPU threads the engine `spec` loads computes on; None where greenroom does not choose
-    them (a card, OpenVINO's own pool)."""
-    if spec["engine"] == "transformers" and spec.get("device", "cpu") == "cpu":
-        return default_cpu_threads()  # TransformersEngine's
-    if spec["engine"] == "llama.cpp":
-        return spec.get("threads") or default_cpu_threads()  # LlamaCppEngine's
-    return None
+def one_gil_thread(spec: dict) -> bool:
+    """Whether the engine `spec` loads computes on one CPU thread that holds the GIL between
+    short ops: transformers on the CPU with one thread (cpus.py pins such an actor). llama.cpp
+    decodes a step in one call without the GIL, so its actor's loop runs beside it unpinned."""
+    return spec["engine"] == "transformers" and spec.get("device", "cpu") == "cpu" and default_cpu_threads() == 1
 
 
 def load_engine(spec: dict) -> Engine:

@@ -22,7 +22,7 @@ from greenroom.actors.service_actors import service_session
 from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config
 from greenroom.cpus import CpuPool
-from greenroom.engines.loader import compute_threads
+from greenroom.engines.loader import one_gil_thread
 from greenroom.errors import GreenroomError
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle
@@ -107,8 +107,8 @@ class Supervisor:
 
     def _own_cpu(self, slot: ActorSlot, specs: list[dict]) -> int | None:
         """A CPU of its own for a local actor that starts with models computing on one thread
-        (cpus.py); held until the actor stops."""
-        if slot.host is None and specs and {compute_threads(spec) for spec in specs} == {1}:
+        that holds the GIL (cpus.py); held until the actor stops."""
+        if slot.host is None and specs and all(map(one_gil_thread, specs)):
             return self.cpus.take(slot.name)
         return None
 
