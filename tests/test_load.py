@@ -1,5 +1,6 @@
 """Bounded load: 200 concurrent clients against a small queue. Every request ends in 200 or
-a typed 503 queue_full (with Retry-After); none hangs; memory returns to its baseline."""
+a typed 503 queue_full (with Retry-After); none hangs; memory settles instead of growing
+with each storm."""
 
 import asyncio
 import collections
@@ -31,19 +32,29 @@ async def storm(url: str, n: int) -> collections.Counter:
         return collections.Counter(await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 300))
 
 
+def rss(srv) -> dict[str, int]:
+    return {name: a["rss_bytes"] for name, a in srv.actors().items() if name in ("supervisor", "cpu")}
+
+
 def test_200_concurrent_clients(own_server):
     srv = own_server(SMALL)
-    asyncio.run(storm(srv.url, 200))  # the first storm sizes the allocators' arenas: that is the baseline
-    before = {name: a["rss_bytes"] for name, a in srv.actors().items()}
-    outcomes = asyncio.run(storm(srv.url, 200))
-    assert set(outcomes) <= {"200", "queue_full"} and sum(outcomes.values()) == 200
-    assert outcomes["200"] >= 8 and outcomes["queue_full"] > 0, outcomes
+    # The allocators keep what a storm freed (the front end's Python heap measured flat with
+    # tracemalloc, its RSS grows ~10 MiB over the first storms, then stops), so a leak shows
+    # as growth that never settles: a leak of 5 KiB a request is 2 MiB every two storms.
+    history = [rss(srv)]
+    for _ in range(12):
+        outcomes = asyncio.run(storm(srv.url, 200))
+        assert set(outcomes) <= {"200", "queue_full"} and sum(outcomes.values()) == 200
+        assert outcomes["200"] >= 8 and outcomes["queue_full"] > 0, outcomes
+        history.append(rss(srv))
+        grown = {n: (history[-1][n] - history[-3][n]) / 2**20 for n in history[-1]} if len(history) > 2 else None
+        print(dict(outcomes), grown and {n: round(g, 1) for n, g in grown.items()}, "MiB over two storms")
+        if grown and max(grown.values()) < 2:
+            break
+    else:
+        raise AssertionError(f"memory still grows after 12 storms of 200 clients: {history}")
     cpu = srv.actors()["cpu"]
     assert cpu["counters"]["active"] == 0 and cpu["queue_depth"] == 0
-    after = {name: a["rss_bytes"] for name, a in srv.actors().items()}
-    print(dict(outcomes), {n: round((after[n] - before[n]) / 2**20, 1) for n in ("supervisor", "cpu")}, "MiB")
-    for name in ("supervisor", "cpu"):
-        assert after[name] - before[name] < 4 * 2**20, (name, (after[name] - before[name]) / 2**20)
     assert (
         httpx.post(
             srv.url + "/v1/chat/completions",

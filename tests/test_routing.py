@@ -4,6 +4,7 @@ reported in the NPU proxy's headers — and the idle timer unloads what is not u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -58,27 +59,37 @@ def test_the_preferred_placement_serves_while_idle(srv):
     assert after["cpu"] == before["cpu"] + 1 and after["cpu2"] == before["cpu2"]
 
 
-def test_a_busy_placement_falls_back_to_another(srv):
-    started = threading.Event()
+@contextlib.contextmanager
+def stream_beside(url: str, body: dict):
+    """A stream that decodes while the block runs, however fast the machine: it is read until
+    the block ends, then closed (which cancels it)."""
+    started, finished = threading.Event(), threading.Event()
 
-    def long_stream():
-        with httpx.stream(
-            "POST",
-            srv.url + "/v1/completions",
-            timeout=120,
-            json={"model": MODEL, "prompt": "Once", "max_tokens": 1500, "stream": True},
-        ) as r:
+    def read():
+        with httpx.stream("POST", url, timeout=120, json=body) as r:
             for _ in r.iter_lines():
                 started.set()
+                if finished.is_set():
+                    break
 
-    t = threading.Thread(target=long_stream)
+    t = threading.Thread(target=read)
     t.start()
-    assert started.wait(30)
-    before = served_by(srv)
-    r = generate(srv)
+    try:
+        assert started.wait(30)
+        yield
+        assert t.is_alive(), "the stream ended before the block did"
+    finally:
+        finished.set()
+        t.join(120)
+
+
+def test_a_busy_placement_falls_back_to_another(srv):
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 30000, "stream": True}
+    with stream_beside(srv.url + "/v1/completions", body):
+        before = served_by(srv)
+        r = generate(srv)
     assert r.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
     assert served_by(srv)["cpu2"] == before["cpu2"] + 1
-    t.join(120)
 
 
 def test_a_missing_placement_falls_back_to_another(srv):
@@ -136,29 +147,15 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
     assert raw.headers["X-NPU-Proxy-Device"] == "CPU"  # what computed: OpenVINO's CPU standing in
     assert client.chat(model="mixed", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}).done
 
-    started = threading.Event()
-
-    def long_stream():
-        with httpx.stream(
-            "POST",
+    body = {"model": "mixed", "prompt": "Once", "options": {"num_predict": 20000}}
+    with stream_beside(srv.url + "/api/generate", body):
+        raw = httpx.post(
             srv.url + "/api/generate",
-            timeout=120,
-            json={"model": "mixed", "prompt": "Once", "options": {"num_predict": 1000}},
-        ) as r:
-            for _ in r.iter_lines():
-                started.set()
-
-    t = threading.Thread(target=long_stream)
-    t.start()
-    assert started.wait(30)
-    raw = httpx.post(
-        srv.url + "/api/generate",
-        timeout=60,
-        json={"model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
-    )
+            timeout=60,
+            json={"model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
+        )
     assert raw.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
     assert raw.headers["X-NPU-Proxy-Device"] == "cpu"  # the transformers engine
-    t.join(120)
 
     r = httpx.post(srv.url + "/v1/completions", json={"model": "mixed", "prompt": "x", "logprobs": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
