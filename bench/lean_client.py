@@ -5,8 +5,11 @@ each stream to its end, takes the token count from the last chunk (`usage.comple
 carries text. Prints one JSON line: aggregate tokens/s, worst and median TTFT, and the CPU
 seconds this client used (so a bench can show the client was not the bottleneck).
 
-    python bench/lean_client.py URL --streams 32 --tokens 128 [--surface openai|ollama]
-        [--stagger-ms 0] [--model bench]
+    python bench/lean_client.py URL --streams 32 --tokens 128 [--surface openai|completion|ollama]
+        [--stagger-ms 0] [--model bench] [--prompt TEXT]
+
+`completion`: /v1/completions, greedy, every stream the same `--prompt` (how a peer server such
+as llama-server is compared on the same file: bench/gguf_vs_peer.py).
 """
 
 from __future__ import annotations
@@ -25,14 +28,20 @@ from urllib.parse import urlsplit
 
 FIRST_TEXT = {  # the first chunk whose text is not empty
     "openai": re.compile(rb'"content":"[^"]'),
+    "completion": re.compile(rb'"text":"[^"]'),
     "ollama": re.compile(rb'"(?:response|content)":"[^"]'),
 }
-COUNT = {"openai": re.compile(rb'"completion_tokens":(\d+)'), "ollama": re.compile(rb'"eval_count":(\d+)')}
+USAGE = re.compile(rb'"completion_tokens":(\d+)')
+COUNT = {"openai": USAGE, "completion": USAGE, "ollama": re.compile(rb'"eval_count":(\d+)')}
 
 
-def request(surface: str, host: str, model: str, tokens: int, i: int) -> bytes:
+def request(surface: str, host: str, model: str, tokens: int, i: int, prompt: str | None = None) -> bytes:
     messages = [{"role": "user", "content": f"Story number {i}"}]
-    if surface == "openai":
+    if surface == "completion":
+        path = "/v1/completions"
+        body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+    elif surface == "openai":
         path = "/v1/chat/completions"
         body = {
             "model": model,
@@ -54,11 +63,12 @@ def request(surface: str, host: str, model: str, tokens: int, i: int) -> bytes:
     return head.encode() + data
 
 
-async def one(surface: str, addr: tuple[str, int], model: str, tokens: int, i: int, delay: float):
+async def one(args, addr: tuple[str, int], i: int, delay: float):
+    surface = args.surface
     await asyncio.sleep(delay)
     reader, writer = await asyncio.open_connection(*addr)
     start = time.perf_counter()
-    writer.write(request(surface, addr[0], model, tokens, i))
+    writer.write(request(surface, addr[0], args.model, args.tokens, i, args.prompt))
     ttft, tail = None, b""
     while chunk := await reader.read(65536):
         if ttft is None and FIRST_TEXT[surface].search(tail[-64:] + chunk):
@@ -75,9 +85,7 @@ async def run(args) -> dict:
     url = urlsplit(args.url)
     addr = (url.hostname, url.port)
     start = time.perf_counter()
-    results = await asyncio.gather(
-        *(one(args.surface, addr, args.model, args.tokens, i, i * args.stagger_ms / 1000) for i in range(args.streams))
-    )
+    results = await asyncio.gather(*(one(args, addr, i, i * args.stagger_ms / 1000) for i in range(args.streams)))
     wall = time.perf_counter() - start
     ttfts = [r[1] for r in results]
     return {
@@ -90,12 +98,21 @@ async def run(args) -> dict:
     }
 
 
-def streams(url: str, n: int, tokens: int, surface: str = "openai", stagger_ms: float = 0.0) -> dict:
+def streams(
+    url: str,
+    n: int,
+    tokens: int,
+    surface: str = "openai",
+    stagger_ms: float = 0.0,
+    model: str = "bench",
+    prompt: str | None = None,
+) -> dict:
     """This client run in a process of its own (it must not take the cores the server needs:
     httpx threads in a bench's own process did, and halved its figures); its figures."""
     out = subprocess.run(
         [sys.executable, str(Path(__file__)), url, "--streams", str(n), "--tokens", str(tokens)]
-        + ["--surface", surface, "--stagger-ms", str(stagger_ms)],
+        + ["--surface", surface, "--stagger-ms", str(stagger_ms), "--model", model]
+        + (["--prompt", prompt] if prompt is not None else []),
         capture_output=True,
         text=True,
         check=True,
@@ -108,9 +125,10 @@ def main() -> None:
     ap.add_argument("url")
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--surface", choices=("openai", "ollama"), default="openai")
+    ap.add_argument("--surface", choices=tuple(COUNT), default="openai")
     ap.add_argument("--stagger-ms", type=float, default=0.0)
     ap.add_argument("--model", default="bench")
+    ap.add_argument("--prompt", default="Once upon a time")
     args = ap.parse_args()
     figures = asyncio.run(run(args))
     usage = resource.getrusage(resource.RUSAGE_SELF)
