@@ -45,9 +45,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as greenroom's actors run
 
 from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
-from greenroom.engines.base import default_cpu_threads  # noqa: E402
+from greenroom.engines.base import SamplingParams, default_cpu_threads  # noqa: E402
 from greenroom.engines.demo_gguf import ensure_demo_gguf  # noqa: E402
 from greenroom.engines.demo_model import default_cache_dir  # noqa: E402
+from greenroom.engines.llama_cpp_engine import LlamaCppEngine  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 MODEL = "bench-gguf"
@@ -66,6 +67,25 @@ def in_process(llm, tokens: int) -> tuple[float, float]:
         if n == tokens:
             break
     return n / (time.perf_counter() - start), first
+
+
+def engine_alone(engine, clients: int, tokens: int) -> tuple[float, float]:
+    """greenroom's llama.cpp engine in this process, `clients` greedy sequences of `tokens`
+    decoded in its batch as the engine actor runs it (each prefilled as it joins): what the
+    server could reach with nothing around its engine. Tokens/s and the median TTFT."""
+    params = SamplingParams(max_tokens=tokens, temperature=0.0)
+    ids = engine.tokenize(PROMPT)
+    start = time.perf_counter()
+    batch, firsts = engine.new_batch(params), []
+    for i in range(clients):  # the actor admits a step's joiners one by one, as here
+        batch.join([(i, ids, params)])
+        firsts.append(time.perf_counter() - start)
+    done = clients
+    while len(batch):
+        done += len(batch.step())  # a token per sequence
+    if done != clients * tokens:
+        raise SystemExit(f"the engine stopped early ({done} of {clients * tokens} tokens): no comparison")
+    return done / (time.perf_counter() - start), statistics.median(firsts)
 
 
 def served(url: str, tokens: int, clients: int) -> tuple[float, float]:
@@ -200,6 +220,7 @@ def main() -> None:
     # every server up (idle ones cost nothing) and the in-process model loaded, then each
     # round measures them all in turn: the VM's drift over minutes falls on all alike
     llm = llama_cpp.Llama(str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False)
+    engine = LlamaCppEngine(MODEL, path, n_ctx=CTX, threads=threads, parallel=args.slots)
     running, results = [], {}
     try:
         for name, start, stop in servers:
@@ -207,9 +228,11 @@ def main() -> None:
             running.append((name, proc, url, stop))
             served(url, 8, 1)  # warm: model loaded, caches touched
         in_process(llm, 8)
+        engine_alone(engine, 1, 8)
         for _ in range(args.rounds):
             results.setdefault(("in-process", 1), []).append(in_process(llm, args.tokens))
             for clients in (1, 4):
+                results.setdefault(("engine alone", clients), []).append(engine_alone(engine, clients, args.tokens))
                 for name, _, url, _ in running:
                     results.setdefault((name, clients), []).append(served(url, args.tokens, clients))
     finally:
@@ -222,11 +245,11 @@ def main() -> None:
     print(f"medians of {args.rounds} rounds, each measuring every server in turn")
     print(f"{'streams':>7} {'server':>16} {'tok/s':>9} {'TTFT ms':>8} {'vs in-process':>14}")
     for clients in (1, 4):
-        for name, _, _ in servers:
+        for name in ["engine alone"] + [name for name, _, _ in servers]:
             r, t = med[name, clients]
             print(f"{clients:>7} {name:>16} {r:9.1f} {t * 1000:8.1f} {r / rate:14.2f}")
         g, gt = med["greenroom", clients]
-        for name, _, _ in servers[1:]:
+        for name in ["engine alone"] + [name for name, _, _ in servers[1:]]:
             p, pt = med[name, clients]
             print(
                 f"{clients:>7} {'ratio':>16} {g / p:9.2f} {gt / pt:8.2f}   (greenroom / {name}; TTFT lower is better)"
@@ -234,7 +257,7 @@ def main() -> None:
     ratios = [g / p for (g, _), (p, _) in zip(results["greenroom", 1], results["in-process", 1])]
     print("1 stream, greenroom / in-process by round: " + " ".join(f"{x:.2f}" for x in ratios))
     for clients in (1, 4):
-        for name, _, _ in servers[1:]:
+        for name in ["engine alone"] + [name for name, _, _ in servers[1:]]:
             ratios = [g / p for (g, _), (p, _) in zip(results["greenroom", clients], results[name, clients])]
             print(f"{clients} stream(s), greenroom / {name} by round: " + " ".join(f"{x:.2f}" for x in ratios))
 
