@@ -154,9 +154,9 @@ def bench_load(files: list[tuple[str, Path]], n_ctx: int, parallel: int, reps: i
             timed("model", super().__init__)(*args, **kwargs)
 
     lce._internals.LlamaModel = TimedModel  # the engine's model load, timed; restored below
-    context, probe = lce.LlamaCppEngine._context, lce.LlamaCppEngine._together_is_faster
+    context, probe = lce.LlamaCppEngine._context, lce.LlamaCppEngine._decode_plan
     lce.LlamaCppEngine._context = timed("context", context)
-    lce.LlamaCppEngine._together_is_faster = timed("probe", probe)
+    lce.LlamaCppEngine._decode_plan = timed("probe", probe)
     engines = {}
     print(
         f"\n## Load, in process: n_ctx {n_ctx}, parallel {parallel} (engine cache {n_ctx * parallel} cells), "
@@ -211,7 +211,7 @@ def bench_load(files: list[tuple[str, Path]], n_ctx: int, parallel: int, reps: i
             )
     finally:
         lce._internals.LlamaModel = TimedModel.__mro__[1]
-        lce.LlamaCppEngine._context, lce.LlamaCppEngine._together_is_faster = context, probe
+        lce.LlamaCppEngine._context, lce.LlamaCppEngine._decode_plan = context, probe
     return engines
 
 

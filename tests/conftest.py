@@ -18,6 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "greenroom-demo"
 
 
+def reference_llama(url: str, model: str, path: Path, **kwargs):
+    """llama-cpp-python's `Llama` on the file a server serves as `model`, computing as the
+    server's engine does: with flash attention where its decode plan (measured at the file's
+    first load, shown by /api/health/inference) has it — `Llama`'s default is without. The
+    model is loaded first (one token)."""
+    from llama_cpp import Llama
+
+    body = {"model": model, "prompt": "Hi", "max_tokens": 1}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=300).status_code == 200
+    actors = httpx.get(url + "/api/health/inference", timeout=30).json()["actors"]
+    flash = next(a["flash_attn"] for a in actors if a.get("backend") == "llama.cpp_parallel" and model in a["models"])
+    return Llama(model_path=str(path), flash_attn=flash, verbose=False, **kwargs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,13 +9,15 @@ conversation continuing the model's own answer never did, even with gguf_paralle
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import ollama
 import pytest
-from conftest import SMOLLM2_GGUF, Server
+from conftest import SMOLLM2_GGUF, Server, reference_llama
 from openai import OpenAI
 
 SMOL = "smollm2-135m-instruct:Q4_1"
@@ -126,12 +128,11 @@ def test_answers_are_byte_identical_whatever_ran_before_or_beside(srv, oai, mode
 
 def test_greedy_equals_llama_cpp_pythons_after_traffic(srv, oai, model_cache):
     """llama-cpp-python's own Llama (one sequence, the whole prompt prefilled at once) on the
-    same file: the server's greedy answer equals it whatever ran before."""
-    from llama_cpp import Llama
-
+    same file, with the server's attention kernel: the server's greedy answer equals it
+    whatever ran before."""
     from greenroom.engines.loader import source_path
 
-    llama = Llama(model_path=str(source_path(SMOLLM2_GGUF, str(model_cache))), n_ctx=1024, verbose=False)
+    llama = reference_llama(srv.url, SMOL, source_path(SMOLLM2_GGUF, str(model_cache)), n_ctx=1024)
     messages = [{"role": "user", "content": "Name three primary colors."}]
     direct = llama.create_chat_completion(messages=messages, temperature=0, max_tokens=40)["choices"][0]
     for _ in range(2):
@@ -166,3 +167,52 @@ def test_unseeded_sampling_draws_afresh(oai):
         )
         > 1
     )
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["plain", "flash-attention"])
+def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, model_cache, flash):
+    """In process, with either attention kernel (chosen here through the plan the engine keeps
+    per file, whatever this CPU measures): a prompt that extends one computed before — by a
+    few tokens, by many, or cut short — gives the same tokens and bit-identical
+    log-probabilities as when nothing was computed before it. Flash attention computes a
+    chunk of fewer than 64 queries otherwise: reusing a long prefix and prefilling 5 tokens
+    moved SmolLM2's logits by up to 0.45."""
+    import json
+
+    from greenroom.engines.base import SamplingParams
+    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+    from greenroom.engines.loader import source_path
+
+    path = source_path(SMOLLM2_GGUF, str(model_cache))
+    monkeypatch.setenv("GREENROOM_CACHE", str(tmp_path))
+
+    def load() -> LlamaCppEngine:
+        return LlamaCppEngine("reuse", path, n_ctx=1024, threads=1, parallel=2)
+
+    load().unload()  # measures and stores the plan; then this test's kernel is put in its place
+    store = default_cache_dir() / "llama-cpp-decode.json"
+    store.write_text(json.dumps({key: [flash, True] for key in json.loads(store.read_text())}))
+    engine = load()
+    assert engine.flash_attn is flash
+    params = SamplingParams(temperature=0.0, logprobs=3)
+    text = " ".join(f"Line {i}: the {WORDS[i % len(WORDS)]} is here." for i in range(24))
+    base = engine.tokenize(text)  # ~230 tokens
+    prompts = [base + engine.tokenize(" And then", add_special_tokens=False), base[:150], base[:40], base]
+
+    def run(engine, ids):  # the engine yields until it is closed: the first 6 steps
+        with contextlib.closing(engine.generate_ids(ids, params)) as steps:
+            return list(itertools.islice(steps, 6))
+
+    def fresh(ids):  # nothing computed before it
+        engine = load()
+        try:
+            return run(engine, ids)
+        finally:
+            engine.unload()
+
+    for ids in prompts:
+        run(engine, base)  # the prefix is now cached in a slot
+        run(engine, engine.tokenize("Something unrelated entirely."))  # and another in the other
+        assert run(engine, ids) == fresh(ids)
+    engine.unload()

@@ -8,6 +8,8 @@ mtime_ns). `build_model_dir` is bench/gguf_start_load.py's too."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import struct
@@ -298,3 +300,44 @@ def test_the_engine_labels_a_file_from_llama_cpps_metadata_as_discovery_does(mod
     assert [gguf_files.quant_label("-", {"general.file_type": v}) for v in ("15", "3", "999", "x")] + [
         gguf_files.quant_label("-", {})
     ] == ["Q4_K_M", "Q4_1", "GUESSED", "GUESSED", "F32"]
+
+
+def test_the_decode_plan_is_measured_once_per_file_and_kept(tmp_path, monkeypatch, model_cache):
+    """Flash attention and decoding together are measured at a file's first load and kept by
+    file in the cache root: the next load takes the stored plan (here one flipped by hand,
+    which it must honour, not measure again) and decodes with it; an unreadable store costs
+    only a new measurement."""
+    import json
+
+    from greenroom.engines.base import SamplingParams
+    from greenroom.engines.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+
+    path = ensure_demo_gguf(default_cache_dir(model_cache), "Q8_0")
+    monkeypatch.setenv("GREENROOM_CACHE", str(tmp_path))
+    store = default_cache_dir() / "llama-cpp-decode.json"
+
+    def load() -> LlamaCppEngine:
+        return LlamaCppEngine("plan", path, n_ctx=256, threads=1, parallel=4)
+
+    def greedy(engine: LlamaCppEngine) -> list[int]:  # the engine yields until it is closed: 8 steps
+        params = SamplingParams(temperature=0.0)
+        with contextlib.closing(engine.generate_ids(engine.tokenize("Once upon a time"), params)) as steps:
+            return [token for token, *_ in itertools.islice(steps, 8)]
+
+    first = load()
+    [(key, plan)] = json.loads(store.read_text()).items()
+    assert key.startswith(f"{path.resolve()}|") and plan == [first.flash_attn, first.decode_together]
+    assert len(greedy(first)) == 8
+    first.unload()
+    flipped = [not first.flash_attn, not first.decode_together]
+    store.write_text(json.dumps({key: flipped}))
+    second = load()
+    assert [second.flash_attn, second.decode_together] == flipped
+    assert len(greedy(second)) == 8
+    second.unload()
+    store.write_text("{not json")
+    third = load()
+    assert json.loads(store.read_text()) == {key: [third.flash_attn, third.decode_together]}
+    third.unload()

@@ -14,7 +14,7 @@ import httpx
 import ollama
 import pytest
 import torch
-from conftest import ROOT, SMOLLM2_GGUF
+from conftest import ROOT, SMOLLM2_GGUF, reference_llama
 from openai import OpenAI
 
 from greenroom.engines.base import EngineError
@@ -60,10 +60,8 @@ def gguf_file(model_cache):
 
 
 @pytest.fixture(scope="module")
-def llama(gguf_file):
-    from llama_cpp import Llama
-
-    return Llama(model_path=str(gguf_file), n_ctx=1024, verbose=False)
+def llama(srv, gguf_file):
+    return reference_llama(srv.url, GGUF_MODEL, gguf_file, n_ctx=1024)
 
 
 @pytest.fixture(scope="module")

@@ -232,8 +232,10 @@ class EngineLoop:
                 "models": sorted(native),
                 "parallel": max(e.parallel for e in native.values()),
                 "batched": len(self._choices),
-                # one llama_decode for all, or in turns where that measured faster at load
+                # one llama_decode for all, or in turns, with flash attention or not: what
+                # measured faster at load (LlamaCppEngine._decode_plan)
                 "decode": "together" if all(e.decode_together for e in native.values()) else "in_turns",
+                "flash_attn": all(e.flash_attn for e in native.values()),
             }
         models = sorted(m for m, e in self.engines.items() if getattr(e, "batchable", False))
         if not self.continuous_batching or not models:

@@ -19,6 +19,9 @@ chunk of 1) from the same position prefilled among others (10 of 45 positions of
 prompt; half that prompt fed a token at a time moved its last logits by up to 0.8). So: a slot reuses only the prompt
 tokens its stream prefilled (never a generated token's cells, and never cells copied from
 another slot), and a prefill is cut so that no chunk after the first holds a single token.
+Flash attention, where it decodes faster (`_decode_plan`), adds a rule: its CPU kernel computes
+a chunk of fewer than 64 queries otherwise than a longer one, so a prompt of 64 tokens or more
+is prefilled in chunks of 64 or more and reuses only cells computed that way.
 A stream per slot costs ~8 % of 4-sequence decode throughput here (SmolLM2, one thread), and
 concurrent prompts sharing a prefix each prefill it.
 
@@ -58,6 +61,9 @@ from .scoring import Echoed, Scored, prompt_tokens, score_row
 from .tool_calls import HERMES
 
 log = logging.getLogger("greenroom.llama_cpp")
+PROBE_CELLS = 64  # per sequence, in the contexts `_decode_plan` measures decoding in
+PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefill is ~8 ms a token)
+FLASH_QUERY_TILE = 64  # ggml's CPU flash attention computes this many queries or more in tiles
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
 # 0.3.36 maps them wrongly and prints to the terminal; ours sends them to greenroom's log at
@@ -121,9 +127,12 @@ class LlamaCppEngine:
         self._eval_callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
         self._taps: dict = {}  # what the decode running in an observed context reads (llama_steering.py)
         self._tapping = None  # who takes the tensor the eval callback asked for last
+        self.flash_attn, self.decode_together = self._decode_plan()
         # every sequence may fill its whole window: the shared cache holds `parallel` of them
         self.gen = _Slots(
-            self._context(self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel),
+            self._context(
+                self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel, self.flash_attn
+            ),
             self.model.n_vocab(),
             self.parallel,
         )
@@ -169,31 +178,31 @@ class LlamaCppEngine:
             revision=meta.get("general.name"),
             quantization=quant,
         )
-        self.decode_together = self._together_is_faster()
 
-    def _together_is_faster(self) -> bool:
-        """Whether one llama_decode for all sequences beats one per sequence. Where decoding is
-        bound by memory traffic (a big model) a batch costs about what one sequence does; on a
-        CPU core that computes flat out it costs more than the sequences one by one (100m
-        demo, 1 thread: 4 sequences together 126 tok/s, alone 146) — so the sequences then
-        take turns, one step each, which keeps the fairness of batching without its cost.
-        Measured at a file's first load (one step of n one-token sequences each way after a
-        warm step, up to 3 rounds while the two are within 1.5× of each other; the minimum of
-        each way), and kept in the cache root by file (path, size, mtime_ns), threads, n and
-        llama.cpp's version: a probe costs 6–16 decode steps (SmolLM2, 1 thread: 0.2–0.4 s, where
-        the 20 steps it took at every load cost ~0.6 s); a later load reads the answer (bench/
-        gguf_start_load.py)."""
+    def _decode_plan(self) -> tuple[bool, bool]:
+        """(flash attention, one llama_decode for all sequences) for the generation context:
+        whichever decodes fastest here. Flash attention's CPU kernels win on some CPUs and
+        lose on others (SmolLM2 Q4_1, one thread, 4 sequences: +12 % on an AMD EPYC, where it
+        also lets llama-server, whose default it is, outrun llama-cpp-python's `Llama`, whose
+        default is off). Where decoding is bound by memory traffic (a big model) a batch costs
+        about what one sequence does; on a CPU core that computes flat out it costs more than
+        the sequences one by one (100m demo, 1 thread: 4 sequences together 126 tok/s, alone
+        146) — so the sequences then take turns, one step each, which keeps the fairness of
+        batching without its cost. Measured at a file's first load in a small context each way
+        (after an 8-token prefill and a warm step: 3 rounds of a step of n one-token sequences and of n
+        steps of one; the minimum of each), and kept in the cache root by file (path, size,
+        mtime_ns), threads, n and llama.cpp's version; a later load reads the answer (bench/
+        gguf_start_load.py). Either choice is laid out alike for every request, so a request's
+        text still depends on nothing else (the module's docstring)."""
         import os
 
         from .demo_model import default_cache_dir
 
         n = min(self.parallel, 4)
-        if n < 2:
-            return False
         stat = self.path.stat()
         key = (
             f"{self.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={self.threads}|n={n}"
-            f"|cpus={os.cpu_count()}|llama_cpp={llama_cpp.__version__}"
+            f"|cpus={os.cpu_count()}|llama_cpp={llama_cpp.__version__}|plan"
         )
         store = default_cache_dir() / "llama-cpp-decode.json"
         try:
@@ -201,39 +210,36 @@ class LlamaCppEngine:
         except (OSError, ValueError):
             known = {}
         known = known if isinstance(known, dict) else {}
-        if isinstance(known.get(key), bool):
-            return known[key]
-        token, memory = max(self.model.token_bos(), 0), self.gen.ctx.memory
-
-        def step(rows: list[tuple[int, int]]) -> float:  # (sequence, position) rows, logits for each
-            batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
-            for i, (seq, pos) in enumerate(rows):
-                _put(batch, i, token, pos, seq, True)
-            batch.batch.n_tokens = len(rows)
-            start = time.perf_counter()
-            self._run(self.gen, batch)
-            return time.perf_counter() - start
-
-        together, apart = [], []
-        try:
-            step([(seq, 0) for seq in range(n)])  # warm: buffers sized for n rows
-            for pos in range(1, 7, 2):
-                together.append(step([(seq, pos) for seq in range(n)]))
-                apart.append(sum(step([(seq, pos + 1)]) for seq in range(n)))
-                if max(min(together), min(apart)) > 1.5 * min(min(together), min(apart)):
-                    break
-        finally:
-            for seq in range(n):  # the probe's tokens are no prefix worth keeping
-                llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+        plan = known.get(key)
+        if isinstance(plan, list) and len(plan) == 2 and all(isinstance(x, bool) for x in plan):
+            return plan[0], plan[1]
+        token = max(self.model.token_bos(), 0)
+        timings = {}  # (flash attention, together) -> the fastest step of n tokens
+        for flash in (False, True):
+            ctx = self._context(PROBE_CELLS * n, PROBE_CELLS, n, flash_attn=flash)
+            try:
+                prompt = PROBE_PROMPT  # a few cells to attend over, prefilled for all at once
+                _timed_step(ctx, token, [(seq, pos) for seq in range(n) for pos in range(prompt)], logits=False)
+                _timed_step(ctx, token, [(seq, prompt) for seq in range(n)])  # warm: buffers sized for n rows
+                together, apart = [], []
+                for pos in range(prompt + 1, prompt + 7, 2):
+                    together.append(_timed_step(ctx, token, [(seq, pos) for seq in range(n)]))
+                    apart.append(sum(_timed_step(ctx, token, [(seq, pos + 1)]) for seq in range(n)))
+                timings[flash, True], timings[flash, False] = min(together), min(apart)
+            finally:
+                ctx.close()
+        if n < 2:  # one sequence: there is nothing to decode together
+            timings = {plan: t for plan, t in timings.items() if not plan[1]}
         log.debug(
-            "llama.cpp decode, %d sequences: together %.1f ms, one by one %.1f ms (%d rounds)",
+            "llama.cpp decode, %d sequences: %s",
             n,
-            min(together) * 1e3,
-            min(apart) * 1e3,
-            len(together),
+            ", ".join(
+                f"{'flash' if f else 'plain'} {'together' if t else 'in turns'} {s * 1e3:.1f} ms"
+                for (f, t), s in timings.items()
+            ),
         )
-        answer = min(together) < min(apart)
-        known = dict(list(known.items())[-255:]) | {key: answer}  # the newest 256 answers
+        answer = min(timings, key=timings.get)
+        known = dict(list(known.items())[-255:]) | {key: list(answer)}  # the newest 256 answers
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
             part = store.with_name(f"{store.name}.{os.getpid()}")
@@ -244,9 +250,18 @@ class LlamaCppEngine:
         return answer
 
     def _context(
-        self, n_ctx: int, n_batch: int, n_seq: int, embeddings: bool = False, observed: bool = False
+        self,
+        n_ctx: int,
+        n_batch: int,
+        n_seq: int,
+        flash_attn: bool = False,
+        embeddings: bool = False,
+        observed: bool = False,
     ) -> _internals.LlamaContext:
-        """`observed`: with the eval callback, so residuals can be read (a call per graph node)."""
+        """`observed`: with the eval callback, so residuals can be read (a call per graph node).
+        `flash_attn` only where it was measured faster (`_decode_plan`), for the contexts that
+        generate; those that score, echo and embed compute as llama-cpp-python's `Llama` does
+        by default."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         params.n_threads = params.n_threads_batch = self.threads
@@ -254,11 +269,9 @@ class LlamaCppEngine:
         # alike whatever ran before it (one shared cache placed them wherever there was room,
         # and the results depended on it: the module's docstring)
         params.kv_unified = False
-        # no flash attention: its CPU kernel computes a few queries over a long cache another way
-        # than many (SmolLM2: a 2-token chunk after 498 prefilled cells moved the logits by 0.45
-        # against the whole prompt at once), so a reused prefix would change a request's text —
-        # though on an AMD EPYC it decodes 4 SmolLM2 sequences 12 % faster (llama-server's default)
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         if embeddings:
             params.embeddings, params.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_MEAN
         if observed:
@@ -364,8 +377,8 @@ class LlamaCppEngine:
     ) -> _Sequence:
         """Take the free slot whose stream holds the longest prefix of the prompt (prompt
         tokens it prefilled under the control vector this prefill adds: never generated ones),
-        keep that prefix, prefill the rest — at least 2 tokens, in n_batch chunks none of
-        which after the first is a single token (`_chunks`: the module's docstring says why) —
+        keep that prefix, prefill the rest — at least `least` tokens, in n_batch chunks none
+        of which is shorter (`_chunks`; `_least_chunk`: the module's docstring says why) —
         and sample the first token. A forward that reads the last layer's residuals computes
         every position there (llama.cpp keeps only the rows it outputs in the last layer)."""
         slots = slots or self.gen
@@ -373,15 +386,21 @@ class LlamaCppEngine:
             raise EngineError("queue_full", f"all {len(slots.live)} sequence slots of the model are in use")
         vector = self._set_vector(slots)
         # ties: the slot with the least cached (a fresh prompt keeps the others' prefixes)
+        least = self._least_chunk(len(prompt_ids))
         slot, reused = max(
             (
-                (slot, _common_prefix(tokens, prompt_ids) if key == vector and slots.reuse else 0)
+                (
+                    slot,
+                    _common_prefix(tokens, prompt_ids)
+                    if key == vector and slots.reuse and self._least_chunk(len(tokens)) == least
+                    else 0,
+                )
                 for slot, (key, tokens) in slots.free.items()
             ),
             key=lambda pair: (pair[1], -len(slots.free[pair[0]][1]), -pair[0]),
         )
         del slots.free[slot]
-        reused = max(0, min(reused, len(prompt_ids) - 2))
+        reused = max(0, min(reused, len(prompt_ids) - least))
         memory = slots.ctx.memory
         if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
             llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
@@ -393,7 +412,7 @@ class LlamaCppEngine:
         slots.live[slot] = seq
         every = self._reads_last_layer()
         try:
-            for start, end in _chunks(reused, len(prompt_ids), slots.ctx.params.n_batch):
+            for start, end in _chunks(reused, len(prompt_ids), slots.ctx.params.n_batch, least):
                 batch = _internals.LlamaBatch(n_tokens=end - start, embd=0, n_seq_max=1, verbose=False)
                 for i in range(start, end):
                     _put(batch, i - start, prompt_ids[i], i, seq.slot, every or i == len(prompt_ids) - 1)
@@ -407,6 +426,17 @@ class LlamaCppEngine:
             self._close(seq)
             raise
         return seq
+
+    def _least_chunk(self, n_prompt: int) -> int:
+        """The fewest tokens a prefill chunk of an `n_prompt`-token prompt may hold in the
+        generation context: a position computed alone in its ubatch comes out otherwise than
+        among others, and with flash attention a chunk of fewer than FLASH_QUERY_TILE queries
+        otherwise than a longer one — every position of a prompt of that many tokens or more is
+        then prefilled in chunks of that many or more, and only cells so computed are reused
+        for it (measured: chunks of 64+ queries after 436 cells equal the whole prompt's logits
+        exactly, of 2–63 are up to 0.45 apart; without flash attention every chunk of 2+ is
+        exact)."""
+        return FLASH_QUERY_TILE if self.flash_attn and n_prompt >= FLASH_QUERY_TILE else 2
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         """One step: each sequence's last sampled token, at its next position (one context's)."""
@@ -454,7 +484,7 @@ class LlamaCppEngine:
         if self._reader is None or self._reader.ctx.n_ctx() < size:
             if self._reader is not None:
                 self._reader.ctx.close()
-            context = self._context(size, min(size, 512), 1, observed=True)
+            context = self._context(size, min(size, 512), 1, self.flash_attn, observed=True)  # as gen: the same text
             self._reader = _Slots(context, self.vocab_size, 1, reuse=False, observed=True)
         return self._reader
 
@@ -698,7 +728,7 @@ class LlamaCppBatch:
 
     def step(self) -> list[tuple[object, Delta]]:
         """One token for every sequence: one llama_decode for all, or one each where that
-        measured faster (LlamaCppEngine._together_is_faster)."""
+        measured faster (LlamaCppEngine._decode_plan)."""
         engine, rows = self._engine, list(self._seqs.items())
         if engine.decode_together:
             # in slot order: llama.cpp puts only sequences of consecutive ids in one ubatch when
@@ -736,15 +766,16 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
-    """[start, end) in chunks of at most `size` tokens, the last never a single token after
-    others (it takes one from the chunk before): a position computed alone in its ubatch
-    comes out differently (the module's docstring)."""
+def _chunks(start: int, end: int, size: int, least: int = 2) -> list[tuple[int, int]]:
+    """[start, end) in chunks of at most `size` tokens, the last never shorter than `least`
+    after others (it takes what it lacks from the chunk before; `size` >= 2 × `least`): a
+    position computed alone in its ubatch comes out differently (the module's docstring), as
+    does one among fewer queries than flash attention's tile (`LlamaCppEngine._least_chunk`)."""
     out = []
     while start < end:
         n = min(size, end - start)
-        if end - start - n == 1 and n > 1:
-            n -= 1
+        if 0 < end - start - n < least and n > least:
+            n -= least - (end - start - n)
         out.append((start, start + n))
         start += n
     return out
@@ -754,6 +785,19 @@ def _put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None
     b = batch.batch
     b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
     b.seq_id[i][0] = seq_id
+
+
+def _timed_step(ctx, token: int, rows: list[tuple[int, int]], logits: bool = True) -> float:
+    """Seconds for one llama_decode of `token` at these (sequence, position) rows, with logits
+    for each or for none (a prefill: the head over every row would cost most of it)."""
+    batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
+    for i, (seq, pos) in enumerate(rows):
+        _put(batch, i, token, pos, seq, logits)
+    batch.batch.n_tokens = len(rows)
+    start = time.perf_counter()
+    if llama_cpp.llama_decode(ctx.ctx, batch.batch) != 0:
+        raise EngineError("generation_failed", "llama_decode failed while measuring decode speed")
+    return time.perf_counter() - start
 
 
 def _sampler(n_vocab: int, window: int, params: SamplingParams, prompt_ids: list[int]):

@@ -705,6 +705,11 @@ def _response_schemas() -> dict:
                                 "llama.cpp_parallel: one llama_decode "
                                 "for every sequence, or one each in turn where that measured faster at load",
                             ),
+                            "flash_attn": _described(
+                                _BOOLEAN,
+                                "llama.cpp_parallel: whether generation uses flash attention (where it measured "
+                                "faster at load)",
+                            ),
                             "batched": _described(_COUNT, "Requests decoding in the batch now"),
                             "fixed_sampling": _described(
                                 _obj(
