@@ -3,6 +3,8 @@ model cache built once per session."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -30,6 +32,13 @@ def reference_llama(url: str, model: str, path: Path, **kwargs):
     actors = httpx.get(url + "/api/health/inference", timeout=30).json()["actors"]
     flash = next(a["flash_attn"] for a in actors if a.get("backend") == "llama.cpp_parallel" and model in a["models"])
     return Llama(model_path=str(path), flash_attn=flash, verbose=False, **kwargs)
+
+
+def first_steps(engine, prompt_ids: list[int], params, n: int) -> list[tuple]:
+    """An engine's first `n` (token, log-probability, top) steps: `generate_ids` yields until
+    it is closed (the Decoder stops a served sequence)."""
+    with contextlib.closing(engine.generate_ids(prompt_ids, params)) as steps:
+        return list(itertools.islice(steps, n))
 
 
 def free_port() -> int:

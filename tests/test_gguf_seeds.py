@@ -9,15 +9,13 @@ conversation continuing the model's own answer never did, even with gguf_paralle
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import ollama
 import pytest
-from conftest import SMOLLM2_GGUF, Server, reference_llama
+from conftest import SMOLLM2_GGUF, Server, first_steps, reference_llama
 from openai import OpenAI
 
 SMOL = "smollm2-135m-instruct:Q4_1"
@@ -200,9 +198,8 @@ def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, mod
     base = engine.tokenize(text)  # ~230 tokens
     prompts = [base + engine.tokenize(" And then", add_special_tokens=False), base[:150], base[:40], base]
 
-    def run(engine, ids):  # the engine yields until it is closed: the first 6 steps
-        with contextlib.closing(engine.generate_ids(ids, params)) as steps:
-            return list(itertools.islice(steps, 6))
+    def run(engine, ids):
+        return first_steps(engine, ids, params, 6)
 
     def fresh(ids):  # nothing computed before it
         engine = load()

@@ -8,8 +8,6 @@ mtime_ns). `build_model_dir` is bench/gguf_start_load.py's too."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import shutil
 import struct
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server
+from conftest import Server, first_steps
 
 GiB = 1 << 30
 # llama.cpp's general.file_type values (gguf's LlamaFileType) and the labels they carry
@@ -321,10 +319,9 @@ def test_the_decode_plan_is_measured_once_per_file_and_kept(tmp_path, monkeypatc
     def load() -> LlamaCppEngine:
         return LlamaCppEngine("plan", path, n_ctx=256, threads=1, parallel=4)
 
-    def greedy(engine: LlamaCppEngine) -> list[int]:  # the engine yields until it is closed: 8 steps
-        params = SamplingParams(temperature=0.0)
-        with contextlib.closing(engine.generate_ids(engine.tokenize("Once upon a time"), params)) as steps:
-            return [token for token, *_ in itertools.islice(steps, 8)]
+    def greedy(engine: LlamaCppEngine) -> list[int]:
+        steps = first_steps(engine, engine.tokenize("Once upon a time"), SamplingParams(temperature=0.0), 8)
+        return [token for token, *_ in steps]
 
     first = load()
     [(key, plan)] = json.loads(store.read_text()).items()

@@ -410,13 +410,10 @@ class LlamaCppEngine:
         )
         seq.vector, seq.prefilled = vector, prompt_ids[:reused]
         slots.live[slot] = seq
-        every = self._reads_last_layer()
+        every, last = self._reads_last_layer(), len(prompt_ids) - 1
         try:
             for start, end in _chunks(reused, len(prompt_ids), slots.ctx.params.n_batch, least):
-                batch = _internals.LlamaBatch(n_tokens=end - start, embd=0, n_seq_max=1, verbose=False)
-                for i in range(start, end):
-                    _put(batch, i - start, prompt_ids[i], i, seq.slot, every or i == len(prompt_ids) - 1)
-                batch.batch.n_tokens = end - start
+                batch = _batch([(prompt_ids[i], i, seq.slot, every or i == last) for i in range(start, end)])
                 self._run(slots, batch)
                 seq.prefilled += prompt_ids[start:end]
             seq.length = len(prompt_ids)
@@ -442,11 +439,9 @@ class LlamaCppEngine:
         """One step: each sequence's last sampled token, at its next position (one context's)."""
         slots = seqs[0].slots
         self._set_vector(slots)
-        batch = _internals.LlamaBatch(n_tokens=len(seqs), embd=0, n_seq_max=1, verbose=False)
-        for i, seq in enumerate(seqs):
-            _put(batch, i, seq.next_id, seq.length, seq.slot, True)
+        batch = _batch([(seq.next_id, seq.length, seq.slot, True) for seq in seqs])
+        for seq in seqs:
             seq.length += 1
-        batch.batch.n_tokens = len(seqs)
         self._run(slots, batch)
 
     def _run(self, slots: _Slots, batch) -> None:
@@ -587,10 +582,9 @@ class LlamaCppEngine:
         for start, end in _chunks(kept, len(prompt_ids), self.score_batch):
             part = prompt_ids[start:end]
             last = end == len(prompt_ids)
-            batch = _internals.LlamaBatch(n_tokens=len(part), embd=0, n_seq_max=1, verbose=False)
-            for i, token in enumerate(part):
-                _put(batch, i, token, start + i, 0, outputs_all or (last and i == len(part) - 1))
-            batch.batch.n_tokens = len(part)
+            batch = _batch(
+                [(token, start + i, 0, outputs_all or (last and i == len(part) - 1)) for i, token in enumerate(part)]
+            )
             code = self._observed(ctx, batch)
             if code != 0:
                 llama_cpp.llama_memory_clear(memory, True)
@@ -781,19 +775,21 @@ def _chunks(start: int, end: int, size: int, least: int = 2) -> list[tuple[int, 
     return out
 
 
-def _put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+def _batch(rows: list[tuple[int, int, int, bool]]) -> _internals.LlamaBatch:
+    """A batch of (token, position, sequence, logits wanted) rows."""
+    batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
     b = batch.batch
-    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
-    b.seq_id[i][0] = seq_id
+    for i, (token, pos, seq_id, logits) in enumerate(rows):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+        b.seq_id[i][0] = seq_id
+    b.n_tokens = len(rows)
+    return batch
 
 
 def _timed_step(ctx, token: int, rows: list[tuple[int, int]], logits: bool = True) -> float:
     """Seconds for one llama_decode of `token` at these (sequence, position) rows, with logits
     for each or for none (a prefill: the head over every row would cost most of it)."""
-    batch = _internals.LlamaBatch(n_tokens=len(rows), embd=0, n_seq_max=1, verbose=False)
-    for i, (seq, pos) in enumerate(rows):
-        _put(batch, i, token, pos, seq, logits)
-    batch.batch.n_tokens = len(rows)
+    batch = _batch([(token, pos, seq, logits) for seq, pos in rows])
     start = time.perf_counter()
     if llama_cpp.llama_decode(ctx.ctx, batch.batch) != 0:
         raise EngineError("generation_failed", "llama_decode failed while measuring decode speed")
