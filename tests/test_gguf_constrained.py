@@ -193,7 +193,9 @@ def test_json_object_and_a_document_cut_short(oai):
     )
     assert raw.headers["X-miLLM-Constrained"] == "json_object"
     r = raw.parse()
-    assert r.choices[0].finish_reason == "stop" and json.loads(r.choices[0].message.content).keys() == {"name", "age"}
+    # a whole object (the grammar's promise); what else it holds besides the two asked for
+    # moves with the CPU's kernels (an AVX-512 host adds "name_cute")
+    assert r.choices[0].finish_reason == "stop" and {"name", "age"} <= json.loads(r.choices[0].message.content).keys()
     cut = oai.chat.completions.create(model=Q8, messages=MSG, max_tokens=5, seed=3, response_format=FORMAT)
     assert cut.choices[0].finish_reason == "length"  # max_tokens ended it: never reported complete
 

@@ -526,8 +526,9 @@ class EngineLoop:
         return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 
     def _join(self, reqs: list[Generate]) -> None:
-        """Batchable requests join their model's batch, prefilled together now and decoded
-        with the others from the next step."""
+        """Batchable requests join their model's batch, prefilled now (together, or one at a
+        time where the batch prefills them one after another, each one's first token
+        delivered as its prefill ends) and decoded with the others from the next step."""
         joining: dict[str, list] = {}
         for req in reqs:
             if not self._dropped(req):
@@ -538,17 +539,18 @@ class EngineLoop:
             batch = self._batches.get(model)
             if batch is None:
                 batch = self._batches[model] = self.engines[model].new_batch(FIXED_SAMPLING)
-            try:
-                deltas = batch.join(rows)
-            except Exception as exc:  # the prefill failed: these requests, not the running ones
-                self._fail([rid for rid, _, _ in rows], exc)
-                continue
-            for (rid, _, _), delta in zip(rows, deltas):
-                self.counters.tokens_generated += 1
-                self._deliver(self._choices[rid], delta)
-                if delta.finish_reason:
-                    self.counters.completed += 1
-                    self._finish(rid)
+            for group in [rows] if batch.prefills_together else [[row] for row in rows]:
+                try:
+                    deltas = batch.join(group)
+                except Exception as exc:  # the prefill failed: these requests, not the running ones
+                    self._fail([rid for rid, _, _ in group], exc)
+                    continue
+                for (rid, _, _), delta in zip(group, deltas):
+                    self.counters.tokens_generated += 1
+                    self._deliver(self._choices[rid], delta)
+                    if delta.finish_reason:
+                        self.counters.completed += 1
+                        self._finish(rid)
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)

@@ -176,6 +176,10 @@ class Batch(Protocol):
     llama_cpp_engine.LlamaCppBatch). Keys are the caller's (request ids)."""
 
     keys: list
+    # one forward prefills all of a join's prompts (DecodeBatch); False: one after another
+    # (LlamaCppBatch), so the engine actor joins them one at a time and each joiner's first
+    # token goes out before the next one's prefill, not after the last one's
+    prefills_together: bool
 
     def __len__(self) -> int: ...
 

@@ -38,6 +38,8 @@ class DecodeBatch:
     (`_PaddedRows`), or the fixed-shape step's slots when that path is on (`_SlotRows`);
     either way each row computes what it would alone."""
 
+    prefills_together = True
+
     def __init__(self, engine, sampling: SamplingParams):
         self._engine = engine
         self.sampling = sampling

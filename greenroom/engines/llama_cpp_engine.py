@@ -693,6 +693,8 @@ class LlamaCppBatch:
     """The continuous batch (the engine actor's interface, as batching.DecodeBatch): sequences
     join at step boundaries, prefilled on their own, and leave when they finish."""
 
+    prefills_together = False  # each joiner's prompt is a llama_decode of its own (the module's docstring)
+
     def __init__(self, engine: LlamaCppEngine):
         self._engine = engine
         self._seqs: dict[object, tuple[_Sequence, Decoder]] = {}
