@@ -174,7 +174,8 @@ def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, mod
     few tokens, by many, or cut short — gives the same tokens and bit-identical
     log-probabilities as when nothing was computed before it. Flash attention computes a
     chunk of fewer than 64 queries otherwise: reusing a long prefix and prefilling 5 tokens
-    moved SmolLM2's logits by up to 0.45."""
+    moved SmolLM2's logits by up to 0.45. A short prompt cached whole recomputes its last token
+    only with flash attention (its one query computed as in a longer chunk under the tile)."""
     import json
 
     from greenroom.engines.base import SamplingParams
@@ -211,5 +212,12 @@ def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, mod
     for ids in prompts:
         run(engine, base)  # the prefix is now cached in a slot
         run(engine, engine.tokenize("Something unrelated entirely."))  # and another in the other
+        assert run(engine, ids) == fresh(ids)
+    # under 64 tokens flash attention computes the last token alone after the cached rest
+    # (one token recomputed), without it the last two
+    short = engine.tokenize("Line 1: the cat is here.")
+    for ids in (short, short + engine.tokenize(" And", add_special_tokens=False)):
+        run(engine, short)
+        run(engine, engine.tokenize("Something unrelated entirely."))
         assert run(engine, ids) == fresh(ids)
     engine.unload()

@@ -19,9 +19,11 @@ chunk of 1) from the same position prefilled among others (10 of 45 positions of
 prompt; half that prompt fed a token at a time moved its last logits by up to 0.8). So: a slot reuses only the prompt
 tokens its stream prefilled (never a generated token's cells, and never cells copied from
 another slot), and a prefill is cut so that no chunk after the first holds a single token.
-Flash attention, where it decodes faster (`_decode_plan`), adds a rule: its CPU kernel computes
-a chunk of fewer than 64 queries otherwise than a longer one, so a prompt of 64 tokens or more
-is prefilled in chunks of 64 or more and reuses only cells computed that way.
+Flash attention, where it decodes faster (`_decode_plan`), changes the rule: its CPU kernel
+computes a chunk of fewer than 64 queries otherwise than a longer one, so a prompt of 64 tokens
+or more is prefilled in chunks of 64 or more and reuses only cells computed that way, while
+below 64 it computes one query as it computes several, so a shorter prompt's chunks may hold a
+single token (`_least_chunk`).
 A stream per slot costs ~8 % of 4-sequence decode throughput here (SmolLM2, one thread), and
 concurrent prompts sharing a prefix each prefill it.
 
@@ -432,8 +434,14 @@ class LlamaCppEngine:
         then prefilled in chunks of that many or more, and only cells so computed are reused
         for it (measured: chunks of 64+ queries after 436 cells equal the whole prompt's logits
         exactly, of 2–63 are up to 0.45 apart; without flash attention every chunk of 2+ is
-        exact)."""
-        return FLASH_QUERY_TILE if self.flash_attn and n_prompt >= FLASH_QUERY_TILE else 2
+        exact). Below the tile flash attention computes each query alike however many come
+        together — one included: a prompt of 2–63 tokens whose last token alone followed the
+        rest's cells gave the whole prompt's logits exactly (62 of 62 on SmolLM2 and the demo's
+        Q8_0 and Q4_0; at 80 and 130 tokens 0.06–0.64 apart) — so such a prompt, cached whole,
+        recomputes only its last token, as llama-server does."""
+        if not self.flash_attn:
+            return 2
+        return FLASH_QUERY_TILE if n_prompt >= FLASH_QUERY_TILE else 1
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         """One step: each sequence's last sampled token, at its next position (one context's)."""
