@@ -257,6 +257,7 @@ class EngineLoop:
 
     # worker thread ---------------------------------------------------------------
     def _work(self) -> None:
+        rejoin = False  # the last turn skipped its step for requests that came during its prefills
         while True:
             with self._wakeup:
                 while not self._queue and not self._running and not self._steers and not self._closing:
@@ -268,10 +269,17 @@ class EngineLoop:
                 starting = self._take()
             for update in steers:  # between steps: a forward never sees half a change
                 self._guard(update.rid, self._steer, update)
-            self._join([start.request for start in starting if start.lane is Lane.BATCH])
+            joined = [start.request for start in starting if start.lane is Lane.BATCH]
+            self._join(joined)
             for start in starting:
                 if start.lane is not Lane.BATCH:  # at most one, after the batchable ones (queue order)
                     self._start(start.request)
+            if not rejoin and self._queue and any(not self._joins_together(req.model) for req in joined):
+                # prefilled one by one: what came meanwhile joins before the next step (once a
+                # step, so a stream of arrivals never holds the running sequences back longer)
+                rejoin = True
+                continue
+            rejoin = False
             for model, batch in list(self._batches.items()):
                 self._step_batch(model, batch)
             if self._serial is not None:
@@ -551,6 +559,10 @@ class EngineLoop:
                     if delta.finish_reason:
                         self.counters.completed += 1
                         self._finish(rid)
+
+    def _joins_together(self, model: str) -> bool:
+        batch = self._batches.get(model)
+        return batch is None or batch.prefills_together
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)
