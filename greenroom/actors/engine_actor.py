@@ -269,12 +269,11 @@ class EngineLoop:
                 starting = self._take()
             for update in steers:  # between steps: a forward never sees half a change
                 self._guard(update.rid, self._steer, update)
-            joined = [start.request for start in starting if start.lane is Lane.BATCH]
-            self._join(joined)
+            one_by_one = self._join([start.request for start in starting if start.lane is Lane.BATCH])
             for start in starting:
                 if start.lane is not Lane.BATCH:  # at most one, after the batchable ones (queue order)
                     self._start(start.request)
-            if not rejoin and self._queue and any(not self._joins_together(req.model) for req in joined):
+            if not rejoin and one_by_one and self._queue:
                 # prefilled one by one: what came meanwhile joins before the next step (once a
                 # step, so a stream of arrivals never holds the running sequences back longer)
                 rejoin = True
@@ -533,10 +532,12 @@ class EngineLoop:
         layer = next(info.layer for info in steering.attached() if info.sae_id == readout.sae_id)
         return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 
-    def _join(self, reqs: list[Generate]) -> None:
+    def _join(self, reqs: list[Generate]) -> bool:
         """Batchable requests join their model's batch, prefilled now (together, or one at a
         time where the batch prefills them one after another, each one's first token
-        delivered as its prefill ends) and decoded with the others from the next step."""
+        delivered as its prefill ends) and decoded with the others from the next step.
+        True if some were prefilled one at a time."""
+        one_by_one = False
         joining: dict[str, list] = {}
         for req in reqs:
             if not self._dropped(req):
@@ -547,6 +548,7 @@ class EngineLoop:
             batch = self._batches.get(model)
             if batch is None:
                 batch = self._batches[model] = self.engines[model].new_batch(FIXED_SAMPLING)
+            one_by_one = one_by_one or not batch.prefills_together
             for group in [rows] if batch.prefills_together else [[row] for row in rows]:
                 try:
                     deltas = batch.join(group)
@@ -559,10 +561,7 @@ class EngineLoop:
                     if delta.finish_reason:
                         self.counters.completed += 1
                         self._finish(rid)
-
-    def _joins_together(self, model: str) -> bool:
-        batch = self._batches.get(model)
-        return batch is None or batch.prefills_together
+        return one_by_one
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)
