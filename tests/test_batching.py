@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import MODEL, Server, staggered_batch
+from conftest import MODEL, UNENDING, Server, staggered_batch
 
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.transformers_engine import TransformersEngine
@@ -139,8 +139,14 @@ def test_cancelled_batched_stream_leaves_the_batch(batching):
     before = httpx.get(batching.url + "/api/actors", timeout=10).json()["actors"]
     before = next(a for a in before if a["name"] == "cpu")["counters"]
     with ThreadPoolExecutor(1) as pool:
-        other = pool.submit(chat, batching.url, 400)  # stays in the batch meanwhile
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk"}], "max_tokens": 1800, "stream": True}
+        other = pool.submit(chat, batching.url, 400, **UNENDING)  # stays in the batch meanwhile
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Talk"}],
+            "max_tokens": 1800,
+            "stream": True,
+            **UNENDING,
+        }
         with httpx.stream("POST", batching.url + "/v1/chat/completions", json=body, timeout=60) as r:
             seen = 0
             for line in r.iter_lines():

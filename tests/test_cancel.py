@@ -3,12 +3,18 @@
 import time
 
 import httpx
-from conftest import MODEL
+from conftest import MODEL, UNENDING
 
 
 def test_disconnect_stops_generation(server):
     before = server.actors()["cpu"]["counters"]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk"}], "max_tokens": 1800, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Talk"}],
+        "max_tokens": 1800,
+        "stream": True,
+        **UNENDING,
+    }
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
         seen = 0
         for line in r.iter_lines():

@@ -8,7 +8,7 @@ import shutil
 import httpx
 import psutil
 import pytest
-from conftest import Server
+from conftest import UNENDING, Server
 from openai import BadRequestError, OpenAI
 
 Q8, Q4 = "greenroom-demo-gguf:Q8_0", "greenroom-demo-gguf:Q4_0"
@@ -280,7 +280,7 @@ def test_a_disconnected_stream_is_cancelled_and_frees_its_sequence(srv):
     name = f"gguf:{Q8}"
     httpx.post(srv.url + "/api/models/load", json={"model": Q8}, timeout=60)
     before = srv.actors()[name]["counters"]
-    body = {"model": Q8, "prompt": "Once", "max_tokens": 1800, "stream": True}
+    body = {"model": Q8, "prompt": "Once", "max_tokens": 1800, "stream": True, **UNENDING}
     with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
         next(line for line in r.iter_lines() if line.startswith("data: {"))
     counters = srv.after_cancel(name, before)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from conftest import MODEL
+from conftest import MODEL, UNENDING
 from hypercorn.config import Config as HypercornConfig
 
 from greenroom.http.connection import DRAIN_TIMEOUT_S
@@ -25,6 +25,7 @@ LONG = {
     "messages": [{"role": "user", "content": "Tell me a long story"}],
     "max_tokens": 500,
     "stream": True,
+    **UNENDING,
 }
 BODY = json.dumps({"model": MODEL, "input": "a body nobody reads " * 20}).encode()
 KEY = "keepalive-key"

@@ -9,7 +9,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from conftest import MODEL
+from conftest import MODEL, UNENDING
 
 
 def openai_client(srv):
@@ -21,7 +21,7 @@ def test_kill_engine_mid_stream_errors_restarts_and_serves_again(own_server):
     client = openai_client(srv)
     old_pid = srv.actors()["cpu"]["pid"]
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=1800, stream=True
+        model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=1800, stream=True, **UNENDING
     )
     killed_at = None
     with pytest.raises(openai.APIError) as exc:
@@ -130,7 +130,7 @@ def test_queue_full_retry_after_and_needle_429(own_server):
     import httpx
 
     srv = own_server(SMALL_QUEUE)
-    long = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1500}
+    long = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1500, **UNENDING}
 
     def occupy(_):
         return httpx.post(srv.url + "/v1/chat/completions", json=long, timeout=120).status_code
@@ -157,7 +157,7 @@ def test_request_timeout_is_504_and_cancels(own_server):
     r = httpx.post(
         srv.url + "/v1/chat/completions",
         timeout=30,
-        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1800},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1800, **UNENDING},
     )
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
     deadline = time.monotonic() + 5

@@ -12,7 +12,7 @@ import time
 import anthropic
 import httpx
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, UNENDING, Server
 from fake_hub import server_cache
 
 GGUF = "greenroom-demo-gguf:Q8_0"
@@ -202,7 +202,7 @@ def test_refusals_are_typed_400s(srv, body, code, param):
 
 def test_a_full_queue_is_overloaded(srv):
     """max_queue = 1: a second request while one runs is Anthropic's 529 overloaded_error."""
-    busy = {"model": MODEL, "max_tokens": 1500, "messages": HELLO}
+    busy = {"model": MODEL, "max_tokens": 1500, "messages": HELLO, **UNENDING}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(httpx.post, srv.url + "/v1/messages", json=busy, timeout=120)
         deadline = time.monotonic() + 10

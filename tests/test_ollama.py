@@ -13,7 +13,7 @@ import http_sf
 import httpx
 import ollama
 import pytest
-from conftest import MODEL
+from conftest import MODEL, UNENDING
 
 METRICS = (
     "total_duration",
@@ -487,7 +487,7 @@ def test_unknown_route_and_method_are_flat_and_v1_keeps_openai_envelope(server):
 
 def test_kill_engine_mid_stream_ends_with_the_error_object(own_server):
     srv = own_server()
-    body = {"model": MODEL, "prompt": "Go", "options": {"num_predict": 1800}}
+    body = {"model": MODEL, "prompt": "Go", "options": {"num_predict": 1800, **UNENDING}}
     with httpx.stream("POST", srv.url + "/api/generate", json=body, timeout=60) as r:
         frames = []
         for line in r.iter_lines():
@@ -501,7 +501,9 @@ def test_kill_engine_mid_stream_ends_with_the_error_object(own_server):
     # the real client raises it; the restarted engine serves the next request
     oc = ollama.Client(host=srv.url, timeout=60)
     with pytest.raises(ollama.ResponseError) as exc:
-        for i, _part in enumerate(oc.generate(model=MODEL, prompt="Go", options={"num_predict": 1800}, stream=True)):
+        for i, _part in enumerate(
+            oc.generate(model=MODEL, prompt="Go", options={"num_predict": 1800, **UNENDING}, stream=True)
+        ):
             if i == 1:
                 os.kill(srv.actors()["cpu"]["pid"], signal.SIGKILL)
     assert "died" in exc.value.error

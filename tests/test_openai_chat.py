@@ -3,7 +3,7 @@
 import time
 
 import httpx
-from conftest import MODEL
+from conftest import MODEL, UNENDING
 
 
 def test_chat_completion(client):
@@ -53,7 +53,7 @@ def test_stream_role_first_then_content_then_finish_with_usage(client):
 
 def test_stream_chunks_arrive_while_generating(client, server):
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Go on"}], max_tokens=1500, stream=True
+        model=MODEL, messages=[{"role": "user", "content": "Go on"}], max_tokens=1500, stream=True, **UNENDING
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

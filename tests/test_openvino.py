@@ -9,6 +9,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+from conftest import UNENDING
 
 from greenroom.engines.base import EngineError, SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
@@ -304,7 +305,13 @@ def test_served_disconnect_stops_generation(srv):
     import httpx
 
     before = srv.actors()["cpu"]["counters"]
-    body = {"model": OV_MODEL, "messages": [{"role": "user", "content": "Talk"}], "max_tokens": 1800, "stream": True}
+    body = {
+        "model": OV_MODEL,
+        "messages": [{"role": "user", "content": "Talk"}],
+        "max_tokens": 1800,
+        "stream": True,
+        **UNENDING,
+    }
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
         seen = 0
         for line in r.iter_lines():

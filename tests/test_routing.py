@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, UNENDING, Server
 
 CONFIG = """
 engine_actors = ["cpu", "cpu2"]
@@ -84,7 +84,7 @@ def stream_beside(url: str, body: dict):
 
 
 def test_a_busy_placement_falls_back_to_another(srv):
-    body = {"model": MODEL, "prompt": "Once", "max_tokens": 30000, "stream": True}
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 30000, "stream": True, **UNENDING}
     with stream_beside(srv.url + "/v1/completions", body):
         before = served_by(srv)
         r = generate(srv)
@@ -147,7 +147,7 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
     assert raw.headers["X-NPU-Proxy-Device"] == "CPU"  # what computed: OpenVINO's CPU standing in
     assert client.chat(model="mixed", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}).done
 
-    body = {"model": "mixed", "prompt": "Once", "options": {"num_predict": 20000}}
+    body = {"model": "mixed", "prompt": "Once", "options": {"num_predict": 20000, **UNENDING}}
     with stream_beside(srv.url + "/api/generate", body):
         raw = httpx.post(
             srv.url + "/api/generate",

@@ -21,7 +21,7 @@ import msgspec
 import openai
 import psutil
 import pytest
-from conftest import ROOT, Server, free_port
+from conftest import ROOT, UNENDING, Server, free_port
 
 TOKEN = "test-worker-token-0123456789abcdef"
 HOST = "hostb"
@@ -145,7 +145,7 @@ def routed_while_a_stream_runs(srv: Server, model: str) -> httpx.Response:
     """An Ollama request for `model` while a long stream of it runs on its preferred placement."""
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Go"}], max_tokens=2000, stream=True
+        model=model, messages=[{"role": "user", "content": "Go"}], max_tokens=2000, stream=True, **UNENDING
     )
     with stream:
         next(c for c in stream if c.choices and c.choices[0].delta.content)
@@ -244,7 +244,7 @@ def test_auto_placement_replicas_and_keep_alive_across_hosts(main):
     # one pooled SDK client, model after model on both hosts, while a stream decodes beside it
     client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        beside = pool.submit(chat, main, "remote-demo", max_tokens=400)
+        beside = pool.submit(chat, main, "remote-demo", max_tokens=400, **UNENDING)
         for model in ("anywhere", "remote-demo", "pair", "anywhere", "remote-lazy"):
             answer = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
@@ -276,7 +276,7 @@ def fault_mid_stream(main, fault) -> tuple[pytest.ExceptionInfo, float]:
     tree = main.workers[-1].tree()
     client = openai.OpenAI(base_url=main.url + "/v1", api_key="x", max_retries=0, timeout=60)
     stream = client.chat.completions.create(
-        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True
+        model="remote-demo", messages=[{"role": "user", "content": "Go"}], max_tokens=3000, stream=True, **UNENDING
     )
     at = None
     with pytest.raises(openai.APIError) as exc:
