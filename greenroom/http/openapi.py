@@ -373,7 +373,9 @@ def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle:
     required = ("id", "object", "created", "model", "choices")
     if chunk:
         properties["usage"] = _described(
-            _ref("Usage"), "On the request's last finishing chunk and on the usage-only chunk"
+            _nullable(_ref("Usage")),
+            "With stream_options.include_usage, null on every chunk but the usage-only one (OpenAI's rule); "
+            "without, on the request's last finishing chunk alone",
         )
     else:
         properties["system_fingerprint"] = _string(
