@@ -1356,12 +1356,22 @@ def _messages_schemas() -> dict:
         "content": _array({"anyOf": [text, tool_use]}),
         "stop_reason": _nullable(stop),
         "stop_sequence": _nullable(_string()),
-        "usage": _closed({"input_tokens": _COUNT, "output_tokens": _COUNT}, ("input_tokens", "output_tokens")),
+        "usage": _ref("MessageUsage"),
     }
     millm = _described(_ref("Millm"), "Only when the request sent return_sae_activations")
+    usage = {
+        "input_tokens": _COUNT,
+        "cache_creation_input_tokens": _described({"const": 0}, "No prompt cache: cache_control is not read"),
+        "cache_read_input_tokens": {"const": 0},
+        "output_tokens": _COUNT,
+        "server_tool_use": _described(_NULL, "No server tools"),
+    }
     return {
         "Message": _closed(
             {**message, "millm": millm}, tuple(message), description="stop_reason null only on message_start"
+        ),
+        "MessageUsage": _closed(
+            usage, tuple(usage), description="Cumulative: message_start's and message_delta's alike (input included)"
         ),
         "MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",)),
         **_events(
@@ -1395,7 +1405,7 @@ def _messages_schemas() -> dict:
                             {"stop_reason": stop, "stop_sequence": _nullable(_string())},
                             ("stop_reason", "stop_sequence"),
                         ),
-                        "usage": _closed({"output_tokens": _COUNT}, ("output_tokens",)),
+                        "usage": _ref("MessageUsage"),
                         "millm": millm,
                     },
                     ("delta", "usage"),
