@@ -294,6 +294,7 @@ _QUERIES: dict[str, contracts.Shape] = {
     "ModelQuery": monitoring_api.MODEL_QUERY,
     "MonitoringRecordsQuery": monitoring_api.RECORDS_QUERY,
     "SearchQuery": ollama_models.SEARCH_QUERY,
+    "InputItemsQuery": responses_api.INPUT_ITEMS_QUERY,
 }
 _PATH_PARAMETERS = {
     "id": openai_params.MODEL,
@@ -1282,6 +1283,45 @@ def _responses_schemas() -> dict:
     }
     where = {"item_id": _string(), "output_index": _COUNT}
     part = {**where, "content_index": _COUNT}
+    input_text = _closed({"type": {"const": "input_text"}, "text": _string()}, ("type", "text"))
+    listed = {"id": _string(), "status": {"const": "completed"}}
+    input_item = {
+        "anyOf": [
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "message"},
+                    "role": {"enum": ["user", "system", "developer"]},
+                    "content": _array(input_text),
+                },
+                ("id", "status", "type", "role", "content"),
+            ),
+            _closed(
+                {**listed, "type": {"const": "message"}, "role": {"const": "assistant"}, "content": _array(text)},
+                ("id", "status", "type", "role", "content"),
+            ),
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "function_call"},
+                    "call_id": _string(),
+                    "name": _string(),
+                    "arguments": _string(),
+                },
+                ("id", "status", "type", "call_id", "name", "arguments"),
+            ),
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "function_call_output"},
+                    "call_id": _string(),
+                    "output": {"anyOf": [_string(), _array(input_text)]},
+                },
+                ("id", "status", "type", "call_id", "output"),
+            ),
+        ],
+        "description": "An item of the input as sent, with its id (the one sent, else a new one)",
+    }
     return {
         "ResponseOutputItem": item,
         "ResponseUsage": usage,
@@ -1289,6 +1329,18 @@ def _responses_schemas() -> dict:
             {**response, "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations")},
             tuple(response),
             description="status incomplete when max_output_tokens cut the answer",
+        ),
+        "ResponseListedItem": input_item,
+        "ResponseItemList": _closed(
+            {
+                "object": {"const": "list"},
+                "data": _array(_ref("ResponseListedItem")),
+                "first_id": _nullable(_string()),
+                "last_id": _nullable(_string()),
+                "has_more": _BOOLEAN,
+            },
+            ("object", "data", "first_id", "last_id", "has_more"),
+            description="first_id and last_id null on an empty page",
         ),
         "ResponseDeleted": _closed(
             {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
