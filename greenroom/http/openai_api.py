@@ -346,6 +346,7 @@ async def _collect(
         text, reason, stop = "".join(texts[i]), finished[i].finish_reason, finished[i].stop
         if plan is not None:
             message, reason = structured.message(plan, text, reason)
+            message = {**message, "refusal": None}  # OpenAI's, required: no refusal is kept apart from content
             choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
         else:
             choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})

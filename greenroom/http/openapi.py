@@ -453,10 +453,11 @@ def _response_schemas() -> dict:
         {
             "role": {"const": "assistant"},
             "content": _nullable(_string()),
+            "refusal": _described(_NULL, "OpenAI's field (required, nullable): no refusal is kept apart from content"),
             "tool_calls": _array(tool_call, minItems=1),
             "reasoning_content": _described(_string(), "The text around tool calls (choice 0, with x_needle)"),
         },
-        ("role", "content"),
+        ("role", "content", "refusal"),
         description="content is null only beside tool_calls",
     )
     chunk_tool_call = _closed(
@@ -1275,10 +1276,21 @@ def _responses_schemas() -> dict:
         "temperature": _number(),
         "text": _closed({"format": _ANY_OBJECT}, ("format",)),
         "tool_choice": _described({}, "As the request sent it"),
-        "tools": _described(_array({}), "As the request sent them"),
+        "tools": _array(
+            _closed(
+                {
+                    "type": {"const": "function"},
+                    "name": _string(),
+                    "description": _nullable(_string()),
+                    "parameters": _nullable(_ANY_OBJECT),
+                    "strict": _described(_BOOLEAN, "true unless sent false (OpenAI's default)"),
+                },
+                ("type", "name", "description", "parameters", "strict"),
+            ),
+            description="The function tools sent, as OpenAI echoes them",
+        ),
         "top_p": _number(),
         "truncation": {"const": "disabled"},
-        "usage": _nullable(_ref("ResponseUsage")),
         "metadata": _obj({}, additionalProperties=_string()),
     }
     where = {"item_id": _string(), "output_index": _COUNT}
@@ -1326,7 +1338,11 @@ def _responses_schemas() -> dict:
         "ResponseOutputItem": item,
         "ResponseUsage": usage,
         "Response": _closed(
-            {**response, "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations")},
+            {
+                **response,
+                "usage": _described(_ref("ResponseUsage"), "Absent until the response is done (OpenAI's schema)"),
+                "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations"),
+            },
             tuple(response),
             description="status incomplete when max_output_tokens cut the answer",
         ),

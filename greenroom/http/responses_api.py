@@ -453,6 +453,18 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def _echoed(tool: dict) -> dict:
+    """A function tool as OpenAI echoes it: description and parameters null when not sent, strict
+    true unless sent false (OpenAI's default; calls are validated against the parameters either way)."""
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict") is not False,
+    }
+
+
 def _message_item(text: str, item_id: str, status: str = "completed") -> dict:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {
@@ -475,9 +487,7 @@ def _call_item(call_id: str, name: str, arguments: str, item_id: str, status: st
     }
 
 
-def _usage(usage: dict | None) -> dict | None:
-    if usage is None:
-        return None
+def _usage(usage: dict) -> dict:
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": 0},
@@ -505,7 +515,7 @@ class _Answer:
         def sent(key: str, default):
             return default if body.get(key) is None else body[key]
 
-        return {
+        response = {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
@@ -522,12 +532,14 @@ class _Answer:
             "temperature": sent("temperature", openai_params.TEMPERATURE.default),
             "text": {"format": self.fmt},
             "tool_choice": sent("tool_choice", "auto"),
-            "tools": sent("tools", []),
+            "tools": [_echoed(tool) for tool in sent("tools", [])],
             "top_p": sent("top_p", openai_params.TOP_P.default),
             "truncation": "disabled",
-            "usage": _usage(usage),
             "metadata": sent("metadata", {}),
         }
+        if usage is not None:  # OpenAI's schema has usage absent, not null, until it is known
+            response["usage"] = _usage(usage)
+        return response
 
     async def done(self, status: str, output: list[dict], usage: dict | None, millm: dict | None) -> dict:
         """The finished Response (status completed or incomplete), stored unless store: false."""
