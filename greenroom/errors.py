@@ -42,8 +42,10 @@ TABLE: dict[str, ErrorKind] = {
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
     "AMBIGUOUS_MODEL_NAME": ErrorKind(400, INVALID),  # a bare GGUF repository name with several quantizations
+    # a method and path no route answers (a wrong method too, as OpenAI and Ollama answer it):
+    # OpenAI's own code on its surface; not_found on Ollama's and Anthropic's (http/app.py)
+    "unknown_url": ErrorKind(404, INVALID),
     "not_found": ErrorKind(404, NOT_FOUND),
-    "method_not_allowed": ErrorKind(405, INVALID),
     "model_not_loaded": ErrorKind(503, SERVER),
     "model_busy": ErrorKind(503, SERVER),
     "model_load_failed": ErrorKind(500, SERVER),

@@ -89,8 +89,14 @@ def test_completion_prompt_required(server):
 
 
 def test_unknown_route_and_method(server):
-    envelope(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
-    envelope(httpx.get(server.url + CHAT), 405, "method_not_allowed")
+    """As OpenAI answers them: a method and path no route answers, a wrong method too, is 404
+    unknown_url in its words, not the web framework's."""
+    err = envelope(httpx.get(server.url + "/v1/nothing"), 404, "unknown_url")
+    assert err["type"] == "invalid_request_error" and err["message"].startswith("Unknown request URL: GET /v1/nothing.")
+    message = envelope(httpx.get(server.url + CHAT), 404, "unknown_url")["message"]
+    assert message.startswith(f"Unknown request URL: GET {CHAT}.") and f"({CHAT} answers POST)" in message
+    r = httpx.get(server.url + "/v1/messages/batches")  # Anthropic's paths: its envelope
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
 
 
 @pytest.mark.parametrize(

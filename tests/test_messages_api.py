@@ -7,6 +7,8 @@ on a full queue. One server for the module, with a queue of one request per engi
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import operator
 import time
 
 import anthropic
@@ -104,6 +106,33 @@ def test_created_streamed_and_counted(srv, model):
         "message_delta",
         "message_stop",
     ]
+
+
+@pytest.mark.parametrize("model", [MODEL, GGUF])
+def test_streamed_usage_is_cumulative(srv, model):
+    """message_delta's usage is the SDK's MessageDeltaUsage: cumulative, the input included (what
+    langchain-anthropic reads), with the cache fields; the streamed message's usage is the created one's."""
+    created = client(srv).messages.create(model=model, max_tokens=8, messages=HELLO, extra_body=GREEDY)
+    assert created.usage.model_dump(exclude_none=True) == {
+        "input_tokens": created.usage.input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 8,
+    }
+    with client(srv).messages.stream(model=model, max_tokens=8, messages=HELLO, extra_body=GREEDY) as stream:
+        (delta,) = [e for e in stream if e.type == "message_delta"]
+        final = stream.get_final_message()
+    assert delta.usage.model_dump(exclude_none=True) == created.usage.model_dump(exclude_none=True)
+    assert final.usage == created.usage
+    if model == MODEL:
+        from langchain_anthropic import ChatAnthropic
+
+        llm = ChatAnthropic(base_url=srv.url, api_key="x", model=model, max_tokens=8, temperature=0, max_retries=0)
+        whole = llm.invoke("Hello there")
+        streamed = functools.reduce(operator.add, llm.stream("Hello there"))
+        keys = ("input_tokens", "output_tokens", "total_tokens")
+        assert [streamed.usage_metadata[k] for k in keys] == [whole.usage_metadata[k] for k in keys]
+        assert streamed.usage_metadata["input_tokens"] == created.usage.input_tokens
 
 
 @pytest.mark.parametrize("model", [MODEL, GGUF])

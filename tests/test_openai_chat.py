@@ -1,8 +1,12 @@
 """Chat and text completions through the real openai SDK against a live server."""
 
+import functools
+import json
+import operator
 import time
 
 import httpx
+import pytest
 from conftest import MODEL, UNENDING
 
 
@@ -49,6 +53,55 @@ def test_stream_role_first_then_content_then_finish_with_usage(client):
         model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0
     )
     assert streamed == whole.choices[0].message.content
+
+
+def _chunks(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
+        data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}]}),
+        ("/v1/completions", {"prompt": "Once upon a time"}),
+    ],
+)
+def test_streamed_usage_is_sent_once(server, path, body):
+    """OpenAI's rule with include_usage: usage null on every chunk but the last, usage-only one;
+    without it the spec's: the finishing chunk alone carries it."""
+    body = {"model": MODEL, **body, "max_tokens": 8, "temperature": 0}
+    usage = httpx.post(server.url + path, json=body, timeout=60).json()["usage"]
+    chunks = _chunks(server, path, {**body, "stream_options": {"include_usage": True}})
+    assert [c["usage"] for c in chunks] == [None] * (len(chunks) - 1) + [usage]
+    assert chunks[-1]["choices"] == [] and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    chunks = _chunks(server, path, body)
+    assert [c.get("usage") for c in chunks] == [None] * (len(chunks) - 1) + [usage]
+    assert "usage" not in chunks[0] and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_langchain_counts_streamed_usage_once(server):
+    """LangChain's ChatOpenAI(stream_usage=True) sends include_usage and adds its chunks up: the
+    sum is the usage of the same request unstreamed."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        base_url=server.url + "/v1",
+        api_key="not-needed",
+        model=MODEL,
+        max_tokens=8,
+        temperature=0,
+        stream_usage=True,
+        max_retries=0,
+    )
+    whole = llm.invoke("Tell me a story")
+    streamed = functools.reduce(operator.add, llm.stream("Tell me a story"))
+    assert streamed.content == whole.content
+    keys = ("input_tokens", "output_tokens", "total_tokens")
+    assert [streamed.usage_metadata[k] for k in keys] == [whole.usage_metadata[k] for k in keys]
+    assert whole.usage_metadata["output_tokens"] == 8
 
 
 def test_stream_chunks_arrive_while_generating(client, server):

@@ -7,6 +7,8 @@ and messages; typed refusals. One server for the module (restarted by the last t
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import sqlite3
 
 import anthropic
 import httpx
@@ -15,6 +17,8 @@ import pydantic
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
+
+from greenroom.store.responses import ResponseStore
 
 GGUF = "greenroom-demo-gguf:Q8_0"
 CONFIG = f"""
@@ -284,6 +288,79 @@ def test_unknown_previous_response_is_404(served):
     with pytest.raises(openai.NotFoundError) as exc:
         served.client().responses.create(model=MODEL, input="x", previous_response_id="resp_nope", **GREEDY)
     assert exc.value.body["code"] == "response_not_found"
+
+
+def test_input_items_are_listed_and_paged_as_openai_lists_them(served):
+    """The SDK's responses.input_items.list: the response's own input (not the turns
+    previous_response_id brought), newest first by default, paged by after and limit (the SDK
+    follows has_more), include[] taken; bad values 400 naming them, an unknown response 404."""
+    client = served.client()
+    first = client.responses.create(model=MODEL, input="Hello there", **GREEDY)
+    sent = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}], "id": "msg_mine"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "snow"},
+        {"role": "assistant", "content": "It snows."},
+    ]
+    second = client.responses.create(model=MODEL, input=sent, previous_response_id=first.id, **GREEDY)
+    listed = list(client.responses.input_items.list(second.id, limit=2, order="asc"))  # three pages
+    assert [(i.type, getattr(i, "role", None)) for i in listed] == [
+        ("message", "developer"),
+        ("message", "user"),
+        ("function_call", None),
+        ("function_call_output", None),
+        ("message", "assistant"),
+    ]
+    assert listed[1].id == "msg_mine" and listed[1].content[0].text == "Weather in Oslo?"
+    assert (listed[2].call_id, listed[2].arguments, listed[3].output) == ("c1", '{"city": "Oslo"}', "snow")
+    assert listed[4].content[0].type == "output_text" and all(i.status == "completed" for i in listed)
+    newest = client.responses.input_items.list(second.id, include=["message.input_image.image_url"])
+    assert [i.id for i in newest.data] == [i.id for i in reversed(listed)] and not newest.has_more
+    page = client.responses.input_items.list(second.id, after="msg_mine", limit=1)
+    assert ([i.role for i in page.data], page.first_id, page.last_id, page.has_more) == (
+        ["developer"],
+        listed[0].id,
+        listed[0].id,
+        False,
+    )
+    only = client.responses.input_items.list(first.id)
+    assert [(i.role, i.content[0].text) for i in only.data] == [("user", "Hello there")]
+    url = f"{served.srv.url}/v1/responses/{second.id}/input_items"
+    for query, param in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("limit=x", "limit"),
+        ("order=up", "order"),
+        ("after=msg_nope", "after"),
+        ("include=everything", "include"),
+    ]:
+        r = httpx.get(f"{url}?{query}", timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (query, r.text)
+    r = httpx.get(f"{url}?before=x", headers={"X-miLLM-Strict": "true"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unused_fields_refused", r.text
+    assert httpx.get(f"{url}?before=x", timeout=30).headers["X-miLLM-Ignored-Fields"] == '"before"'
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.responses.input_items.list("resp_nope")
+    assert exc.value.body["code"] == "response_not_found"
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(second.id)
+
+
+def test_a_response_stored_before_input_items_were_kept(tmp_path):
+    """A responses.sqlite3 an older greenroom wrote gains the column; its rows have no items."""
+    store = ResponseStore(str(tmp_path))
+    store.path.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(store.path)) as db, db:
+        db.execute(
+            "CREATE TABLE responses (id TEXT PRIMARY KEY, response TEXT NOT NULL, conversation TEXT NOT NULL, "
+            "stored_at REAL NOT NULL)"
+        )
+        db.execute("INSERT INTO responses VALUES ('resp_old', '{}', '[]', 0)")
+    assert store.get("resp_old").input_items is None
+    store.put({"id": "resp_new"}, [], [{"id": "msg_1"}])
+    assert store.get("resp_new").input_items == [{"id": "msg_1"}]
 
 
 def test_a_stored_conversation_survives_a_restart(served):

@@ -91,9 +91,9 @@ def create_app(tree: Tree) -> Quart:
 
     @app.errorhandler(HTTPException)
     async def http_error(err: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 408: "body_timeout", 413: "request_too_large"}.get(
-            err.code, "invalid_parameter"
-        )
+        if err.code in (404, 405):
+            return await typed_error(_unrouted(getattr(err, "valid_methods", None) or ()))
+        code = {408: "body_timeout", 413: "request_too_large"}.get(err.code, "invalid_parameter")
         if err.code >= 500:
             code = "internal_error"
         return await typed_error(GreenroomError(code, err.description or err.name))
@@ -164,6 +164,25 @@ def _surface() -> Surface:
     """The surface of the route that matched (its table entry), or of an unmatched path."""
     rule = request.url_rule
     return routes.BY_ENDPOINT[rule.endpoint].surface if rule is not None else routes.surface(request.path)
+
+
+def _unrouted(methods) -> GreenroomError:
+    """A method and path no route answers, as each surface's own server words it; a wrong method
+    is an unknown URL to OpenAI and to Ollama (gin) alike, so it is one here too (404), and the
+    message names the methods the path does answer (`methods`)."""
+    method, path = request.method, request.path
+    served = [m for m in ("GET", "POST", "PUT", "DELETE") if m in methods]
+    hint = f" ({path} answers {', '.join(served)})" if served else ""
+    surface = _surface()
+    if surface is Surface.OLLAMA:
+        return GreenroomError("not_found", f"404 page not found{hint}")
+    if surface is Surface.ANTHROPIC:
+        return GreenroomError("not_found", f"Not found: {method} {path}{hint}")
+    return GreenroomError(
+        "unknown_url",
+        f"Unknown request URL: {method} {path}. Please check the URL for typos, "
+        f"or see GET / for the routes this server answers{hint}.",
+    )
 
 
 def _bounded(view, seconds: float):

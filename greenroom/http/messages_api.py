@@ -8,10 +8,11 @@ function tools, tool_choice auto / any / tool / none chat's auto / required / na
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
 output_config.format a json_schema response_format — and runs through openai_api.generation.
 The chat completion is written back as Anthropic's Message (stop_reason end_turn, max_tokens,
-stop_sequence — with the string, read from the choice's stop_reason — or tool_use), its stream as Anthropic's events: message_start, ping, per content block
-content_block_start, content_block_delta (text_delta or input_json_delta)…,
-content_block_stop; then message_delta (stop_reason, usage) and message_stop — or an `error`
-event. Errors use Anthropic's envelope and statuses (errors.anthropic_body; app.py).
+stop_sequence — with the string, read from the choice's stop_reason — or tool_use), its stream
+as Anthropic's events: message_start, ping, per content block content_block_start,
+content_block_delta (text_delta or input_json_delta)…, content_block_stop; then message_delta
+(stop_reason, the cumulative usage) and message_stop — or an `error` event. Errors use
+Anthropic's envelope and statuses (errors.anthropic_body; app.py).
 """
 
 from __future__ import annotations
@@ -396,6 +397,18 @@ def _stopped(reason: str | None, stop: str | None) -> dict:
     return {"stop_reason": reason and _STOP_REASONS[reason], "stop_sequence": None}
 
 
+def _usage(input_tokens: int, output_tokens: int) -> dict:
+    """Anthropic's usage, cumulative (the SDK's Usage and MessageDeltaUsage read the same fields):
+    no prompt cache (cache_control is not read) and no server tools."""
+    return {
+        "input_tokens": input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": output_tokens,
+        "server_tool_use": None,
+    }
+
+
 def _tool_id(call_id: str) -> str:
     """chat's call_<hex> as Anthropic's toolu_<hex>."""
     return "toolu_" + call_id.removeprefix("call_")
@@ -438,7 +451,7 @@ class _Answer:
         return self.message(
             content,
             choice["finish_reason"],
-            {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+            _usage(usage["prompt_tokens"], usage["completion_tokens"]),
             completion.get("millm"),
             choice["stop_reason"],
         )
@@ -449,7 +462,7 @@ class _Answer:
 
         yield event(
             "message_start",
-            message=self.message([], None, {"input_tokens": admitted.prompt_tokens, "output_tokens": 0}),
+            message=self.message([], None, _usage(admitted.prompt_tokens, 0)),
         )
         yield event("ping")
         blocks = itertools.count()
@@ -487,9 +500,9 @@ class _Answer:
                     reason, usage, millm, stop = rest
                     delta = _stopped(reason, stop)
                     extra = {} if millm is None else {"millm": millm}
-                    yield event(
-                        "message_delta", delta=delta, usage={"output_tokens": usage["completion_tokens"]}, **extra
-                    )
+                    # cumulative, input included: langchain-anthropic reads the usage here alone
+                    totals = _usage(usage["prompt_tokens"], usage["completion_tokens"])
+                    yield event("message_delta", delta=delta, usage=totals, **extra)
                     yield event("message_stop")
         except GreenroomError as exc:
             yield framing.sse(exc.anthropic_body(), "error")

@@ -346,6 +346,7 @@ async def _collect(
         text, reason, stop = "".join(texts[i]), finished[i].finish_reason, finished[i].stop
         if plan is not None:
             message, reason = structured.message(plan, text, reason)
+            message = {**message, "refusal": None}  # OpenAI's, required: no refusal is kept apart from content
             choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
         else:
             choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
@@ -409,10 +410,15 @@ async def _chunks(
             choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
         if finish:
             choice["stop_reason"] = stop
-        body = {**head, "choices": [choice], **extra}
-        if finish and unfinished == 0:  # the request's last chunk carries its usage
-            body["usage"] = _usage(admitted, completion_tokens)
-        return body
+        return {**head, "choices": [choice], **extra, **usage(bool(finish) and unfinished == 0)}
+
+    def usage(last: bool) -> dict:
+        """With include_usage, OpenAI's rule: usage null on every chunk but the usage-only one
+        (clients that add chunks up count it once); without, the spec's: on the request's last
+        finishing chunk."""
+        if include_usage:
+            return {"usage": None}
+        return {"usage": _usage(admitted, completion_tokens)} if last else {}
 
     def text_chunks(index: int, text: str, final: bool = False):
         if not chat:
@@ -451,7 +457,7 @@ async def _chunks(
     if include_usage:  # OpenAI's usage-only chunk
         yield {**head, "choices": [], "usage": _usage(admitted, completion_tokens)}
     if read is not None:  # the spec: one last chunk with no choices, before [DONE]
-        yield {**head, "choices": [], "millm": sae_activations.millm(read)}
+        yield {**head, "choices": [], "millm": sae_activations.millm(read), **usage(False)}
 
 
 async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
@@ -472,7 +478,7 @@ async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
                     yield "arguments", call["function"]["arguments"]
             reason = choice["finish_reason"] or reason
             stop = choice.get("stop_reason", stop)
-        usage, millm = chunk.get("usage", usage), chunk.get("millm", millm)
+        usage, millm = chunk.get("usage") or usage, chunk.get("millm", millm)
     yield "end", reason, usage, millm, stop
 
 

@@ -294,6 +294,7 @@ _QUERIES: dict[str, contracts.Shape] = {
     "ModelQuery": monitoring_api.MODEL_QUERY,
     "MonitoringRecordsQuery": monitoring_api.RECORDS_QUERY,
     "SearchQuery": ollama_models.SEARCH_QUERY,
+    "InputItemsQuery": responses_api.INPUT_ITEMS_QUERY,
 }
 _PATH_PARAMETERS = {
     "id": openai_params.MODEL,
@@ -373,7 +374,9 @@ def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle:
     required = ("id", "object", "created", "model", "choices")
     if chunk:
         properties["usage"] = _described(
-            _ref("Usage"), "On the request's last finishing chunk and on the usage-only chunk"
+            _nullable(_ref("Usage")),
+            "With stream_options.include_usage, null on every chunk but the usage-only one (OpenAI's rule); "
+            "without, on the request's last finishing chunk alone",
         )
     else:
         properties["system_fingerprint"] = _string(
@@ -450,10 +453,11 @@ def _response_schemas() -> dict:
         {
             "role": {"const": "assistant"},
             "content": _nullable(_string()),
+            "refusal": _described(_NULL, "OpenAI's field (required, nullable): no refusal is kept apart from content"),
             "tool_calls": _array(tool_call, minItems=1),
             "reasoning_content": _described(_string(), "The text around tool calls (choice 0, with x_needle)"),
         },
-        ("role", "content"),
+        ("role", "content", "refusal"),
         description="content is null only beside tool_calls",
     )
     chunk_tool_call = _closed(
@@ -1272,21 +1276,87 @@ def _responses_schemas() -> dict:
         "temperature": _number(),
         "text": _closed({"format": _ANY_OBJECT}, ("format",)),
         "tool_choice": _described({}, "As the request sent it"),
-        "tools": _described(_array({}), "As the request sent them"),
+        "tools": _array(
+            _closed(
+                {
+                    "type": {"const": "function"},
+                    "name": _string(),
+                    "description": _nullable(_string()),
+                    "parameters": _nullable(_ANY_OBJECT),
+                    "strict": _described(_BOOLEAN, "true unless sent false (OpenAI's default)"),
+                },
+                ("type", "name", "description", "parameters", "strict"),
+            ),
+            description="The function tools sent, as OpenAI echoes them",
+        ),
         "top_p": _number(),
         "truncation": {"const": "disabled"},
-        "usage": _nullable(_ref("ResponseUsage")),
         "metadata": _obj({}, additionalProperties=_string()),
     }
     where = {"item_id": _string(), "output_index": _COUNT}
     part = {**where, "content_index": _COUNT}
+    input_text = _closed({"type": {"const": "input_text"}, "text": _string()}, ("type", "text"))
+    listed = {"id": _string(), "status": {"const": "completed"}}
+    input_item = {
+        "anyOf": [
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "message"},
+                    "role": {"enum": ["user", "system", "developer"]},
+                    "content": _array(input_text),
+                },
+                ("id", "status", "type", "role", "content"),
+            ),
+            _closed(
+                {**listed, "type": {"const": "message"}, "role": {"const": "assistant"}, "content": _array(text)},
+                ("id", "status", "type", "role", "content"),
+            ),
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "function_call"},
+                    "call_id": _string(),
+                    "name": _string(),
+                    "arguments": _string(),
+                },
+                ("id", "status", "type", "call_id", "name", "arguments"),
+            ),
+            _closed(
+                {
+                    **listed,
+                    "type": {"const": "function_call_output"},
+                    "call_id": _string(),
+                    "output": {"anyOf": [_string(), _array(input_text)]},
+                },
+                ("id", "status", "type", "call_id", "output"),
+            ),
+        ],
+        "description": "An item of the input as sent, with its id (the one sent, else a new one)",
+    }
     return {
         "ResponseOutputItem": item,
         "ResponseUsage": usage,
         "Response": _closed(
-            {**response, "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations")},
+            {
+                **response,
+                "usage": _described(_ref("ResponseUsage"), "Absent until the response is done (OpenAI's schema)"),
+                "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations"),
+            },
             tuple(response),
             description="status incomplete when max_output_tokens cut the answer",
+        ),
+        "ResponseListedItem": input_item,
+        "ResponseItemList": _closed(
+            {
+                "object": {"const": "list"},
+                "data": _array(_ref("ResponseListedItem")),
+                "first_id": _nullable(_string()),
+                "last_id": _nullable(_string()),
+                "has_more": _BOOLEAN,
+            },
+            ("object", "data", "first_id", "last_id", "has_more"),
+            description="first_id and last_id null on an empty page",
         ),
         "ResponseDeleted": _closed(
             {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
@@ -1354,12 +1424,22 @@ def _messages_schemas() -> dict:
         "content": _array({"anyOf": [text, tool_use]}),
         "stop_reason": _nullable(stop),
         "stop_sequence": _nullable(_string()),
-        "usage": _closed({"input_tokens": _COUNT, "output_tokens": _COUNT}, ("input_tokens", "output_tokens")),
+        "usage": _ref("MessageUsage"),
     }
     millm = _described(_ref("Millm"), "Only when the request sent return_sae_activations")
+    usage = {
+        "input_tokens": _COUNT,
+        "cache_creation_input_tokens": _described({"const": 0}, "No prompt cache: cache_control is not read"),
+        "cache_read_input_tokens": {"const": 0},
+        "output_tokens": _COUNT,
+        "server_tool_use": _described(_NULL, "No server tools"),
+    }
     return {
         "Message": _closed(
             {**message, "millm": millm}, tuple(message), description="stop_reason null only on message_start"
+        ),
+        "MessageUsage": _closed(
+            usage, tuple(usage), description="Cumulative: message_start's and message_delta's alike (input included)"
         ),
         "MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",)),
         **_events(
@@ -1393,7 +1473,7 @@ def _messages_schemas() -> dict:
                             {"stop_reason": stop, "stop_sequence": _nullable(_string())},
                             ("stop_reason", "stop_sequence"),
                         ),
-                        "usage": _closed({"output_tokens": _COUNT}, ("output_tokens",)),
+                        "usage": _ref("MessageUsage"),
                         "millm": millm,
                     },
                     ("delta", "usage"),

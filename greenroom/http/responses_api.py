@@ -10,8 +10,9 @@ SDKs read, in order: response.created, response.in_progress, per output item
 output_item.added, (message) content_part.added, output_text.delta…, output_text.done,
 content_part.done, (function call) function_call_arguments.delta…, .done, output_item.done;
 then response.completed — response.incomplete when max_output_tokens cut it — or, on a
-failure, error and response.failed. With `store` (the default, as OpenAI's) the response and
-its conversation are kept (store/responses.py) for GET, DELETE and previous_response_id.
+failure, error and response.failed. With `store` (the default, as OpenAI's) the response, its
+conversation and its input items are kept (store/responses.py) for GET, DELETE,
+previous_response_id and GET …/input_items (OpenAI's list, paginated).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import uuid
 
 import attrs
 import trio
-from quart import Quart
+from quart import Quart, request
 
 from greenroom.errors import GreenroomError
 from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured
@@ -35,6 +36,7 @@ from greenroom.http.contracts import (
     ListOf,
     MapOf,
     Named,
+    Number,
     Shape,
     Text,
     at,
@@ -219,6 +221,31 @@ NAMES = {
 }
 
 
+# OpenAI's includables: none names anything greenroom's items hold (images, search results,
+# reasoning), so each is accepted and changes nothing
+INCLUDABLE = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+)
+INPUT_ITEMS_QUERY = Shape(
+    fields={
+        "after": Text(description="An item id: the page starts after it (in `order`)"),
+        "limit": Number(lo=1, hi=100, integer=True, default=20),
+        "order": Choice(values=("asc", "desc"), default="desc", description="asc: the input's own order"),
+        "include": ListOf(
+            items=Choice(values=INCLUDABLE),
+            description="OpenAI's includables (also as include[]): accepted; greenroom's items hold none of them",
+        ),
+    }
+)
+
+
 def _text(content, where: str, unread: list[str]) -> str:
     return openai_params.text_of(content, where, ("input_text", "output_text"), TEXT_PART.field.names, unread)
 
@@ -348,11 +375,94 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
     return {k: v for k, v in chat.items() if v is not None}, messages, unread
 
 
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def input_items(body: dict) -> list[dict]:
+    """A request's input (translate() checked it) as OpenAI lists it: each item with an id (the
+    one sent, else a new one) and status completed; a message's text as input_text parts, an
+    assistant's as output_text."""
+    source = body["input"]
+    return [_listed(item) for item in ([{"role": "user", "content": source}] if isinstance(source, str) else source)]
+
+
+def _listed(item: dict) -> dict:
+    kind = item.get("type") or "message"
+    sent_id = item.get("id")
+    out = {
+        "id": sent_id if isinstance(sent_id, str) and sent_id else _id(_ID_PREFIXES[kind]),
+        "type": kind,
+        "status": "completed",
+    }
+    if kind == "function_call":
+        return {**out, **{k: item[k] for k in ("call_id", "name", "arguments")}}
+    content = item["content" if kind == "message" else "output"]
+    texts = [content] if isinstance(content, str) else [part["text"] for part in content]
+    if kind == "function_call_output":
+        output = content if isinstance(content, str) else [{"type": "input_text", "text": t} for t in texts]
+        return {**out, "call_id": item["call_id"], "output": output}
+    if item["role"] == "assistant":
+        parts = [{"type": "output_text", "text": t, "annotations": [], "logprobs": []} for t in texts]
+    else:
+        parts = [{"type": "input_text", "text": t} for t in texts]
+    return {**out, "role": item["role"], "content": parts}
+
+
+def _query(args) -> tuple[str, int, str | None]:
+    """The order, limit and `after` of an input-items query, checked (include too)."""
+    for value in args.getlist("include") + args.getlist("include[]"):  # the SDK sends include[]
+        if value not in INCLUDABLE:
+            raise GreenroomError(
+                "invalid_parameter", f"'include' {value!r} is not one of {', '.join(INCLUDABLE)}", "include"
+            )
+    order = args.get("order", INPUT_ITEMS_QUERY.fields["order"].default)
+    if order not in INPUT_ITEMS_QUERY.fields["order"].values:
+        raise GreenroomError("invalid_parameter", "'order' must be asc or desc", "order")
+    field = INPUT_ITEMS_QUERY.fields["limit"]
+    limit = args.get("limit", str(field.default))
+    if not (limit.isascii() and limit.isdigit() and field.within(int(limit))):
+        raise GreenroomError("invalid_parameter", f"'limit' must be an integer from {field.lo} to {field.hi}", "limit")
+    return order, int(limit), args.get("after")
+
+
+def _page(items: list[dict], order: str, limit: int, after: str | None) -> dict:
+    """OpenAI's list of `items` (in the input's order): `limit` of them in `order`, after the
+    item `after` names."""
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise GreenroomError(
+                "invalid_parameter", f"'after' {after!r} is not an item of this response's input", "after"
+            )
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,  # OpenAI's schema has no empty page to name
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > len(page),
+    }
+
+
 # --- the answer ---------------------------------------------------------------------------------
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _echoed(tool: dict) -> dict:
+    """A function tool as OpenAI echoes it: description and parameters null when not sent, strict
+    true unless sent false (OpenAI's default; calls are validated against the parameters either way)."""
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict") is not False,
+    }
 
 
 def _message_item(text: str, item_id: str, status: str = "completed") -> dict:
@@ -377,9 +487,7 @@ def _call_item(call_id: str, name: str, arguments: str, item_id: str, status: st
     }
 
 
-def _usage(usage: dict | None) -> dict | None:
-    if usage is None:
-        return None
+def _usage(usage: dict) -> dict:
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": 0},
@@ -398,6 +506,7 @@ class _Answer:
         self.body, self.model, self.store = body, model, store
         self.keep = openai_params.boolean(body, "store", True)
         self.conversation = conversation  # what a continuation starts from, less this answer
+        self.input_items = input_items(body)
         self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
 
     def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
@@ -406,7 +515,7 @@ class _Answer:
         def sent(key: str, default):
             return default if body.get(key) is None else body[key]
 
-        return {
+        response = {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
@@ -423,12 +532,14 @@ class _Answer:
             "temperature": sent("temperature", openai_params.TEMPERATURE.default),
             "text": {"format": self.fmt},
             "tool_choice": sent("tool_choice", "auto"),
-            "tools": sent("tools", []),
+            "tools": [_echoed(tool) for tool in sent("tools", [])],
             "top_p": sent("top_p", openai_params.TOP_P.default),
             "truncation": "disabled",
-            "usage": _usage(usage),
             "metadata": sent("metadata", {}),
         }
+        if usage is not None:  # OpenAI's schema has usage absent, not null, until it is known
+            response["usage"] = _usage(usage)
+        return response
 
     async def done(self, status: str, output: list[dict], usage: dict | None, millm: dict | None) -> dict:
         """The finished Response (status completed or incomplete), stored unless store: false."""
@@ -443,7 +554,7 @@ class _Answer:
                 if c["type"] == "function_call"
             ]
             turn = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn])
+            await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn], self.input_items)
         return response
 
     async def whole(self, completion: dict) -> dict:
@@ -565,6 +676,20 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/v1/responses/{response_id}")
     async def get_response(response_id: str):
         return (await stored(response_id)).response
+
+    @routes.view(app, "GET", "/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str):
+        args = request.args
+        strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+        headers = ledger.report_headers([k for k in args if k not in INPUT_ITEMS_QUERY.names | {"include[]"}], strict)
+        query = _query(args)
+        items = (await stored(response_id)).input_items
+        if items is None:
+            raise GreenroomError(
+                "response_not_found",
+                f"Response {response_id!r} was stored before greenroom kept input items: it has none to list",
+            )
+        return _page(items, *query), 200, headers
 
     @routes.view(app, "DELETE", "/v1/responses/{response_id}")
     async def delete_response(response_id: str):

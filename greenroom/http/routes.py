@@ -10,8 +10,8 @@ Surfaces: greenroom's own routes (/v1, the management and steering API) answer e
 OpenAI's envelope `{"error": {message, type, param, code}}`; Ollama's routes in Ollama's
 flat `{"error", "code"}`; Anthropic's Messages routes (/v1/messages…) in Anthropic's
 `{"type": "error", "error": {type, message}}` with its statuses (errors.anthropic_status). A
-path no route matches (404, or 405 for a known path and another method) keeps the rule from
-before the table: the surface of the route with that path template, else OpenAI's under the
+method and path no route matches (404, a known path with another method too: app.py) keeps the
+rule from before the table: the surface of the route with that path template, else OpenAI's under the
 roots of greenroom's parametrised /api routes (/api/profiles/…, /api/clusters/…,
 /api/circuits/…), else Ollama's anywhere else under /api/, else Anthropic's under
 /v1/messages/, else OpenAI's.
@@ -512,6 +512,18 @@ TABLE: tuple[Route, ...] = (
         "getResponse",
         "Response",
         "The Response object as it was answered",
+    ),
+    Route(
+        "GET",
+        "/v1/responses/{response_id}/input_items",
+        OPENAI,
+        "a stored response's input items, OpenAI's paginated list: ?after=&limit=&order=&include=",
+        "listInputItems",
+        "ResponseItemList",
+        "The items of the response's own input, `limit` of them in `order` after the item `after`",
+        query="InputItemsQuery",
+        headers=IGNORED,
+        strict=True,
     ),
     Route(
         "DELETE",

@@ -345,7 +345,7 @@ def chat_response(score: Score, result: Scores, body: dict, fingerprint: str) ->
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": row.token[1]},
+                "message": {"role": "assistant", "content": row.token[1], "refusal": None},
                 "logprobs": logprobs,
                 "finish_reason": "length",
             }
