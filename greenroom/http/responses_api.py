@@ -11,7 +11,9 @@ output_item.added, (message) content_part.added, output_text.delta…, output_te
 content_part.done, (function call) function_call_arguments.delta…, .done, output_item.done;
 then response.completed — response.incomplete when max_output_tokens cut it — or, on a
 failure, error and response.failed. With `store` (the default, as OpenAI's) the response and
-its conversation are kept (store/responses.py) for GET, DELETE and previous_response_id.
+its conversation are kept (store/responses.py) for GET, DELETE and previous_response_id; a
+store that cannot be written loses no answer: it is answered with `store: false` (and, whole,
+X-Greenroom-Not-Stored saying why), and its id is then unknown to GET and previous_response_id.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import uuid
 
 import attrs
 import trio
-from quart import Quart
+from quart import Quart, after_this_request
 
 from greenroom.errors import GreenroomError
 from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured
@@ -350,6 +352,9 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
 
 # --- the answer ---------------------------------------------------------------------------------
 
+# on an answer whose `store: true` could not be kept (its `store` then says false): why
+NOT_STORED_HEADER = "X-Greenroom-Not-Stored"
+
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -399,6 +404,7 @@ class _Answer:
         self.keep = openai_params.boolean(body, "store", True)
         self.conversation = conversation  # what a continuation starts from, less this answer
         self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
+        self.not_stored: GreenroomError | None = None  # why a response asked to be stored was not
 
     def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
         body = self.body
@@ -443,7 +449,11 @@ class _Answer:
                 if c["type"] == "function_call"
             ]
             turn = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn])
+            try:
+                await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn])
+            except GreenroomError as exc:  # storage_unavailable: the answer stands, said unstored
+                response["store"] = False
+                self.not_stored = exc
         return response
 
     async def whole(self, completion: dict) -> dict:
@@ -453,7 +463,16 @@ class _Answer:
         output = [_message_item(message["content"], _id("msg"))] if message["content"] or not calls else []
         output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"], _id("fc")) for c in calls]
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        return await self.done(status, output, completion["usage"], completion.get("millm"))
+        response = await self.done(status, output, completion["usage"], completion.get("millm"))
+        if self.not_stored is not None:
+            reason = f"{self.not_stored.code}: {self.not_stored.message}".encode("ascii", "backslashreplace").decode()
+
+            @after_this_request
+            async def say_not_stored(answered):
+                answered.headers[NOT_STORED_HEADER] = reason
+                return answered
+
+        return response
 
     async def stream(self, chunks, _: Admitted):
         """The typed events, each named and numbered (sequence_number)."""
