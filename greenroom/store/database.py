@@ -65,6 +65,7 @@ class Database:
         self._ready = True
 
     def _unavailable(self, exc: Exception) -> GreenroomError:
+        self._ready = False  # the next transaction makes the file again if it went (or lost its tables)
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         log.warning("store %s unavailable: %s", self.path, reason)
         return GreenroomError(

@@ -86,7 +86,7 @@ class RequestEvents:
 # what a client's request asks of an engine: refused while the actor is unresponsive (lifecycle
 # and steering messages wait for it: one may be what keeps it busy, as an SAE's first load
 # importing torch holds the steering coordinator's GIL for seconds)
-ASKED = (Generate, Embed, Score, Tokenize)
+CLIENT_REQUESTS = (Generate, Embed, Score, Tokenize)
 
 
 class EngineClient:
@@ -94,7 +94,7 @@ class EngineClient:
         self.name = name
         self._stream = stream
         self._inbox: dict[str, trio.MemorySendChannel] = {}  # the requests'
-        self._asked: dict[str, trio.MemorySendChannel] = {}  # the status queries' (no request: never failed)
+        self._status_queries: dict[str, trio.MemorySendChannel] = {}  # not requests: never failed
         self._model_of: dict[str, str] = {}  # rid → model, for the requests in flight
         self._unstarted: set[str] = set()  # Generate rids the engine has not answered yet (no Admitted)
         self._cut: set[str] = set()  # rids ended here, not by the engine: still to cancel there
@@ -113,15 +113,15 @@ class EngineClient:
         async for raw in self._stream:
             for event in from_wire(raw).events:
                 self._unstarted.discard(event.rid)
-                channel = self._inbox.get(event.rid) or self._asked.get(event.rid)
+                channel = self._inbox.get(event.rid) or self._status_queries.get(event.rid)
                 if channel is not None:
                     channel.send_nowait(event)
 
     @asynccontextmanager
     async def submit(self, request) -> AsyncIterator[RequestEvents]:
         """Send a request; leaving the block before it finished cancels it in the engine. While
-        the actor is unresponsive, a client's request (`ASKED`) is refused with its error."""
-        if self.unresponsive is not None and isinstance(request, ASKED):
+        the actor is unresponsive, a client's request (`CLIENT_REQUESTS`) is refused with its error."""
+        if self.unresponsive is not None and isinstance(request, CLIENT_REQUESTS):
             raise self.unresponsive
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
@@ -159,7 +159,7 @@ class EngineClient:
     async def status(self, timeout_s: float = 2.0) -> dict | None:
         rid = f"status-{uuid.uuid4().hex}"
         send, recv = trio.open_memory_channel(math.inf)
-        self._asked[rid] = send
+        self._status_queries[rid] = send
         try:
             with trio.move_on_after(timeout_s):
                 await self._stream.send(to_wire(StatusQuery(rid)))
@@ -167,7 +167,7 @@ class EngineClient:
                 return reply.status if isinstance(reply, Status) else None
             return None
         finally:
-            del self._asked[rid]
+            del self._status_queries[rid]
 
     async def cancel_model(self, model: str, error: GreenroomError) -> None:
         """Cancel every request of `model` in flight in the engine and end it with `error`
