@@ -4,13 +4,17 @@ that cannot load, an actor frozen by SIGSTOP."""
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
 import openai
 import psutil
 import pytest
-from conftest import MODEL, UNENDING
+from conftest import MODEL, ROOT, UNENDING
+
+from greenroom.supervisor.supervision import HEARTBEAT_S, UNRESPONSIVE_AFTER_S
 
 
 def openai_client(srv):
@@ -174,13 +178,6 @@ def test_request_timeout_is_504_and_cancels(own_server):
 
 
 def test_a_frozen_actor_is_unresponsive_times_out_what_it_has_not_started_and_resumes(own_server):
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    from greenroom.supervisor.supervision import HEARTBEAT_S, UNRESPONSIVE_AFTER_S
-
     srv = own_server()
     client = openai_client(srv)
     pid = srv.actors()["cpu"]["pid"]
