@@ -148,12 +148,12 @@ def _ps(args) -> int:
     width = max(12, *(len(a["name"]) for a in actors))  # GGUF actors are named after their model
     hosts = max(4, *(len(a.get("host") or "-") for a in actors))
     print(
-        f"{'NAME':<{width}} {'HOST':<{hosts}} {'PID':>8} {'STATE':<11} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS"
+        f"{'NAME':<{width}} {'HOST':<{hosts}} {'PID':>8} {'STATE':<12} {'QUEUE':>5} {'RSS MB':>8} {'RESTARTS':>8}  MODELS"
     )
     for a in actors:
         rss = f"{a['rss_bytes'] / 2**20:.0f}" if a.get("rss_bytes") else "-"
         print(
-            f"{a['name']:<{width}} {a.get('host') or '-':<{hosts}} {a['pid'] or '-':>8} {a['state']:<11} "
+            f"{a['name']:<{width}} {a.get('host') or '-':<{hosts}} {a['pid'] or '-':>8} {a['state']:<12} "
             f"{a['queue_depth']:>5} {rss:>8} {a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}"
         )
     return 0

@@ -63,6 +63,9 @@ class Config:
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
+    # SIGTERM/SIGINT: how long running requests may finish (new ones get 503) before what is left
+    # ends with server_shutting_down (http/shutdown.py); within docker stop's 10 s with the teardown
+    graceful_shutdown_timeout_s: float = 5.0
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
     # streamed chunks a second the front end sends in all before it holds each stream's tokens to
     # fewer, larger chunks (http/pacing.py); 0: one chunk per engine event, whatever the load

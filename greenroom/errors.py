@@ -82,6 +82,10 @@ TABLE: dict[str, ErrorKind] = {
     "circuit_exists": ErrorKind(409, INVALID),  # importing a circuit under a name in use
     # stored responses (/v1/responses): an id never stored, deleted, or stored with store: false
     "response_not_found": ErrorKind(404, INVALID),
+    # a store file (store/database.py) locked past its wait, read-only, on a full disk or unreadable
+    "storage_unavailable": ErrorKind(503, SERVER),
+    # SIGTERM/SIGINT: a new request while the server drains, or one still running when the drain ends
+    "server_shutting_down": ErrorKind(503, SERVER),
     # engine failures
     "engine_crashed": ErrorKind(503, SERVER),
     "generation_failed": ErrorKind(500, SERVER),

@@ -1,15 +1,20 @@
 """The actor tree under faults: kill -9 of an engine, SIGTERM/SIGINT of the root, an actor
-that cannot load."""
+that cannot load, an actor frozen by SIGSTOP."""
 
+import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
 import openai
 import psutil
 import pytest
-from conftest import MODEL, UNENDING
+from conftest import MODEL, ROOT, UNENDING
+
+from greenroom.supervisor.supervision import HEARTBEAT_S, UNRESPONSIVE_AFTER_S
 
 
 def openai_client(srv):
@@ -170,3 +175,47 @@ def test_request_timeout_is_504_and_cancels(own_server):
         json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
     )
     assert quick.status_code == 200
+
+
+def test_a_frozen_actor_is_unresponsive_times_out_what_it_has_not_started_and_resumes(own_server):
+    srv = own_server()
+    client = openai_client(srv)
+    pid = srv.actors()["cpu"]["pid"]
+    running = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=1800, stream=True, **UNENDING
+    )
+    texts = [c.choices[0].delta.content for c in itertools.islice(running, 3)]  # started in the engine
+    os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        with pytest.raises(openai.APIStatusError) as waited:  # sent to the frozen actor: never started
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert time.monotonic() - frozen_at < HEARTBEAT_S + UNRESPONSIVE_AFTER_S + 5.0
+        asked = time.monotonic()
+        cpu = srv.actors()["cpu"]
+        assert time.monotonic() - asked < 1.0  # its status is not waited for
+        ps = subprocess.run(
+            [sys.executable, "-m", "greenroom", "ps", "--url", srv.url], cwd=ROOT, capture_output=True, text=True
+        ).stdout
+        with pytest.raises(openai.APIStatusError) as refused:  # while it stays frozen: at once
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        r = httpx.post(srv.url + "/api/generate", json={"model": MODEL, "prompt": "Hi", "stream": False}, timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for exc in (waited, refused):
+        assert exc.value.status_code == 504 and exc.value.code == "request_timeout", exc.value
+        assert "'cpu' has not answered" in exc.value.message and "not started" in exc.value.message
+    assert r.status_code == 504 and r.json()["code"] == "request_timeout"  # Ollama's envelope
+    assert cpu["state"] == "unresponsive" and cpu["pid"] == pid
+    assert next(line for line in ps.splitlines() if line.startswith("cpu ")).split()[3] == "unresponsive"
+    # it answers again: the started stream ends as it would have, and new requests are served
+    texts += [c.choices[0].delta.content or "" for c in running if c.choices]
+    assert len("".join(texts)) > 100
+    deadline = time.monotonic() + HEARTBEAT_S + 5.0
+    while srv.actors()["cpu"]["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.actors()["cpu"]["state"] == "ready"
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert srv.actors()["cpu"]["counters"]["cancelled"] >= 1  # the timed-out one did not run after all
+    assert "Traceback" not in srv.log()

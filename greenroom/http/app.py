@@ -32,12 +32,15 @@ from greenroom.http import (
 )
 from greenroom.http.pacing import Pacer
 from greenroom.http.routes import Surface
+from greenroom.http.shutdown import Shutdown
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
 
 
-def create_app(tree: Tree) -> Quart:
+def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
+    """The app; `shutdown` refuses requests once a shutdown drains, and ends the views still
+    running when it ends (http/shutdown.py)."""
     app = QuartTrio("greenroom")
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as their generation
     app.config["BODY_TIMEOUT"] = 60
@@ -58,6 +61,10 @@ def create_app(tree: Tree) -> Quart:
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
     key = tree.config.api_key.encode() if tree.config.api_key else None
     origins = cors.Origins(tree.config.cors_origins)
+
+    @app.before_request
+    async def not_shutting_down():
+        shutdown.refuse()
 
     @app.before_request
     async def origin_and_api_key():
@@ -85,6 +92,8 @@ def create_app(tree: Tree) -> Quart:
         origin = request.headers.get("Origin")
         if origin is not None and origins.allows(origin):
             response.headers.update(cors.response_headers(origin))
+        if shutdown.draining:  # no next request on this connection
+            response.headers["Connection"] = "close"
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         metrics.REQUESTS.labels(rule, request.method, str(response.status_code)).inc()
         return response
@@ -154,9 +163,10 @@ def create_app(tree: Tree) -> Quart:
     missing = routes.unregistered(app)
     if missing:
         raise RuntimeError(f"routes in the table without a view: {', '.join(r.endpoint for r in missing)}")
-    if tree.config.request_timeout_s:
-        for name, view in app.view_functions.items():
-            app.view_functions[name] = _bounded(view, tree.config.request_timeout_s)
+    for name, view in app.view_functions.items():
+        if tree.config.request_timeout_s:
+            view = _bounded(view, tree.config.request_timeout_s)
+        app.view_functions[name] = shutdown.ending(view)
     return app
 
 

@@ -148,8 +148,12 @@ def register(app: Quart, tree: Tree) -> None:
                 yield b": monitoring\n\n"  # the stream is open (and subscribed) from the first byte
                 while True:
                     item = None
-                    with trio.move_on_after(HEARTBEAT_S):
-                        item = await subscriber.receive()
+                    try:
+                        with trio.move_on_after(HEARTBEAT_S):
+                            item = await subscriber.receive()
+                    except GreenroomError as exc:  # closed: the server is shutting down
+                        yield framing.sse_error(exc.openai_body())
+                        return
                     if item is None:
                         yield b": keep-alive\n\n"
                     elif item[0] == "dropped":  # this reader fell behind; /records still has them

@@ -2,7 +2,9 @@
 /api/copy, /api/create, and the NPU proxy's extensions /api/search and /api/models/known.
 
 Models these routes add are placed on the tree (`Tree.add_model`) and recorded in the
-registry (greenroom/store/registry.py), which places them again when the server starts.
+registry (greenroom/store/registry.py), which places them again when the server starts. The
+registry is written first, off the event loop: a store that cannot be written (503
+storage_unavailable) leaves the served models as they were.
 Errors are the Ollama surface's flat envelope (their routes' surface in routes.py).
 
 Hub tokens (spec: "Pull authentication"): a public repository needs none; a private one
@@ -241,7 +243,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     async def delete_unused(repo: str) -> None:
         """A pulled repository's files go with the last name that uses them."""
-        files = registry.prune(repo)
+        files = await trio.to_thread.run_sync(registry.prune, repo)
         if files is not None:
             await trio.to_thread.run_sync(registry.delete_files, files)
             log.info("deleted the files of %s (%s): no model uses them", repo, files)
@@ -324,10 +326,12 @@ def register(app: Quart, tree: Tree) -> None:
             if not entries:
                 raise GreenroomError("unsupported_repository", f"no GGUF file of '{lst.repo}' could be read", "model")
             check_free(entries, lst.repo)
+            await trio.to_thread.run_sync(
+                registry.record_pull, lst.repo, lst.revision, dest, token is not None, entries
+            )
             for e in entries:
                 if e.name not in tree.model_states:
                     place(tree, e)
-            registry.record_pull(lst.repo, lst.revision, dest, token is not None, entries)
             log.info("pulled %s (%s) as %s", lst.repo, lst.revision[:12], ", ".join(e.name for e in entries))
         yield {"status": "success"}
 
@@ -357,8 +361,8 @@ def register(app: Quart, tree: Tree) -> None:
                 "from /api/pull, /api/copy or /api/create: remove it there",
                 "model",
             )
+        await trio.to_thread.run_sync(registry.remove, model)
         await tree.remove_model(model)
-        registry.remove(model)
         if entry.repo is not None:
             await delete_unused(entry.repo)
         log.info("deleted model %s", model)
@@ -374,8 +378,8 @@ def register(app: Quart, tree: Tree) -> None:
         m = tree.state_of(source)
         of = registry.get(source)
         entry = Entry(destination, "copy", _spec(tree, source), m.placement.defaults, of.repo if of else None)
+        await trio.to_thread.run_sync(registry.add, entry)
         place(tree, entry)
-        registry.add(entry)
         return {}, 200, headers
 
     @routes.view(app, "POST", "/api/create")
@@ -403,10 +407,10 @@ def register(app: Quart, tree: Tree) -> None:
         entry = Entry(
             name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v}, of.repo if of else None
         )
+        await trio.to_thread.run_sync(registry.add, entry)
         if existing is not None:
             await tree.remove_model(name)
         place(tree, entry)
-        registry.add(entry)
         if existing is not None and existing.repo not in (None, entry.repo):  # the replaced model's files
             await delete_unused(existing.repo)
 

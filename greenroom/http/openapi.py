@@ -1528,6 +1528,12 @@ def _headers() -> dict:
             "schema": _string(pattern=rf"^(?:json_object|json_schema;name={_RFC8941_STRING})$"),
             "example": 'json_schema;name="Invoice"',
         },
+        "NotStored": {
+            "description": "On a response that asked to be stored (store: true) and could not be — its `store` "
+            "then says false, and its id is unknown to GET and previous_response_id: why, as "
+            "`storage_unavailable: <the store file and SQLite's reason>`",
+            "schema": _string(pattern="^storage_unavailable: "),
+        },
     }
 
 
@@ -1549,6 +1555,7 @@ _HEADER_NAMES = {
     "Steering": "X-miLLM-Steering",
     "CircuitRung": "X-miLLM-Circuit-Rung",
     "Constrained": "X-miLLM-Constrained",
+    "NotStored": "X-Greenroom-Not-Stored",
     "SteeringIntensity": "X-miLLM-Steering-Intensity",
     "Truncated": "X-Greenroom-Truncated",
     "Device": "X-NPU-Proxy-Device",

@@ -12,7 +12,9 @@ content_part.done, (function call) function_call_arguments.delta…, .done, outp
 then response.completed — response.incomplete when max_output_tokens cut it — or, on a
 failure, error and response.failed. With `store` (the default, as OpenAI's) the response, its
 conversation and its input items are kept (store/responses.py) for GET, DELETE,
-previous_response_id and GET …/input_items (OpenAI's list, paginated).
+previous_response_id and GET …/input_items (OpenAI's list, paginated); a store that cannot be
+written loses no answer: it is answered with `store: false` (and, whole, X-Greenroom-Not-Stored
+saying why), and its id is then unknown to GET and previous_response_id.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import uuid
 
 import attrs
 import trio
-from quart import Quart, request
+from quart import Quart, after_this_request, request
 
 from greenroom.errors import GreenroomError
 from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured
@@ -448,6 +450,9 @@ def _page(items: list[dict], order: str, limit: int, after: str | None) -> dict:
 
 # --- the answer ---------------------------------------------------------------------------------
 
+# on an answer whose `store: true` could not be kept (its `store` then says false): why
+NOT_STORED_HEADER = "X-Greenroom-Not-Stored"
+
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -508,6 +513,7 @@ class _Answer:
         self.conversation = conversation  # what a continuation starts from, less this answer
         self.input_items = input_items(body)
         self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
+        self.not_stored: GreenroomError | None = None  # why a response asked to be stored was not
 
     def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
         body = self.body
@@ -554,7 +560,11 @@ class _Answer:
                 if c["type"] == "function_call"
             ]
             turn = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn], self.input_items)
+            try:
+                await trio.to_thread.run_sync(self.store.put, response, self.conversation + [turn], self.input_items)
+            except GreenroomError as exc:  # storage_unavailable: the answer stands, said unstored
+                response["store"] = False
+                self.not_stored = exc
         return response
 
     async def whole(self, completion: dict) -> dict:
@@ -564,7 +574,16 @@ class _Answer:
         output = [_message_item(message["content"], _id("msg"))] if message["content"] or not calls else []
         output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"], _id("fc")) for c in calls]
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        return await self.done(status, output, completion["usage"], completion.get("millm"))
+        response = await self.done(status, output, completion["usage"], completion.get("millm"))
+        if self.not_stored is not None:
+            reason = f"{self.not_stored.code}: {self.not_stored.message}".encode("ascii", "backslashreplace").decode()
+
+            @after_this_request
+            async def say_not_stored(answered):
+                answered.headers[NOT_STORED_HEADER] = reason
+                return answered
+
+        return response
 
     async def stream(self, chunks, _: Admitted):
         """The typed events, each named and numbered (sequence_number)."""

@@ -499,7 +499,7 @@ TABLE: tuple[Route, ...] = (
         "ResponseRequest",
         framing=Framing.SSE,
         stream="ResponseStreamEvent",
-        headers=CONSTRAINED,
+        headers=CONSTRAINED + ("NotStored",),
         strict=True,
         details="Translated onto chat completions' path (the same ledger, structured output, tools, seeds and "
         "steering); previous_response_id continues a stored response's conversation",

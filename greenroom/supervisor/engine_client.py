@@ -83,12 +83,22 @@ class RequestEvents:
         return event
 
 
+# what a client's request asks of an engine: refused while the actor is unresponsive (lifecycle
+# and steering messages wait for it: one may be what keeps it busy, as an SAE's first load
+# importing torch holds the steering coordinator's GIL for seconds)
+CLIENT_REQUESTS = (Generate, Embed, Score, Tokenize)
+
+
 class EngineClient:
     def __init__(self, name: str, stream):
         self.name = name
         self._stream = stream
-        self._inbox: dict[str, trio.MemorySendChannel] = {}
+        self._inbox: dict[str, trio.MemorySendChannel] = {}  # the requests'
+        self._status_queries: dict[str, trio.MemorySendChannel] = {}  # not requests: never failed
         self._model_of: dict[str, str] = {}  # rid → model, for the requests in flight
+        self._unstarted: set[str] = set()  # Generate rids the engine has not answered yet (no Admitted)
+        self._cut: set[str] = set()  # rids ended here, not by the engine: still to cancel there
+        self.unresponsive: GreenroomError | None = None  # set while the actor does not answer (`hung`)
 
     @property
     def in_flight(self) -> int:
@@ -102,17 +112,23 @@ class EngineClient:
         """Route events until the stream ends."""
         async for raw in self._stream:
             for event in from_wire(raw).events:
-                channel = self._inbox.get(event.rid)
+                self._unstarted.discard(event.rid)
+                channel = self._inbox.get(event.rid) or self._status_queries.get(event.rid)
                 if channel is not None:
                     channel.send_nowait(event)
 
     @asynccontextmanager
     async def submit(self, request) -> AsyncIterator[RequestEvents]:
-        """Send a request; leaving the block before it finished cancels it in the engine."""
+        """Send a request; leaving the block before it finished cancels it in the engine. While
+        the actor is unresponsive, a client's request (`CLIENT_REQUESTS`) is refused with its error."""
+        if self.unresponsive is not None and isinstance(request, CLIENT_REQUESTS):
+            raise self.unresponsive
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
         if isinstance(request, (Generate, Embed, Score, Tokenize)):
             self._model_of[request.rid] = request.model
+        if isinstance(request, Generate):
+            self._unstarted.add(request.rid)
         events = RequestEvents(
             recv,
             request.choices if isinstance(request, Generate) else 1,
@@ -130,7 +146,10 @@ class EngineClient:
         finally:
             del self._inbox[request.rid]
             self._model_of.pop(request.rid, None)
-            if not events.finished:
+            self._unstarted.discard(request.rid)
+            cut = request.rid in self._cut
+            self._cut.discard(request.rid)
+            if not events.finished or cut:
                 with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
                     try:
                         await self._stream.send(to_wire(Cancel(request.rid)))
@@ -140,7 +159,7 @@ class EngineClient:
     async def status(self, timeout_s: float = 2.0) -> dict | None:
         rid = f"status-{uuid.uuid4().hex}"
         send, recv = trio.open_memory_channel(math.inf)
-        self._inbox[rid] = send
+        self._status_queries[rid] = send
         try:
             with trio.move_on_after(timeout_s):
                 await self._stream.send(to_wire(StatusQuery(rid)))
@@ -148,7 +167,7 @@ class EngineClient:
                 return reply.status if isinstance(reply, Status) else None
             return None
         finally:
-            del self._inbox[rid]
+            del self._status_queries[rid]
 
     async def cancel_model(self, model: str, error: GreenroomError) -> None:
         """Cancel every request of `model` in flight in the engine and end it with `error`
@@ -157,6 +176,20 @@ class EngineClient:
             if m == model:
                 await self._stream.send(to_wire(Cancel(rid)))
                 self._inbox[rid].send_nowait(Failed(rid, error.to_wire()))
+
+    def hung(self, error: GreenroomError) -> None:
+        """The actor stopped answering: every Generate it has not started ends with `error` (and
+        is cancelled there, for when it answers again), and new requests are refused with it
+        until `answers`. Requests it has started keep waiting: they resume with it."""
+        self.unresponsive = error
+        for rid in self._unstarted:
+            self._cut.add(rid)
+            self._inbox[rid].send_nowait(Failed(rid, error.to_wire()))
+        self._unstarted.clear()
+
+    def answers(self) -> None:
+        """The actor answers again: requests are sent to it again."""
+        self.unresponsive = None
 
     def fail_all(self, error: GreenroomError) -> None:
         """Every request still waiting gets `error` as its last event."""

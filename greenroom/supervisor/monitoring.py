@@ -15,6 +15,7 @@ import time
 
 import trio
 
+from greenroom.errors import GreenroomError
 from greenroom.store.monitoring import MonitorConfig, MonitoringStore
 
 RING_SIZE = 1000
@@ -28,9 +29,18 @@ class Subscriber:
         self.model = model  # None: every model's records
         self._send, self._recv = trio.open_memory_channel(SUBSCRIBER_BUFFER)
         self._dropped = 0
+        self._ended_by: GreenroomError | None = None
 
     async def receive(self) -> tuple[str, dict | int]:
-        return await self._recv.receive()
+        """The next item; once closed (and what came before is read), the error it was closed with."""
+        try:
+            return await self._recv.receive()
+        except trio.EndOfChannel:
+            raise self._ended_by from None
+
+    def close(self, error: GreenroomError) -> None:
+        self._ended_by = error
+        self._send.close()
 
     def offer(self, record: dict) -> None:
         if self.model is not None and record["model"] != self.model:
@@ -87,6 +97,12 @@ class Monitoring:
                     return out, out[-1]["id"]
                 out.append(record)
         return out, self._last_id  # below `since` after a restart renumbered them: start again
+
+    def close(self, error: GreenroomError) -> None:
+        """End every live subscription with `error` (the server is shutting down)."""
+        for subscriber in self._subscribers:
+            subscriber.close(error)
+        self._subscribers.clear()
 
     @contextlib.contextmanager
     def subscribe(self, model: str | None):

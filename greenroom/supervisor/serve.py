@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+from functools import partial
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -12,8 +13,10 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from greenroom.actors import runtime
 from greenroom.config import Config
+from greenroom.errors import GreenroomError
 from greenroom.http.app import create_app
 from greenroom.http.connection import DrainBody
+from greenroom.http.shutdown import Shutdown
 from greenroom.store.registry import Registry
 from greenroom.supervisor.tree import Tree
 
@@ -31,18 +34,22 @@ async def serve(config: Config) -> None:
     async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
         Registry(config.cache_dir).restore(tree)  # models added by /api/pull, /api/copy, /api/create
-        app = DrainBody(create_app(tree))  # keep-alive after responses that leave a body unread
+        shutdown = Shutdown()
+        # keep-alive after responses that leave a body unread; every exchange counted for the drain
+        app = shutdown.counted(DrainBody(create_app(tree, shutdown)))
         hc = HypercornConfig()
         hc.bind = [f"fd://{sock.fileno()}" for sock in listening]
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None
         hc.errorlog = logging.getLogger("greenroom.http")
-        hc.graceful_timeout = 1.0
+        hc.graceful_timeout = 1.0  # after the drain (Shutdown) only idle keep-alive connections are left
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            nursery.start_soon(_drain_on_signals, shutdown, tree, config.graceful_shutdown_timeout_s)
             await nursery.start(tree.run)
-            await nursery.start(hypercorn_serve, app, hc)
-            addresses = (sock.getsockname() for sock in listening)
-            log.info("greenroom serving on %s", ", ".join(f"http://{host}:{port}" for host, port, *_ in addresses))
+            async with trio.open_nursery() as front:
+                await front.start(partial(hypercorn_serve, app, hc, shutdown_trigger=shutdown.closed.wait))
+                addresses = (sock.getsockname() for sock in listening)
+                log.info("greenroom serving on %s", ", ".join(f"http://{h}:{port}" for h, port, *_ in addresses))
+            nursery.cancel_scope.cancel()  # every request answered and the listeners closed: the tree goes
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -75,11 +82,23 @@ def _ollama_listen(config: Config) -> list[socket.socket]:
         return []
 
 
-async def _stop_on_signal(scope: trio.CancelScope) -> None:
-    """SIGTERM/SIGINT cancel the whole tree: each actor's nursery cancels its child
-    (hard kill after a timeout), so no process outlives the root."""
+async def _drain_on_signals(shutdown: Shutdown, tree: Tree, timeout_s: float) -> None:
+    """The first SIGTERM or SIGINT drains the front end (Shutdown.drain), after which serve()
+    closes it and cancels the tree — each actor's nursery cancels its child (hard kill after a
+    timeout), so no process outlives the root; a second one ends the drain's wait at once."""
+
+    def end(error: GreenroomError) -> None:
+        for slot in tree.slots.values():
+            if slot.client is not None:
+                slot.client.fail_all(error)
+
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("%s received, shutting down", signal.Signals(signum).name)
-            scope.cancel()
-            return
+        async with trio.open_nursery() as nursery:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if shutdown.draining:
+                    log.info("%s received again: ending the requests still running now", name)
+                    shutdown.hurry()
+                    continue
+                log.info("%s received: taking no new requests, draining for up to %g s", name, timeout_s)
+                nursery.start_soon(shutdown.drain, timeout_s, tree.monitoring.close, end)

@@ -18,6 +18,9 @@ class SlotState(enum.StrEnum):
 
     STARTING = "starting"
     READY = "ready"
+    # up, but its status went unanswered for UNRESPONSIVE_AFTER_S (frozen, stopped): requests it
+    # has not started end with 504 request_timeout, new ones are refused so; ready at its next answer
+    UNRESPONSIVE = "unresponsive"
     RESTARTING = "restarting"
     FAILED = "failed"  # restarted too often: left down, its last error kept
     STOPPED = "stopped"  # an on-demand actor while its model is not loaded

@@ -34,6 +34,8 @@ log = logging.getLogger("greenroom.supervisor")
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 10.0
+HEARTBEAT_S = 2.0  # how often a running actor is asked its status
+UNRESPONSIVE_AFTER_S = 5.0  # an actor whose status has not come back by then is unresponsive
 
 
 class Supervisor:
@@ -241,6 +243,7 @@ class Supervisor:
                     metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()
                     for m in held:  # a (re)started engine holds no steering until pushed
                         nursery.start_soon(self._after_start, m)
+                    nursery.start_soon(self._heartbeat, slot, slot.client)
                     try:
                         await slot.client.run()
                     finally:
@@ -253,6 +256,35 @@ class Supervisor:
                         )
                         slot.client = None
                 nursery.cancel_scope.cancel()
+
+    async def _heartbeat(self, slot: ActorSlot, client: EngineClient) -> None:
+        """Ask the actor its status every HEARTBEAT_S: one that has not answered within
+        UNRESPONSIVE_AFTER_S is alive to its process watch (SIGSTOP, a deadlock) but serves
+        nothing, so it is shown unresponsive and the requests it has not started get the
+        timeout error (`EngineClient.hung`) instead of waiting on it; its next answer makes it
+        ready again. An actor computing answers in milliseconds: its loop thread answers status."""
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            answered = await client.status(UNRESPONSIVE_AFTER_S) is not None
+            if not answered and slot.state == SlotState.READY:
+                slot.state = SlotState.UNRESPONSIVE
+                log.warning(
+                    "actor %s (pid %s) has not answered its status for %g s: unresponsive",
+                    slot.name,
+                    slot.pid,
+                    UNRESPONSIVE_AFTER_S,
+                )
+                client.hung(
+                    GreenroomError(
+                        "request_timeout",
+                        f"{slot.role} actor {slot.name!r} has not answered for {UNRESPONSIVE_AFTER_S:g} s "
+                        "(unresponsive); the request was not started",
+                    )
+                )
+            elif answered and slot.state == SlotState.UNRESPONSIVE:
+                slot.state = SlotState.READY
+                client.answers()
+                log.info("actor %s answers again: ready", slot.name)
 
     async def _watch(self, slot: ActorSlot, child: runtime.Child | RemoteChild) -> None:
         """Raise once the child's process is gone, or its worker host: tractor would wait on it forever."""
@@ -288,7 +320,8 @@ class Supervisor:
         for slot in self.slots.values():
             if slot.on_demand and slot.state in (SlotState.STOPPED, SlotState.OFFLINE):
                 continue  # a GGUF model's actor exists while the model is loaded
-            status = await slot.client.status() if slot.client is not None else None
+            answers = slot.client is not None and slot.state != SlotState.UNRESPONSIVE  # none to wait for
+            status = await slot.client.status() if answers else None
             metrics.engine_status(slot.name, status)
             rows.append(
                 {

@@ -271,7 +271,7 @@ class Tree:
                 choosing = m.auto is not None and m.state == LoadState.UNLOADED  # its next load picks the actor
                 if all(s.state in DOWN for s in (self._auto_candidates(m) if choosing else [m.slot])):
                     continue
-                up = choosing or m.slot.state in (SlotState.READY, SlotState.STOPPED)
+                up = choosing or m.slot.state in (SlotState.READY, SlotState.UNRESPONSIVE, SlotState.STOPPED)
                 rows.append(
                     {
                         "actor": m.slot.name,  # an auto placement's: where it last loaded ("auto": nowhere yet)
