@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve", help="start the actor tree and the HTTP front end")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
+    p.add_argument(
+        "--config",
+        help="a TOML config file, over configs/default.toml (or in place of it, with defaults = false in it)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-extras", action="store_true", help="leave the x_needle block out of chat completions")
     p.add_argument(
@@ -84,14 +87,18 @@ def _serve(args) -> int:
 
     from greenroom.supervisor.serve import serve
 
-    config = load_config(
-        args.config,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        expose_extras=False if args.no_extras else None,
-        continuous_batching=args.continuous_batching,
-    )
+    try:
+        config = load_config(
+            args.config,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            expose_extras=False if args.no_extras else None,
+            continuous_batching=args.continuous_batching,
+        )
+    except ValueError as exc:  # a bad file, key or variable: what is wrong, not a traceback
+        print(f"greenroom serve: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve, config)
     return 0

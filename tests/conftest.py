@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,7 +64,8 @@ class Server:
         cmd = [sys.executable, "-m", "greenroom", "serve", "--port", str(self.port)]
         if config is not None:
             cfg = tmp / f"config-{self.port}.toml"
-            cfg.write_text(config)
+            # a test's config is its whole server, unless it says it layers over configs/default.toml
+            cfg.write_text(config if re.search(r"(?m)^defaults\s*=", config) else "defaults = false\n" + config)
             cmd += ["--config", str(cfg)]
         # servers run side by side: none takes Ollama's fixed port (test_serve_ports.py checks it)
         env = {

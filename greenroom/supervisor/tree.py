@@ -6,9 +6,11 @@ in slots.py and placements.py. The front end (http/, store/) talks to the tree o
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
-from greenroom.config import Config, detect_engine_actors, detect_npu_actors
+from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
@@ -23,6 +25,8 @@ from greenroom.supervisor.slots import DOWN, ActorSlot, SlotState
 from greenroom.supervisor.steering_relay import SteeringRelay
 from greenroom.supervisor.supervision import Supervisor
 from greenroom.supervisor.workers import WorkerHosts
+
+log = logging.getLogger("greenroom.supervisor")
 
 
 class Tree:
@@ -67,20 +71,24 @@ class Tree:
         self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for model in config.models:  # the same id on several actors: replicas, preferred first
-            self.add_model(
-                model.id,
-                model.source,
-                model.engine,
-                model.actor,
-                model.dtype,
-                model.preload,
-                n_ctx=model.n_ctx,
-                threads=model.threads,
-                replica=model.id in self.replicas,
-                chat_template=model.chat_template,
-            )
+            if model.source is not None:  # else a file model_dirs holds: placed once found (_discover)
+                self._place(model, model.source)
         # model_dirs' GGUF files are placed by run(), after the front end listens (_discover)
         self.discovered = trio.Event()
+
+    def _place(self, model: ModelConfig, source: str) -> None:
+        self.add_model(
+            model.id,
+            source,
+            model.engine,
+            model.actor,
+            model.dtype,
+            model.preload,
+            n_ctx=model.n_ctx,
+            threads=model.threads,
+            replica=model.id in self.replicas,
+            chat_template=model.chat_template,
+        )
 
     def add_model(
         self,
@@ -239,9 +247,17 @@ class Tree:
         file delays listening (/health says loading until they are placed)."""
         try:
             found = await trio.to_thread.run_sync(gguf_files.discover, self.config.model_dirs)
+            # a file some model already serves is not served again under its found name
+            served = {m.placement.path().resolve() for ms in self.replicas.values() for m in ms}
+            entries = [m for m in self.config.models if m.source is None]  # each configures a found file
             for model_id, path in found:
-                if model_id not in self.replicas:
+                configured = [m for m in entries if m.id == model_id]
+                for model in configured:
+                    self._place(model, str(path))
+                if not configured and model_id not in self.replicas and path.resolve() not in served:
                     self.add_model(model_id, str(path), "llama.cpp")
+            for model_id in dict.fromkeys(m.id for m in entries if m.id not in self.replicas):
+                log.error("model %r has no source and no GGUF file below model_dirs is named so: not served", model_id)
         finally:
             self.discovered.set()
 
