@@ -643,7 +643,7 @@ class EngineLoop:
                 ids,
                 engine.info.context_length,
                 engine.decode(ids) if req.token_ids is not None else None,
-                [engine.decode([i]) for i in ids] if req.token_strs else None,
+                [engine.token_text(i) for i in ids] if req.token_strs else None,
             )
         )
 

@@ -117,7 +117,8 @@ def create_app(tree: Tree) -> Quart:
         models = [m["id"] for m in tree.models()]
         return {
             "status": "loading" if tree.loading else "ok",
-            "model": models[0] if models else None,  # Needle's field: the default model
+            "model": models[0] if models else None,  # Needle's fields: the default model, and its weights
+            "weights": f"{models[0]} ({tree.state_of(models[0]).placement.source})" if models else None,
             "models": models,
             "queue_depth": sum(s.client.in_flight for s in engines if s.client is not None),
             "max_queue_depth": tree.config.max_queue * len(engines),

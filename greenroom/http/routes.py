@@ -643,7 +643,12 @@ TABLE: tuple[Route, ...] = (
         answer="What the model's files say, without loading it",
     ),
     _ollama(
-        "GET", "/api/version", "Ollama: server version", "ollamaVersion", "OllamaVersion", answer="greenroom's version"
+        "GET",
+        "/api/version",
+        "Ollama: server version",
+        "ollamaVersion",
+        "OllamaVersion",
+        answer="The NPU proxy's version, 0.2.0-npu-proxy",
     ),
     _ollama(
         "POST",
