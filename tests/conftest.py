@@ -56,7 +56,13 @@ class Server:
     """A `greenroom serve` subprocess; `stop()` sends SIGTERM and waits."""
 
     def __init__(
-        self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180, extra_env: dict | None = None
+        self,
+        tmp: Path,
+        cache: Path,
+        config: str | None = None,
+        startup_s: float = 180,
+        extra_env: dict | None = None,
+        group: bool = False,  # a process group of its own, which a test may signal as a whole
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -76,7 +82,9 @@ class Server:
             **(extra_env or {}),
         }
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=group
+        )
         self.wait_healthy(startup_s)
 
     def wait_healthy(self, timeout_s: float) -> None:
@@ -154,8 +162,8 @@ def own_server(tmp_path, model_cache):
     """A server of the test's own, for tests that kill or stop things."""
     servers = []
 
-    def start(config: str | None = None, extra_env: dict | None = None) -> Server:
-        servers.append(Server(tmp_path, model_cache, config, extra_env=extra_env))
+    def start(config: str | None = None, extra_env: dict | None = None, group: bool = False) -> Server:
+        servers.append(Server(tmp_path, model_cache, config, extra_env=extra_env, group=group))
         return servers[-1]
 
     yield start

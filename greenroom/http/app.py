@@ -127,7 +127,7 @@ def create_app(tree: Tree) -> Quart:
 
     @routes.view(app, "GET", "/api/actors")
     async def actors():
-        return {"actors": await tree.actors()}
+        return {"actors": await tree.actors(), "server": tree.server()}
 
     @routes.view(app, "GET", "/metrics")
     async def prometheus():

@@ -683,7 +683,22 @@ def _response_schemas() -> dict:
             ("status", "model", "weights", "models", "queue_depth", "max_queue_depth", "exact_token_counts"),
         ),
         "Actor": actor,
-        "Actors": _obj({"actors": _array(_ref("Actor"))}, ("actors",)),
+        "Actors": _obj(
+            {
+                "actors": _array(_ref("Actor")),
+                "server": _closed(
+                    {
+                        "version": _string(),
+                        "pid": _integer(),
+                        "listening": _described(_array(_string()), "The URLs the front end listens on"),
+                        "started_at": _described(_number(), "Seconds since the epoch"),
+                        "uptime_s": _number(),
+                    },
+                    ("version", "pid", "listening", "started_at", "uptime_s"),
+                ),
+            },
+            ("actors", "server"),
+        ),
         "Inference": _obj(
             {
                 "backend": {

@@ -155,7 +155,7 @@ TABLE: tuple[Route, ...] = (
         "GET",
         "/api/actors",
         OPENAI,
-        "the live actor tree: name, pid, state, models, queue depth, RSS",
+        "the live actor tree: name, pid, state, models, queue depth, RSS; the server's URLs and uptime",
         "actors",
         "Actors",
         "One row per actor",

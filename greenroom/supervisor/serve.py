@@ -41,8 +41,12 @@ async def serve(config: Config) -> None:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(tree.run)
             await nursery.start(hypercorn_serve, app, hc)
-            addresses = (sock.getsockname() for sock in listening)
-            log.info("greenroom serving on %s", ", ".join(f"http://{host}:{port}" for host, port, *_ in addresses))
+            tree.listening = [_url(*sock.getsockname()[:2]) for sock in listening]
+            log.info("greenroom serving on %s", ", ".join(tree.listening))
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> socket.socket:

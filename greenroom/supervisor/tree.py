@@ -7,9 +7,12 @@ in slots.py and placements.py. The front end (http/, store/) talks to the tree o
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import trio
 
+from greenroom import __version__
 from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities
@@ -32,6 +35,8 @@ log = logging.getLogger("greenroom.supervisor")
 class Tree:
     def __init__(self, config: Config):
         self.config = config
+        self.started_at = time.time()
+        self.listening: list[str] = []  # the front end's URLs, once it listens (serve.py)
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
         names += detect_npu_actors() if config.npu_actors == "auto" else list(config.npu_actors)
         self.slots: dict[str, ActorSlot] = {
@@ -319,6 +324,16 @@ class Tree:
 
     async def actors(self) -> list[dict]:
         return await self.supervisor.actors()
+
+    def server(self) -> dict:
+        """What `greenroom ps` says of the server itself."""
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "listening": self.listening,
+            "started_at": self.started_at,
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
 
     # lifecycle (lifecycle.py) -----------------------------------------------------------
     async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
