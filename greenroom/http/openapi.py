@@ -676,11 +676,24 @@ def _response_schemas() -> dict:
                     "description": "The default model's weights: its id and source (Needle's field)",
                 },
                 "models": _array(_string()),
+                "converting": _described(
+                    _array(_string()),
+                    "Models whose first load is converting a GGUF file into the transformers engine's checkpoint",
+                ),
                 "queue_depth": _COUNT,
                 "max_queue_depth": _COUNT,
                 "exact_token_counts": {"type": "boolean", "description": "Usage comes from the model's tokenizer"},
             },
-            ("status", "model", "weights", "models", "queue_depth", "max_queue_depth", "exact_token_counts"),
+            (
+                "status",
+                "model",
+                "weights",
+                "models",
+                "converting",
+                "queue_depth",
+                "max_queue_depth",
+                "exact_token_counts",
+            ),
         ),
         "Actor": actor,
         "Actors": _obj(
@@ -1061,7 +1074,10 @@ def _management_schemas() -> dict:
         "actor": _string(),
         "engine": _string(),
         "device": _string(),
-        "state": {"enum": ["loaded", "unloaded", "loading", "unloading"]},
+        "state": _described(
+            {"enum": ["loaded", "unloaded", "loading", "converting", "unloading"]},
+            "converting: loading, its GGUF file being converted into the transformers engine's checkpoint",
+        ),
     }
     return {
         "ModelState": _closed(

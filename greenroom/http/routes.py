@@ -182,7 +182,7 @@ TABLE: tuple[Route, ...] = (
         "GET",
         "/api/models",
         OPENAI,
-        "every model with its state (loaded, unloaded, loading, unloading)",
+        "every model with its state (loaded, unloaded, loading, converting, unloading)",
         "listModelStates",
         "ModelStates",
         "Every available model",

@@ -298,7 +298,7 @@ class Tree:
                         "actor": m.slot.name,  # an auto placement's: where it last loaded ("auto": nowhere yet)
                         "engine": m.placement.engine,
                         "device": m.placement.device,
-                        "state": m.state if up else "loading",
+                        "state": m.shown if up else "loading",
                     }
                 )
             if rows:
