@@ -160,3 +160,11 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
     r = httpx.post(srv.url + "/v1/completions", json={"model": "mixed", "prompt": "x", "logprobs": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
     assert "openvino/transformers" in r.json()["error"]["message"]
+
+
+def test_the_device_header_has_one_spelling_whatever_the_engine_calls_it():
+    from greenroom.http.ollama_api import routing_headers
+
+    for device, shown in (("cpu", "CPU"), ("CPU", "CPU"), ("cuda:1", "GPU"), ("npu:0", "NPU"), ("NPU.0", "NPU")):
+        info = {"device": device, "route_reason": "single_engine_runtime"}
+        assert routing_headers(info, 3)["X-NPU-Proxy-Device"] == shown
