@@ -51,7 +51,7 @@ def serve(config: str, cache: Path, env: dict | None = None) -> tuple[subprocess
     """A server; returns it, its URL, and the seconds from the spawn to /health's first answer and to ok."""
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "bench.toml"
-    cfg.write_text(config)
+    cfg.write_text("defaults = false\n" + config)  # the server is this file alone, not over default.toml
     env = {**os.environ, "GREENROOM_CACHE": str(cache), "GREENROOM_OLLAMA_PORT": "0", **(env or {})}
     start = time.monotonic()
     proc = subprocess.Popen(

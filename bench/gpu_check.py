@@ -63,7 +63,7 @@ def checks() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = Path(tempfile.mkdtemp()) / "gpu.toml"
-    cfg.write_text(CONFIG)
+    cfg.write_text("defaults = false\n" + CONFIG)  # the server is this file alone, not over default.toml
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     proc = subprocess.Popen(

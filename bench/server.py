@@ -20,7 +20,7 @@ def start_server(config: str, timeout_s: float = 400) -> tuple[subprocess.Popen,
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = Path(tempfile.mkdtemp()) / "bench.toml"
-    cfg.write_text(config)
+    cfg.write_text("defaults = false\n" + config)  # the server is this file alone, not over default.toml
     proc = subprocess.Popen(
         [sys.executable, "-m", "greenroom", "serve", "--port", str(port), "--config", str(cfg)], cwd=ROOT
     )

@@ -10,17 +10,22 @@ import sys
 import urllib.error
 import urllib.request
 
+from greenroom import __version__
 from greenroom.config import load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="greenroom", description="A workstation LLM server.")
+    parser.add_argument("--version", action="version", version=f"greenroom {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="start the actor tree and the HTTP front end")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--config", help="a TOML config file (default: configs/default.toml)")
+    p.add_argument(
+        "--config",
+        help="a TOML config file, over configs/default.toml (or in place of it, with defaults = false in it)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-extras", action="store_true", help="leave the x_needle block out of chat completions")
     p.add_argument(
@@ -46,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
-    p = sub.add_parser("ps", help="print the live actor tree of a running server")
-    p.add_argument("--url", default=None, help="server URL (default: http://127.0.0.1:8000)")
-    p.add_argument("--json", action="store_true", help="print GET /api/actors as JSON")
+    p = sub.add_parser("ps", help="print a running server's URLs and uptime, its actor tree and its models")
+    p.add_argument(
+        "--url", default=None, help="server URL (default: http://127.0.0.1:8000; the scheme may be left out)"
+    )
+    p.add_argument("--json", action="store_true", help="print GET /api/actors and GET /api/models as JSON")
     p.add_argument(
         "--api-key", default=None, help="the server's API key (default: $GREENROOM_API_KEY or $NEEDLE_API_KEY)"
     )
@@ -84,14 +91,18 @@ def _serve(args) -> int:
 
     from greenroom.supervisor.serve import serve
 
-    config = load_config(
-        args.config,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        expose_extras=False if args.no_extras else None,
-        continuous_batching=args.continuous_batching,
-    )
+    try:
+        config = load_config(
+            args.config,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            expose_extras=False if args.no_extras else None,
+            continuous_batching=args.continuous_batching,
+        )
+    except ValueError as exc:  # a bad file, key or variable: what is wrong, not a traceback
+        print(f"greenroom serve: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve, config)
     return 0
@@ -130,21 +141,26 @@ def _worker(args) -> int:
 
 
 def _ps(args) -> int:
-    url = (args.url or "http://127.0.0.1:8000").rstrip("/") + "/api/actors"
+    url = (args.url or "http://127.0.0.1:8000").rstrip("/")
+    url = url if "://" in url else "http://" + url  # 127.0.0.1:8000, as the server's log says it
     key = args.api_key or os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            actors = json.load(resp)["actors"]
+        tree = _get(url + "/api/actors", key)
+        models = _get(url + "/api/models", key)["models"]
     except urllib.error.HTTPError as exc:
-        print(f"greenroom ps: {url} answered {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        print(f"greenroom ps: {exc.url} answered {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"greenroom ps: no server answered at {url}: {exc}", file=sys.stderr)
         return 1
+    actors, server = tree["actors"], tree["server"]
     if args.json:
-        print(json.dumps({"actors": actors}, indent=2))
+        print(json.dumps({"server": server, "actors": actors, "models": models}, indent=2))
         return 0
+    print(
+        f"greenroom {server['version']} (pid {server['pid']}) on {', '.join(server['listening']) or url}, "
+        f"up {_duration(server['uptime_s'])}\n"
+    )
     width = max(12, *(len(a["name"]) for a in actors))  # GGUF actors are named after their model
     hosts = max(4, *(len(a.get("host") or "-") for a in actors))
     print(
@@ -156,7 +172,32 @@ def _ps(args) -> int:
             f"{a['name']:<{width}} {a.get('host') or '-':<{hosts}} {a['pid'] or '-':>8} {a['state']:<12} "
             f"{a['queue_depth']:>5} {rss:>8} {a.get('restarts', 0):>8}  {','.join(a['models']) or '-'}"
         )
+    # every configured model, loaded or not: the state a request for it finds
+    width = max(12, *(len(m["id"]) for m in models)) if models else 12
+    print(f"\n{'MODEL':<{width}} {'STATE':<11} {'ENGINE':<12} ACTOR")
+    for m in models:
+        print(f"{m['id']:<{width}} {m['state']:<11} {m['engine']:<12} {m['actor']}")
+    errors = [a for a in actors if a.get("last_error")]
+    if errors:
+        print("\nLAST ERRORS")
+        for a in errors:
+            print(f"{a['name']}: {a['last_error']}")
     return 0
+
+
+def _get(url: str, key: str | None) -> dict:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+def _duration(seconds: float) -> str:
+    """3d 4h, 2h 03m, 5m 12s, 42s."""
+    s = int(seconds)
+    for unit, size, sub_unit, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit} {s % size // sub_size:02d}{sub_unit}"
+    return f"{s}s"
 
 
 def _convert(args) -> int:

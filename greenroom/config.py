@@ -1,9 +1,15 @@
-"""Configuration: configs/*.toml, then GREENROOM_* environment variables, then CLI flags."""
+"""Configuration: configs/default.toml, a user's file over it, then GREENROOM_<KEY> environment
+variables, then CLI flags."""
 
 from __future__ import annotations
 
+import collections
+import math
 import os
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -15,7 +21,9 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 @attrs.define
 class ModelConfig:
     id: str
-    source: str  # "demo:<size>", "demo-gguf:<QUANT>", a checkpoint directory or a .gguf file
+    # "demo:<size>", "demo-gguf:<QUANT>", a checkpoint directory or a .gguf file; None: the file of
+    # this id found below model_dirs, which the entry configures (served by llama.cpp)
+    source: str | None = None
     engine: str = "transformers"  # or "llama.cpp": one actor of its own, spawned when the model loads
     # an engine actor: "auto" (chosen at each load: the first local one if the model fits, else a
     # worker host's with room), a local one (gpu0, cpu…), or a worker host's ("hostb/gpu0");
@@ -86,55 +94,142 @@ class Config:
     cluster_intensity_min: float = 0.5
     circuit_intensity_min: float = 0.0
     intensity_max: float = 2.0
+    # the Needle routes (/v1/needle/*): false answers a model not served by the first model, with a
+    # warning (Needle's default); true refuses it, 404 model_not_found (NEEDLE_STRICT_MODEL)
+    needle_strict_model: bool = False
+
+
+attrs.resolve_types(Config)  # the fields' types, which the environment's values are parsed to
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)  # a misplaced key is an error, not a no-op
 _converter.register_structure_hook(str | list[str], lambda v, _: v if isinstance(v, str) else [str(x) for x in v])
 
-
-def _on(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-_ENV_FIELDS = {
-    "host": str,
-    "port": int,
-    "ollama_port": int,
-    "log_level": str,
-    "default_max_tokens": int,
-    "max_queue": int,
-    "continuous_batching": _on,
-    "prefix_cache_tokens": int,
-    "fixed_shape": str,
+# keys no variable sets: a table array, and the origins GREENROOM_ORIGINS / OLLAMA_ORIGINS add to (cors.py)
+_NOT_FROM_ENV = frozenset({"models", "cors_origins"})
+# names read after GREENROOM_<KEY>: Needle's, and the shorter name the request timeout had first
+_ENV_ALIASES = {
+    "api_key": ("NEEDLE_API_KEY",),
+    "expose_extras": ("NEEDLE_EXPOSE_EXTRAS",),
+    "request_timeout_s": ("GREENROOM_REQUEST_TIMEOUT", "NEEDLE_REQUEST_TIMEOUT"),
+    "needle_strict_model": ("NEEDLE_STRICT_MODEL",),
 }
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def load_config(path: str | Path | None = None, **overrides) -> Config:
-    raw = tomllib.loads(Path(path or DEFAULT_CONFIG).read_text())
-    for name, cast in _ENV_FIELDS.items():
-        value = os.environ.get(f"GREENROOM_{name.upper()}")
-        if value is not None:
-            raw[name] = cast(value)
-    timeout = os.environ.get("GREENROOM_REQUEST_TIMEOUT") or os.environ.get("NEEDLE_REQUEST_TIMEOUT")
-    if timeout:
-        raw["request_timeout_s"] = float(timeout)
-    key = os.environ.get("GREENROOM_API_KEY") or os.environ.get("NEEDLE_API_KEY")  # Needle's name too
-    if key:
-        raw["api_key"] = key
-    extras = os.environ.get("GREENROOM_EXPOSE_EXTRAS", os.environ.get("NEEDLE_EXPOSE_EXTRAS"))
-    if extras is not None:
-        raw["expose_extras"] = extras.strip().lower() not in ("0", "false", "no", "off")
+def env_names(key: str) -> tuple[str, ...]:
+    """The variables that set `key`, the first one set winning: GREENROOM_<KEY>, then its aliases."""
+    if key in _NOT_FROM_ENV:
+        return ()
+    return (f"GREENROOM_{key.upper()}", *_ENV_ALIASES.get(key, ()))
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None, **overrides) -> Config:
+    """configs/default.toml; the file at `path` over it — its keys replace the defaults', its
+    [[models]] entries change the default entries of their id or add models — or, when it says
+    `defaults = false`, in place of it; then the environment's GREENROOM_<KEY> (`env`, default
+    os.environ); then `overrides` (the CLI's flags). A ValueError says what is wrong and where."""
+    raw = _read(DEFAULT_CONFIG)
+    if path is not None:
+        mine = _read(Path(path))
+        layered = mine.pop("defaults", True)
+        if not isinstance(layered, bool):
+            raise ValueError(f"{path}: defaults is true (over configs/default.toml) or false, not {layered!r}")
+        raw = _layered(raw, mine) if layered else mine
+    raw.update(_from_env(os.environ if env is None else env))
     raw.update({k: v for k, v in overrides.items() if v is not None})
-    config = _converter.structure(raw, Config)
+    try:
+        config = _converter.structure(raw, Config)
+    except cattrs.BaseValidationError as exc:
+        raise ValueError("; ".join(cattrs.transform_error(exc, path="config"))) from None
     if config.fixed_shape not in ("auto", "on", "off"):
         raise ValueError(f"fixed_shape is auto, on or off, not {config.fixed_shape!r}")
-    for model in config.models:
+    for entry, model in zip(raw.get("models", []), config.models):
+        if model.source is None:
+            _check_found(model, entry, config.model_dirs)
         model.chat_template = _template_text(model)
     from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start
 
     Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
     _check_workers(config)
     return config
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+
+
+def _layered(base: dict, mine: dict) -> dict:
+    """`mine` over `base`: each key replaces base's; a [[models]] entry whose id base has changes
+    that entry's keys (an id's n-th entry the n-th: replicas), any other is a model added."""
+    out = {**base, **{k: v for k, v in mine.items() if k != "models"}}
+    models = [dict(m) for m in base.get("models", [])]
+    by_id = collections.defaultdict(list)
+    for m in models:
+        by_id[m.get("id")].append(m)
+    entries = mine.get("models", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("models is an array of tables ([[models]] entries)")
+    for entry in entries:
+        same = by_id[entry.get("id")]
+        if same:
+            same.pop(0).update(entry)
+        else:
+            models.append(dict(entry))
+    out["models"] = models
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict:
+    """Every key a variable sets (an empty variable is unset), parsed to the key's type."""
+    out = {}
+    for field in attrs.fields(Config):
+        for name in env_names(field.name):
+            text = env.get(name, "").strip()
+            if text:
+                out[field.name] = _parsed(name, text, field.type)
+                break
+    return out
+
+
+def _parsed(name: str, text: str, kind) -> object:
+    """A variable's value as `kind` (bool, int, float, str, list[str], or one of those | None;
+    a list is comma-separated); a value that is not one is a ValueError naming the variable."""
+    kinds = set(typing.get_args(kind)) - {type(None)} if isinstance(kind, types.UnionType) else {kind}
+    if list[str] in kinds and ("," in text or kinds == {list[str]}):
+        return [part.strip() for part in text.split(",") if part.strip()]
+    (kind,) = kinds - {list[str]}
+    if kind is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError(f"{name}={text!r}: not a boolean (1, true, yes, on or 0, false, no, off)")
+    if kind in (int, float):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value):
+            raise ValueError(f"{name}={text!r}: not {'an integer' if kind is int else 'a number'}")
+        return value
+    return text
+
+
+def _check_found(model: ModelConfig, entry: dict, model_dirs: list[str]) -> None:
+    """An entry without a source configures a file model_dirs finds (the tree places it then)."""
+    if not model_dirs:
+        raise ValueError(
+            f"model {model.id!r} has no source: give one, or name a GGUF model found below model_dirs (empty here)"
+        )
+    if entry.get("engine", "llama.cpp") != "llama.cpp":
+        raise ValueError(
+            f"model {model.id!r}: a file found below model_dirs is served by llama.cpp, not {model.engine}"
+        )
+    model.engine = "llama.cpp"
 
 
 def _check_workers(config: Config) -> None:

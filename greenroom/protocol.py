@@ -570,6 +570,15 @@ class Tokenized:
 
 
 @attrs.frozen
+class Loading:
+    """A Load has entered a long stage: "converting" (a GGUF file into the transformers engine's
+    checkpoint, once: 25 s to minutes). Done or Failed follows."""
+
+    rid: str
+    stage: str
+
+
+@attrs.frozen
 class Done:
     """A Load (with the model's info) or an Unload (info None) has completed."""
 
@@ -601,7 +610,9 @@ class Steered:
 
 @attrs.frozen
 class Events:
-    events: list[Admitted | Text | Embedded | Scores | Tokenized | Done | Failed | Status | Steered | SteeringReply]
+    events: list[
+        Admitted | Text | Embedded | Scores | Tokenized | Loading | Done | Failed | Status | Steered | SteeringReply
+    ]
 
 
 # worker host ↔ main host: the worker link's control messages (hosts/link.py frames them, over TLS)
@@ -702,6 +713,7 @@ _TAGS: dict[str, type] = {
         Embedded,
         Scores,
         Tokenized,
+        Loading,
         Done,
         Failed,
         Status,

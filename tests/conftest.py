@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,7 +56,13 @@ class Server:
     """A `greenroom serve` subprocess; `stop()` sends SIGTERM and waits."""
 
     def __init__(
-        self, tmp: Path, cache: Path, config: str | None = None, startup_s: float = 180, extra_env: dict | None = None
+        self,
+        tmp: Path,
+        cache: Path,
+        config: str | None = None,
+        startup_s: float = 180,
+        extra_env: dict | None = None,
+        group: bool = False,  # a process group of its own, which a test may signal as a whole
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,7 +70,8 @@ class Server:
         cmd = [sys.executable, "-m", "greenroom", "serve", "--port", str(self.port)]
         if config is not None:
             cfg = tmp / f"config-{self.port}.toml"
-            cfg.write_text(config)
+            # a test's config is its whole server, unless it says it layers over configs/default.toml
+            cfg.write_text(config if re.search(r"(?m)^defaults\s*=", config) else "defaults = false\n" + config)
             cmd += ["--config", str(cfg)]
         # servers run side by side: none takes Ollama's fixed port (test_serve_ports.py checks it)
         env = {
@@ -74,7 +82,9 @@ class Server:
             **(extra_env or {}),
         }
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=group
+        )
         self.wait_healthy(startup_s)
 
     def wait_healthy(self, timeout_s: float) -> None:
@@ -152,8 +162,8 @@ def own_server(tmp_path, model_cache):
     """A server of the test's own, for tests that kill or stop things."""
     servers = []
 
-    def start(config: str | None = None, extra_env: dict | None = None) -> Server:
-        servers.append(Server(tmp_path, model_cache, config, extra_env=extra_env))
+    def start(config: str | None = None, extra_env: dict | None = None, group: bool = False) -> Server:
+        servers.append(Server(tmp_path, model_cache, config, extra_env=extra_env, group=group))
         return servers[-1]
 
     yield start

@@ -35,3 +35,19 @@ def test_the_engines_page_table_matches_the_capability_table():
     for field, row in zip(ROWS, rows):
         said = [c.strip() == "yes" for c in row.strip(" |").split("|")]
         assert said == [getattr(ENGINES[e], field) for e in engines], field
+
+
+# docs/openai.md's parameter rows that name the engines serving a field: capability → the row's first cell
+PARAMETER_ROWS = {"profile": "`profile`, `steering_intensity`", "sae_activations": "`return_sae_activations`"}
+ENGINE_NAMES = {"transformers": "transformers", "llama.cpp": "GGUF", "openvino": "OpenVINO"}
+
+
+def test_the_openai_page_names_the_engines_that_serve_steering_fields():
+    text = (ROOT / "docs" / "openai.md").read_text(encoding="utf-8")
+    for field, cell in PARAMETER_ROWS.items():
+        row = re.search(rf"^\| {re.escape(cell)} \| (.*) \|$", text, re.M)[1]
+        served = re.search(r"on ([\w. ]+?) models", row)[1]  # "on transformers and GGUF models"
+        refused = re.search(r"refused on [^|]*?(\w+) models", row)[1]
+        for engine, name in ENGINE_NAMES.items():
+            assert (name in served) == getattr(ENGINES[engine], field), (field, name, row)
+            assert (name == refused) == (not getattr(ENGINES[engine], field)), (field, name, row)

@@ -75,6 +75,13 @@ OUTPUTS = {
     ],
     # scoring with allowed_token_ids: the distribution is renormalised over the listed ids
     "# normalised over the two ids": [normalised],
+    # /tokenize of the demo model: its BOS and four tokens, each token's own text
+    '# {"count": 5, "max_model_len": 32768': [
+        r'"count":\s*5\b',
+        r'"max_model_len":\s*32768\b',
+        r'"token_strs":\s*\["<\|begin_of_text\|>",\s*"Hell",\s*"o",\s*" the",\s*"re"\]',
+        r'"tokens":\s*\[0,\s*848,\s*82,\s*269,\s*270\]',
+    ],
     # the refusal of a bare GGUF repository name naming both quantizations
     "# 400 AMBIGUOUS_MODEL_NAME: Q8_0, Q4_0": [
         r'"code":\s*"AMBIGUOUS_MODEL_NAME"',

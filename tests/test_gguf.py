@@ -98,6 +98,18 @@ def test_chat_template_kwargs_are_reported_not_refused(oai):
     assert raw.parse().choices[0].message.content
 
 
+def test_the_fingerprint_has_a_revision_only_where_one_is_recorded(oai):
+    """The demo files': their generator's versions (their marker); a file of a model directory with
+    nothing recording one: unrecorded — never its general.name, which names the model."""
+    from greenroom.engines.demo_gguf import CONVERTER_VERSION
+    from greenroom.engines.demo_model import GENERATOR_VERSION
+
+    demo = oai.completions.create(model=Q8, prompt="Hi", max_tokens=1).system_fingerprint
+    assert demo == f"millm:{Q8}@demo-tiny-v{GENERATOR_VERSION}-c{CONVERTER_VERSION}:Q8_0/Q8_0:llama.cpp"
+    solo = oai.completions.create(model=SOLO, prompt="Hi", max_tokens=1).system_fingerprint
+    assert solo == f"millm:{SOLO}@unrecorded:F16/F16:llama.cpp"
+
+
 @pytest.mark.parametrize("model", [Q8, Q4])
 def test_chat_and_completions_streamed_and_not(oai, model):
     msgs = [{"role": "user", "content": "Tell me about the sea."}]

@@ -61,6 +61,32 @@ def test_signal_on_root_leaves_no_process_behind(own_server, sig):
     assert not [p for p in pids if psutil.pid_exists(p)]
 
 
+@pytest.mark.parametrize("order", ["group", "children first"])
+def test_a_signal_to_the_whole_process_group_is_a_quiet_orderly_shutdown(own_server, order):
+    """What systemd's stop and a terminal's Ctrl-C do: SIGTERM to every process of the tree — or
+    to the children a moment before the root, as a root busy elsewhere sees it. The tree stops in
+    order: exit status 0, nothing logged as an error, no traceback, no process left."""
+    srv = own_server(group=True)
+    r = httpx.post(srv.url + "/api/models/load", json={"model": "greenroom-demo-gguf:Q4_0"}, timeout=60)
+    assert r.status_code == 200
+    pids = [a["pid"] for a in srv.actors().values()]
+    if order == "group":
+        os.killpg(srv.proc.pid, signal.SIGTERM)
+    else:
+        for pid in pids:
+            if pid != srv.proc.pid:
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        os.kill(srv.proc.pid, signal.SIGTERM)
+    assert srv.proc.wait(30) == 0  # one signal each: a second would find the root's handler gone
+    log = srv.log_path.read_text(errors="replace")
+    assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if psutil.pid_exists(p)]
+
+
 BROKEN = """
 restart_limit = 1
 restart_window_s = 60
@@ -85,6 +111,9 @@ def test_actor_that_cannot_load_does_not_take_the_server_down(own_server):
         time.sleep(0.2)
     broken = srv.actors()["cpu1"]
     assert broken["state"] == "failed" and "does not exist" in broken["last_error"]
+    ps = subprocess.run([sys.executable, "-m", "greenroom", "ps", "--url", srv.url], capture_output=True, text=True)
+    errors = ps.stdout.split("\nLAST ERRORS\n")[1].splitlines()  # greenroom ps says why it failed
+    assert [e for e in errors if e.startswith("cpu1: ") and "does not exist" in e], ps.stdout
     client = openai_client(srv)
     with pytest.raises(openai.InternalServerError) as exc:
         client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])

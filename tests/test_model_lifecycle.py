@@ -205,3 +205,35 @@ def test_a_load_that_fails_is_model_load_failed(own_server, tmp_path):
         )
         assert r.status_code == 500 and r.json()["code"] == "model_load_failed"
     assert chat(srv, MODEL).status_code == 200  # nothing else was disturbed
+
+
+def test_a_first_load_that_converts_a_gguf_file_says_so(own_server, model_cache, tmp_path):
+    """The first request for a gguf-converted model converts the file (25 s to minutes for
+    SmolLM2): the log says so as it starts and when it ends, and while it runs /api/models, /health
+    and greenroom ps (which prints /api/models' states) show "converting". A fresh copy of the demo's
+    F16 file: nothing cached for it, a conversion of a few seconds."""
+    import re
+    import shutil
+
+    from greenroom.engines.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo_model import default_cache_dir
+
+    gguf = tmp_path / "fresh.gguf"
+    shutil.copy(ensure_demo_gguf(default_cache_dir(model_cache), "F16"), gguf)
+    srv = own_server(
+        f'engine_actors = ["cpu"]\nnpu_actors = []\n[[models]]\nid = "fresh"\n'
+        f'source = "gguf-converted:{gguf}"\npreload = false\n'
+    )
+    seen = set()
+    with cf.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(chat, srv, "fresh")
+        while not first.done():
+            health = httpx.get(srv.url + "/health", timeout=10).json()
+            seen |= {("models", states(srv)["fresh"]), ("health", tuple(health["converting"]))}
+            time.sleep(0.02)
+        assert first.result().status_code == 200, first.result().text
+    assert ("models", "converting") in seen and ("health", ("fresh",)) in seen, seen
+    assert states(srv)["fresh"] == "loaded" and httpx.get(srv.url + "/health").json()["converting"] == []
+    log = srv.log_path.read_text()
+    assert "model fresh: converting its GGUF file into the transformers engine's checkpoint" in log, log[-3000:]
+    assert re.search(r"model fresh: converting done in \d+\.\d s", log), log[-3000:]

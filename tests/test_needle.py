@@ -12,6 +12,7 @@ INVOICE = {
     "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}, "due_date": {"type": "string"}},
     "required": ["vendor", "total", "due_date"],
 }
+EXTRACT = {"text": "Invoice from Acme Corp", "name": "Invoice", "schema": INVOICE}
 TOOL = {
     "type": "function",
     "function": {
@@ -164,12 +165,25 @@ def test_complete_with_messages_and_unknown_model_says_so(server):
     assert any("needle-2" in w for w in body["x_needle"]["warnings"])
 
 
-def test_no_extras(own_server):
-    srv = own_server('expose_extras = false\n[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n')
+def test_no_extras_and_strict_model(own_server):
+    srv = own_server(
+        '[[models]]\nid = "greenroom-demo"\nsource = "demo:tiny"\n',
+        extra_env={"NEEDLE_EXPOSE_EXTRAS": "false", "NEEDLE_STRICT_MODEL": "true"},
+    )
     body = post(
         srv, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
     )
     assert "x_needle" not in body
+    # NEEDLE_STRICT_MODEL=true: a model not served is a 404 on Needle's routes; none sent is the default one
+    for path, body in (("/v1/needle/complete", {"query": "hello"}), ("/v1/needle/extract", EXTRACT)):
+        r = httpx.post(srv.url + path, json={**body, "model": "needle-2", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert httpx.post(srv.url + path, json={**body, "max_tokens": 4}, timeout=60).status_code == 200
+
+
+def test_health_names_the_default_model_and_its_weights(server):
+    health = httpx.get(server.url + "/health", timeout=10).json()
+    assert health["model"] == MODEL and health["weights"] == f"{MODEL} (demo:tiny)"
 
 
 def test_extract_out_of_range_number_is_not_matched(server):

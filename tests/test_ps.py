@@ -1,32 +1,50 @@
-"""`greenroom ps` prints the live tree from another process."""
+"""`greenroom ps` prints the live tree from another process: the server's URLs and uptime, its
+actors, every configured model with its state (loaded or not), and the actors' last errors
+(tests/test_lifecycle.py shows one)."""
 
+import json
+import re
 import subprocess
 import sys
 
+import httpx
 from conftest import ROOT
 
 
-def test_ps_shows_engine_actor_in_its_own_process(server):
-    out = subprocess.run(
-        [sys.executable, "-m", "greenroom", "ps", "--url", server.url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+def greenroom(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "greenroom", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_ps_shows_the_server_its_actors_and_every_model(server):
+    done = greenroom("ps", "--url", server.url.removeprefix("http://"))  # host:port, as people type it
+    assert done.returncode == 0, done.stderr
+    head, actors, models = done.stdout.strip().split("\n\n")[:3]
+    assert re.match(rf"greenroom \S+ \(pid {server.proc.pid}\) on {re.escape(server.url)}, up \d", head), head
+    rows = {line.split()[0]: line.split() for line in actors.splitlines()[1:]}
     assert {"supervisor", "scheduler", "steering", "cpu"} <= set(rows)
     assert rows["cpu"][1] == rows["supervisor"][1]  # both on this host
     assert rows["cpu"][2] != rows["supervisor"][2]
     assert int(rows["supervisor"][2]) == server.proc.pid
     assert rows["cpu"][3] == "ready" and "greenroom-demo" in rows["cpu"][-1].split(",")
+    states = {line.split()[0]: line.split()[1] for line in models.splitlines()[1:]}
+    served = httpx.get(server.url + "/api/models", timeout=10).json()["models"]
+    assert states == {m["id"]: m["state"] for m in served}  # loaded or not: every configured model
+    assert states["greenroom-demo"] == "loaded" and states["smollm2-135m-instruct"] in ("unloaded", "loaded")
+
+
+def test_version():
+    done = greenroom("--version")
+    assert done.returncode == 0 and re.fullmatch(r"greenroom \d+\.\d+\.\d+\n", done.stdout), done.stdout
+
+
+def test_ps_json_has_the_server_the_actors_and_the_models(server):
+    done = greenroom("ps", "--url", server.url, "--json")
+    shown = json.loads(done.stdout)
+    assert shown["server"]["listening"] == [server.url] and shown["server"]["uptime_s"] > 0
+    assert {"supervisor", "cpu"} <= {a["name"] for a in shown["actors"]}
+    assert "smollm2-135m-instruct" in {m["id"] for m in shown["models"]}
 
 
 def test_ps_without_server_says_so():
-    r = subprocess.run(
-        [sys.executable, "-m", "greenroom", "ps", "--url", "http://127.0.0.1:9"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 1 and "no server answered" in r.stderr
+    r = greenroom("ps", "--url", "127.0.0.1:9")
+    assert r.returncode == 1 and "no server answered at http://127.0.0.1:9" in r.stderr

@@ -123,6 +123,16 @@ def test_the_conversion_tokenises_as_llama_cpp_and_follows_its_greedy_path(clien
         assert logits[step].max() - logits[step, token] < 0.5
 
 
+@pytest.mark.parametrize("model", [GGUF_MODEL, HF_MODEL])
+def test_a_bare_prefix_is_continued(client, model):
+    """A lone assistant message (no question before it), rendered as SmolLM2's template renders
+    it — its default system message first — and continued on both engines alike."""
+    answer = greedy(
+        client, model, messages=[{"role": "assistant", "content": "The capital of France is"}], max_tokens=3
+    )
+    assert answer.message.content.startswith(" Paris")
+
+
 def test_json_schema_names_paris(client):
     schema = {
         "type": "object",

@@ -53,7 +53,7 @@ def test_the_preferred_placement_serves_while_idle(srv):
     before = served_by(srv)
     r = generate(srv)
     assert r.headers["X-NPU-Proxy-Route-Reason"] == "preferred_device"
-    assert r.headers["X-NPU-Proxy-Device"] == "cpu"
+    assert r.headers["X-NPU-Proxy-Device"] == "CPU"
     assert int(r.headers["X-NPU-Proxy-Token-Count"]) == r.json()["prompt_eval_count"]
     after = served_by(srv)
     assert after["cpu"] == before["cpu"] + 1 and after["cpu2"] == before["cpu2"]
@@ -155,8 +155,16 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
             json={"model": "mixed", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
         )
     assert raw.headers["X-NPU-Proxy-Route-Reason"] == "fallback_busy"
-    assert raw.headers["X-NPU-Proxy-Device"] == "cpu"  # the transformers engine
+    assert raw.headers["X-NPU-Proxy-Device"] == "CPU"  # the transformers engine's cpu, spelt as the NPU's
 
     r = httpx.post(srv.url + "/v1/completions", json={"model": "mixed", "prompt": "x", "logprobs": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
     assert "openvino/transformers" in r.json()["error"]["message"]
+
+
+def test_the_device_header_has_one_spelling_whatever_the_engine_calls_it():
+    from greenroom.http.ollama_api import routing_headers
+
+    for device, shown in (("cpu", "CPU"), ("CPU", "CPU"), ("cuda:1", "GPU"), ("npu:0", "NPU"), ("NPU.0", "NPU")):
+        info = {"device": device, "route_reason": "single_engine_runtime"}
+        assert routing_headers(info, 3)["X-NPU-Proxy-Device"] == shown

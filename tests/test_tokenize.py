@@ -29,6 +29,9 @@ def test_tokenize_and_back(server, model):
     assert post("/detokenize", {"tokens": bare["tokens"]})["prompt"] == "Hello there"
     chat = post("/tokenize", {"messages": HELLO})
     assert chat["token_strs"] is None
+    strs = post("/tokenize", {"messages": HELLO, "return_token_strs": True})["token_strs"]
+    assert len(strs) == chat["count"] and all(strs)  # a special token's own text is written out too
+    assert "".join(strs).endswith("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
     answered = post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 1})
     assert answered["usage"]["prompt_tokens"] == chat["count"] > prompt["count"]
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

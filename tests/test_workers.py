@@ -348,6 +348,33 @@ def test_sigterm_of_the_main_host_leaves_no_process_on_either_host(main):
     assert not [p for p in pids if psutil.pid_exists(p)]
 
 
+def test_a_worker_whose_main_host_is_not_up_says_so_once_then_joins(tmp_path, model_cache):
+    """Started before its main host: one line saying it cannot join, quiet retries with backoff
+    (it said "link lost" every 2 s), then the join, said."""
+    port = free_port()
+    worker = Worker(tmp_path, port, name="early")
+    main = None
+    try:
+        time.sleep(8)  # tries at 0, 1, 3 and 7 s
+        main = Server(
+            tmp_path,
+            model_cache,
+            f'engine_actors = []\nnpu_actors = []\nworkers_listen = "127.0.0.1:{port}"\n',
+            extra_env={"GREENROOM_WORKER_TOKEN": TOKEN},
+        )
+        deadline = time.monotonic() + 30
+        while "joined the main host" not in worker.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = worker.log()
+        assert "joined the main host" in log and log.count("cannot join the main host") == 1, log
+        assert "lost" not in log, log
+    finally:
+        if main is not None:
+            main.stop()
+        worker.proc.kill()
+        worker.proc.wait()
+
+
 @pytest.mark.parametrize(
     ("engine_actors", "actors", "refusal"),
     [

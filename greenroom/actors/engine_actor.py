@@ -46,6 +46,7 @@ from greenroom.protocol import (
     Failed,
     Generate,
     Load,
+    Loading,
     Score,
     ScoredRow,
     Scores,
@@ -381,7 +382,9 @@ class EngineLoop:
 
             if req.spec["id"] not in self.engines:
                 try:
-                    self.engines[req.spec["id"]] = load_engine(req.spec)
+                    self.engines[req.spec["id"]] = load_engine(
+                        req.spec, lambda stage: self._outbox.put_from_thread(Loading(req.rid, stage))
+                    )
                 except Exception as exc:  # a missing source, a file the engine cannot read: the load's error
                     raise GreenroomError(
                         "model_load_failed",
@@ -643,7 +646,7 @@ class EngineLoop:
                 ids,
                 engine.info.context_length,
                 engine.decode(ids) if req.token_ids is not None else None,
-                [engine.decode([i]) for i in ids] if req.token_strs else None,
+                [engine.token_text(i) for i in ids] if req.token_strs else None,
             )
         )
 

@@ -8,7 +8,8 @@ tractor 0.1.0a5's sharp edges are handled here and nowhere else:
   that turns failures into values;
 - killing only the root would orphan children: each child exits when its parent
   dies (`die_with_parent`), and the root's signal
-  handler cancels the tree gracefully first;
+  handler cancels the tree gracefully first; a signal to the whole process group is left to
+  the root by every child (`die_with_parent`), so it too stops the tree in order;
 - the root binds the registry ("arbiter") on a free loopback port, so servers
   on one machine never join each other's tree;
 - per-request `Portal.run` calls leak, so requests never use them: one session
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import struct
 import threading
@@ -195,10 +197,16 @@ async def send_now(stream: tractor.MsgStream, data) -> None:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Called first in every child: exit at once when the parent process is gone.
+    """Called first in every child: its life is its parent's to end. It exits at once when the
+    parent process is gone, and leaves SIGTERM and SIGINT to the parent — sent to the whole
+    process group (systemd's stop, a terminal's Ctrl-C), they would otherwise end every actor
+    at once, before the root could stop the tree in order; the root's cancel stops it instead
+    (SIGKILL still ends it). A handler, not SIG_IGN, which a process it execs would inherit.
 
     Not PR_SET_PDEATHSIG: trio spawns from a worker thread, and the kernel would
     kill us when that *thread* exits. A daemon thread waits on the parent's pidfd."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
 
     def wait_then_exit() -> None:
         try:

@@ -146,6 +146,10 @@ class Engine(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, a special token's written out (`<|im_start|>`): /tokenize's token_strs."""
+        ...
+
     def compile_constraint(self, spec: dict) -> object:
         """A grammar for constrained decoding (engines without the capability never get one)."""
         ...

@@ -117,6 +117,8 @@ def _call_text(call: dict) -> str:
 
 # thought blocks a reasoning template may open in its generation prompt → their closing tag
 THOUGHT_TAGS = {"<think>": "</think>"}
+# a lone partial answer is rendered as this, and the template's text cut where it stands
+_PARTIAL = "\ue000greenroom-partial\ue000"
 
 
 def render_conversation(apply_template: Callable[[list[dict], bool], str], messages: list[dict]) -> str:
@@ -129,12 +131,24 @@ def render_conversation(apply_template: Callable[[list[dict], bool], str], messa
     generation prompt opens a thought block (reasoning templates), the block is not
     opened twice: a partial that brings its own opening tag replaces the template's,
     and a partial with no thought at all is an answer, so the block is closed empty
-    before it."""
+    before it.
+
+    A partial with nothing before it (a client continuing a bare prefix; Open WebUI's Continue
+    once truncation left only the answer) is rendered as the template renders that one message,
+    cut where its content begins — vLLM's continue_final_message — since a template cannot
+    render an empty conversation."""
     last = messages[-1]
     if last.get("role") != "assistant" or not isinstance(last.get("content"), str) or last.get("tool_calls"):
         return apply_template(messages, True)
-    head, partial = apply_template(messages[:-1], True), last["content"]
-    prompt = head.removeprefix(apply_template(messages[:-1], False))
+    partial = last["content"]
+    if len(messages) == 1:
+        rendered = apply_template([{**last, "content": _PARTIAL}], False)
+        if _PARTIAL not in rendered:
+            raise ValueError("the chat template does not render the assistant message's content")
+        head = prompt = rendered[: rendered.rindex(_PARTIAL)]
+    else:
+        head = apply_template(messages[:-1], True)
+        prompt = head.removeprefix(apply_template(messages[:-1], False))
     for opening, closing in THOUGHT_TAGS.items():
         at = prompt.rfind(opening)
         if at < 0 or closing in prompt[at:]:

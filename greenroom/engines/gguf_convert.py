@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from .built_dirs import ensure_built
@@ -52,9 +53,10 @@ def converted_dir(cache_dir: Path, gguf_file: Path) -> Path:
     return Path(cache_dir) / CONVERTED_DIR / f"{gguf_file.stem}-{digest}"
 
 
-def ensure_converted(cache_dir: Path, gguf_file: Path) -> Path:
+def ensure_converted(cache_dir: Path, gguf_file: Path, converting: Callable[[], None] | None = None) -> Path:
     """The cached conversion of `gguf_file`, converted on first use and again when the file
-    changes (its size or modification time) or the converter does."""
+    changes (its size or modification time) or the converter does; `converting()` is called
+    when a conversion starts (a load says so: it takes 25 s to minutes)."""
     gguf_file = Path(gguf_file).expanduser().absolute()
     stat = gguf_file.stat()
     marker = {
@@ -63,7 +65,13 @@ def ensure_converted(cache_dir: Path, gguf_file: Path) -> Path:
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
     }
-    return ensure_built(converted_dir(cache_dir, gguf_file), marker, lambda out: convert_gguf(gguf_file, out))
+
+    def build(out: Path) -> None:
+        if converting is not None:
+            converting()
+        convert_gguf(gguf_file, out)
+
+    return ensure_built(converted_dir(cache_dir, gguf_file), marker, build)
 
 
 def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:

@@ -7,11 +7,13 @@ front end calls this without loading llama.cpp."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from . import gguf_meta
+from .built_dirs import MARKER
 
 # later parts of a split model are loaded through the first one
 _LATER_SPLIT = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$")
@@ -61,3 +63,19 @@ def discover(dirs: list[str | Path]) -> list[tuple[str, Path]]:
                 continue
             found.setdefault(f"{repo_name(path, root, quant)}:{quant}", path)
     return sorted(found.items())
+
+
+def revision(path: Path) -> str | None:
+    """What records the file's version: a Hugging Face cache snapshot's commit, or the demo
+    generator's versions (its marker); else None, written "unrecorded" — never the file's
+    `general.name`, which names the model, not a revision of it."""
+    path = Path(path)
+    if path.parent.parent.name == "snapshots":
+        return path.parent.name[:8]
+    try:
+        meta = json.loads((path.parent / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or "generator_version" not in meta:
+        return None
+    return f"demo-{meta.get('size')}-v{meta['generator_version']}-c{meta.get('converter_version')}"

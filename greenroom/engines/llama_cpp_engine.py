@@ -58,7 +58,7 @@ from .capabilities import ENGINES
 from .chat import ChatTemplate
 from .constraints import Constraints
 from .generation import Decoder, Delta
-from .gguf_files import quant_label
+from .gguf_files import quant_label, revision
 from .scoring import Echoed, Scored, prompt_tokens, score_row
 from .tool_calls import HERMES
 
@@ -177,7 +177,7 @@ class LlamaCppEngine:
             dtype=quant,
             device="cpu",
             parameters=self.model.n_params(),
-            revision=meta.get("general.name"),
+            revision=revision(self.path),
             quantization=quant,
         )
 
@@ -346,6 +346,9 @@ class LlamaCppEngine:
 
     def decode(self, ids: list[int]) -> str:
         return self.model.detokenize(ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        return _token_text(self.model, token_id)
 
     def generate_ids(
         self, prompt_ids: list[int], params: SamplingParams, matcher=None, readout=None, monitor=None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from .base import Engine, EngineError, default_cpu_threads
@@ -54,16 +55,18 @@ def checkpoint_json(path: Path, name: str = "config.json") -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def resolve_source(source: str, cache_dir: str | None) -> Path:
+def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], None] | None = None) -> Path:
     """The checkpoint of a model source, building the demo model or converting a GGUF file
-    on first use. A source that is not there is EngineError model_load_failed."""
+    on first use. A source that is not there is EngineError model_load_failed. `stage(name)` is
+    told a long stage as it starts: "converting"."""
     if source.startswith(CONVERTED):
         from .demo_model import default_cache_dir
         from .gguf_convert import ensure_converted
 
         gguf_file = resolve_source(source[len(CONVERTED) :], cache_dir)
+        converting = (lambda: stage("converting")) if stage is not None else None
         try:
-            return ensure_converted(default_cache_dir(cache_dir), gguf_file)
+            return ensure_converted(default_cache_dir(cache_dir), gguf_file, converting)
         except ValueError as exc:
             raise EngineError(
                 "model_load_failed", f"model source {source!r} could not be converted: {exc}", "model"
@@ -115,13 +118,14 @@ def one_gil_thread(spec: dict) -> bool:
     return spec["engine"] == "transformers" and spec.get("device", "cpu") == "cpu" and default_cpu_threads() == 1
 
 
-def load_engine(spec: dict) -> Engine:
+def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engine:
     """`spec`: a placement as it crosses to the engine actor (the front end's Placement.to_spec):
     {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
     the model's own, or None)}, for transformers "prefix_cache_tokens" and "fixed_shape",
     "fixed_shape_slots", "fixed_shape_length", and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
-    "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len"."""
-    path = resolve_source(spec["source"], spec.get("cache_dir"))
+    "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len".
+    `stage`: told a long stage of the load as it starts (resolve_source)."""
+    path = resolve_source(spec["source"], spec.get("cache_dir"), stage)
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
 

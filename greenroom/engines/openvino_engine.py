@@ -166,6 +166,9 @@ class OpenVINOEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
         """(token id, 0.0) per step: LLMPipeline reports no per-token log-probabilities."""
         if matcher is not None:  # the ledger refuses response_format and tools before this

@@ -126,6 +126,9 @@ class TransformersEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def compile_constraint(self, spec: dict):
         """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
         {"type": "tool_calls", "tools", "name"?, "parallel"}; compiled grammars are cached."""

@@ -5,8 +5,9 @@ offers its engine actors, and then does what the main host's supervision asks: s
 actor, stop it, dial a pipe to one (supervisor/workers.py says how the two ends fit).
 
 A lost link stops every actor here (their sessions were the main host's) and the worker
-dials again every RETRY_S; the main host's shutdown (`Bye`) ends the worker too. A refused
-token ends it at once: retrying cannot fix it."""
+dials again, waiting RETRY_S and twice as long after each failure up to RETRY_MAX_S; a main host
+it cannot reach is said once, not at every try, and the join when it comes. The main host's
+shutdown (`Bye`) ends the worker too. A refused token ends it at once: retrying cannot fix it."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from greenroom.protocol import (
 
 log = logging.getLogger("greenroom.worker")
 
-RETRY_S = 2.0
+RETRY_S = 1.0
+RETRY_MAX_S = 10.0
 TIMEOUT_S = 5.0  # a link silent this long is lost (the main host's worker_timeout_s, by default)
 ENGINE_MODULE = engine_session.__module__  # the one module the main host may start actors of
 
@@ -58,11 +60,14 @@ class WorkerHost:
         self._loglevel = runtime.tractor_loglevel(log_level)
         self._running: dict[str, trio.CancelScope] = {}
         self._ports: dict[str, int] = {}  # actor → its tractor port: the only ports a pipe may reach
+        self._joined = False  # the current link was admitted
 
     async def run(self) -> int:
         """Join, serve, rejoin after a lost link; the exit status."""
         async with runtime.open_root(f"worker-{self.name}", self._loglevel, host=self.bind):
+            delay, said = RETRY_S, False
             while True:
+                self._joined = False
                 try:
                     await self._serve_link()
                 except Refusal as exc:
@@ -72,8 +77,19 @@ class WorkerHost:
                     log.info("the main host said goodbye (%s); stopping", exc)
                     return 0
                 except (OSError, LinkClosed, trio.BrokenResourceError, trio.TooSlowError) as exc:
-                    log.warning("link to %s:%d lost (%s); joining again in %.0f s", *self.main, exc, RETRY_S)
-                await trio.sleep(RETRY_S)
+                    if self._joined:  # a link that was up: said, and rejoined soon
+                        log.warning("link to %s:%d lost (%s); joining again", *self.main, exc)
+                        delay, said = RETRY_S, True
+                    elif not said:
+                        log.warning(
+                            "cannot join the main host at %s:%d (%s); trying again quietly, every %.0f s at most",
+                            *self.main,
+                            exc,
+                            RETRY_MAX_S,
+                        )
+                        said = True
+                await trio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
 
     async def _dial(self) -> trio.SSLStream:
         tcp = await trio.open_tcp_stream(*self.main)
@@ -102,6 +118,7 @@ class WorkerHost:
             if not isinstance(reply, Joined):
                 raise LinkClosed(f"an unexpected {type(reply).__name__}")
             log.info("joined the main host at %s:%d as %s, offering %s", *self.main, self.name, ", ".join(self.actors))
+            self._joined = True
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_heartbeat, link)
                 while True:

@@ -123,11 +123,15 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     @routes.view(app, "GET", "/health")
     async def health():
         engines = [s for s in tree.slots.values() if s.role == "engine"]
-        models = [m["id"] for m in tree.models()]
+        listed = tree.models()
+        models = [m["id"] for m in listed]
         return {
             "status": "loading" if tree.loading else "ok",
-            "model": models[0] if models else None,  # Needle's field: the default model
+            "model": models[0] if models else None,  # Needle's fields: the default model, and its weights
+            "weights": f"{models[0]} ({tree.state_of(models[0]).placement.source})" if models else None,
             "models": models,
+            # a first load converting a GGUF file takes minutes: what a waiting request waits on
+            "converting": [m["id"] for m in listed if m["state"] == "converting"],
             "queue_depth": sum(s.client.in_flight for s in engines if s.client is not None),
             "max_queue_depth": tree.config.max_queue * len(engines),
             "exact_token_counts": True,
@@ -135,7 +139,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
 
     @routes.view(app, "GET", "/api/actors")
     async def actors():
-        return {"actors": await tree.actors()}
+        return {"actors": await tree.actors(), "server": tree.server()}
 
     @routes.view(app, "GET", "/metrics")
     async def prometheus():

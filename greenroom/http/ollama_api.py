@@ -23,7 +23,6 @@ import attrs
 import trio
 from quart import Quart
 
-from greenroom import __version__
 from greenroom import structured_fields as sf
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.errors import GreenroomError
@@ -95,6 +94,9 @@ SHOW = {
 MODEL = contracts.Text(
     min_length=1, examples=(openai_params.DEMO_MODEL,), description="Ollama's name: <id>:latest is <id>"
 )
+
+# what GET /api/version answers: the NPU document's value (greenroom's own version is on GET /)
+OLLAMA_VERSION = "0.2.0-npu-proxy"
 
 
 def named(field: contracts.Field) -> contracts.Shape:
@@ -303,10 +305,13 @@ async def _generate(tree: Tree, job: Job):
 
 
 def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
-    """Where the request ran (the NPU proxy's headers): the serving placement's device, why
-    the router chose it (supervisor/routing.py), and the prompt's token count it classifies by."""
+    """Where the request ran (the NPU proxy's headers): the device that computed, spelt as the
+    NPU proxy spells it (OpenVINO's CPU, GPU, NPU; a CUDA card is a GPU) whatever the engine
+    calls it, why the router chose it (supervisor/routing.py), and the prompt's token count it
+    classifies by."""
+    kind = info["device"].replace(".", ":").partition(":")[0].upper()
     return {
-        "X-NPU-Proxy-Device": info["device"],
+        "X-NPU-Proxy-Device": "GPU" if kind == "CUDA" else kind,
         "X-NPU-Proxy-Route-Reason": info["route_reason"],
         "X-NPU-Proxy-Token-Count": str(prompt_tokens),
     }
@@ -578,4 +583,4 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/version")
     async def ollama_version():
-        return {"version": __version__}
+        return {"version": OLLAMA_VERSION}

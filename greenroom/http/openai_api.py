@@ -241,12 +241,15 @@ _NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
 
 async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[dict, structured.Plan]:
     """Run a /v1/needle/* request as the chat completion it translates to. Any model name
-    is accepted, as in Needle: an unknown one is answered by the first model, and says so."""
+    is accepted, as in Needle: an unknown one is answered by the first model, and says so —
+    unless needle_strict_model (NEEDLE_STRICT_MODEL=true): then it is a 404."""
     body = openai_params.parse_json(await request.get_data())
     chat = translate(body)
     warnings = [f for f in body if f not in fields + _NEEDLE_COMMON]
     model = body.get("model")
     if model not in tree.model_ids():
+        if model is not None and tree.config.needle_strict_model:
+            raise GreenroomError("model_not_found", f"The model '{model}' does not exist", "model")
         if model is not None:
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]

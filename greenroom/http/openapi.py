@@ -675,15 +675,47 @@ def _response_schemas() -> dict:
             {
                 "status": {"enum": ["ok", "loading"]},
                 "model": {"type": ["string", "null"], "description": "The default model (Needle's field)"},
+                "weights": {
+                    "type": ["string", "null"],
+                    "description": "The default model's weights: its id and source (Needle's field)",
+                },
                 "models": _array(_string()),
+                "converting": _described(
+                    _array(_string()),
+                    "Models whose first load is converting a GGUF file into the transformers engine's checkpoint",
+                ),
                 "queue_depth": _COUNT,
                 "max_queue_depth": _COUNT,
                 "exact_token_counts": {"type": "boolean", "description": "Usage comes from the model's tokenizer"},
             },
-            ("status", "model", "models", "queue_depth", "max_queue_depth", "exact_token_counts"),
+            (
+                "status",
+                "model",
+                "weights",
+                "models",
+                "converting",
+                "queue_depth",
+                "max_queue_depth",
+                "exact_token_counts",
+            ),
         ),
         "Actor": actor,
-        "Actors": _obj({"actors": _array(_ref("Actor"))}, ("actors",)),
+        "Actors": _obj(
+            {
+                "actors": _array(_ref("Actor")),
+                "server": _closed(
+                    {
+                        "version": _string(),
+                        "pid": _integer(),
+                        "listening": _described(_array(_string()), "The URLs the front end listens on"),
+                        "started_at": _described(_number(), "Seconds since the epoch"),
+                        "uptime_s": _number(),
+                    },
+                    ("version", "pid", "listening", "started_at", "uptime_s"),
+                ),
+            },
+            ("actors", "server"),
+        ),
         "Inference": _obj(
             {
                 "backend": {
@@ -1046,7 +1078,10 @@ def _management_schemas() -> dict:
         "actor": _string(),
         "engine": _string(),
         "device": _string(),
-        "state": {"enum": ["loaded", "unloaded", "loading", "unloading"]},
+        "state": _described(
+            {"enum": ["loaded", "unloaded", "loading", "converting", "unloading"]},
+            "converting: loading, its GGUF file being converted into the transformers engine's checkpoint",
+        ),
     }
     return {
         "ModelState": _closed(
@@ -1173,7 +1208,7 @@ def _ollama_schemas() -> dict:
             },
             ("modelfile", "parameters", "template", "details", "model_info", "capabilities", "modified_at"),
         ),
-        "OllamaVersion": _closed({"version": _string()}, ("version",)),
+        "OllamaVersion": _closed({"version": {"const": "0.2.0-npu-proxy"}}, ("version",)),
         "OllamaStatus": status,
         "OllamaStatusLine": {"anyOf": [_ref("OllamaStatus"), _ref("OllamaError")]},
         "OllamaEmpty": _closed({}),

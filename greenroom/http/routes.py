@@ -155,7 +155,7 @@ TABLE: tuple[Route, ...] = (
         "GET",
         "/api/actors",
         OPENAI,
-        "the live actor tree: name, pid, state, models, queue depth, RSS",
+        "the live actor tree: name, pid, state, models, queue depth, RSS; the server's URLs and uptime",
         "actors",
         "Actors",
         "One row per actor",
@@ -182,7 +182,7 @@ TABLE: tuple[Route, ...] = (
         "GET",
         "/api/models",
         OPENAI,
-        "every model with its state (loaded, unloaded, loading, unloading)",
+        "every model with its state (loaded, unloaded, loading, converting, unloading)",
         "listModelStates",
         "ModelStates",
         "Every available model",
@@ -655,7 +655,12 @@ TABLE: tuple[Route, ...] = (
         answer="What the model's files say, without loading it",
     ),
     _ollama(
-        "GET", "/api/version", "Ollama: server version", "ollamaVersion", "OllamaVersion", answer="greenroom's version"
+        "GET",
+        "/api/version",
+        "Ollama: server version",
+        "ollamaVersion",
+        "OllamaVersion",
+        answer="The NPU proxy's version, 0.2.0-npu-proxy",
     ),
     _ollama(
         "POST",

@@ -11,6 +11,8 @@ memory.py's), so the state machine runs in-process with stand-ins for the actors
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -20,12 +22,19 @@ import trio
 from greenroom import metrics
 from greenroom.config import Config
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Failed, Load, Unload
+from greenroom.protocol import Failed, Load, Loading, Unload
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.memory import check_fit, check_quantization
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, placed_on
 from greenroom.supervisor.routing import route
 from greenroom.supervisor.slots import ActorSlot, StartFailed
+
+log = logging.getLogger("greenroom.lifecycle")
+# what a load's long stage is, for the log
+_STAGES = {
+    "converting": "converting its GGUF file into the transformers engine's checkpoint, once "
+    "(kept in the model cache; 25 s to a few minutes)"
+}
 
 # slack past the grace period for a waited-on unload's weights to go (Ollama surface)
 UNLOAD_WAIT_MARGIN_S = 10.0
@@ -165,6 +174,17 @@ class Lifecycle:
             else:
                 async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement.to_spec())) as events:
                     done = await events.__anext__()
+                    while isinstance(done, Loading):
+                        started = _stage(m, done.stage)
+                        done = await events.__anext__()
+                if m.stage is not None:
+                    log.info(
+                        "model %s: %s %s in %.1f s",
+                        m.id,
+                        m.stage,
+                        "failed" if isinstance(done, Failed) else "done",
+                        time.monotonic() - started,
+                    )
                 if isinstance(done, Failed):
                     raise GreenroomError.from_wire(done.error)
                 m.state, m.info = LoadState.LOADED, done.info
@@ -174,6 +194,7 @@ class Lifecycle:
         finally:
             if m.state == LoadState.LOADING:
                 m.state = LoadState.UNLOADED
+            m.stage = None
             m.changed.set()
 
     async def _place(self, m: ModelState) -> None:
@@ -285,6 +306,14 @@ class Lifecycle:
                 return
         finally:
             m.timer = False
+
+
+def _stage(m: ModelState, stage: str) -> float:
+    """A load's engine reports a long stage (protocol.Loading): said in the log and in the model's
+    state, since a request waits on it with nothing else to show. Its start, on the monotonic clock."""
+    m.stage = stage
+    log.info("model %s: %s", m.id, _STAGES.get(stage, stage))
+    return time.monotonic()
 
 
 def _refuse_while_unloading(slot: ActorSlot) -> None:

@@ -67,6 +67,9 @@ class ModelState:
     placement: Placement
     preload: bool  # loaded as its actor starts
     state: LoadState = LoadState.UNLOADED
+    # while loading: the long stage the engine reports it in ("converting": protocol.Loading), shown
+    # as the model's state; None otherwise
+    stage: str | None = None
     info: dict | None = None  # ModelInfo, while loaded
     changed: trio.Event = attrs.Factory(trio.Event)
     expires_at: float | None = None  # keep_alive: unload at this trio time
@@ -80,6 +83,11 @@ class ModelState:
     @property
     def id(self) -> str:
         return self.placement.id
+
+    @property
+    def shown(self) -> str:
+        """The state as the views show it: a loading model's stage, if it is in one."""
+        return self.stage if self.state == LoadState.LOADING and self.stage else self.state
 
 
 class ModelTable:

@@ -47,9 +47,13 @@ async def serve(config: Config) -> None:
             await nursery.start(tree.run)
             async with trio.open_nursery() as front:
                 await front.start(partial(hypercorn_serve, app, hc, shutdown_trigger=shutdown.closed.wait))
-                addresses = (sock.getsockname() for sock in listening)
-                log.info("greenroom serving on %s", ", ".join(f"http://{h}:{port}" for h, port, *_ in addresses))
+                tree.listening = [_url(*sock.getsockname()[:2]) for sock in listening]
+                log.info("greenroom serving on %s", ", ".join(tree.listening))
             nursery.cancel_scope.cancel()  # every request answered and the listeners closed: the tree goes
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,8 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 10.0
 HEARTBEAT_S = 2.0  # how often a running actor is asked its status
 UNRESPONSIVE_AFTER_S = 5.0  # an actor whose status has not come back by then is unresponsive
+_ROOT_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what stops `greenroom serve`
+SHUTDOWN_GRACE_S = 1.0
 
 
 class Supervisor:
@@ -162,8 +165,8 @@ class Supervisor:
             try:
                 await self._run_once(slot)
                 reason = "its session ended"
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+            except* Exception as group:  # with a shutdown's Cancelled beside them, that goes on up quietly
+                reason = "; ".join(f"{type(exc).__name__}: {exc}" for exc in group.exceptions)
             slot.last_error = reason
             slot.pid = None
             metrics.ACTOR_EVENTS.labels(slot.name, "stopped").inc()
@@ -287,8 +290,13 @@ class Supervisor:
                 log.info("actor %s answers again: ready", slot.name)
 
     async def _watch(self, slot: ActorSlot, child: runtime.Child | RemoteChild) -> None:
-        """Raise once the child's process is gone, or its worker host: tractor would wait on it forever."""
+        """Raise once the child's process is gone, or its worker host: tractor would wait on it
+        forever. A child ended by SIGTERM or SIGINT got what the root got (a signal to the process
+        group, before the child left such signals to the root): a moment for the root's shutdown
+        to cancel this quietly before the death is one."""
         how = await child.wait_death()
+        if getattr(child, "process", None) is not None and -child.process.returncode in _ROOT_SIGNALS:
+            await trio.sleep(SHUTDOWN_GRACE_S)
         log.error("actor %s (pid %d) %s", slot.name, child.pid, how)
         if slot.client is not None:
             slot.client.fail_all(

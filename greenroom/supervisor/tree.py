@@ -6,9 +6,14 @@ in slots.py and placements.py. The front end (http/, store/) talks to the tree o
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+
 import trio
 
-from greenroom.config import Config, detect_engine_actors, detect_npu_actors
+from greenroom import __version__
+from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
@@ -24,10 +29,14 @@ from greenroom.supervisor.steering_relay import SteeringRelay
 from greenroom.supervisor.supervision import Supervisor
 from greenroom.supervisor.workers import WorkerHosts
 
+log = logging.getLogger("greenroom.supervisor")
+
 
 class Tree:
     def __init__(self, config: Config):
         self.config = config
+        self.started_at = time.time()
+        self.listening: list[str] = []  # the front end's URLs, once it listens (serve.py)
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
         names += detect_npu_actors() if config.npu_actors == "auto" else list(config.npu_actors)
         self.slots: dict[str, ActorSlot] = {
@@ -67,20 +76,24 @@ class Tree:
         self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
         for model in config.models:  # the same id on several actors: replicas, preferred first
-            self.add_model(
-                model.id,
-                model.source,
-                model.engine,
-                model.actor,
-                model.dtype,
-                model.preload,
-                n_ctx=model.n_ctx,
-                threads=model.threads,
-                replica=model.id in self.replicas,
-                chat_template=model.chat_template,
-            )
+            if model.source is not None:  # else a file model_dirs holds: placed once found (_discover)
+                self._place(model, model.source)
         # model_dirs' GGUF files are placed by run(), after the front end listens (_discover)
         self.discovered = trio.Event()
+
+    def _place(self, model: ModelConfig, source: str) -> None:
+        self.add_model(
+            model.id,
+            source,
+            model.engine,
+            model.actor,
+            model.dtype,
+            model.preload,
+            n_ctx=model.n_ctx,
+            threads=model.threads,
+            replica=model.id in self.replicas,
+            chat_template=model.chat_template,
+        )
 
     def add_model(
         self,
@@ -239,9 +252,17 @@ class Tree:
         file delays listening (/health says loading until they are placed)."""
         try:
             found = await trio.to_thread.run_sync(gguf_files.discover, self.config.model_dirs)
+            # a file some model already serves is not served again under its found name
+            served = {m.placement.path().resolve() for ms in self.replicas.values() for m in ms}
+            entries = [m for m in self.config.models if m.source is None]  # each configures a found file
             for model_id, path in found:
-                if model_id not in self.replicas:
+                configured = [m for m in entries if m.id == model_id]
+                for model in configured:
+                    self._place(model, str(path))
+                if not configured and model_id not in self.replicas and path.resolve() not in served:
                     self.add_model(model_id, str(path), "llama.cpp")
+            for model_id in dict.fromkeys(m.id for m in entries if m.id not in self.replicas):
+                log.error("model %r has no source and no GGUF file below model_dirs is named so: not served", model_id)
         finally:
             self.discovered.set()
 
@@ -277,7 +298,7 @@ class Tree:
                         "actor": m.slot.name,  # an auto placement's: where it last loaded ("auto": nowhere yet)
                         "engine": m.placement.engine,
                         "device": m.placement.device,
-                        "state": m.state if up else "loading",
+                        "state": m.shown if up else "loading",
                     }
                 )
             if rows:
@@ -303,6 +324,16 @@ class Tree:
 
     async def actors(self) -> list[dict]:
         return await self.supervisor.actors()
+
+    def server(self) -> dict:
+        """What `greenroom ps` says of the server itself."""
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "listening": self.listening,
+            "started_at": self.started_at,
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
 
     # lifecycle (lifecycle.py) -----------------------------------------------------------
     async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:

@@ -1,0 +1,157 @@
+"""The configuration (greenroom/config.py): a user's file over configs/default.toml, or in place
+of it with `defaults = false`; every key but `models` and `cors_origins` set by its
+GREENROOM_<KEY> variable, parsed to the key's type; a file below model_dirs configured by an
+entry that names it, served once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import attrs
+import httpx
+import pytest
+from conftest import ROOT
+
+from greenroom.config import Config, env_names, load_config
+
+DEFAULT_IDS = [m.id for m in load_config().models]
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_one_line_file_keeps_every_default_model(tmp_path):
+    config = load_config(write(tmp_path, f'model_dirs = ["{tmp_path}"]\n'), env={})
+    assert [m.id for m in config.models] == DEFAULT_IDS and "smollm2-135m-instruct" in DEFAULT_IDS
+    assert config.model_dirs == [str(tmp_path)] and config.port == 8000
+
+
+def test_an_entry_of_a_default_id_changes_its_keys_and_others_add_models(tmp_path):
+    text = """
+gguf_threads = 2
+[[models]]
+id = "greenroom-demo"
+preload = false
+[[models]]
+id = "greenroom-demo"
+source = "demo:tiny"
+actor = "cpu1"
+[[models]]
+id = "extra"
+source = "demo:tiny"
+"""
+    config = load_config(write(tmp_path, 'engine_actors = ["cpu", "cpu1"]\n' + text), env={})
+    demo = [m for m in config.models if m.id == "greenroom-demo"]
+    # the first entry changed the default's preload only; the second is a replica of it
+    assert (demo[0].preload, demo[0].source, demo[0].sae, demo[0].actor) == (False, "demo:tiny", "demo:tiny", "auto")
+    assert len(demo) == 2 and demo[1].actor == "cpu1" and demo[1].sae is None
+    assert [m.id for m in config.models] == DEFAULT_IDS + ["greenroom-demo", "extra"]
+    assert config.gguf_threads == 2
+
+
+def test_defaults_false_starts_from_empty(tmp_path):
+    config = load_config(write(tmp_path, 'defaults = false\n[[models]]\nid = "x"\nsource = "demo:tiny"\n'), env={})
+    assert [m.id for m in config.models] == ["x"] and config.engine_actors == "auto"
+    with pytest.raises(ValueError, match="defaults is true"):
+        load_config(write(tmp_path, 'defaults = "no"\n'), env={})
+
+
+# a value of each type that differs from the default and passes the checks load_config makes
+SAMPLES = {bool: "no", int: "7", float: "0.75", str: "x"}
+SPECIAL = {
+    "fixed_shape": ("off", "off"),
+    "log_level": ("debug", "debug"),
+    "engine_actors": ("cpu,cpu1", ["cpu", "cpu1"]),
+    "npu_actors": ("npu1", "npu1"),
+    "model_dirs": ("/a, /b", ["/a", "/b"]),
+    "workers_listen": ("127.0.0.1:7790", "127.0.0.1:7790"),
+    "intensity_max": ("1.5", 1.5),
+    "pin_cpus": ("0", False),
+    "expose_extras": ("off", False),
+    "continuous_batching": ("yes", True),
+    "needle_strict_model": ("true", True),
+}
+
+
+@pytest.mark.parametrize("field", [f for f in attrs.fields(Config) if env_names(f.name)], ids=lambda f: f.name)
+def test_every_key_but_two_has_its_variable(field, monkeypatch):
+    kind = next(t for t in (bool, int, float, str) if t is field.type or t in getattr(field.type, "__args__", ()))
+    text, value = SPECIAL.get(field.name, (SAMPLES[kind], kind(SAMPLES[kind]) if kind is not bool else False))
+    monkeypatch.setenv("GREENROOM_WORKER_TOKEN", "t" * 32)  # workers_listen needs it (read where the link is)
+    env = {f"GREENROOM_{field.name.upper()}": text}
+    assert getattr(load_config(env=env), field.name) == value != field.default
+    assert {f.name for f in attrs.fields(Config) if not env_names(f.name)} == {"models", "cors_origins"}
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GREENROOM_GGUF_THREADS": "many"}, "GREENROOM_GGUF_THREADS='many': not an integer"),
+        ({"GREENROOM_PIN_CPUS": "maybe"}, "GREENROOM_PIN_CPUS='maybe': not a boolean"),
+        ({"GREENROOM_IDLE_UNLOAD_S": "nan"}, "GREENROOM_IDLE_UNLOAD_S='nan': not a number"),
+        ({"NEEDLE_REQUEST_TIMEOUT": "soon"}, "NEEDLE_REQUEST_TIMEOUT='soon': not a number"),
+    ],
+)
+def test_a_bad_value_names_its_variable(env, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(env=env)
+
+
+def test_other_names_and_empty_variables():
+    config = load_config(env={"NEEDLE_STRICT_MODEL": "true", "GREENROOM_REQUEST_TIMEOUT": "3", "GREENROOM_PORT": ""})
+    assert config.needle_strict_model and config.request_timeout_s == 3.0 and config.port == 8000
+    # GREENROOM_<KEY> wins over the other names
+    assert load_config(env={"GREENROOM_API_KEY": "a", "NEEDLE_API_KEY": "b"}).api_key == "a"
+
+
+def test_a_bad_config_stops_serve_with_one_line(tmp_path):
+    for text, said in (
+        ("port = 'x'\n", "invalid value for type, expected int @ config.port"),
+        ("prot = 1\n", "extra fields found (prot)"),
+        ("port = \n", "is not valid TOML"),
+        ('[[models]]\nid = "found:Q4_0"\n', "model 'found:Q4_0' has no source"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "greenroom", "serve", "--config", str(write(tmp_path, text))],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_file_below_model_dirs_is_configured_by_its_entry_and_served_once(own_server, model_cache, tmp_path):
+    demo = model_cache / "models" / "greenroom-demo-gguf-tiny" / "greenroom-demo-tiny-Q4_0.gguf"
+    for folder in ("found", "sourced"):
+        (tmp_path / "models" / folder).mkdir(parents=True)
+        shutil.copy(demo, tmp_path / "models" / folder / "model.gguf")
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    srv = own_server(
+        f"""
+defaults = true  # over configs/default.toml, as a user's file is
+model_dirs = ["{tmp_path / "models"}"]
+
+[[models]]
+id = "found:Q4_0"           # the file found below model_dirs, with a template of its own
+chat_template = {json.dumps(template)}
+
+[[models]]
+id = "mine"
+source = "{tmp_path / "models" / "sourced" / "model.gguf"}"
+engine = "llama.cpp"
+"""
+    )
+    served = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]]
+    assert sorted(served) == sorted(DEFAULT_IDS + ["found:Q4_0", "mine"])  # "sourced:Q4_0" is "mine"
+    show = httpx.post(srv.url + "/api/show", json={"model": "found:Q4_0"}, timeout=30).json()
+    assert show["template"] == template
+    r = httpx.post(srv.url + "/tokenize", json={"model": "found:Q4_0", "messages": [{"role": "user", "content": "hi"}]})
+    said = httpx.post(srv.url + "/detokenize", json={"model": "found:Q4_0", "tokens": r.json()["tokens"]}, timeout=30)
+    assert said.json()["prompt"].endswith("[user] hi\n[assistant] "), said.text
