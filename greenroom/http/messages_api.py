@@ -31,6 +31,7 @@ from greenroom.http.contracts import (
     Anything,
     Boolean,
     Choice,
+    Field,
     ListOf,
     Named,
     Shape,
@@ -121,16 +122,25 @@ TOOL_CHOICE = AnyOf(
     ),
     description="auto (the default with tools), any (a call is enforced by decoding), tool (that one), none",
 )
-_FORMAT = Shape(
-    fields={
-        "format": Shape(
-            fields={"type": Choice(values=("json_schema",)), "schema": SCHEMA},
-            required=("type", "schema"),
-            description="The answer decoded under the schema (greenroom's subset) and validated: not streamed, "
-            "not with stop_sequences, not with tools unless tool_choice is none",
-        ),
-        "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
-    },
+
+
+def _output_config(schema: Field, description: str) -> Shape:
+    return Shape(
+        fields={
+            "format": Shape(
+                fields={"type": Choice(values=("json_schema",)), "schema": schema},
+                required=("type", "schema"),
+                description=description,
+            ),
+            "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
+        },
+    )
+
+
+_FORMAT = _output_config(
+    SCHEMA,
+    "The answer decoded under the schema (greenroom's subset) and validated: not streamed, not with "
+    "stop_sequences, not with tools unless tool_choice is none",
 )
 _COMMON = Shape(
     fields={
@@ -143,14 +153,26 @@ _COMMON = Shape(
     },
     required=("model", "messages"),
 )
+# a token count enforces nothing: no schema it carries is checked
+_COUNTED = attrs.evolve(
+    _COMMON,
+    fields={
+        **_COMMON.fields,
+        "output_config": _output_config(
+            attrs.evolve(structured.FUNCTION.field.fields["parameters"], description="A JSON schema"),
+            "Counted, not enforced: its schema is not checked",
+        ),
+    },
+)
 
 
 _NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
 _FORCED = at({"enum": ["any", "tool"]}, "tool_choice", "type")
 _FORMATTED = at({"type": "object"}, "output_config", "format")
 _UNTOOLED = {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice", "type")]}
-_RULES = (
-    when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),
+_RULES = (when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),)
+# a generation's only: a token count enforces nothing
+_ENFORCED = (
     when(
         _FORCED,
         {"properties": {"tools": {"items": {"properties": {"input_schema": SCHEMA}}}}},
@@ -179,7 +201,7 @@ _RULES += (
         "prompt before it",
     },
 )
-COUNT_REQUEST = merge(_COMMON, rules=_RULES)
+COUNT_REQUEST = merge(_COUNTED, rules=_RULES)
 REQUEST = merge(
     _COMMON,
     Shape(
@@ -196,6 +218,7 @@ REQUEST = merge(
     openai_api.MILLM,
     rules=(
         *_RULES,
+        *_ENFORCED,
         when(
             _FORMATTED,
             {
@@ -513,7 +536,7 @@ def register(app: Quart, tree: Tree) -> None:
         req = req.translated(chat, unread)
         headers = req.headers()
         with openai_api.named(NAMES):
-            tools = structured.plan(chat, stream=False).tools
+            tools = structured.rendered_tools(chat)  # counted, not enforced: no schema is checked
         message = Tokenize(
             openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools
         )
