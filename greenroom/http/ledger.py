@@ -223,6 +223,7 @@ TOKENIZE = {
 DETOKENIZE = {"model": USE, "tokens": USE}
 
 _MESSAGE_KEYS = {"role", "content", "tool_calls"}
+_RESULT_KEYS = _MESSAGE_KEYS | {"tool_call_id"}  # a tool message's: the call it answers (openai_params.messages)
 _PART_KEYS = {"type", "text"}
 _STREAM_OPTION_KEYS = {"include_usage"}
 
@@ -299,7 +300,8 @@ def _unread_in_messages(messages, where: str) -> list[str]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             continue
-        out += [f"{where}[{i}].{k}" for k in m if k not in _MESSAGE_KEYS]
+        read = _RESULT_KEYS if m.get("role") == "tool" else _MESSAGE_KEYS
+        out += [f"{where}[{i}].{k}" for k in m if k not in read]
         if isinstance(m.get("content"), list):
             for j, part in enumerate(m["content"]):
                 if isinstance(part, dict):

@@ -3,7 +3,7 @@ completions' path — what coding agents speak through ANTHROPIC_BASE_URL.
 
 A request becomes the chat request it means — `system` (a string or text blocks) a system
 message, each message's text blocks its content, an assistant's tool_use blocks its tool calls,
-a user's tool_result blocks tool messages, tools (name, description, input_schema) chat's
+a user's tool_result blocks tool messages (paired with their calls by tool_use_id), tools (name, description, input_schema) chat's
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
 output_config.format a json_schema response_format — and runs through openai_api.generation.
@@ -67,7 +67,7 @@ TEXT = AnyOf(options=(Text(), ListOf(items=Named(name="AnthropicTextBlock", fiel
 TOOL_RESULT_BLOCK = Shape(
     fields={
         "type": Choice(values=("tool_result",)),
-        "tool_use_id": Text(description="Not read: the chat template renders results in order"),
+        "tool_use_id": Text(description="The earlier tool_use block it answers (refused if none has this id)"),
         "content": TEXT,
         "is_error": Anything(description="Not read: reported"),
         **_CACHE,
@@ -239,7 +239,7 @@ NAMES = {
     r"(tools\[\d+\])\.function\b": r"\1",
 }
 _BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
-_NOT_READ = {"cache_control", "tool_use_id", "is_error"}
+_NOT_READ = {"cache_control", "is_error"}
 
 
 def _texts(blocks, where: str, unread: list[str]) -> str:
@@ -297,17 +297,13 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
                 }
             )
         else:
-            if not isinstance(block["tool_use_id"], str):
-                raise GreenroomError(
-                    "invalid_parameter", f"'{place}.tool_use_id' must be a string", f"{place}.tool_use_id"
-                )
+            call = openai_params.answered(block["tool_use_id"], out, f"{place}.tool_use_id")
             if text:  # a user's text before a result: its own turn
                 out.append({"role": "user", "content": "".join(text)})
                 text = []
             result = block.get("content")
-            out.append(
-                {"role": "tool", "content": "" if result is None else _texts(result, f"{place}.content", unread)}
-            )
+            content = "" if result is None else _texts(result, f"{place}.content", unread)
+            out.append({"role": "tool", "content": content, "tool_call_id": call})
     if role == "assistant":
         out.append({"role": "assistant", "content": "".join(text), **({"tool_calls": calls} if calls else {})})
     elif text or not out or out[-1]["role"] != "tool":
