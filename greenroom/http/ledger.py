@@ -7,8 +7,9 @@ Each endpoint has a table of the fields it knows. A field is
 - refused with 400 field_not_honoured, unless its value means "no change" (an explicit
   null, or the field's listed no-op value) or the engine has the capability that
   honours it.
-Nested objects the request path reads (messages, content parts, stream_options) are
-walked, so an unread key is reported with its location, e.g. "messages[2].name". The surfaces
+Nested objects the request path reads (messages, content parts, response_format,
+stream_options) are walked, so an unread key is reported with its location, e.g.
+"messages[2].name" or "response_format.schema". The surfaces
 translated onto chat completions (Responses, Anthropic's Messages) have their top-level fields
 here; their translations (responses_api.py, messages_api.py) report the nested keys they do not
 read, and the chat body they make goes through `constrained_choice`.
@@ -24,6 +25,7 @@ import attrs
 from greenroom import structured_fields as sf
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
+from greenroom.http import structured
 
 log = logging.getLogger("greenroom.http")
 
@@ -284,6 +286,7 @@ def _nested(body: dict) -> list[str]:
     if isinstance(extra, list):
         for i, conversation in enumerate(extra):
             out += _unread_in_messages(conversation, f"extra_messages[{i}]")
+    out += structured.unread_in_format(body.get("response_format"), "response_format")
     options = body.get("stream_options")
     if isinstance(options, dict):
         if body.get("stream") is True:

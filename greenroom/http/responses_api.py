@@ -293,9 +293,9 @@ def _response_format(body: dict, unread: list[str]):
         raise GreenroomError("invalid_parameter", "'text' must be an object", "text")
     unread += [f"text.{k}" for k in text if k != "format"]
     fmt = text.get("format")
+    unread += structured.unread_in_format(fmt, "text.format", _FORMAT.field.options)
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         return fmt  # text, json_object, or what the plan refuses by name
-    unread += [f"text.format.{k}" for k in fmt if k not in ("type", "name", "schema", "strict", "description")]
     return {
         "type": "json_schema",
         "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},

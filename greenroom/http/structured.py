@@ -94,7 +94,7 @@ RESPONSE_FORMAT = Named(
     name="ResponseFormat",
     field=AnyOf(
         options=(
-            Shape(fields={"type": Choice(values=("text",))}, required=("type",), closed=True),
+            Shape(fields={"type": Choice(values=("text",))}, required=("type",)),
             Shape(fields={"type": Choice(values=("json_object",))}, required=("type",)),
             Shape(
                 fields={
@@ -112,7 +112,8 @@ RESPONSE_FORMAT = Named(
                 required=("type", "json_schema"),
             ),
         ),
-        description="json_object or json_schema: the answer is decoded under the schema and validated; refused "
+        description="json_object or json_schema: the answer is decoded under the schema and validated (keys of "
+        "its own the type does not read are reported, like every unread field); refused "
         "(400 response_format_unsupported) with stream: true, with stop, with tools unless tool_choice is "
         '"none", and while the server runs continuous batching',
     ),
@@ -225,7 +226,7 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
     response_format (a /v1 chat request's; Needle's and Ollama's formats are served serially)."""
     tools, mode, name, parallel = _tools(body)
     fmt = body.get("response_format")
-    if fmt is None or fmt == {"type": "text"}:
+    if fmt is None or isinstance(fmt, dict) and fmt.get("type") == "text":  # its other keys: unread_in_format
         if mode in ("required", "named"):
             return Plan({"type": "tool_calls", "tools": tools, "name": name, "parallel": parallel}, tools, mode)
         return Plan(None, tools, mode)
