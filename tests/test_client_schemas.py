@@ -118,7 +118,9 @@ def post(srv, path: str, body: dict) -> httpx.Response:
     return httpx.post(srv.url + path, json=body, timeout=300)
 
 
-@pytest.mark.parametrize("model, dialect", zip(SMOLLM2_MODELS, (DRAFT_07, DRAFT_2020)), ids=["draft-07", "2020-12"])
+@pytest.mark.parametrize(
+    "model, dialect", list(zip(SMOLLM2_MODELS, (DRAFT_07, DRAFT_2020))), ids=["draft-07", "2020-12"]
+)
 def test_the_ai_sdk_bodies(smollm2_server, model, dialect):
     """generateObject, tools with toolChoice "required", and streamText with tools, as the AI
     SDK's openai-compatible provider writes them from a zod v4 schema (before: 400
