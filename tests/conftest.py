@@ -150,6 +150,18 @@ def smollm2(model_cache) -> Path:
     return resolve_source("gguf-converted:" + SMOLLM2_GGUF, str(model_cache))
 
 
+SMOLLM2_MODELS = ("smollm2-135m-instruct", "smollm2-135m-instruct:Q4_1")  # on transformers, and on llama.cpp
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(server, smollm2):
+    """The session's default-config server (SmolLM2's conversion already in the cache); both
+    SmolLM2 models are unloaded after the module, so the tests after it find it as they would."""
+    yield server
+    for model in SMOLLM2_MODELS:
+        httpx.post(server.url + "/api/models/unload", json={"model": model}, timeout=120)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, model_cache):
     srv = Server(tmp_path_factory.mktemp("server"), model_cache)

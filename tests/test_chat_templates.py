@@ -1,6 +1,7 @@
 """Chat templates: a model without one (no_chat_template on chat, the prompt as it is on
 /api/generate, as Ollama's `{{ .Prompt }}`), a [[models]] entry's own `chat_template` (inline
-or a file, any engine), and what templates receive (content null rendered as "")."""
+or a file, any engine), and what templates receive (content null rendered as "", the ids that
+pair tool results with their calls)."""
 
 import json
 import shutil
@@ -15,6 +16,11 @@ CONCATENATING = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 ONLY_CONTENT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+# renders each call's id and the id a result names, as templates that pair them (Mistral's) do
+IDS = (
+    "{% for m in messages %}{{ m['role'] }}:{% for c in m['tool_calls'] or [] %}[{{ c['id'] }}]{% endfor %}"
+    "{{ m['tool_call_id'] if m['tool_call_id'] is defined else '' }}={{ m['content'] }};{% endfor %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +33,15 @@ def srv(tmp_path_factory, model_cache):
     config.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp / "concatenating.jinja").write_text(CONCATENATING)
+    (tmp / "ids.jinja").write_text(IDS)
     toml = (
         f'[[models]]\nid = "bare"\nsource = "{bare}"\n'
         f'[[models]]\nid = "inline"\nsource = "{bare}"\nchat_template = "{ONLY_CONTENT}"\npreload = false\n'
         f'[[models]]\nid = "gguf-file-template"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
         f'chat_template = "{tmp / "concatenating.jinja"}"\n'
+        f'[[models]]\nid = "ids"\nsource = "{bare}"\nchat_template = "{tmp / "ids.jinja"}"\npreload = false\n'
+        f'[[models]]\nid = "gguf-ids"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
+        f'chat_template = "{tmp / "ids.jinja"}"\n'
     )
     server = Server(tmp, model_cache, toml)
     yield server
@@ -121,3 +131,24 @@ def test_a_chat_template_that_is_neither_file_nor_jinja_stops_the_start(tmp_path
             '[[models]]\nid = "x"\nsource = "demo:tiny"\nchat_template = "nope.jinja"\n',
             startup_s=60,
         )
+
+
+@pytest.mark.parametrize("model", ["ids", "gguf-ids"])
+def test_tool_results_reach_the_template_paired_with_their_calls(srv, model):
+    """Results sent out of order are rendered in their calls' order, each with the id of the call
+    it answers (before: in the order sent, and tool_call_id never reached the template)."""
+    calls = [
+        {"id": f"call_{c}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
+        for c in ("a", "b")
+    ]
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_b", "content": "B"},
+        {"role": "tool", "tool_call_id": "call_a", "content": "A"},
+    ]
+    tokens = httpx.post(
+        srv.url + "/tokenize", json={"model": model, "messages": messages, "add_generation_prompt": False}, timeout=60
+    ).json()["tokens"]
+    text = httpx.post(srv.url + "/detokenize", json={"model": model, "tokens": tokens}, timeout=60).json()["prompt"]
+    assert text.endswith("user:=Weather?;assistant:[call_a][call_b]=;tool:call_a=A;tool:call_b=B;"), text

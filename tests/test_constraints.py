@@ -19,7 +19,7 @@ from greenroom.engines.sampling import new_generator, sample
 from greenroom.engines.tool_calls import CallGuard, functions, load_json
 from greenroom.engines.transformers_engine import TransformersEngine
 from greenroom.errors import GreenroomError
-from greenroom.http.schema_subset import MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
+from greenroom.http.schema_subset import FORMATS, MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
 
 SEEDS = range(20)
 
@@ -467,11 +467,9 @@ UNSUPPORTED = [
     ("if", {"type": "string"}),
     ("then", {}),
     ("else", {}),
-    ("format", "email"),
     ("patternProperties", {"^a": {}}),
     ("dependentRequired", {"a": ["b"]}),
     ("dependentSchemas", {"a": {}}),
-    ("$schema", "https://json-schema.org/draft/2020-12/schema"),
     ("exclusiveMinimum", 0),
     ("exclusiveMaximum", 9),
     ("minProperties", 1),
@@ -482,12 +480,9 @@ UNSUPPORTED = [
     ("propertyNames", {"maxLength": 3}),
     ("unevaluatedProperties", False),
     ("definitions", {}),
-    ("$id", "x"),
-    ("$comment", "x"),
     ("$anchor", "a"),
     ("$dynamicRef", "#a"),
     ("nullable", True),
-    ("x-anything", 1),
 ]
 
 
@@ -500,10 +495,10 @@ def test_each_unsupported_keyword_is_refused_with_its_pointer(keyword, value):
 def test_every_unsupported_keyword_is_named_in_one_message():
     message = refusal(
         {
-            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$anchor": "root",
             "type": "object",
             "properties": {
-                "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "email"}},
+                "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "binary"}},
                 "a/b~c": {"type": "integer", "multipleOf": 3},
                 "choice": {"oneOf": [{"type": "string"}, {"not": {"type": "null"}}]},
             },
@@ -511,7 +506,7 @@ def test_every_unsupported_keyword_is_named_in_one_message():
         }
     )
     for ptr in [
-        "/$schema",
+        "/$anchor",
         "/properties/tags/uniqueItems",
         "/properties/tags/items/format",
         "/properties/a~1b~0c/multipleOf",
@@ -577,9 +572,70 @@ def test_the_supported_subset_is_accepted_and_compiles(constraints):
         check_schema(tool["function"]["parameters"])
 
 
+ANNOTATIONS = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "$comment": "from zod",
+    "title": "T",
+    "description": "D",
+    "default": None,
+    "examples": [1],
+    "deprecated": True,
+    "readOnly": False,
+    "writeOnly": False,
+    "x-order": 1,
+    "x-guidance": {"whitespace_flexible": True},
+}
+
+
+def test_annotations_are_accepted_wherever_a_schema_is_and_change_nothing(engine, constraints):
+    # before: each was 400 response_format_unsupported ("unsupported keywords: /$schema", …)
+    bare = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"$ref": "#/$defs/B"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+        "$defs": {"B": {"enum": [1, 2]}},
+    }
+    annotated = json.loads(json.dumps(bare))
+    for node in (annotated, annotated["properties"]["a"], annotated["$defs"]["B"]):
+        node.update(ANNOTATIONS)
+    annotated["$id"] = "https://example.com/weather.json"
+    check_schema(annotated)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": annotated}}]
+    bare_tools = [{"type": "function", "function": {"name": "f", "parameters": bare}}]
+    for seed in range(3):  # the same documents and calls, seed for seed
+        assert run(engine, constraints, constraints.json_schema(annotated), seed) == run(
+            engine, constraints, constraints.json_schema(bare), seed
+        )
+        assert run(engine, constraints, constraints.tool_calls(tools), seed) == run(
+            engine, constraints, constraints.tool_calls(bare_tools), seed
+        )
+
+
+def test_each_format_llguidance_writes_is_enforced_on_5_seeds(engine, constraints):
+    """The random demo model writes each format's strings: what jsonschema's format checker
+    (every format it checks here) accepts. A format outside FORMATS is refused (below)."""
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for fmt in FORMATS:
+        schema = {"type": "string", "format": fmt, "maxLength": 48}
+        check_schema(schema)
+        for seed in range(5):
+            text, finish = run(engine, constraints, constraints.json_schema(schema), seed, max_tokens=80)
+            assert finish == "done", (fmt, seed, text)
+            if fmt in checker.checkers:
+                checker.check(json.loads(text), fmt)
+            elif fmt == "duration":
+                assert re.fullmatch(r'"P(\d+[YMWD]|T)[\dYMDTHS]*"', text), text
+
+
 @pytest.mark.parametrize(
     "schema, where",
     [
+        ({"format": "uri-reference"}, "/format"),
+        ({"format": 3}, "/format"),
+        ({"properties": {"a": {"$id": "https://example.com/a"}}}, "/properties/a/$id"),
+        ({"deprecated": "yes"}, "/deprecated"),
+        ({"$schema": 7}, "/$schema"),
         ({"type": "text"}, "/type"),
         ({"type": ["string", "string"]}, "/type"),
         ({"required": "a"}, "/required"),

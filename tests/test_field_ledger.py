@@ -249,3 +249,42 @@ def test_extra_messages_locations_are_reported(server):
     assert parse_sf_list(r.headers["X-miLLM-Ignored-Fields"]) == ["extra_messages[0][1].weight"]
     assert [c["index"] for c in r.json()["choices"]] == [0, 1]
     assert r.headers.get("X-miLLM-Seed") is None
+
+
+@pytest.mark.parametrize(
+    "path,fmt,where",
+    [
+        (
+            "/v1/chat/completions",
+            {"type": "json_object", "schema": {"type": "object", "required": ["a"]}},
+            ["response_format.schema"],
+        ),
+        ("/v1/chat/completions", {"type": "text", "strict": True}, ["response_format.strict"]),
+        (
+            "/v1/chat/completions",
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "schemma": {}}, "extra": 1},
+            ["response_format.json_schema.schemma", "response_format.extra"],
+        ),
+        ("/v1/responses", {"type": "json_object", "schema": {"type": "object"}}, ["text.format.schema"]),
+        ("/v1/responses", {"type": "text", "verbosity": "low"}, ["text.format.verbosity"]),
+    ],
+)
+def test_unread_keys_inside_a_response_format_are_reported_and_refused_when_strict(server, path, fmt, where):
+    """Before: dropped silently, strict mode too ({"type": "json_object", "schema": …} answered any
+    JSON object; {"type": "text", <extra key>} was a 400 about json_schema.name)."""
+    if path == "/v1/chat/completions":
+        body = {**CHAT, "max_tokens": 40, "response_format": fmt}
+    else:
+        body = {"model": MODEL, "input": "Hi", "max_output_tokens": 40, "store": False, "text": {"format": fmt}}
+    r = served(post(server, path, body))
+    assert parse_sf_list(r.headers["X-miLLM-Ignored-Fields"]) == where
+    strict = post(server, path, body, {"X-miLLM-Strict": "true"})
+    assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused", strict.text
+    assert strict.json()["error"]["param"] == where[0]
+
+
+def test_a_text_format_with_a_key_of_its_own_through_the_sdk(client):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MSG, max_tokens=3, response_format={"type": "text", "text": {"verbosity": "low"}}
+    )
+    assert raw.parse().choices[0].message.content and raw.headers["X-miLLM-Ignored-Fields"] == '"response_format.text"'

@@ -247,7 +247,7 @@ def test_refusals_that_remain_are_typed_before_any_load(srv):
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "string", "format": "email"}},
+                    "json_schema": {"name": "x", "schema": {"type": "string", "format": "binary"}},
                 }
             },
             "response_format_unsupported",

@@ -127,7 +127,7 @@ def test_extract_invoice(server):
             {
                 "text": "x",
                 "name": "I",
-                "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}},
+                "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "binary"}}},
             },
             "response_format",
         ),

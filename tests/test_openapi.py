@@ -280,6 +280,7 @@ def _what_json_schema_cannot_say(case) -> None:
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         body["max_completion_tokens"] = body["max_tokens"]  # sent together: the same value
     _sound_tools(body)
+    _answered(body)
     read = body.get("return_sae_activations")
     if isinstance(read, dict) and isinstance(read.get("positions"), dict):
         positions = read["positions"]  # half-open: start < end
@@ -372,6 +373,29 @@ def _sound_tools(body: dict) -> None:
         if isinstance(named, dict) and names:
             target = named.get("function") if isinstance(named.get("function"), dict) else named
             target["name"] = names[0]
+
+
+def _answered(body: dict) -> None:
+    """Each tool result names a call made before it in the conversation (chat's tool_call_id,
+    Anthropic's tool_use_id, Responses' call_id): one that does not is left without an id (chat)
+    or becomes text."""
+    calls: set = set()
+    items = body.get("messages") if isinstance(body.get("messages"), list) else body.get("input")
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict):
+            continue
+        calls |= {c.get("id") for c in item.get("tool_calls") or () if isinstance(c, dict)}
+        if item.get("type") == "function_call":
+            calls.add(item.get("call_id"))
+        if item.get("type") == "function_call_output" and item.get("call_id") not in calls:
+            items[i] = {"role": "user", "content": "x"}
+        if item.get("role") == "tool" and item.get("tool_call_id") not in calls:
+            item.pop("tool_call_id", None)
+        for j, block in enumerate(item.get("content") if isinstance(item.get("content"), list) else ()):
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                calls.add(block.get("id"))
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in calls:
+                item["content"][j] = {"type": "text", "text": "x"}
 
 
 def _sent_schemas(body: dict) -> list:

@@ -41,12 +41,8 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def srv(server, smollm2):
-    """The session's default-config server (SmolLM2's conversion already in the cache); both
-    SmolLM2 models are unloaded afterwards, so the tests after these find it as they would."""
-    yield server
-    for model in (GGUF_MODEL, HF_MODEL):
-        httpx.post(server.url + "/api/models/unload", json={"model": model}, timeout=120)
+def srv(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")

@@ -163,3 +163,51 @@ def test_the_guard_holds_a_call_until_it_is_known_not_to_repeat():
     guard = CallGuard(functions)
     assert guard.feed('<tool_call>\n{"name": "ad') == "" and guard.flush() == '<tool_call>\n{"name": "ad'
     assert json.loads(parse(first, TOOLS)[1][0].arguments) == {"a": 1}
+
+
+# strings holding what a block's end would be read from were its end the first brace or tag
+ADVERSARIAL = [
+    "def my_function(){return 10}}}",
+    'print("</tool_call>")',
+    'say \\"hi\\"}} "',
+    "x\n}\n</tool_call>\n<tool_call>",
+    "é😀 {[ \\",
+    "Lagos}}</tool_call>",
+]
+PYTHON = [
+    {
+        "type": "function",
+        "function": {"name": "python", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}},
+    }
+]
+
+
+@pytest.mark.parametrize("code", ADVERSARIAL)
+def test_a_block_ends_where_its_json_ends(code):
+    # before: the block was cut at the first `</tool_call>`: the call dropped (auto), its markup
+    # leaked into the content, and the guard failed the constrained answer ("not a call object")
+    call = block("python", json.dumps({"code": code}, ensure_ascii=False))
+    text = f"Sure.\n{call}\nDone."
+    content, calls = parse(text, PYTHON)
+    assert content == "Sure.\nDone." and [json.loads(c.arguments) for c in calls] == [{"code": code}]
+    for step in (1, 3):  # streamed, in pieces that split escapes, tags and surrogate-free unicode
+        stream, events = ToolCallStream(PYTHON), []
+        for i in range(0, len(text), step):
+            events += stream.feed(text[i : i + step])
+        events += stream.finish()
+        assert "".join(e[1] for e in events if e[0] == "content") == "Sure.\nDone." and stream.calls == calls
+    guard = CallGuard({"python": PYTHON[0]["function"]["parameters"]})
+    assert "".join(guard.feed(ch) for ch in call) == call and guard.invalid is None
+
+
+def test_a_block_that_is_not_json_ends_at_the_tag_after_it_stops_being_json():
+    text = 'A<tool_call>not json</tool_call>B<tool_call>{"name": <x></tool_call>C<tool_call></tool_call>D'
+    assert parse(text, PYTHON) == ("ABCD", [])
+    after = block("python", '{"code": "x"}').replace("}\n</tool_call>", "} junk</tool_call>")
+    assert parse(after + "E", PYTHON) == ("E", [])  # text after the JSON: no call either
+
+
+def test_the_arguments_are_the_members_own_text():
+    assert parse(block("f", '{"code": "\\"arguments\\": {}"}'))[1] == [ToolCall("f", '{"code": "\\"arguments\\": {}"}')]
+    both = '<tool_call>{"name": "f", "parameters": {"a": 1}, "arguments": {"b":  2}}</tool_call>'
+    assert parse(both)[1] == [ToolCall("f", '{"b":  2}')]  # the member the call is read from

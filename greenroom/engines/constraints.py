@@ -336,15 +336,19 @@ def _functions(tools) -> dict[str, dict | None]:
     return out
 
 
+_ROOT_KEYWORDS = ("$defs", "definitions", "x-guidance", "$id", "$schema")  # what a schema's root alone may say
+
+
 def _call_schema(name: str, params: dict | None, args: str = "arguments") -> dict:
     """{"name": const, `args`: params} as one schema (`args`: "arguments", or Llama 3.x's
     "parameters"). The parameters' `$defs` move to the root so their local refs
-    (`#/$defs/X`, all the subset allows) still resolve."""
+    (`#/$defs/X`, all the subset allows) still resolve; their root's `$id` and `$schema`, which
+    would make them a resource of their own, are left out."""
     if params is None:
         arguments: dict = {"type": "object", "properties": {}, "additionalProperties": False}
         defs = {}
     else:
-        arguments = {k: v for k, v in params.items() if k not in ("$defs", "definitions", "x-guidance")}
+        arguments = {k: v for k, v in params.items() if k not in _ROOT_KEYWORDS}
         arguments.setdefault("type", "object")
         defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
     return {

@@ -42,7 +42,6 @@ HERMES, LLAMA3_JSON = "hermes", "llama3_json"  # the call syntaxes (see the modu
 SYNTAXES = (HERMES, LLAMA3_JSON)
 MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JavaScript's JSON.parse (a double) holds exactly
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # what a function without takes
-_ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
 @attrs.frozen
@@ -104,7 +103,8 @@ def _call_from_json(text: str) -> ToolCall | None:
         return None
     if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
+    key = "arguments" if "arguments" in obj else "parameters"
+    args = obj.get(key, {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -112,18 +112,31 @@ def _call_from_json(text: str) -> ToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], _raw_arguments(text) or json.dumps(args, ensure_ascii=False))
+    raw = _members(text).get(key)
+    return ToolCall(
+        obj["name"], raw if raw is not None and raw.startswith("{") else json.dumps(args, ensure_ascii=False)
+    )
 
 
-def _raw_arguments(text: str) -> str | None:
-    m = _ARGS_KEY.search(text)
-    if not m:
-        return None
-    try:
-        value, end = json.JSONDecoder().raw_decode(text, m.end())
-    except ValueError:
-        return None
-    return text[m.end() : end] if isinstance(value, dict) else None
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _members(text: str) -> dict[str, str]:
+    """The raw JSON text of each top-level member of the object `text` (which json.loads has
+    read), by key; the last of a repeated key, as json.loads keeps it."""
+    out = {}
+    at = _SPACE.match(text).end() + 1  # past "{"
+    while True:
+        at = _SPACE.match(text, at).end()
+        if text[at] == "}":
+            return out
+        key, at = json.decoder.scanstring(text, at + 1)
+        at = _SPACE.match(text, _SPACE.match(text, at).end() + 1).end()  # past ":"
+        _, end = _DECODER.raw_decode(text, at)
+        out[key] = text[at:end]
+        at = _SPACE.match(text, end).end()
+        at += text[at] == ","
 
 
 class _Judge:
@@ -177,12 +190,12 @@ class _Judge:
 
 class _Blocks:
     """Text → ("text", text) | ("block", body, raw) pieces: text as soon as it cannot begin
-    the opening tag, a block once its closing tag has come. `tagged=False`: a syntax without
-    blocks, all text."""
+    the opening tag, a block once it has closed (`_BlockEnd`). `tagged=False`: a syntax
+    without blocks, all text."""
 
     def __init__(self, tagged: bool = True):
         self._buf = ""
-        self._in_block = False
+        self._end: _BlockEnd | None = None  # the open block's reader
         self._tagged = tagged
 
     def feed(self, text: str) -> list[tuple]:
@@ -191,7 +204,7 @@ class _Blocks:
         self._buf += text
         out: list[tuple] = []
         while True:
-            if not self._in_block:
+            if self._end is None:
                 i = self._buf.find(OPEN)
                 if i == -1:
                     cut = len(self._buf) - _partial(self._buf, OPEN)
@@ -201,18 +214,78 @@ class _Blocks:
                     return out
                 if i:
                     out.append(("text", self._buf[:i]))
-                self._buf, self._in_block = self._buf[i:], True
-            j = self._buf.find(CLOSE, len(OPEN))
-            if j == -1:
+                self._buf, self._end = self._buf[i:], _BlockEnd(len(OPEN))
+            end = self._end.find(self._buf)
+            if end is None:
                 return out
-            end = j + len(CLOSE)
-            out.append(("block", self._buf[len(OPEN) : j], self._buf[:end]))
-            self._buf, self._in_block = self._buf[end:], False
+            out.append(("block", self._buf[len(OPEN) : end - len(CLOSE)], self._buf[:end]))
+            self._buf, self._end = self._buf[end:], None
 
     def finish(self) -> str:
         """What is held: a call cut short, or text that could only begin one ("<tool_", "<")."""
-        rest, self._buf, self._in_block = self._buf, "", False
+        rest, self._buf, self._end = self._buf, "", None
         return rest
+
+
+_OUTSIDE_STRINGS = frozenset(" \t\n\r,:0123456789+-.eEtrufalsn")  # what JSON has between its strings
+
+
+class _BlockEnd:
+    """Where a call block ends, read by the JSON grammar as the block grows: its body is one
+    JSON value, whose end is its closing bracket outside every string (a brace, a quote or a
+    `</tool_call>` inside a string is the string's, escapes included), then the closing tag.
+    A body that stops being JSON (a character JSON cannot have there) ends at the first closing
+    tag from that point: it is no call either way."""
+
+    def __init__(self, start: int):
+        self._at = start  # the next character to read
+        self._state = "before"  # before the value | value | after it | tag (not JSON: the next tag ends it)
+        self._depth = 0
+        self._string = self._escape = False
+
+    def find(self, buf: str) -> int | None:
+        """The index just past the block's closing tag in `buf` (the block from its opening
+        tag, grown since the last call), or None while it has not come."""
+        while self._at < len(buf):
+            if self._state == "tag":
+                j = buf.find(CLOSE, self._at)
+                if j == -1:
+                    self._at = max(self._at, len(buf) - len(CLOSE) + 1)
+                    return None
+                return j + len(CLOSE)
+            c = buf[self._at]
+            if self._state != "value":
+                if c in " \t\n\r":
+                    self._at += 1
+                elif self._state == "before" and c in "{[":
+                    self._state = "value"
+                elif self._state == "after" and buf.startswith(CLOSE, self._at):
+                    return self._at + len(CLOSE)
+                elif self._state == "after" and CLOSE.startswith(buf[self._at :]):
+                    return None  # the closing tag, begun
+                else:
+                    self._state = "tag"
+                continue
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if not self._depth:
+                    self._state = "after"
+            elif c not in _OUTSIDE_STRINGS:
+                self._state = "tag"
+                continue
+            self._at += 1
+        return None
 
 
 class ToolCallStream:

@@ -183,11 +183,12 @@ class AnyOf(Field):
 @attrs.frozen(kw_only=True)
 class Shape(Field):
     """A JSON object. Open (the default): other fields are accepted (the ledger reports them);
-    closed: any other field is refused."""
+    closed: any other field is refused, but for those whose names match one of `patterns`."""
 
     fields: dict[str, Field]
     required: tuple[str, ...] = ()
     closed: bool = False
+    patterns: dict[str, Field] = attrs.field(factory=dict)  # a name's regular expression -> what it holds
     extra: Field | None = None  # what an open shape's other fields may hold (None: anything)
     rules: tuple = ()  # JSON Schema over several fields (Fields inside rendered), each beside the check it mirrors
 
@@ -205,6 +206,8 @@ class Shape(Field):
         }
         if self.required:
             out["required"] = list(self.required)
+        if self.patterns:
+            out["patternProperties"] = {k: f.render(components) for k, f in self.patterns.items()}
         if self.closed:
             out["additionalProperties"] = False
         elif self.extra is not None:

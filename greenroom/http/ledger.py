@@ -7,8 +7,9 @@ Each endpoint has a table of the fields it knows. A field is
 - refused with 400 field_not_honoured, unless its value means "no change" (an explicit
   null, or the field's listed no-op value) or the engine has the capability that
   honours it.
-Nested objects the request path reads (messages, content parts, stream_options) are
-walked, so an unread key is reported with its location, e.g. "messages[2].name". The surfaces
+Nested objects the request path reads (messages, content parts, response_format,
+stream_options) are walked, so an unread key is reported with its location, e.g.
+"messages[2].name" or "response_format.schema". The surfaces
 translated onto chat completions (Responses, Anthropic's Messages) have their top-level fields
 here; their translations (responses_api.py, messages_api.py) report the nested keys they do not
 read, and the chat body they make goes through `constrained_choice`.
@@ -24,6 +25,7 @@ import attrs
 from greenroom import structured_fields as sf
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
+from greenroom.http import structured
 
 log = logging.getLogger("greenroom.http")
 
@@ -223,6 +225,7 @@ TOKENIZE = {
 DETOKENIZE = {"model": USE, "tokens": USE}
 
 _MESSAGE_KEYS = {"role", "content", "tool_calls"}
+_RESULT_KEYS = _MESSAGE_KEYS | {"tool_call_id"}  # a tool message's: the call it answers (openai_params.messages)
 _PART_KEYS = {"type", "text"}
 _STREAM_OPTION_KEYS = {"include_usage"}
 
@@ -283,6 +286,7 @@ def _nested(body: dict) -> list[str]:
     if isinstance(extra, list):
         for i, conversation in enumerate(extra):
             out += _unread_in_messages(conversation, f"extra_messages[{i}]")
+    out += structured.unread_in_format(body.get("response_format"), "response_format")
     options = body.get("stream_options")
     if isinstance(options, dict):
         if body.get("stream") is True:
@@ -299,7 +303,8 @@ def _unread_in_messages(messages, where: str) -> list[str]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             continue
-        out += [f"{where}[{i}].{k}" for k in m if k not in _MESSAGE_KEYS]
+        read = _RESULT_KEYS if m.get("role") == "tool" else _MESSAGE_KEYS
+        out += [f"{where}[{i}].{k}" for k in m if k not in read]
         if isinstance(m.get("content"), list):
             for j, part in enumerate(m["content"]):
                 if isinstance(part, dict):

@@ -3,7 +3,7 @@ completions' path — what coding agents speak through ANTHROPIC_BASE_URL.
 
 A request becomes the chat request it means — `system` (a string or text blocks) a system
 message, each message's text blocks its content, an assistant's tool_use blocks its tool calls,
-a user's tool_result blocks tool messages, tools (name, description, input_schema) chat's
+a user's tool_result blocks tool messages (paired with their calls by tool_use_id), tools (name, description, input_schema) chat's
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
 output_config.format a json_schema response_format — and runs through openai_api.generation.
@@ -32,6 +32,7 @@ from greenroom.http.contracts import (
     Anything,
     Boolean,
     Choice,
+    Field,
     ListOf,
     Named,
     Shape,
@@ -67,7 +68,7 @@ TEXT = AnyOf(options=(Text(), ListOf(items=Named(name="AnthropicTextBlock", fiel
 TOOL_RESULT_BLOCK = Shape(
     fields={
         "type": Choice(values=("tool_result",)),
-        "tool_use_id": Text(description="Not read: the chat template renders results in order"),
+        "tool_use_id": Text(description="The earlier tool_use block it answers (refused if none has this id)"),
         "content": TEXT,
         "is_error": Anything(description="Not read: reported"),
         **_CACHE,
@@ -122,16 +123,25 @@ TOOL_CHOICE = AnyOf(
     ),
     description="auto (the default with tools), any (a call is enforced by decoding), tool (that one), none",
 )
-_FORMAT = Shape(
-    fields={
-        "format": Shape(
-            fields={"type": Choice(values=("json_schema",)), "schema": SCHEMA},
-            required=("type", "schema"),
-            description="The answer decoded under the schema (greenroom's subset) and validated: not streamed, "
-            "not with stop_sequences, not with tools unless tool_choice is none",
-        ),
-        "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
-    },
+
+
+def _output_config(schema: Field, description: str) -> Shape:
+    return Shape(
+        fields={
+            "format": Shape(
+                fields={"type": Choice(values=("json_schema",)), "schema": schema},
+                required=("type", "schema"),
+                description=description,
+            ),
+            "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
+        },
+    )
+
+
+_FORMAT = _output_config(
+    SCHEMA,
+    "The answer decoded under the schema (greenroom's subset) and validated: not streamed, not with "
+    "stop_sequences, not with tools unless tool_choice is none",
 )
 _COMMON = Shape(
     fields={
@@ -144,14 +154,26 @@ _COMMON = Shape(
     },
     required=("model", "messages"),
 )
+# a token count enforces nothing: no schema it carries is checked
+_COUNTED = attrs.evolve(
+    _COMMON,
+    fields={
+        **_COMMON.fields,
+        "output_config": _output_config(
+            attrs.evolve(structured.FUNCTION.field.fields["parameters"], description="A JSON schema"),
+            "Counted, not enforced: its schema is not checked",
+        ),
+    },
+)
 
 
 _NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
 _FORCED = at({"enum": ["any", "tool"]}, "tool_choice", "type")
 _FORMATTED = at({"type": "object"}, "output_config", "format")
 _UNTOOLED = {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice", "type")]}
-_RULES = (
-    when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),
+_RULES = (when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),)
+# a generation's only: a token count enforces nothing
+_ENFORCED = (
     when(
         _FORCED,
         {"properties": {"tools": {"items": {"properties": {"input_schema": SCHEMA}}}}},
@@ -180,7 +202,7 @@ _RULES += (
         "prompt before it",
     },
 )
-COUNT_REQUEST = merge(_COMMON, rules=_RULES)
+COUNT_REQUEST = merge(_COUNTED, rules=_RULES)
 REQUEST = merge(
     _COMMON,
     Shape(
@@ -197,6 +219,7 @@ REQUEST = merge(
     openai_api.MILLM,
     rules=(
         *_RULES,
+        *_ENFORCED,
         when(
             _FORMATTED,
             {
@@ -217,7 +240,7 @@ NAMES = {
     r"(tools\[\d+\])\.function\b": r"\1",
 }
 _BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
-_NOT_READ = {"cache_control", "tool_use_id", "is_error"}
+_NOT_READ = {"cache_control", "is_error"}
 
 
 def _texts(blocks, where: str, unread: list[str]) -> str:
@@ -275,17 +298,13 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
                 }
             )
         else:
-            if not isinstance(block["tool_use_id"], str):
-                raise GreenroomError(
-                    "invalid_parameter", f"'{place}.tool_use_id' must be a string", f"{place}.tool_use_id"
-                )
+            call = openai_params.answered(block["tool_use_id"], out, f"{place}.tool_use_id")
             if text:  # a user's text before a result: its own turn
                 out.append({"role": "user", "content": "".join(text)})
                 text = []
             result = block.get("content")
-            out.append(
-                {"role": "tool", "content": "" if result is None else _texts(result, f"{place}.content", unread)}
-            )
+            content = "" if result is None else _texts(result, f"{place}.content", unread)
+            out.append({"role": "tool", "content": content, "tool_call_id": call})
     if role == "assistant":
         out.append({"role": "assistant", "content": "".join(text), **({"tool_calls": calls} if calls else {})})
     elif text or not out or out[-1]["role"] != "tool":
@@ -526,7 +545,7 @@ def register(app: Quart, tree: Tree) -> None:
         req = req.translated(chat, unread)
         headers = req.headers()
         with openai_api.named(NAMES):
-            tools = structured.plan(chat, stream=False).tools
+            tools = structured.rendered_tools(chat)  # counted, not enforced: no schema is checked
         message = Tokenize(
             openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools
         )

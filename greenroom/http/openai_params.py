@@ -9,6 +9,7 @@ what openapi.py documents.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 
@@ -126,7 +127,10 @@ MESSAGE = Named(
             "tool_calls": ListOf(
                 items=TOOL_CALL, description="An assistant's earlier calls, rendered by the chat template"
             ),
-            "tool_call_id": Anything(description="Not read: reported"),
+            "tool_call_id": Text(
+                description="A tool message's: the id of the earlier call it answers (refused if no earlier call has "
+                "it); results are rendered in their calls' order, and the id is handed to the chat template"
+            ),
         },
         required=("role",),
         description="A trailing assistant message is continued, not answered",
@@ -507,7 +511,38 @@ def messages(body: dict) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": "" if content is None else content}
         if m.get("tool_calls") is not None:
             msg["tool_calls"] = tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool" and m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = answered(m["tool_call_id"], out, f"{where}.tool_call_id")
         out.append(msg)
+    return in_call_order(out)
+
+
+def answered(call_id, earlier: list[dict], where: str) -> str:
+    """A tool result's id of the call it answers (chat's tool_call_id, Anthropic's tool_use_id,
+    Responses' call_id): one of the calls in the `earlier` messages, else a 400 naming `where`."""
+    if not isinstance(call_id, str):
+        raise GreenroomError("invalid_parameter", f"'{where}' must be a string", where)
+    if not any(c.get("id") == call_id for m in earlier for c in m.get("tool_calls") or ()):
+        raise GreenroomError(
+            "invalid_parameter", f"'{where}' is {call_id[:80]!r}, which no earlier call in the conversation has", where
+        )
+    return call_id
+
+
+def in_call_order(messages: list[dict]) -> list[dict]:
+    """Each run of tool results in the order of the calls they answer (the last assistant turn
+    with calls before it): a template that renders results one after another, without ids,
+    then pairs each with its call. Results without an id keep their place after those with."""
+    out: list[dict] = []
+    order: dict = {}
+    for results, run in itertools.groupby(messages, lambda m: m["role"] == "tool"):
+        run = list(run)
+        if results:
+            run.sort(key=lambda r: order.get(r.get("tool_call_id"), len(order)))
+        for m in run:
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                order = {c.get("id"): k for k, c in enumerate(m["tool_calls"])}
+        out += run
     return out
 
 

@@ -93,7 +93,7 @@ CALL_ITEM = Shape(
 CALL_OUTPUT_ITEM = Shape(
     fields={
         "type": Choice(values=("function_call_output",)),
-        "call_id": Text(description="Not read: the chat template renders results in order"),
+        "call_id": Text(description="The earlier function_call it answers (refused if none has this call_id)"),
         "output": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
         **_ITEM_META,
     },
@@ -253,15 +253,11 @@ def _text(content, where: str, unread: list[str]) -> str:
 
 
 _ITEMS = {"message": MESSAGE_ITEM, "function_call": CALL_ITEM, "function_call_output": CALL_OUTPUT_ITEM}
-# what is not reported of each item: what it carries (a result's call_id is not read), and an
-# output item's id and status sent back
-_READ = {
-    kind: shape.names - ({"call_id"} if kind == "function_call_output" else set()) for kind, shape in _ITEMS.items()
-}
 
 
-def _item(item, i: int, messages: list[dict], unread: list[str]) -> None:
-    """One input item appended to the chat messages (a call to the assistant turn before it)."""
+def _item(item, i: int, messages: list[dict], earlier: list[dict], unread: list[str]) -> None:
+    """One input item appended to the chat messages (a call to the assistant turn before it; a
+    result paired with its call, among `earlier` (the stored conversation) and `messages`)."""
     where = f"input[{i}]"
     if not isinstance(item, dict):
         raise GreenroomError("invalid_parameter", f"'{where}' must be an object", where)
@@ -275,7 +271,7 @@ def _item(item, i: int, messages: list[dict], unread: list[str]) -> None:
     for key in _ITEMS[kind].required:
         if item.get(key) is None:
             raise GreenroomError("missing_parameter", f"'{where}.{key}' is required", f"{where}.{key}")
-    unread += [f"{where}.{k}" for k in item if k not in _READ[kind]]
+    unread += [f"{where}.{k}" for k in item if k not in _ITEMS[kind].names]
     if kind == "message":
         if item["role"] not in _ROLES:
             raise GreenroomError(
@@ -296,9 +292,10 @@ def _item(item, i: int, messages: list[dict], unread: list[str]) -> None:
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
     else:
-        if not isinstance(item["call_id"], str):
-            raise GreenroomError("invalid_parameter", f"'{where}.call_id' must be a string", f"{where}.call_id")
-        messages.append({"role": "tool", "content": _text(item["output"], f"{where}.output", unread)})
+        call = openai_params.answered(item["call_id"], earlier + messages, f"{where}.call_id")
+        messages.append(
+            {"role": "tool", "content": _text(item["output"], f"{where}.output", unread), "tool_call_id": call}
+        )
 
 
 _FUNCTION_FIELDS = {k: k for k in ("name", "description", "parameters")}
@@ -325,9 +322,9 @@ def _response_format(body: dict, unread: list[str]):
         raise GreenroomError("invalid_parameter", "'text' must be an object", "text")
     unread += [f"text.{k}" for k in text if k != "format"]
     fmt = text.get("format")
+    unread += structured.unread_in_format(fmt, "text.format", _FORMAT.field.options)
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         return fmt  # text, json_object, or what the plan refuses by name
-    unread += [f"text.format.{k}" for k in fmt if k not in ("type", "name", "schema", "strict", "description")]
     return {
         "type": "json_schema",
         "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
@@ -346,7 +343,7 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
     elif isinstance(source, list) and source:
         messages = []
         for i, item in enumerate(source):
-            _item(item, i, messages, unread)
+            _item(item, i, messages, history, unread)
     else:
         raise GreenroomError("invalid_parameter", "'input' must be a string or a non-empty array of items", "input")
     instructions = openai_params.string(body, "instructions")

@@ -4,7 +4,11 @@ The constraint library compiles more keywords than it enforces, and enforces som
 client could not rely on everywhere, so the subset is greenroom's own list, checked
 before anything is compiled or loaded. `check_schema` names every keyword outside it,
 and every malformed value, with its JSON pointer (RFC 6901), in one 400
-`response_format_unsupported`.
+`response_format_unsupported` naming the field that holds the schema.
+
+Annotations constrain nothing and are accepted wherever a schema is (what zod, pydantic and
+the AI SDK write: `$schema`, `title`, `examples`, `x-…` …); `format` is enforced for the
+formats the constraint library writes as patterns (FORMATS) and refused for any other.
 
 Only schema positions are walked: the keys of `properties` and `$defs` are names (a
 property called "format" is fine), and `enum`, `const`, `default` and `examples` hold
@@ -61,8 +65,26 @@ SUPPORTED = (
     "anyOf",
     "$ref",
     "$defs",
+    "format",
 )
-ANNOTATIONS = ("title", "description", "default", "examples")
+# Annotations: accepted and ignored (and every key beginning "x-"). `$id` at the root only: a
+# nested one would change what the `$ref`s under it resolve against.
+ANNOTATIONS = (
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+)
+EXTENSION = re.compile(r"x-.*", re.DOTALL)  # a vendor's own keyword (x-guidance, x-order, …): an annotation
+# The string formats llguidance enforces (its JSON compiler writes each as a pattern): OpenAI's
+# structured-output formats, and uri.
+FORMATS = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
 
 _DEFS_REF = re.compile(r"#/\$defs/([^/]+)")
 # Lookarounds and backreferences: JSON Schema (ECMA-262) has them, the constraint library does not.
@@ -79,7 +101,8 @@ _HINTS = {
 
 def check_schema(schema, param: str = "response_format") -> None:
     """Raise GreenroomError("response_format_unsupported") naming every keyword outside the
-    subset and every malformed value, with its JSON pointer; or return None."""
+    subset and every malformed value, with its JSON pointer; or return None. `param`: the
+    field that holds the schema (named in the refusal)."""
     try:
         size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
     except RecursionError:
@@ -100,17 +123,19 @@ def check_schema(schema, param: str = "response_format") -> None:
         problems.append("invalid values: " + "; ".join(f"{ptr}: {why}" for ptr, why in walker.invalid))
     if problems:
         _refuse(
-            "the JSON schema is outside greenroom's supported subset: "
+            f"the JSON schema in '{param}' is outside greenroom's supported subset: "
             + "; ".join(problems + walker.limits)
             + ". Supported keywords: "
             + ", ".join(SUPPORTED)
-            + "; the annotations "
+            + " (format: "
+            + ", ".join(FORMATS)
+            + "); the annotations "
             + ", ".join(ANNOTATIONS)
-            + " are accepted and ignored",
+            + " and x-… are accepted and ignored",
             param,
         )
     if walker.limits:
-        _refuse("the JSON schema exceeds greenroom's limits: " + "; ".join(walker.limits), param)
+        _refuse(f"the JSON schema in '{param}' exceeds greenroom's limits: " + "; ".join(walker.limits), param)
 
 
 def pointer(*parts: str) -> str:
@@ -150,6 +175,8 @@ class _Walker:
         for key, value in node.items():
             here = at + pointer(key)
             check = _KEYWORDS.get(key)
+            if check is None and EXTENSION.fullmatch(key):
+                continue
             if check is None:
                 self.unsupported.append(here)
             else:
@@ -248,6 +275,22 @@ class _Walker:
         if not isinstance(value, str):
             self.invalid.append((at, "must be a string"))
 
+    def _id(self, node, value, at, depth):
+        if node is not self.root:
+            self.invalid.append((at, "$id is accepted at the root of the schema only"))
+        else:
+            self._text(node, value, at, depth)
+
+    def _flag(self, node, value, at, depth):
+        if not isinstance(value, bool):
+            self.invalid.append((at, "must be a boolean"))
+
+    def _format(self, node, value, at, depth):
+        if value not in FORMATS:
+            self.invalid.append(
+                (at, f"{json.dumps(value)[:40]} is not a format greenroom enforces (one of {', '.join(FORMATS)})")
+            )
+
     def _examples(self, node, value, at, depth):
         if not isinstance(value, list):
             self.invalid.append((at, "must be a list"))
@@ -282,10 +325,17 @@ _KEYWORDS = {
     "anyOf": _Walker._any_of,
     "$ref": _Walker._ref,
     "$defs": _Walker._defs,
+    "format": _Walker._format,
     "title": _Walker._text,
     "description": _Walker._text,
     "default": _Walker._data,
     "examples": _Walker._examples,
+    "$schema": _Walker._text,
+    "$id": _Walker._id,
+    "$comment": _Walker._text,
+    "deprecated": _Walker._flag,
+    "readOnly": _Walker._flag,
+    "writeOnly": _Walker._flag,
 }
 assert set(_KEYWORDS) == set(SUPPORTED) | set(ANNOTATIONS)
 
@@ -317,17 +367,28 @@ def _keywords(sub) -> dict:
         "anyOf": ListOf(items=sub, min_items=1),
         "$ref": Text(pattern=_DEFS_REF.pattern),
         "$defs": MapOf(values=sub),
+        "format": Choice(values=FORMATS),
         "title": Text(),
         "description": Text(),
         "default": DATA,
         "examples": ListOf(items=DATA),
+        "$schema": Text(),
+        "$id": Text(),
+        "$comment": Text(),
+        "deprecated": Boolean(),
+        "readOnly": Boolean(),
+        "writeOnly": Boolean(),
     }
     assert set(keywords) == set(_KEYWORDS)
     return {k: attrs.evolve(f, null=False) for k, f in keywords.items()}  # null is a value here, not "absent"
 
 
+_ROOT_ONLY = ("$defs", "$id")
+_EXTENSIONS = {"^x-": DATA}  # patternProperties: the x-… annotations
+
+
 def _nested(keywords: dict) -> Shape:
-    return Shape(fields={k: f for k, f in keywords.items() if k != "$defs"}, closed=True)  # $defs: the root's only
+    return Shape(fields={k: f for k, f in keywords.items() if k not in _ROOT_ONLY}, closed=True, patterns=_EXTENSIONS)
 
 
 SUBSCHEMA = Named(
@@ -340,13 +401,16 @@ SCHEMA = Named(
     field=Shape(
         fields=_keywords(AnyOf(options=(Boolean(), SUBSCHEMA))),
         closed=True,
+        patterns=_EXTENSIONS,
         description=(
             "A JSON schema in greenroom's supported subset (the keywords "
             + ", ".join(SUPPORTED)
+            + ", format one of "
+            + ", ".join(FORMATS)
             + "; the annotations "
             + ", ".join(ANNOTATIONS)
-            + f" are ignored); at most {MAX_SCHEMA_BYTES:,} bytes as compact JSON, {MAX_DEPTH} "
-            f"schemas deep and {MAX_PROPERTIES} properties per object; $defs at the root only, a $ref naming one of its "
+            + f" and x-… are ignored); at most {MAX_SCHEMA_BYTES:,} bytes as compact JSON, {MAX_DEPTH} "
+            f"schemas deep and {MAX_PROPERTIES} properties per object; $defs and $id at the root only, a $ref naming one of its "
             "entries, minimum ≤ maximum (and the counts alike), no lookaround or backreference in a pattern; anything "
             "else is a 400 response_format_unsupported"
         ),

@@ -94,7 +94,7 @@ RESPONSE_FORMAT = Named(
     name="ResponseFormat",
     field=AnyOf(
         options=(
-            Shape(fields={"type": Choice(values=("text",))}, required=("type",), closed=True),
+            Shape(fields={"type": Choice(values=("text",))}, required=("type",)),
             Shape(fields={"type": Choice(values=("json_object",))}, required=("type",)),
             Shape(
                 fields={
@@ -112,7 +112,8 @@ RESPONSE_FORMAT = Named(
                 required=("type", "json_schema"),
             ),
         ),
-        description="json_object or json_schema: the answer is decoded under the schema and validated; refused "
+        description="json_object or json_schema: the answer is decoded under the schema and validated (keys of "
+        "its own the type does not read are reported, like every unread field); refused "
         "(400 response_format_unsupported) with stream: true, with stop, with tools unless tool_choice is "
         '"none", and while the server runs continuous batching',
     ),
@@ -225,7 +226,7 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
     response_format (a /v1 chat request's; Needle's and Ollama's formats are served serially)."""
     tools, mode, name, parallel = _tools(body)
     fmt = body.get("response_format")
-    if fmt is None or fmt == {"type": "text"}:
+    if fmt is None or isinstance(fmt, dict) and fmt.get("type") == "text":  # its other keys: unread_in_format
         if mode in ("required", "named"):
             return Plan({"type": "tool_calls", "tools": tools, "name": name, "parallel": parallel}, tools, mode)
         return Plan(None, tools, mode)
@@ -256,6 +257,32 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
     check_schema(schema)
     header = f'json_schema;name="{spec["name"]}"'  # the name's characters need no escaping
     return Plan({"type": "json_schema", "schema": schema}, tools, mode, schema=schema, header=header)
+
+
+def rendered_tools(body: dict) -> list[dict] | None:
+    """The tools a request's prompt renders, as `plan` reads them, their parameters not checked:
+    nothing is enforced (a token count)."""
+    return _tools(body, enforced=False)[0]
+
+
+def unread_in_format(fmt, where: str, options: tuple[Shape, ...] = RESPONSE_FORMAT.field.options) -> list[str]:
+    """The locations (under `where`) of a response format's keys that its type does not read:
+    keys outside the shape of its type (one of `options`), nested shapes walked."""
+    for shape in options:
+        if isinstance(fmt, dict) and fmt.get("type") in shape.fields["type"].values:
+            return _unread(shape, fmt, where)
+    return []  # not a format: plan refuses it by name
+
+
+def _unread(shape: Shape, value: dict, where: str) -> list[str]:
+    out = []
+    for key, item in value.items():
+        field = shape.fields.get(key)
+        if field is None:
+            out.append(f"{where}.{key}")
+        elif isinstance(field, Shape) and isinstance(item, dict):
+            out += _unread(field, item, f"{where}.{key}")
+    return out
 
 
 def translated_tools(
@@ -291,7 +318,10 @@ def translated_tools(
     return out
 
 
-def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
+def _tools(body: dict, enforced: bool = True) -> tuple[list[dict] | None, str, str | None, bool]:
+    """The tools, the call mode, the named function and parallel_tool_calls; `enforced`: the
+    parameters are checked for what the mode does with them (compiled into a grammar, or
+    validated against) — a request that generates nothing checks none."""
     tools, functions = body.get("tools"), body.get("functions")
     for field, value in (("tools", tools), ("functions", functions)):
         if value is not None and not isinstance(value, list):
@@ -335,20 +365,26 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, str | None, bool]:
     if len(set(names)) != len(names):
         raise GreenroomError("invalid_parameter", "tool names must be unique", "tools")
     mode, name = _choice(choice, names)
-    if mode in ("required", "named"):  # compiled into the grammar: the subset applies
-        for i, tool in enumerate(tools):
-            if mode == "required" or tool["function"]["name"] == name:
-                check_schema(tool["function"].get("parameters", {}), where.format(i) + ".parameters")
-    elif mode == "auto":  # calls are validated against them: they must be schemas jsonschema can use
-        for i, tool in enumerate(tools):
-            error = _schema_error(json.dumps(tool["function"].get("parameters", {}), sort_keys=True))
+    if enforced:
+        _check_parameters(tools, mode, name, where)
+    return tools, mode, name, parallel is not False
+
+
+def _check_parameters(tools: list[dict], mode: str, name: str | None, where: str) -> None:
+    """Each function's parameters as its mode uses them: compiled into the grammar (required,
+    named), or calls validated against them (auto)."""
+    for i, tool in enumerate(tools):
+        params = tool["function"].get("parameters", {})
+        if mode == "required" or mode == "named" and tool["function"]["name"] == name:
+            check_schema(params, where.format(i) + ".parameters")  # the subset applies
+        elif mode == "auto":  # they must be schemas jsonschema can use
+            error = _schema_error(json.dumps(params, sort_keys=True))
             if error is not None:
                 raise GreenroomError(
                     "invalid_parameter",
                     f"{where.format(i)}.parameters is not a valid JSON schema: {error}",
                     where.format(i) + ".parameters",
                 )
-    return tools, mode, name, parallel is not False
 
 
 @functools.lru_cache(maxsize=256)
