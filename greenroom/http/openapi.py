@@ -835,7 +835,18 @@ def _steering_schemas() -> dict:
             additionalProperties=False,
         ),
         "ProfileList": _obj({"profiles": _array(_ref("Profile"))}, ("profiles",)),
-        "ProfileDeleted": _obj({"name": _string(), "deleted": _BOOLEAN}, ("name", "deleted")),
+        "ProfileDeleted": _obj(
+            {
+                "name": _string(),
+                "deleted": _BOOLEAN,
+                "state": _described(
+                    _nullable(_ref("ModelSteering")),
+                    "The model's steering when it steered through the deleted document (its active base, or "
+                    "the active circuit's slice_fallback): deactivated, or re-derived without it; null otherwise",
+                ),
+            },
+            ("name", "deleted", "state"),
+        ),
     }
 
 
