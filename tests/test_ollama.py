@@ -218,13 +218,30 @@ def test_num_predict_minus_one_fills_the_requested_window(oc):
     assert r.prompt_eval_count + r.eval_count == 48 or r.done_reason == "stop"
 
 
-def test_num_ctx_past_the_model_is_refused(server):
-    err = flat(
-        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 40000}}),
+def test_num_ctx_is_clamped_as_ollama_clamps_it(server, oc):
+    """0, a negative or a window past the model's (Open WebUI users set large ones) is not a 400:
+    capped at the model's trained window (32768), raised to 4, the value used in X-Greenroom-Num-Ctx."""
+
+    def run(**options) -> httpx.Response:
+        body = {"model": MODEL, "prompt": "Once upon a time", "stream": False}
+        r = post(server, "/api/generate", {**body, "options": {**options, "num_predict": 8, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return r
+
+    capped = run(num_ctx=1_000_000)
+    assert capped.headers["X-Greenroom-Num-Ctx"] == "32768" and "X-Greenroom-Truncated" not in capped.headers
+    assert capped.json()["response"] == run(num_ctx=32768).json()["response"]
+    assert run().headers["X-Greenroom-Num-Ctx"] == "2048"  # the default
+    for small in (0, -1, 3):
+        r = run(num_ctx=small)
+        assert r.headers["X-Greenroom-Num-Ctx"] == "4" and r.json()["prompt_eval_count"] <= 4, small
+    streamed = oc.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], options={"num_ctx": 2**40})
+    assert streamed.done
+    flat(
+        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 2**63}}),
         400,
         "invalid_parameter",
     )
-    assert "32768" in err and "options.num_ctx" in err
 
 
 def test_a_prompt_past_num_ctx_is_cut_by_ollamas_rule(server):
@@ -324,6 +341,17 @@ def test_embed_and_legacy_embeddings(oc):
     norm = math.hypot(*legacy)
     assert len(legacy) == 128 and [x / norm for x in legacy] == pytest.approx(r.embeddings[0], abs=1e-5)
     assert len(oc.embed(model=MODEL, input="alpha", dimensions=16).embeddings[0]) == 16
+
+
+@pytest.mark.parametrize("dimensions,length", [(16, 16), (0, 128), (-3, 128), (128, 128), (4096, 128)])
+def test_embed_dimensions_are_read_as_ollama_reads_them(server, dimensions, length):
+    """From 1 to below the width: the vector cut and normalised again; otherwise the whole vector."""
+    whole = post(server, "/api/embed", {"model": MODEL, "input": "alpha"}).json()["embeddings"][0]
+    r = post(server, "/api/embed", {"model": MODEL, "input": "alpha", "dimensions": dimensions})
+    assert r.status_code == 200 and r.headers["X-Greenroom-Dimensions"] == str(length), r.text
+    (vector,) = r.json()["embeddings"]
+    norm = math.hypot(*whole[:length])
+    assert len(vector) == length and vector == pytest.approx([x / norm for x in whole[:length]], abs=1e-6)
 
 
 EMBED_ROWS = [  # the validation table: status, code, message, exact

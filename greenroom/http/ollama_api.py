@@ -54,6 +54,8 @@ TOP_LOGPROBS_MAX = 20  # Ollama's bound
 # what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
 # `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
 TRUNCATED_HEADER = "X-Greenroom-Truncated"
+# the context window the request ran with: options.num_ctx as Ollama clamps it (ollama_params.window)
+NUM_CTX_HEADER = "X-Greenroom-Num-Ctx"
 
 _NOT_YET = "not yet implemented"
 _TEXT_ONLY = "greenroom serves text-only models"
@@ -265,10 +267,11 @@ async def _generate(tree: Tree, job: Job):
     load_ns = time.monotonic_ns() - load_started
     # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
     options = job.options
+    window = ollama_params.window(options, info["context_length"])
     gen = attrs.evolve(
         job.gen,
         fit=Fit(
-            ollama_params.window(options, info["context_length"]),
+            window,
             options.num_keep,
             options.params.max_tokens or ollama_params.OPTIONS["num_predict"].default,
             options.fill,
@@ -279,6 +282,7 @@ async def _generate(tree: Tree, job: Job):
     def headers(first) -> dict[str, str]:
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
         out = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
+        out[NUM_CTX_HEADER] = sf.bare(window)
         if first.truncated:
             out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
         return {**out, **routing_headers(info, first.prompt_tokens)}

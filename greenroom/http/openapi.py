@@ -1464,6 +1464,16 @@ def _headers() -> dict:
 
 def _ollama_headers() -> dict:
     return {
+        "NumCtx": {
+            "description": "The context window the request ran with: options.num_ctx (else the default 2048) "
+            "clamped to [4, the model's window], as Ollama clamps it",
+            "schema": _string(pattern="^[0-9]+$"),
+        },
+        "Dimensions": {
+            "description": "The length of each vector answered: dimensions when from 1 to below the model's width, "
+            "else the width",
+            "schema": _string(pattern="^[0-9]+$"),
+        },
         "Truncated": {
             "description": "What Ollama's rule cut from a prompt longer than num_ctx, as an RFC 8941 dictionary",
             "schema": _string(pattern=r"^messages=[0-9]+, tokens=[0-9]+$"),
@@ -1481,6 +1491,8 @@ _HEADER_NAMES = {
     "CircuitRung": "X-miLLM-Circuit-Rung",
     "Constrained": "X-miLLM-Constrained",
     "SteeringIntensity": "X-miLLM-Steering-Intensity",
+    "NumCtx": "X-Greenroom-Num-Ctx",
+    "Dimensions": "X-Greenroom-Dimensions",
     "Truncated": "X-Greenroom-Truncated",
     "Device": "X-NPU-Proxy-Device",
     "RouteReason": "X-NPU-Proxy-Route-Reason",

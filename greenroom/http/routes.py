@@ -47,7 +47,8 @@ OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
 IGNORED = ("IgnoredFields",)
 SEEDED = ("IgnoredFields", "Seed", "Steering", "CircuitRung")
 CONSTRAINED = SEEDED + ("Constrained", "SteeringIntensity")
-OLLAMA_GENERATED = ("IgnoredFields", "Truncated", "Device", "RouteReason", "TokenCount")
+OLLAMA_GENERATED = ("IgnoredFields", "NumCtx", "Truncated", "Device", "RouteReason", "TokenCount")
+OLLAMA_EMBEDDED = ("IgnoredFields", "Dimensions")
 
 
 @attrs.frozen
@@ -617,7 +618,7 @@ TABLE: tuple[Route, ...] = (
         "ollamaEmbed",
         "OllamaEmbedded",
         "OllamaEmbedRequest",
-        headers=IGNORED,
+        headers=OLLAMA_EMBEDDED,
         answer="Normalised embeddings, one per input",
     ),
     _ollama(
