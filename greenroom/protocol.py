@@ -518,6 +518,9 @@ class Admitted:
     # what Generate.fit cut: {"messages": oldest messages dropped, "tokens": prompt tokens dropped}
     truncated: dict | None = None
     as_is: bool = False  # no chat template: the last message was rendered as it is
+    # the seed drawn for a request sent without one, where its lane reproduces seeds (the answer's
+    # X-Greenroom-Drawn-Seed: sent back as the seed, it reproduces the answer); None: none drawn
+    drawn_seed: int | None = None
 
 
 @attrs.frozen

@@ -59,9 +59,9 @@ def rfc3339(text: str) -> datetime.datetime:
 
 
 def test_generate_streamed_and_not_agree(oc):
-    # the default seed (0, the table's) makes the two runs the same sampling
-    whole = oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12})
-    parts = list(oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12}, stream=True))
+    options = {"num_predict": 12, "seed": 0}  # one seed: the two runs are the same sampling
+    whole = oc.generate(model=MODEL, prompt="Once upon a time", options=options)
+    parts = list(oc.generate(model=MODEL, prompt="Once upon a time", options=options, stream=True))
     assert whole.done and whole.done_reason in ("stop", "length") and whole.response
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     assert "".join(p.response for p in parts) == whole.response
@@ -74,8 +74,8 @@ def test_generate_streamed_and_not_agree(oc):
 
 def test_chat_streamed_and_not_agree(oc):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
-    whole = oc.chat(model=MODEL, messages=messages, options={"num_predict": 10})
-    parts = list(oc.chat(model=MODEL, messages=messages, options={"num_predict": 10}, stream=True))
+    whole = oc.chat(model=MODEL, messages=messages, options={"num_predict": 10, "seed": 3})
+    parts = list(oc.chat(model=MODEL, messages=messages, options={"num_predict": 10, "seed": 3}, stream=True))
     assert whole.message.role == "assistant" and whole.message.content and whole.done
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].done and parts[-1].done_reason == whole.done_reason and parts[-1].eval_count <= 10
@@ -206,6 +206,58 @@ def test_seed_and_temperature(oc):
 
     assert text(seed=7) == text(seed=7) != text(seed=8)
     assert text(temperature=0, seed=1) == text(temperature=0, seed=2)  # greedy: the seed draws nothing
+
+
+DRAWN = "X-Greenroom-Drawn-Seed"
+
+
+def drawn(r: httpx.Response) -> int:
+    """The seed X-Greenroom-Drawn-Seed reports, in X-miLLM-Seed's RFC 8941 form."""
+    seed, params = http_sf.parse(r.headers[DRAWN].encode(), tltype="item")
+    assert params == {"scope": "request"} and 0 <= seed < 2**32, r.headers[DRAWN]
+    return seed
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_an_unseeded_request_draws_its_own_seed_and_echoes_it(server, model):
+    """Ollama's default seed is -1, random: Open WebUI's Regenerate (no seed) answers anew, and
+    the seed drawn for it, sent back, reproduces the answer byte for byte (transformers' serial
+    path, llama.cpp's batch of sequences that each sample alone)."""
+
+    def generate(**options) -> httpx.Response:
+        options = {"num_predict": 40, "temperature": 1.0, "top_k": 0, "top_p": 1.0, **options}
+        r = post(
+            server, "/api/generate", {"model": model, "prompt": "Tell me a story", "stream": False, "options": options}
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    answers = [generate(), generate(), generate(seed=-1)]  # -1, sent: random too
+    texts = [r.json()["response"] for r in answers]
+    assert len(set(texts)) == 3 and len({drawn(r) for r in answers}) == 3, texts
+    for r in answers:
+        again = generate(seed=drawn(r))
+        assert DRAWN not in again.headers and again.json()["response"] == r.json()["response"]
+        assert again.json()["eval_count"] == r.json()["eval_count"]
+    with httpx.stream(
+        "POST",
+        server.url + "/api/chat",
+        timeout=60,
+        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 20}},
+    ) as streamed:
+        seed = drawn(streamed)
+        text = "".join(line["message"]["content"] for line in lines(streamed))
+    replay = post(
+        server,
+        "/api/chat",
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": False,
+            "options": {"num_predict": 20, "seed": seed},
+        },
+    )
+    assert replay.json()["message"]["content"] == text
 
 
 def test_num_predict_is_honoured(oc):

@@ -37,7 +37,7 @@ from greenroom.http import (
     routes,
     structured,
 )
-from greenroom.http.answering import answer
+from greenroom.http.answering import answer, drawn_seed
 from greenroom.http.contracts import NULL, sent, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
@@ -283,6 +283,7 @@ async def _generate(tree: Tree, job: Job):
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
         out = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
         out[NUM_CTX_HEADER] = sf.bare(window)
+        out.update(drawn_seed(first))
         if first.truncated:
             out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
         return {**out, **routing_headers(info, first.prompt_tokens)}

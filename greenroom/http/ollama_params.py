@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from greenroom.engines.base import SamplingParams
+from greenroom.engines.base import SEED_MAX, SamplingParams
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import keep_alive
@@ -43,7 +43,6 @@ SAMPLING, PENALTY, LENGTH, WINDOW, KEEP, DROPPED = ("sampling", "penalty", "leng
 # value types, as Ollama's Options.FromMap accepts them
 FLOAT, INT, BOOL, STRINGS = "float", "int", "bool", "strings"
 
-MAX_SEED = 2**32 - 1  # torch's CPU generator keeps 32 bits
 MAX_INT = 2**31 - 1
 GO_INT = (-(2**63), 2**63 - 1)  # what Ollama's Go int fields take (past them: its 400)
 
@@ -73,7 +72,9 @@ OPTIONS: dict[str, Option] = {
     "num_predict": Option(128, INT, LENGTH, lo=-2, hi=MAX_INT),
     "num_ctx": Option(2048, INT, WINDOW, lo=GO_INT[0], hi=GO_INT[1]),  # clamped (`window`)
     "num_batch": _dropped(512, INT),
-    "seed": Option(0, INT, SAMPLING, "seed", hi=MAX_SEED, needs="seed"),  # negative: unseeded (Ollama's -1)
+    # Ollama's default, -1 (any negative): random — a seed drawn per request and echoed where the engine
+    # reproduces it (X-Greenroom-Drawn-Seed), not the spec's 0, which made every Regenerate repeat itself
+    "seed": Option(-1, INT, SAMPLING, "seed", hi=SEED_MAX, needs="seed"),
     "stop": Option((), STRINGS, SAMPLING, "stop"),
     "mirostat": _dropped(0, INT),
     "mirostat_tau": _dropped(5.0, FLOAT),
@@ -193,6 +194,11 @@ def _value(name: str, value: Any, opt: Option) -> Any:
     return value
 
 
+def _no_change(name: str, value: Any, opt: Option) -> bool:
+    """Whether a sent value asks for nothing the default does not (any negative seed: random)."""
+    return value == opt.default or (name == "seed" and value < 0)
+
+
 def resolve(options: Any, caps: Capabilities) -> Resolved:
     """Merge the defaults with the sent options, validate, map. Raises a typed 400 naming
     the option; never reads past the table."""
@@ -211,7 +217,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
         if value is None:  # Ollama skips nulls
             continue
         sent[name] = _value(name, value, opt)
-        if opt.needs and not getattr(caps, opt.needs) and sent[name] != opt.default:
+        if opt.needs and not getattr(caps, opt.needs) and not _no_change(name, sent[name], opt):
             raise GreenroomError(
                 "field_not_honoured",
                 f"'{_where(name)}' cannot be honoured by this model's engine: {WHY_NOT[opt.needs]}",

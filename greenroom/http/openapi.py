@@ -1434,6 +1434,13 @@ def _headers() -> dict:
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape|best-effort)"$'),
             "example": '7;scope="request"',
         },
+        "DrawnSeed": {
+            "description": "Beyond the spec: the seed drawn for a request sent without one, in X-miLLM-Seed's form; "
+            "sent back as the seed, it reproduces the answer. Absent when a seed was sent, or where none would "
+            "reproduce (a request decoded in the transformers continuous batch)",
+            "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape)"$'),
+            "example": '2920794996;scope="request"',
+        },
         "Steering": {
             "description": "none on a scoring response: scoring runs with every attached SAE's hook "
             "suppressed (unsteered)",
@@ -1487,6 +1494,7 @@ def _ollama_headers() -> dict:
 _HEADER_NAMES = {
     "IgnoredFields": "X-miLLM-Ignored-Fields",
     "Seed": "X-miLLM-Seed",
+    "DrawnSeed": "X-Greenroom-Drawn-Seed",
     "Steering": "X-miLLM-Steering",
     "CircuitRung": "X-miLLM-Circuit-Rung",
     "Constrained": "X-miLLM-Constrained",

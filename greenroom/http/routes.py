@@ -45,9 +45,9 @@ OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
 
 # the X-miLLM-* headers a generation's answer carries (openapi.py's header components)
 IGNORED = ("IgnoredFields",)
-SEEDED = ("IgnoredFields", "Seed", "Steering", "CircuitRung")
+SEEDED = ("IgnoredFields", "Seed", "DrawnSeed", "Steering", "CircuitRung")
 CONSTRAINED = SEEDED + ("Constrained", "SteeringIntensity")
-OLLAMA_GENERATED = ("IgnoredFields", "NumCtx", "Truncated", "Device", "RouteReason", "TokenCount")
+OLLAMA_GENERATED = ("IgnoredFields", "DrawnSeed", "NumCtx", "Truncated", "Device", "RouteReason", "TokenCount")
 OLLAMA_EMBEDDED = ("IgnoredFields", "Dimensions")
 
 
