@@ -58,7 +58,6 @@ TRUNCATED_HEADER = "X-Greenroom-Truncated"
 NUM_CTX_HEADER = "X-Greenroom-Num-Ctx"
 
 _NOT_YET = "not yet implemented"
-_TEXT_ONLY = "greenroom serves text-only models"
 _FORMAT = ledger.needs("response_format", "")
 _COMMON = {
     "model": ledger.USE,
@@ -77,7 +76,7 @@ GENERATE = {
     "system": ledger.USE,
     "template": ledger.USE,
     "raw": ledger.USE,
-    "images": ledger.refused([], why=_TEXT_ONLY),
+    "images": ledger.refused([], why=ledger.TEXT_ONLY),
     "suffix": ledger.refused("", why="fill-in-the-middle is " + _NOT_YET),
     "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
     **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
@@ -116,7 +115,7 @@ MESSAGE = contracts.Named(
         fields={
             "role": contracts.Choice(values=openai_params.ROLES),
             "content": contracts.AnyOf(options=(contracts.Text(), contracts.ListOf(items=openai_params.TEXT_PART))),
-            "images": attrs.evolve(_FALSY, description="Refused unless empty: " + _TEXT_ONLY),
+            "images": attrs.evolve(_FALSY, description="Refused unless empty: " + ledger.TEXT_ONLY),
             "tool_calls": contracts.ListOf(items=openai_params.TOOL_CALL, description="An assistant's earlier calls"),
         },
         required=("role",),
@@ -230,11 +229,7 @@ def conversation(messages: list) -> list[dict]:
     for i, m in enumerate(messages):
         if isinstance(m, dict):
             if m.get("images"):
-                raise GreenroomError(
-                    "field_not_honoured",
-                    f"'messages[{i}].images' cannot be honoured: {_TEXT_ONLY}",
-                    f"messages[{i}].images",
-                )
+                raise ledger.media_refused(f"messages[{i}].images")
             m = {k: m[k] for k in ("role", "content", "tool_calls") if k in m}
         out.append(m)
     return openai_params.messages({"messages": out})

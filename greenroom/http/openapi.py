@@ -219,9 +219,13 @@ def _error_schemas() -> dict:
             "properties": {"code": {"enum": error_codes(status, Surface.OLLAMA)}},
         }
     schemas["AnthropicError"] = _closed(
-        {"type": {"const": "error"}, "error": _ANTHROPIC_ERROR},
+        {
+            "type": {"const": "error"},
+            "error": _ANTHROPIC_ERROR,
+            "request_id": _described(_string(), "The request's id (its request-id and X-Request-ID headers)"),
+        },
         ("type", "error"),
-        description="Anthropic's error envelope",
+        description="Anthropic's error envelope; an answer's (not a stream's error event) carries request_id",
     )
     for status, name, _ in _statuses(Surface.ANTHROPIC):
         codes = error_codes(status, Surface.ANTHROPIC)
