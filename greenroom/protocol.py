@@ -276,7 +276,7 @@ class UpdateProfile(ModelRequest):
 
 @attrs.frozen
 class DeleteProfile:
-    """A profile or a cluster; a model it was active on keeps its live values."""
+    """A profile or a cluster; a model it was active on is deactivated (`Deleted`)."""
 
     name: str
 
@@ -452,6 +452,16 @@ class Dialled:
 
 
 @attrs.frozen
+class Deleted:
+    """A deleted profile, cluster or circuit, and the model's new state if it steered through
+    it (it was the active base, or the active circuit's slice_fallback): a deleted document
+    never steers."""
+
+    name: str
+    state: SteeringState | None
+
+
+@attrs.frozen
 class ActiveCircuit:
     """GET /api/circuits/active, per model: the active circuit's summary (None: none), how it
     serves and why not, and `steering` ({rung, language, header, intensity, layers}) only while
@@ -471,12 +481,12 @@ class SteeringLock:
 
 @attrs.frozen
 class SteeringDocument:
-    """A profile, a cluster's or circuit's summary, a listing or a deletion: the JSON the route answers."""
+    """A profile, a cluster's or circuit's summary or a listing: the JSON the route answers."""
 
     body: dict
 
 
-SteeringAnswer = SteeringState | ResolvedSteering | Dialled | ActiveCircuit | SteeringLock | SteeringDocument
+SteeringAnswer = SteeringState | ResolvedSteering | Dialled | Deleted | ActiveCircuit | SteeringLock | SteeringDocument
 
 
 @attrs.frozen
@@ -508,6 +518,9 @@ class Admitted:
     # what Generate.fit cut: {"messages": oldest messages dropped, "tokens": prompt tokens dropped}
     truncated: dict | None = None
     as_is: bool = False  # no chat template: the last message was rendered as it is
+    # the seed drawn for a request sent without one, where its lane reproduces seeds (the answer's
+    # X-Greenroom-Drawn-Seed: sent back as the seed, it reproduces the answer); None: none drawn
+    drawn_seed: int | None = None
 
 
 @attrs.frozen

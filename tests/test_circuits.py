@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import types
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
 from test_intensity import ECHO, chat, text
-from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, put
+from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, put, steering
 
 L2 = "sae_demo_tiny_l2"
 RUNG = "X-miLLM-Circuit-Rung"
@@ -359,6 +360,93 @@ def test_a_circuit_exports_to_the_document_import_takes(srv):
     assert {k: v for k, v in after.items() if not k.endswith("_at")} == {
         k: v for k, v in before.items() if not k.endswith("_at")
     }
+
+
+def make(srv: Server, kind: str, name: str, **doc) -> None:
+    """A new steering document of `kind` (circuit, cluster or profile) steering the demo model."""
+    if kind == "profile":
+        r = post(srv, "/api/profiles", {"name": name, "model": MODEL, "strengths": {SAE_ID: {"5": 150}}, **doc})
+    else:
+        shape = (
+            {"rung": 2, "layers": LAYERS}
+            if kind == "circuit"
+            else {"sae_id": SAE_ID, "members": [{"feature": 5, "strength": 100}]}
+        )
+        r = post(
+            srv,
+            f"/api/{kind}s/import",
+            {"format": f"greenroom.{kind}.v1", "name": name, "model": MODEL, **shape, **doc},
+        )
+    assert r.status_code == 200, r.text
+
+
+def unsteered_everywhere(srv: Server, unsteered: str) -> None:
+    """The three views agree nothing steers, and generation is the unsteered greedy text."""
+    state = steering(srv)
+    assert (state["active"], state["serving"], state["strengths"], state["live"]) == (None, None, {}, True), state
+    assert active_circuit(srv)["circuit"] is None and active_circuit(srv)["steering"] is None
+    r = chat(srv)
+    assert RUNG not in r.headers and text(r) == unsteered
+
+
+@pytest.mark.parametrize("kind", ["circuit", "cluster", "profile"])
+def test_deleting_the_active_base_deactivates_it(srv, kind):
+    unsteered = text(chat(srv))
+    name = f"gone{next(_names)}"
+    make(srv, kind, name)
+    r = post(srv, f"/api/{kind}s/{name}/activate")
+    assert r.status_code == 200 and r.json()["live"] and r.json()["active"]["name"] == name, r.text
+    assert text(chat(srv)) != unsteered
+    r = httpx.delete(f"{srv.url}/api/{kind}s/{name}", timeout=30)
+    assert r.status_code == 200, r.text
+    state = r.json()["state"]
+    assert r.json()["deleted"] and (state["active"], state["strengths"], state["live"]) == (None, {}, True), r.text
+    assert state["version"] == steering(srv)["version"]
+    unsteered_everywhere(srv, unsteered)
+
+
+def test_deleting_a_document_that_is_not_steering_changes_no_state(srv):
+    make(srv, "cluster", "idle")
+    before = steering(srv)["version"]
+    r = httpx.delete(srv.url + "/api/clusters/idle", timeout=30)
+    assert r.json() == {"name": "idle", "deleted": True, "state": None} and steering(srv)["version"] == before
+
+
+def test_deleting_the_cluster_an_active_circuit_falls_back_to_stops_its_steering(srv):
+    unsteered = text(chat(srv))
+    make(srv, "cluster", "backing")
+    make(
+        srv,
+        "circuit",
+        "fallen",
+        layers=[{"layer": 3, "members": [{"feature": 1, "strength": 50}]}],
+        slice_fallback="backing",
+    )
+    assert activate(srv, "fallen")["serving"]["mode"] == "slice_fallback" and text(chat(srv)) != unsteered
+    state = httpx.delete(srv.url + "/api/clusters/backing", timeout=30).json()["state"]
+    assert state["strengths"] == {} and state["serving"]["mode"] is None, state
+    assert state["serving"]["reason"] == "no_sae_attached" and text(chat(srv)) == unsteered
+    assert active_circuit(srv)["circuit"]["name"] == "fallen" and active_circuit(srv)["steering"] is None
+
+
+def test_a_deleted_base_stays_deactivated_across_a_restart(site):
+    srv = site.server
+    assert put(srv, {"strengths": {}, "enabled": True}).json()["live"]
+    unsteered = text(chat(srv))
+    make(srv, "circuit", "greet")  # docs/steering.md's example: import, activate, delete
+    activate(srv, "greet")
+    assert httpx.delete(srv.url + "/api/circuits/greet", timeout=30).json()["state"]["active"] is None
+    srv.stop()
+    site.server = srv = Server(site.tmp, site.cache, CONFIG)
+    unsteered_everywhere(srv, unsteered)
+    # a store an earlier greenroom left with a deleted circuit active: deactivated at start
+    make(srv, "circuit", "stale")
+    activate(srv, "stale")
+    srv.stop()
+    with sqlite3.connect(site.cache / "models" / "steering.sqlite3") as db:
+        assert db.execute("DELETE FROM circuits WHERE name = 'stale'").rowcount == 1
+    site.server = srv = Server(site.tmp, site.cache, CONFIG)
+    unsteered_everywhere(srv, unsteered)
 
 
 @pytest.mark.parametrize(

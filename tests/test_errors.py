@@ -1,6 +1,8 @@
 """Bad input gets a typed 4xx in OpenAI's envelope, never a 500."""
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 from conftest import MODEL
@@ -26,6 +28,54 @@ def envelope(r, status, code, param=None):
     if param is not None:
         assert err["param"] == param
     return err
+
+
+def test_an_image_is_refused_alike_on_every_surface(server):
+    """One code and one reason for an image on a text-only model — chat's image_url part, the
+    Responses API's input_image, Anthropic's image block, Ollama's images — each error naming the
+    request as its surface does (OpenAI's x-request-id header, Anthropic's request-id header and
+    request_id, Ollama's message)."""
+    reason = "cannot be honoured: greenroom serves text-only models"
+    png = "iVBORw0KGgo="
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
+    question = {"type": "text", "text": "What is in it?"}
+    with pytest.raises(openai.BadRequestError) as chat:
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=[
+                {"role": "user", "content": [question, {"type": "image_url", "image_url": {"url": f"data:,{png}"}}]}
+            ],
+        )
+    with pytest.raises(openai.BadRequestError) as responses:
+        oai.responses.create(
+            model=MODEL, input=[{"role": "user", "content": [{"type": "input_image", "image_url": f"data:,{png}"}]}]
+        )
+    for exc, param in ((chat.value, "messages[0].content[1]"), (responses.value, "input[0].content[0]")):
+        assert (exc.code, exc.param, exc.body["message"]) == ("field_not_honoured", param, f"'{param}' {reason}")
+        assert exc.request_id and exc.request_id == exc.response.headers["X-Request-ID"]
+    with pytest.raises(anthropic.BadRequestError) as messages:
+        anthropic.Anthropic(base_url=server.url, api_key="-", max_retries=0).messages.create(
+            model=MODEL,
+            max_tokens=8,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+                    ],
+                }
+            ],
+        )
+    body = messages.value.body
+    assert (body["error"]["code"], body["error"]["param"]) == ("field_not_honoured", "messages[0].content[0]")
+    assert body["error"]["message"] == f"'messages[0].content[0]' {reason}"
+    assert messages.value.request_id == body["request_id"] == messages.value.response.headers["X-Request-ID"]
+    with pytest.raises(ollama.ResponseError) as chatted:
+        ollama.Client(host=server.url).chat(
+            model=MODEL, messages=[{"role": "user", "content": "What is in it?", "images": [png]}]
+        )
+    assert chatted.value.status_code == 400
+    assert chatted.value.error.startswith(f"'messages[0].images' {reason} (request id: req-")
 
 
 def test_bad_json(server):

@@ -30,6 +30,7 @@ SMOL = "SmolLM2-135M-Instruct:Q4_1"
 Q8 = "greenroom-demo-gguf:Q8_0"
 EOG = "eog-variant:Q8_0"
 ODD = "odd-checkpoint"
+LATER = "converted-later"  # a transformers model converted from a GGUF file at its first load
 STAND_IN = "<|endoftext|>"  # a text llama.cpp puts in its end-of-generation set
 
 
@@ -285,12 +286,21 @@ def odd(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model_cache, eog, odd):
+def later(tmp_path_factory, model_cache) -> Path:
+    """A copy of the demo Q8_0 file: its conversion (keyed by the file's path) is not in the cache."""
+    path = tmp_path_factory.mktemp("later") / "later.Q8_0.gguf"
+    path.write_bytes(demo_paths(model_cache)[1].read_bytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache, eog, odd, later):
     config = (
         'engine_actors = ["cpu"]\nnpu_actors = []\n'
         f'model_dirs = ["{smol_path().parent}", "{eog[0]}"]\n'
         f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\n'
         f'[[models]]\nid = "{ODD}"\nsource = "{odd}"\npreload = false\n'
+        f'[[models]]\nid = "{LATER}"\nsource = "gguf-converted:{later}"\nengine = "transformers"\npreload = false\n'
     )
     server = Server(tmp_path_factory.mktemp("gguf-meta-server"), model_cache, config)
     yield server
@@ -321,6 +331,32 @@ def test_list_reads_gguf_files(oc, model_cache):
     assert q8.size == demo.stat().st_size and q8.details.format == "gguf" and q8.details.families == ["llama"]
     assert q8.modified_at.timestamp() == pytest.approx(demo.stat().st_mtime, abs=1e-6)
     assert q8.details.quantization_level == "Q8_0" and q8.details.parameter_size
+
+
+def test_a_model_not_converted_yet_is_listed_from_its_gguf_file(oc, srv, later, model_cache):
+    """Before its first load converts it, what the GGUF file says (was: size 0, 0001-01-01);
+    after, the converted checkpoint."""
+    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.gguf_convert import converted_dir
+
+    before = {m.model: m for m in oc.list().models}[LATER]
+    assert before.size == later.stat().st_size
+    assert before.modified_at.timestamp() == pytest.approx(later.stat().st_mtime, abs=1e-6)
+    assert (before.details.format, before.details.family, before.details.quantization_level) == (
+        "gguf",
+        "llama",
+        "Q8_0",
+    )
+    assert before.details.parameter_size == {m.model: m for m in oc.list().models}[Q8].details.parameter_size
+    shown = oc.show(LATER)
+    assert f"\nFROM {later}\n" in shown.modelfile and shown.modelinfo["llama.context_length"] > 0 and shown.template
+    r = httpx.post(srv.url + "/api/models/load", json={"model": LATER}, timeout=300)
+    assert r.status_code == 200, r.text
+    checkpoint = converted_dir(default_cache_dir(model_cache), later)
+    after = {m.model: m for m in oc.list().models}[LATER]
+    assert (after.details.format, after.details.quantization_level) == ("safetensors", "F32")
+    assert after.size == sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file() and ".cache" not in f.parts)
+    httpx.post(srv.url + "/api/models/unload", json={"model": LATER}, timeout=60)
 
 
 def test_show_reads_a_gguf_file(oc, srv):

@@ -293,15 +293,15 @@ def test_a_bad_cluster_document_is_refused(srv, doc, param):
     assert httpx.get(srv.url + "/api/clusters/bad", timeout=30).status_code == 404
 
 
-def test_deleting_the_active_cluster_keeps_its_live_values_as_set(srv):
+def test_deleting_the_active_cluster_leaves_no_base_to_dial(srv):
+    unsteered = text(chat(srv))
     assert cluster_import(srv, "brief", OPEN).status_code == 200
     state = httpx.post(srv.url + "/api/clusters/brief/activate", timeout=30).json()
     assert state["active"] == {"kind": "profile", "name": "brief"}
-    assert httpx.delete(srv.url + "/api/clusters/brief", timeout=30).status_code == 200
-    r = put(srv, {"enabled": True})  # the next write drops the dangling base, not the values
-    assert (r.json()["active"], r.json()["serving"], r.json()["strengths"]) == (None, None, {SAE_ID: {"5": 100.0}})
-    r = chat(srv, steering_intensity=0.5)  # the base is now the live values
-    assert r.headers[ECHO] == "0.5" and text(r) == under(srv, {"5": 50.0})
+    state = httpx.delete(srv.url + "/api/clusters/brief", timeout=30).json()["state"]
+    assert (state["active"], state["serving"], state["strengths"]) == (None, None, {})  # deactivated
+    r = chat(srv, steering_intensity=0.5)  # the base is the live values, now empty: no echo
+    assert ECHO not in r.headers and text(r) == unsteered
 
 
 def test_an_operator_write_during_a_dialled_request_wins(srv):

@@ -200,7 +200,7 @@ def test_typed_exceptions(srv):
         ({"messages": []}, "invalid_parameter", "messages"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-            "invalid_parameter",
+            "field_not_honoured",
             "messages[0].content[0]",
         ),
         (

@@ -59,9 +59,9 @@ def rfc3339(text: str) -> datetime.datetime:
 
 
 def test_generate_streamed_and_not_agree(oc):
-    # the default seed (0, the table's) makes the two runs the same sampling
-    whole = oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12})
-    parts = list(oc.generate(model=MODEL, prompt="Once upon a time", options={"num_predict": 12}, stream=True))
+    options = {"num_predict": 12, "seed": 0}  # one seed: the two runs are the same sampling
+    whole = oc.generate(model=MODEL, prompt="Once upon a time", options=options)
+    parts = list(oc.generate(model=MODEL, prompt="Once upon a time", options=options, stream=True))
     assert whole.done and whole.done_reason in ("stop", "length") and whole.response
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     assert "".join(p.response for p in parts) == whole.response
@@ -74,8 +74,8 @@ def test_generate_streamed_and_not_agree(oc):
 
 def test_chat_streamed_and_not_agree(oc):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
-    whole = oc.chat(model=MODEL, messages=messages, options={"num_predict": 10})
-    parts = list(oc.chat(model=MODEL, messages=messages, options={"num_predict": 10}, stream=True))
+    whole = oc.chat(model=MODEL, messages=messages, options={"num_predict": 10, "seed": 3})
+    parts = list(oc.chat(model=MODEL, messages=messages, options={"num_predict": 10, "seed": 3}, stream=True))
     assert whole.message.role == "assistant" and whole.message.content and whole.done
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].done and parts[-1].done_reason == whole.done_reason and parts[-1].eval_count <= 10
@@ -208,6 +208,58 @@ def test_seed_and_temperature(oc):
     assert text(temperature=0, seed=1) == text(temperature=0, seed=2)  # greedy: the seed draws nothing
 
 
+DRAWN = "X-Greenroom-Drawn-Seed"
+
+
+def drawn(r: httpx.Response) -> int:
+    """The seed X-Greenroom-Drawn-Seed reports, in X-miLLM-Seed's RFC 8941 form."""
+    seed, params = http_sf.parse(r.headers[DRAWN].encode(), tltype="item")
+    assert params == {"scope": "request"} and 0 <= seed < 2**32, r.headers[DRAWN]
+    return seed
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_an_unseeded_request_draws_its_own_seed_and_echoes_it(server, model):
+    """Ollama's default seed is -1, random: Open WebUI's Regenerate (no seed) answers anew, and
+    the seed drawn for it, sent back, reproduces the answer byte for byte (transformers' serial
+    path, llama.cpp's batch of sequences that each sample alone)."""
+
+    def generate(**options) -> httpx.Response:
+        options = {"num_predict": 40, "temperature": 1.0, "top_k": 0, "top_p": 1.0, **options}
+        r = post(
+            server, "/api/generate", {"model": model, "prompt": "Tell me a story", "stream": False, "options": options}
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    answers = [generate(), generate(), generate(seed=-1)]  # -1, sent: random too
+    texts = [r.json()["response"] for r in answers]
+    assert len(set(texts)) == 3 and len({drawn(r) for r in answers}) == 3, texts
+    for r in answers:
+        again = generate(seed=drawn(r))
+        assert DRAWN not in again.headers and again.json()["response"] == r.json()["response"]
+        assert again.json()["eval_count"] == r.json()["eval_count"]
+    with httpx.stream(
+        "POST",
+        server.url + "/api/chat",
+        timeout=60,
+        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 20}},
+    ) as streamed:
+        seed = drawn(streamed)
+        text = "".join(line["message"]["content"] for line in lines(streamed))
+    replay = post(
+        server,
+        "/api/chat",
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": False,
+            "options": {"num_predict": 20, "seed": seed},
+        },
+    )
+    assert replay.json()["message"]["content"] == text
+
+
 def test_num_predict_is_honoured(oc):
     r = oc.generate(model=MODEL, prompt="Count", options={"num_predict": 3})
     assert r.eval_count == 3 and r.done_reason == "length" or r.eval_count < 3 and r.done_reason == "stop"
@@ -218,13 +270,30 @@ def test_num_predict_minus_one_fills_the_requested_window(oc):
     assert r.prompt_eval_count + r.eval_count == 48 or r.done_reason == "stop"
 
 
-def test_num_ctx_past_the_model_is_refused(server):
-    err = flat(
-        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 40000}}),
+def test_num_ctx_is_clamped_as_ollama_clamps_it(server, oc):
+    """0, a negative or a window past the model's (Open WebUI users set large ones) is not a 400:
+    capped at the model's trained window (32768), raised to 4, the value used in X-Greenroom-Num-Ctx."""
+
+    def run(**options) -> httpx.Response:
+        body = {"model": MODEL, "prompt": "Once upon a time", "stream": False}
+        r = post(server, "/api/generate", {**body, "options": {**options, "num_predict": 8, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return r
+
+    capped = run(num_ctx=1_000_000)
+    assert capped.headers["X-Greenroom-Num-Ctx"] == "32768" and "X-Greenroom-Truncated" not in capped.headers
+    assert capped.json()["response"] == run(num_ctx=32768).json()["response"]
+    assert run().headers["X-Greenroom-Num-Ctx"] == "2048"  # the default
+    for small in (0, -1, 3):
+        r = run(num_ctx=small)
+        assert r.headers["X-Greenroom-Num-Ctx"] == "4" and r.json()["prompt_eval_count"] <= 4, small
+    streamed = oc.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], options={"num_ctx": 2**40})
+    assert streamed.done
+    flat(
+        post(server, "/api/generate", {"model": MODEL, "prompt": "x", "options": {"num_ctx": 2**63}}),
         400,
         "invalid_parameter",
     )
-    assert "32768" in err and "options.num_ctx" in err
 
 
 def test_a_prompt_past_num_ctx_is_cut_by_ollamas_rule(server):
@@ -324,6 +393,17 @@ def test_embed_and_legacy_embeddings(oc):
     norm = math.hypot(*legacy)
     assert len(legacy) == 128 and [x / norm for x in legacy] == pytest.approx(r.embeddings[0], abs=1e-5)
     assert len(oc.embed(model=MODEL, input="alpha", dimensions=16).embeddings[0]) == 16
+
+
+@pytest.mark.parametrize("dimensions,length", [(16, 16), (0, 128), (-3, 128), (128, 128), (4096, 128)])
+def test_embed_dimensions_are_read_as_ollama_reads_them(server, dimensions, length):
+    """From 1 to below the width: the vector cut and normalised again; otherwise the whole vector."""
+    whole = post(server, "/api/embed", {"model": MODEL, "input": "alpha"}).json()["embeddings"][0]
+    r = post(server, "/api/embed", {"model": MODEL, "input": "alpha", "dimensions": dimensions})
+    assert r.status_code == 200 and r.headers["X-Greenroom-Dimensions"] == str(length), r.text
+    (vector,) = r.json()["embeddings"]
+    norm = math.hypot(*whole[:length])
+    assert len(vector) == length and vector == pytest.approx([x / norm for x in whole[:length]], abs=1e-6)
 
 
 EMBED_ROWS = [  # the validation table: status, code, message, exact

@@ -173,6 +173,17 @@ def test_create_again_replaces_a_created_model_and_derives_from_one(oc):
     assert not {"layered", "layered-child"} & names(oc)
 
 
+def test_create_with_an_empty_quantize_quantizes_nothing(server, oc):
+    """Ollama reads quantize "" as no quantization: made, not refused (any other value is)."""
+    r = call(server, "POST", "/api/create", {"model": "unquantized", "from": MODEL, "quantize": "", "stream": False})
+    assert r.status_code == 200 and r.json() == {"status": "success"}, r.text
+    assert "X-miLLM-Ignored-Fields" not in r.headers
+    assert oc.generate(model="unquantized", prompt="Hi", options=GREEDY).response == (
+        oc.generate(model=MODEL, prompt="Hi", options=GREEDY).response
+    )
+    oc.delete("unquantized")
+
+
 def test_create_refusals(server):
     def create(body):
         return call(server, "POST", "/api/create", {"stream": False, **body})

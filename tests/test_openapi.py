@@ -169,8 +169,6 @@ LIST_BOUNDS = {  # field: (cap, the longest list the server accepts) for a list 
     "extra_messages": (1, 15),
 }
 # the served model, as its files say: past these a request is refused
-WINDOW = 32768  # its context window (options.num_ctx)
-WIDTH = 128  # its embedding width (/api/embed's dimensions)
 VOCABULARY = 1024  # its token ids (prompt and input token arrays, allowed_token_ids)
 
 # Fields the served model's engine refuses unless they carry their "no change" value,
@@ -306,11 +304,6 @@ def _what_json_schema_cannot_say(case) -> None:
     alive = body.get("keep_alive")
     if isinstance(alive, str) and _duration_s(alive) > keep_alive.MAX_SECONDS:
         body["keep_alive"] = "5m"  # a Go duration's parts add up to at most ~292 years (said in prose)
-    options = body.get("options")
-    if isinstance(options, dict) and isinstance(options.get("num_ctx"), int) and options["num_ctx"] > WINDOW:
-        options["num_ctx"] = WINDOW  # the model's window, read from its files
-    if isinstance(body.get("dimensions"), int) and body["dimensions"] > WIDTH and case.path == "/api/embed":
-        body["dimensions"] = WIDTH  # the model's width
     for schema in _sent_schemas(body):
         _sound_schema(schema, schema)
 

@@ -52,7 +52,7 @@ def test_create_read_update_delete(site):
     assert r.json()["strengths"] == {SAE_ID: {"9": -20.0}} and r.json()["description"] == "loud"  # zeros dropped
     r = call(site, "PUT", "/crud", {"description": "quiet"})
     assert r.json()["strengths"] == {SAE_ID: {"9": -20.0}} and r.json()["description"] == "quiet"
-    assert call(site, "DELETE", "/crud").json() == {"name": "crud", "deleted": True}
+    assert call(site, "DELETE", "/crud").json() == {"name": "crud", "deleted": True, "state": None}
     for method in ("GET", "DELETE", "PUT"):
         r = call(site, method, "/crud", {} if method == "PUT" else None)
         assert r.status_code == 404 and r.json()["error"]["code"] == "profile_not_found", (method, r.text)

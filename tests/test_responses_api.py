@@ -263,7 +263,7 @@ def test_both_surfaces_on_pooled_clients_while_other_streams_run(served, model):
         ({"input": [{"type": "input_image"}]}, "invalid_parameter", "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-            "invalid_parameter",
+            "field_not_honoured",
             "input[0].content[0]",
         ),
         ({"input": None}, "missing_parameter", "input"),

@@ -3,6 +3,7 @@ n, penalties, stream_options, stops across tokens, continuing an answer, prompts
 
 import re
 
+import http_sf
 import httpx
 import openai
 import pytest
@@ -37,6 +38,24 @@ def test_seed_header_absent_without_seed_and_on_streams(client, server):
         json={"model": MODEL, "messages": MSG, "max_tokens": 2, "stream": True, "seed": 0},
     ) as s:
         assert s.headers["X-miLLM-Seed"] == '0;scope="request"'
+
+
+def test_an_unseeded_request_names_the_seed_drawn_for_it(client, server):
+    """Beyond the spec: X-miLLM-Seed stays absent without a sent seed; X-Greenroom-Drawn-Seed
+    names the one drawn, and sent back it reproduces the answer, on every /v1 generation route."""
+    kw = dict(model=MODEL, messages=MSG, max_tokens=30, temperature=1.2)
+    r = client.chat.completions.with_raw_response.create(**kw)
+    assert "X-miLLM-Seed" not in r.headers
+    seed, params = http_sf.parse(r.headers["X-Greenroom-Drawn-Seed"].encode(), tltype="item")
+    assert params == {"scope": "request"}
+    again = client.chat.completions.with_raw_response.create(seed=seed, **kw)
+    assert again.headers["X-miLLM-Seed"] == f'{seed};scope="request"' and "X-Greenroom-Drawn-Seed" not in again.headers
+    assert again.parse().choices[0].message.content == r.parse().choices[0].message.content
+    body = {"model": MODEL, "prompt": ["abc", "xyz"], "max_tokens": 12}
+    text = post(server, "/v1/completions", body)
+    seed, params = http_sf.parse(text.headers["X-Greenroom-Drawn-Seed"].encode(), tltype="item")
+    assert params == {"scope": "request"}
+    assert post(server, "/v1/completions", {**body, "seed": seed}).json()["choices"] == text.json()["choices"]
 
 
 def test_seed_is_echoed_on_greedy_requests(client):

@@ -1,22 +1,30 @@
 """Admission: a request's rows rendered or tokenised and checked against the model — the
 vocabulary, the context window, each row's max_tokens resolved, a prompt with a Fit cut by
-Ollama's rule (engines/prompt_fit.py) — before anything is computed, so that every refusal
-comes before `Admitted` (a plain 400, never a broken stream). Runs in the engine actor's
+Ollama's rule (engines/prompt_fit.py), a seed drawn for a request sent without one where its
+lane reproduces seeds — before anything is computed, so that every refusal comes before
+`Admitted` (a plain 400, never a broken stream). Runs in the engine actor's
 worker thread (engine_actor.py), which raises what these raise as the request's typed error.
 """
 
 from __future__ import annotations
 
+import secrets
+
 import attrs
 
-from greenroom.engines.base import SamplingParams, context_length_exceeded
+from greenroom.engines.base import SEED_MAX, SamplingParams, context_length_exceeded
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Admitted, Embed, Generate, Score, Tokenize
 
 
-def admit(engine, req: Generate, default_max_tokens: int) -> tuple[list[list[int]], list[SamplingParams], Admitted]:
+def admit(
+    engine, req: Generate, default_max_tokens: int, seeded: bool
+) -> tuple[list[list[int]], list[SamplingParams], Admitted]:
     """Validate and tokenise every row (each row's params, max_tokens resolved) — a row
-    with a Fit cut to its window by Ollama's rule — and the Admitted that announces it."""
+    with a Fit cut to its window by Ollama's rule — and the Admitted that announces it.
+    `seeded`: the lane the request runs in reproduces a seed (the engine's seeds are measured
+    to, and its draws are the request's own); there a request sent without a seed runs with one
+    drawn now, which Admitted reports, so that any answer can be reproduced."""
     rows, names = _rows(engine, req)
     if req.conversations is None:
         for ids, name in zip(rows, names):
@@ -33,7 +41,10 @@ def admit(engine, req: Generate, default_max_tokens: int) -> tuple[list[list[int
             for ids, name in zip(rows, names)
         ]
     as_is = req.conversations is not None and not engine.has_chat_template
-    return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is)
+    drawn = secrets.randbelow(SEED_MAX + 1) if seeded and req.params.seed is None else None
+    if drawn is not None:
+        params = [attrs.evolve(p, seed=drawn) for p in params]
+    return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is, drawn)
 
 
 def score_rows(engine, req: Score) -> tuple[list[list[int]], list[str]]:

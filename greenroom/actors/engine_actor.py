@@ -461,7 +461,7 @@ class EngineLoop:
         """The serial path, one decode step per iteration; every choice in turn."""
         from greenroom.engines.generation import generate
 
-        rows, params, admitted = admit(engine, req, self.default_max_tokens)
+        rows, params, admitted = admit(engine, req, self.default_max_tokens, engine.capabilities.seed)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
         readout, read = (
             self._readout(engine, req, rows[0], params[0].max_tokens)
@@ -567,14 +567,16 @@ class EngineLoop:
         return one_by_one
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
-        (ids,), (params,), admitted = admit(self._engine(req), req, self.default_max_tokens)
+        engine = self._engine(req)  # a batch whose sequences share one generator reproduces no seed
+        seeded = engine.capabilities.seed and getattr(engine, "batches_any_sampling", False)
+        (ids,), (params,), admitted = admit(engine, req, self.default_max_tokens, seeded)
         started = self._admitted(req, admitted)
         self._choices[req.rid] = _Choice(
             req.rid,
             0,
             started,
             started - self._enqueued.get(req.rid, started),
-            self._engine(req).capabilities.token_logprobs,
+            engine.capabilities.token_logprobs,
         )
         return req.rid, ids, params
 

@@ -36,6 +36,7 @@ from greenroom.protocol import (
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
+    Deleted,
     DeleteProfile,
     DetachSAE,
     DialCircuit,
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 async def steering_session(ctx, parent_pid: int, cache_dir: str | None, limits: dict):
     die_with_parent(parent_pid)
     coordinator = Coordinator(SteeringStore(cache_dir), cache_dir, rules.Limits(**limits))
+    await trio.to_thread.run_sync(coordinator.deactivate_deleted)
     await ctx.started({"ok": True, "models": []})
     async with ctx.open_stream() as stream:
         async for raw in stream:
@@ -205,10 +207,10 @@ class Coordinator:
             return SteeringDocument(profile)
         return SteeringDocument(_put_profile(self.store, self.store.get(profile["model"]), profile, req.strengths))
 
-    def delete_profile(self, req: DeleteProfile) -> SteeringDocument:
-        self._profile(req.name)
+    def delete_profile(self, req: DeleteProfile) -> Deleted:
+        profile = self._profile(req.name)
         self.store.delete_profile(req.name)
-        return _deleted(req.name)
+        return self._deleted(profile["model"], "profile", req.name)
 
     def activate_profile(self, req: ActivateProfile) -> SteeringState:
         """The profile's (a cluster's: dialled) strengths as the live state, re-checked: refused, not
@@ -257,10 +259,10 @@ class Coordinator:
             bases.cluster_summary(profile, self.store), self._reapplied(profile["model"], "profile", req.name)
         )
 
-    def delete_cluster(self, req: DeleteCluster) -> SteeringDocument:
-        self._profile(req.name, cluster=True)
+    def delete_cluster(self, req: DeleteCluster) -> Deleted:
+        profile = self._profile(req.name, cluster=True)
         self.store.delete_profile(req.name)
-        return _deleted(req.name)
+        return self._deleted(profile["model"], "profile", req.name)
 
     # circuits
     def list_circuits(self, req: ListCircuits) -> SteeringDocument:
@@ -287,11 +289,10 @@ class Coordinator:
             bases.circuit_summary(circuit, self.store), self._reapplied(circuit["model"], "circuit", req.name)
         )
 
-    def delete_circuit(self, req: DeleteCircuit) -> SteeringDocument:
-        """A model it was active on keeps its live values, with no rung."""
-        self._circuit(req.name)
+    def delete_circuit(self, req: DeleteCircuit) -> Deleted:
+        circuit = self._circuit(req.name)
         self.store.delete_circuit(req.name)
-        return _deleted(req.name)
+        return self._deleted(circuit["model"], "circuit", req.name)
 
     def active_circuit(self, req: GetActiveCircuit) -> ActiveCircuit:
         state = self.store.get(req.model)
@@ -317,16 +318,35 @@ class Coordinator:
         self.store.put_setting(bases.LOCK, None)
         return SteeringLock(None)
 
+    def deactivate_deleted(self) -> None:
+        """At start: a model whose active base is no longer stored (deleted by a greenroom that
+        left deleted bases steering) is deactivated, as a deletion does now."""
+        for state in self.store.models():
+            if bases.deleted(self.store, state):
+                log.info("model %s: its active %s %r was deleted; deactivated", state.model, *state.active.values())
+                self._put(attrs.evolve(state, strengths={}, active=None))
+
     # shared by the handlers
     def _put(self, state: ModelSteering) -> SteeringState:
         """Store the next version of `state`, its live values re-derived from its active base (a
         circuit's bindings follow the SAEs attached)."""
         base = bases.active_base(self.store, state) if state.active is not None else None
-        if base is not None and base.kind == "live":
-            state = attrs.evolve(state, active=None)  # deleted since it was activated: the values stay, as set
-        elif base is not None and base.kind != "profile":  # a plain profile's activation copied its values
+        if base is not None and base.kind != "profile":  # a plain profile's activation copied its values
             state = attrs.evolve(state, strengths=base.resolved(None, self.limits))
         return answer(self.store, self.store.put(state), self.limits)
+
+    def _deleted(self, model: str, kind: str, name: str) -> Deleted:
+        """After a profile, cluster or circuit is deleted: a deleted document never steers. The
+        model it was the active base of is deactivated — its live values cleared, active none, a
+        new version — as if the user had cleared them; an active circuit it backed (its
+        slice_fallback) is re-derived without it. Any other model's state is unchanged."""
+        state = self.store.get(model)
+        if state.active == {"kind": kind, "name": name}:
+            return Deleted(name, self._put(attrs.evolve(state, strengths={}, active=None)))
+        circuit = self.store.circuit(state.active["name"]) if (state.active or {}).get("kind") == "circuit" else None
+        if kind == "profile" and circuit is not None and circuit.get("slice_fallback") == name:
+            return Deleted(name, self._put(state))
+        return Deleted(name, None)
 
     def _activated(self, state: ModelSteering, kind: str, name: str) -> SteeringState:
         return self._put(attrs.evolve(state, active={"kind": kind, "name": name}))
@@ -405,10 +425,6 @@ def _new_profile(req: CreateProfile | ImportCluster, state: ModelSteering) -> di
         "created_at": int(time.time()),
         "cluster": None,
     }
-
-
-def _deleted(name: str) -> SteeringDocument:
-    return SteeringDocument({"name": name, "deleted": True})
 
 
 def _circuit_steering(state: ModelSteering, serving: dict) -> dict | None:

@@ -100,7 +100,8 @@ def circuit_base(store: SteeringStore, state: ModelSteering, circuit: dict) -> B
 
 
 def active_base(store: SteeringStore, state: ModelSteering) -> Base:
-    """The model's active base; one deleted since it was activated leaves the live values."""
+    """The model's active base, else the live values (deleting a base deactivates it, so an
+    active one is always stored: `deleted`)."""
     active = state.active or {}
     if active.get("kind") == "circuit":
         circuit = store.circuit(active["name"])
@@ -114,6 +115,14 @@ def active_base(store: SteeringStore, state: ModelSteering) -> Base:
             held = {sae["sae_id"] for sae in state.saes}
             return profile_base(profile, {k: v for k, v in profile["strengths"].items() if k in held})
     return Base("live", None, state.strengths)
+
+
+def deleted(store: SteeringStore, state: ModelSteering) -> bool:
+    """Whether the model's active base is no longer stored (a store written by a greenroom that
+    left a deleted base steering)."""
+    active = state.active or {}
+    lookup = {"circuit": store.circuit, "profile": store.profile}.get(active.get("kind"))
+    return lookup is not None and lookup(active["name"]) is None
 
 
 def serving(store: SteeringStore, state: ModelSteering, limits: rules.Limits) -> dict | None:

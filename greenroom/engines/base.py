@@ -72,6 +72,9 @@ def context_length_exceeded(
     )
 
 
+SEED_MAX = 2**32 - 1  # the largest seed: torch's CPU generator keeps 32 bits
+
+
 @attrs.frozen
 class SamplingParams:
     max_tokens: int | None = None  # None: the server default, bounded by the context

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from quart import current_app, request
 
+from greenroom import structured_fields as sf
 from greenroom.errors import GreenroomError
 from greenroom.http import monitoring_api
 from greenroom.http.framing import Framing, streamed
@@ -20,6 +21,19 @@ from greenroom.http.pacing import Pacer
 from greenroom.protocol import Admitted, Embedded, Failed, Generate
 from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admit
 from greenroom.supervisor.tree import Tree
+
+# the seed drawn for a request sent without one (greenroom goes beyond the spec, whose
+# X-miLLM-Seed is absent then): sent back as the seed, it reproduces the answer
+DRAWN_SEED_HEADER = "X-Greenroom-Drawn-Seed"
+
+
+def drawn_seed(admitted: Admitted, scope: str = "request") -> dict[str, str]:
+    """X-Greenroom-Drawn-Seed, in X-miLLM-Seed's form and with the scope of the promise that
+    seed, sent, would carry; absent where no seed was drawn (one was sent, or the request's lane
+    reproduces none: Admitted.drawn_seed)."""
+    if admitted.drawn_seed is None:
+        return {}
+    return {DRAWN_SEED_HEADER: sf.item(admitted.drawn_seed, {"scope": scope})}
 
 
 async def answer(

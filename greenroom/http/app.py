@@ -54,8 +54,9 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
         surface = _surface()
         if surface is Surface.OLLAMA:  # Ollama's flat envelope on its /api surface
             return jsonify(ollama_envelope.error_body(err)), err.status, headers
-        if surface is Surface.ANTHROPIC:
-            return jsonify(err.anthropic_body()), anthropic_status(err.code), headers
+        if surface is Surface.ANTHROPIC:  # its envelope names the request, as its request-id header does
+            body = {**err.anthropic_body(), "request_id": ollama_envelope.request_id()}
+            return jsonify(body), anthropic_status(err.code), headers
         return jsonify(err.openai_body()), err.status, headers
 
     open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
@@ -89,6 +90,8 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     @app.after_request
     async def request_id_and_count(response):
         response.headers[ollama_envelope.REQUEST_ID_HEADER] = ollama_envelope.request_id()
+        if _surface() is Surface.ANTHROPIC:  # where Anthropic's SDKs read it
+            response.headers["request-id"] = ollama_envelope.request_id()
         origin = request.headers.get("Origin")
         if origin is not None and origins.allows(origin):
             response.headers.update(cors.response_headers(origin))

@@ -35,6 +35,7 @@ from greenroom.http.steering_api import (
     SAE_ID,
     check_description,
     check_name,
+    delete,
     read_body,
     state_json,
     write,
@@ -245,8 +246,8 @@ def _named_routes(app: Quart, tree: Tree, kind: Kind) -> None:
     async def read(name: str):
         return await summary(name)
 
-    async def delete(name: str):
-        return (await tree.steering(kind.delete(name))).body
+    async def deleted(name: str):
+        return await delete(tree, kind.delete(name))
 
     async def dial(name: str):
         body = await read_body(INTENSITY)
@@ -268,7 +269,7 @@ def _named_routes(app: Quart, tree: Tree, kind: Kind) -> None:
 
     for method, path, view in (
         ("GET", root, read),
-        ("DELETE", root, delete),
+        ("DELETE", root, deleted),
         ("PUT", root + "/intensity", dial),
         ("POST", root + "/activate", activated),
         ("GET", root + "/export", export),

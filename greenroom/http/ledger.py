@@ -53,6 +53,18 @@ def refused(*noop, why: str) -> Rule:
     return Rule(refuse=True, noop=noop, why=why)
 
 
+# Images, audio and files, on every surface (chat's content parts, the Responses API's, Anthropic's
+# blocks, Ollama's `images`): one code and one reason. The spec's field_not_honoured is "an
+# output-changing field this endpoint or engine cannot honour" — not a malformed request.
+TEXT_ONLY = "greenroom serves text-only models"
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "file", "input_image", "input_file", "image", "document"})
+
+
+def media_refused(where: str) -> GreenroomError:
+    """The refusal of an image, audio or file at `where` (the content part's location)."""
+    return GreenroomError("field_not_honoured", f"'{where}' cannot be honoured: {TEXT_ONLY}", where)
+
+
 _NOT_YET = "not yet implemented"
 
 _COMMON = {

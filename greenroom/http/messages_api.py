@@ -268,11 +268,13 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
     for j, block in enumerate(blocks):
         place = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
+        if kind in ledger.MEDIA_PARTS:
+            raise ledger.media_refused(place)
         if kind not in allowed:
             raise GreenroomError(
                 "invalid_parameter",
                 f"'{place}' must be a text block, a tool_use block (assistant) or a tool_result block (user): "
-                "images, documents and thinking are not supported",
+                "thinking is not supported",
                 place,
             )
         for key in _BLOCKS[kind].required:

@@ -1,7 +1,9 @@
 """What the Ollama read routes (/api/tags, /api/ps, /api/show) say about a model, read
 from its files without loading it: a GGUF file's header (engines/gguf_meta.py), a
 checkpoint's config.json and safetensors headers, an OpenVINO directory's config.json and
-IR. The routes take a `Placed` snapshot in the trio thread and read the files in a worker.
+IR. A model converted from a GGUF file at its first load (`gguf-converted:`) is described by
+that file until then. The routes take a `Placed` snapshot in the trio thread and read the
+files in a worker.
 
 Rendering is total: whatever a file or a stored deadline holds, these routes answer — a
 value that cannot be shown is left out, emptied or clamped (a timestamp past year 9999 is
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from greenroom.engines import gguf_files, gguf_meta
-from greenroom.engines.loader import checkpoint_json
+from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
 from greenroom.http import ollama_params
 from greenroom.supervisor.placements import Placement
 
@@ -89,6 +91,9 @@ class Facts:
 def facts(p: Placed) -> Facts:
     """Everything the read routes show of `p`, from its files (a worker thread's call)."""
     path = p.placement.path()  # builds nothing, imports no torch
+    source = p.placement.source
+    if source.startswith(CONVERTED) and not (path / "config.json").is_file():
+        path = source_path(source[len(CONVERTED) :], p.placement.cache_dir)  # not converted yet: its GGUF
     if path.suffix == ".gguf":
         return _gguf(p, path)
     files = _files(path)

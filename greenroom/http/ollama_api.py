@@ -36,7 +36,7 @@ from greenroom.http import (
     routes,
     structured,
 )
-from greenroom.http.answering import answer
+from greenroom.http.answering import answer, drawn_seed
 from greenroom.http.contracts import NULL, sent, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
@@ -53,9 +53,10 @@ TOP_LOGPROBS_MAX = 20  # Ollama's bound
 # what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
 # `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
 TRUNCATED_HEADER = "X-Greenroom-Truncated"
+# the context window the request ran with: options.num_ctx as Ollama clamps it (ollama_params.window)
+NUM_CTX_HEADER = "X-Greenroom-Num-Ctx"
 
 _NOT_YET = "not yet implemented"
-_TEXT_ONLY = "greenroom serves text-only models"
 _FORMAT = ledger.needs("response_format", "")
 _COMMON = {
     "model": ledger.USE,
@@ -74,7 +75,7 @@ GENERATE = {
     "system": ledger.USE,
     "template": ledger.USE,
     "raw": ledger.USE,
-    "images": ledger.refused([], why=_TEXT_ONLY),
+    "images": ledger.refused([], why=ledger.TEXT_ONLY),
     "suffix": ledger.refused("", why="fill-in-the-middle is " + _NOT_YET),
     "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
     **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
@@ -116,7 +117,7 @@ MESSAGE = contracts.Named(
         fields={
             "role": contracts.Choice(values=openai_params.ROLES),
             "content": contracts.AnyOf(options=(contracts.Text(), contracts.ListOf(items=openai_params.TEXT_PART))),
-            "images": attrs.evolve(_FALSY, description="Refused unless empty: " + _TEXT_ONLY),
+            "images": attrs.evolve(_FALSY, description="Refused unless empty: " + ledger.TEXT_ONLY),
             "tool_calls": contracts.ListOf(items=openai_params.TOOL_CALL, description="An assistant's earlier calls"),
         },
         required=("role",),
@@ -230,11 +231,7 @@ def conversation(messages: list) -> list[dict]:
     for i, m in enumerate(messages):
         if isinstance(m, dict):
             if m.get("images"):
-                raise GreenroomError(
-                    "field_not_honoured",
-                    f"'messages[{i}].images' cannot be honoured: {_TEXT_ONLY}",
-                    f"messages[{i}].images",
-                )
+                raise ledger.media_refused(f"messages[{i}].images")
             m = {k: m[k] for k in ("role", "content", "tool_calls") if k in m}
         out.append(m)
     return openai_params.messages({"messages": out})
@@ -267,10 +264,11 @@ async def _generate(tree: Tree, job: Job):
     load_ns = time.monotonic_ns() - load_started
     # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
     options = job.options
+    window = ollama_params.window(options, info["context_length"])
     gen = attrs.evolve(
         job.gen,
         fit=Fit(
-            ollama_params.window(options, info["context_length"]),
+            window,
             options.num_keep,
             options.params.max_tokens or ollama_params.OPTIONS["num_predict"].default,
             options.fill,
@@ -281,6 +279,8 @@ async def _generate(tree: Tree, job: Job):
     def headers(first) -> dict[str, str]:
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
         out = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
+        out[NUM_CTX_HEADER] = sf.bare(window)
+        out.update(drawn_seed(first))
         if first.truncated:
             out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
         return {**out, **routing_headers(info, first.prompt_tokens)}

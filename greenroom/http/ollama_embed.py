@@ -1,6 +1,8 @@
 """Ollama's embeddings: /api/embed (current: normalised vectors, `dimensions`) and
 /api/embeddings (legacy: the raw vector), validated by the spec's table before any engine
-is asked anything."""
+is asked anything. `dimensions` is read as Ollama reads it: a length from 1 to below the
+vector's cuts it, anything else (0, negative, the width or more) keeps the whole vector; the
+length answered is said in X-Greenroom-Dimensions."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from greenroom.supervisor.tree import Tree
 MAX_ITEMS = 128
 MAX_TEXT_CHARS = 8192
 MAX_REQUEST_CHARS = 65536
+DIMENSIONS_HEADER = "X-Greenroom-Dimensions"  # the length of the vectors answered
 
 EMBED = {
     "model": ledger.USE,
@@ -53,7 +56,12 @@ EMBED_REQUEST = contracts.Shape(
             description="Never honoured as Ollama's truncation: a long input is refused (true is reported)",
         ),
         "dimensions": contracts.Number(
-            lo=1, integer=True, description="The first this many of each normalised vector; at most the model's width"
+            lo=ollama_params.GO_INT[0],
+            hi=ollama_params.GO_INT[1],
+            integer=True,
+            description="From 1 to below the model's width: the first this many of each vector, normalised again; "
+            "otherwise (0, negative, the width or more) the whole vector, as Ollama answers. The length "
+            f"answered is in {DIMENSIONS_HEADER}",
         ),
         "keep_alive": ollama_params.KEEP_ALIVE,
     },
@@ -110,7 +118,7 @@ def register(app: Quart, tree: Tree) -> None:
         openai_params.boolean(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
         dimensions = body.get("dimensions")
         if dimensions is not None and not EMBED_REQUEST.fields["dimensions"].holds(dimensions):
-            raise GreenroomError("invalid_parameter", "'dimensions' must be a positive integer", "dimensions")
+            raise GreenroomError("invalid_parameter", "'dimensions' must be an integer", "dimensions")
         keep_alive = parse_keep_alive(body)
         also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
         headers = req.headers(also)
@@ -118,14 +126,9 @@ def register(app: Quart, tree: Tree) -> None:
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         floats = vectors(embedded)
-        if dimensions is not None:
-            if dimensions > len(floats[0]):
-                raise GreenroomError(
-                    "invalid_parameter",
-                    f"'dimensions' is {dimensions}, but this model's embeddings have {len(floats[0])}",
-                    "dimensions",
-                )
+        if dimensions is not None and 0 < dimensions < len(floats[0]):
             floats = [v[:dimensions] for v in floats]
+        headers[DIMENSIONS_HEADER] = str(len(floats[0]))
         return (
             {
                 "model": req.sent_model,

@@ -66,7 +66,7 @@ CREATE = {
     "messages": ledger.USE,
     "stream": ledger.USE,
     "license": ledger.REPORTED,  # accepted, not kept
-    "quantize": ledger.refused(why="greenroom does not quantize models"),
+    "quantize": ledger.refused("", why="greenroom does not quantize models"),  # "": none, as Ollama reads it
     "files": ledger.refused({}, why=_NOT_SERVED),
     "adapters": ledger.refused({}, why=_NOT_SERVED),
 }

@@ -11,7 +11,8 @@ are the defaults with the sent values merged over them; then
   repeat_penalty was not (an explicit repeat_penalty wins);
 - LENGTH: num_predict → max_tokens; -1 (infinite) and -2 (fill the context) both mean
   "until the request's window is full";
-- WINDOW: num_ctx → the request's context window: never past the model's (400); a prompt
+- WINDOW: num_ctx → the request's context window, clamped as Ollama's scheduler and runner
+  clamp it (at least 4, at most the model's trained window: never a 400; `window`); a prompt
   longer than it is cut by Ollama's rule (engines/prompt_fit.py), and num_keep → the
   tokens such a cut keeps at the prompt's start;
 - DROPPED: logged at debug and not applied (mirostat*, min_p, typical_p, tfs_z, the
@@ -28,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from greenroom.engines.base import SamplingParams
+from greenroom.engines.base import SEED_MAX, SamplingParams
 from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import keep_alive
@@ -42,8 +43,8 @@ SAMPLING, PENALTY, LENGTH, WINDOW, KEEP, DROPPED = ("sampling", "penalty", "leng
 # value types, as Ollama's Options.FromMap accepts them
 FLOAT, INT, BOOL, STRINGS = "float", "int", "bool", "strings"
 
-MAX_SEED = 2**32 - 1  # torch's CPU generator keeps 32 bits
 MAX_INT = 2**31 - 1
+GO_INT = (-(2**63), 2**63 - 1)  # what Ollama's Go int fields take (past them: its 400)
 
 
 @attrs.frozen
@@ -69,9 +70,11 @@ OPTIONS: dict[str, Option] = {
     "top_p": Option(0.9, FLOAT, SAMPLING, "top_p", lo=0.0, hi=1.0),
     "repeat_penalty": Option(1.1, FLOAT, SAMPLING, "repetition_penalty", above=0.0, needs="penalties"),
     "num_predict": Option(128, INT, LENGTH, lo=-2, hi=MAX_INT),
-    "num_ctx": Option(2048, INT, WINDOW, lo=1, hi=MAX_INT),
+    "num_ctx": Option(2048, INT, WINDOW, lo=GO_INT[0], hi=GO_INT[1]),  # clamped (`window`)
     "num_batch": _dropped(512, INT),
-    "seed": Option(0, INT, SAMPLING, "seed", hi=MAX_SEED, needs="seed"),  # negative: unseeded (Ollama's -1)
+    # Ollama's default, -1 (any negative): random — a seed drawn per request and echoed where the engine
+    # reproduces it (X-Greenroom-Drawn-Seed), not the spec's 0, which made every Regenerate repeat itself
+    "seed": Option(-1, INT, SAMPLING, "seed", hi=SEED_MAX, needs="seed"),
     "stop": Option((), STRINGS, SAMPLING, "stop"),
     "mirostat": _dropped(0, INT),
     "mirostat_tau": _dropped(5.0, FLOAT),
@@ -106,7 +109,8 @@ def _field(opt: Option) -> Field:
         SAMPLING: f"→ {opt.target}",
         PENALTY: "→ one repetition penalty with the other",
         LENGTH: "→ max_tokens; -1 and -2: until the window is full",
-        WINDOW: "the request's context window (at most the model's)",
+        WINDOW: "the request's context window: clamped to [4, the model's window], "
+        "the value used said in X-Greenroom-Num-Ctx",
         KEEP: "the tokens a cut prompt keeps at its start",
         DROPPED: "accepted, not applied (reported when not the no-change value)",
     }[opt.handling]
@@ -190,6 +194,11 @@ def _value(name: str, value: Any, opt: Option) -> Any:
     return value
 
 
+def _no_change(name: str, value: Any, opt: Option) -> bool:
+    """Whether a sent value asks for nothing the default does not (any negative seed: random)."""
+    return value == opt.default or (name == "seed" and value < 0)
+
+
 def resolve(options: Any, caps: Capabilities) -> Resolved:
     """Merge the defaults with the sent options, validate, map. Raises a typed 400 naming
     the option; never reads past the table."""
@@ -208,7 +217,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
         if value is None:  # Ollama skips nulls
             continue
         sent[name] = _value(name, value, opt)
-        if opt.needs and not getattr(caps, opt.needs) and sent[name] != opt.default:
+        if opt.needs and not getattr(caps, opt.needs) and not _no_change(name, sent[name], opt):
             raise GreenroomError(
                 "field_not_honoured",
                 f"'{_where(name)}' cannot be honoured by this model's engine: {WHY_NOT[opt.needs]}",
@@ -240,19 +249,18 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
     return Resolved(params, num_predict < 0, sent.get("num_ctx"), merged["num_keep"], unread)
 
 
+MIN_CTX = 4  # Ollama's scheduler raises a smaller num_ctx to this
+
+
 def window(resolved: Resolved, context_length: int) -> int:
-    """The request's context window: num_ctx when sent (past the model's window: 400), else
-    the default num_ctx, bounded by the model's window."""
-    if resolved.num_ctx is None:
-        return min(OPTIONS["num_ctx"].default, context_length)
-    if resolved.num_ctx > context_length:
-        raise GreenroomError(
-            "invalid_parameter",
-            f"'options.num_ctx' is {resolved.num_ctx}, but this model's context "
-            f"window is {context_length} tokens; send at most {context_length}",
-            "options.num_ctx",
-        )
-    return resolved.num_ctx
+    """The request's context window as Ollama sets it: num_ctx (sent, else the default)
+    capped at the model's trained window (its runner's "requested context size too large for
+    model") and raised to MIN_CTX (its scheduler's floor) — 0 or a window past the model's is
+    clamped, never refused; the response says the value in X-Greenroom-Num-Ctx."""
+    asked = OPTIONS["num_ctx"].default if resolved.num_ctx is None else resolved.num_ctx
+    if asked > context_length:
+        log.info("options.num_ctx %d is past the model's window: %d is used", asked, context_length)
+    return max(MIN_CTX, min(asked, context_length))
 
 
 def parameters_text(context_length: int) -> str:

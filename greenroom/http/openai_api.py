@@ -28,7 +28,7 @@ from greenroom.http import (
     steering_api,
     structured,
 )
-from greenroom.http.answering import answer, single, vectors
+from greenroom.http.answering import answer, drawn_seed, single, vectors
 from greenroom.http.contracts import Shape
 from greenroom.http.openai_params import Streaming
 from greenroom.protocol import Admitted, Failed, Generate, Score, Text
@@ -303,11 +303,8 @@ async def _complete(
     `extras` adds the x_needle block; `steering`: the steering headers (steering_api);
     `shaped`: the surface's form of the answer (None: chat or text completions')."""
     shaped = shaped or _AS_CHAT
-    headers = {
-        **req.headers(scoring.SCORING_ONLY),
-        **_seed_header(req.body, "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"),
-        **(steering or {}),
-    }
+    scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
+    headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
@@ -316,7 +313,7 @@ async def _complete(
         client,
         gen,
         framing=framing.SSE if stream.on else None,
-        headers=lambda _: headers,
+        headers=lambda first: {**headers, **drawn_seed(first, scope)},
         frames=lambda events, first: shaped.stream(
             _chunks(gen, events, first, plan, stream.include_usage, extras), first
         ),

@@ -17,7 +17,7 @@ import attrs
 
 from greenroom.engines.base import SAE_ACTIVATIONS_MAX_ENTRIES, SAE_ACTIVATIONS_MAX_TOP_K, SamplingParams
 from greenroom.errors import GreenroomError
-from greenroom.http import sae_activations
+from greenroom.http import ledger, sae_activations
 from greenroom.http.contracts import (
     DATA,
     INT64,
@@ -492,11 +492,11 @@ def messages(body: dict) -> list[dict]:
         if isinstance(content, list):  # OpenAI content parts: text only
             parts = []
             for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") in ledger.MEDIA_PARTS:
+                    raise ledger.media_refused(f"{where}.content[{j}]")
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                     raise GreenroomError(
-                        "invalid_parameter",
-                        f"'{where}.content[{j}]' must be a text part (images and audio are not supported)",
-                        f"{where}.content[{j}]",
+                        "invalid_parameter", f"'{where}.content[{j}]' must be a text part", f"{where}.content[{j}]"
                     )
                 parts.append(part["text"])
             content = "".join(parts)
@@ -548,8 +548,8 @@ def in_call_order(messages: list[dict]) -> list[dict]:
 
 def text_of(content, where: str, kinds: tuple[str, ...], read: frozenset[str], unread: list[str]) -> str:
     """`content` as one text: a string, or text parts (their `type` one of `kinds`) joined —
-    images, files and audio refused; a part's keys outside `read` added to `unread`. The
-    Responses and Messages translations' content."""
+    images, files and audio refused (ledger.media_refused); a part's keys outside `read` added
+    to `unread`. The Responses and Messages translations' content."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -557,12 +557,10 @@ def text_of(content, where: str, kinds: tuple[str, ...], read: frozenset[str], u
     out = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
+        if isinstance(part, dict) and part.get("type") in ledger.MEDIA_PARTS:
+            raise ledger.media_refused(at)
         if not (isinstance(part, dict) and part.get("type") in kinds):
-            raise GreenroomError(
-                "invalid_parameter",
-                f"'{at}' must be a {' or '.join(kinds)} part (images, files and audio are not supported)",
-                at,
-            )
+            raise GreenroomError("invalid_parameter", f"'{at}' must be a {' or '.join(kinds)} part", at)
         if not isinstance(part.get("text"), str):
             raise GreenroomError("invalid_parameter", f"'{at}.text' must be a string", f"{at}.text")
         out.append(part["text"])

@@ -219,9 +219,13 @@ def _error_schemas() -> dict:
             "properties": {"code": {"enum": error_codes(status, Surface.OLLAMA)}},
         }
     schemas["AnthropicError"] = _closed(
-        {"type": {"const": "error"}, "error": _ANTHROPIC_ERROR},
+        {
+            "type": {"const": "error"},
+            "error": _ANTHROPIC_ERROR,
+            "request_id": _described(_string(), "The request's id (its request-id and X-Request-ID headers)"),
+        },
         ("type", "error"),
-        description="Anthropic's error envelope",
+        description="Anthropic's error envelope; an answer's (not a stream's error event) carries request_id",
     )
     for status, name, _ in _statuses(Surface.ANTHROPIC):
         codes = error_codes(status, Surface.ANTHROPIC)
@@ -871,7 +875,18 @@ def _steering_schemas() -> dict:
             additionalProperties=False,
         ),
         "ProfileList": _obj({"profiles": _array(_ref("Profile"))}, ("profiles",)),
-        "ProfileDeleted": _obj({"name": _string(), "deleted": _BOOLEAN}, ("name", "deleted")),
+        "ProfileDeleted": _obj(
+            {
+                "name": _string(),
+                "deleted": _BOOLEAN,
+                "state": _described(
+                    _nullable(_ref("ModelSteering")),
+                    "The model's steering when it steered through the deleted document (its active base, or "
+                    "the active circuit's slice_fallback): deactivated, or re-derived without it; null otherwise",
+                ),
+            },
+            ("name", "deleted", "state"),
+        ),
     }
 
 
@@ -1538,6 +1553,13 @@ def _headers() -> dict:
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape|best-effort)"$'),
             "example": '7;scope="request"',
         },
+        "DrawnSeed": {
+            "description": "Beyond the spec: the seed drawn for a request sent without one, in X-miLLM-Seed's form; "
+            "sent back as the seed, it reproduces the answer. Absent when a seed was sent, or where none would "
+            "reproduce (a request decoded in the transformers continuous batch)",
+            "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape)"$'),
+            "example": '2920794996;scope="request"',
+        },
         "Steering": {
             "description": "none on a scoring response: scoring runs with every attached SAE's hook "
             "suppressed (unsteered)",
@@ -1574,6 +1596,16 @@ def _headers() -> dict:
 
 def _ollama_headers() -> dict:
     return {
+        "NumCtx": {
+            "description": "The context window the request ran with: options.num_ctx (else the default 2048) "
+            "clamped to [4, the model's window], as Ollama clamps it",
+            "schema": _string(pattern="^[0-9]+$"),
+        },
+        "Dimensions": {
+            "description": "The length of each vector answered: dimensions when from 1 to below the model's width, "
+            "else the width",
+            "schema": _string(pattern="^[0-9]+$"),
+        },
         "Truncated": {
             "description": "What Ollama's rule cut from a prompt longer than num_ctx, as an RFC 8941 dictionary",
             "schema": _string(pattern=r"^messages=[0-9]+, tokens=[0-9]+$"),
@@ -1587,11 +1619,14 @@ def _ollama_headers() -> dict:
 _HEADER_NAMES = {
     "IgnoredFields": "X-miLLM-Ignored-Fields",
     "Seed": "X-miLLM-Seed",
+    "DrawnSeed": "X-Greenroom-Drawn-Seed",
     "Steering": "X-miLLM-Steering",
     "CircuitRung": "X-miLLM-Circuit-Rung",
     "Constrained": "X-miLLM-Constrained",
     "NotStored": "X-Greenroom-Not-Stored",
     "SteeringIntensity": "X-miLLM-Steering-Intensity",
+    "NumCtx": "X-Greenroom-Num-Ctx",
+    "Dimensions": "X-Greenroom-Dimensions",
     "Truncated": "X-Greenroom-Truncated",
     "Device": "X-NPU-Proxy-Device",
     "RouteReason": "X-NPU-Proxy-Route-Reason",

@@ -45,9 +45,10 @@ OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
 
 # the X-miLLM-* headers a generation's answer carries (openapi.py's header components)
 IGNORED = ("IgnoredFields",)
-SEEDED = ("IgnoredFields", "Seed", "Steering", "CircuitRung")
+SEEDED = ("IgnoredFields", "Seed", "DrawnSeed", "Steering", "CircuitRung")
 CONSTRAINED = SEEDED + ("Constrained", "SteeringIntensity")
-OLLAMA_GENERATED = ("IgnoredFields", "Truncated", "Device", "RouteReason", "TokenCount")
+OLLAMA_GENERATED = ("IgnoredFields", "DrawnSeed", "NumCtx", "Truncated", "Device", "RouteReason", "TokenCount")
+OLLAMA_EMBEDDED = ("IgnoredFields", "Dimensions")
 
 
 @attrs.frozen
@@ -629,7 +630,7 @@ TABLE: tuple[Route, ...] = (
         "ollamaEmbed",
         "OllamaEmbedded",
         "OllamaEmbedRequest",
-        headers=IGNORED,
+        headers=OLLAMA_EMBEDDED,
         answer="Normalised embeddings, one per input",
     ),
     _ollama(

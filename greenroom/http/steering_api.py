@@ -32,6 +32,8 @@ from greenroom.protocol import (
     ActivateProfile,
     AttachSAE,
     CreateProfile,
+    DeleteCircuit,
+    DeleteCluster,
     DeleteProfile,
     DetachSAE,
     Generate,
@@ -259,7 +261,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "DELETE", "/api/profiles/{name}")
     async def delete_profile(name: str):
-        return (await tree.steering(DeleteProfile(name))).body
+        return await delete(tree, DeleteProfile(name))
 
     @routes.view(app, "POST", "/api/profiles/{name}/activate")
     async def activate_profile(name: str):
@@ -378,6 +380,15 @@ async def write(tree: Tree, request: ModelRequest) -> dict:
     """A steering write answered with the model's state, once pushed to its engine actors."""
     state = await tree.steering(request)
     return state_json(state, await tree.push_model_steering(state.model, state))
+
+
+async def delete(tree: Tree, request: DeleteProfile | DeleteCluster | DeleteCircuit) -> dict:
+    """A deletion answered with the new state of the model that steered through the document
+    (pushed to its engine actors), else `state: null`."""
+    deleted = await tree.steering(request)
+    state = deleted.state
+    live = None if state is None else state_json(state, await tree.push_model_steering(state.model, state))
+    return {"name": deleted.name, "deleted": True, "state": live}
 
 
 async def _answer(tree: Tree, model: str) -> dict:

@@ -14,6 +14,7 @@ from greenroom.errors import GreenroomError
 from greenroom.protocol import (
     AttachDefaultSAE,
     AttachSAE,
+    Deleted,
     Dialled,
     Failed,
     GetLock,
@@ -63,7 +64,7 @@ class SteeringRelay:
             reply = await events.__anext__()
         if isinstance(reply, Failed):
             raise GreenroomError.from_wire(reply.error)
-        state = reply.answer.state if isinstance(reply.answer, Dialled) else reply.answer
+        state = reply.answer.state if isinstance(reply.answer, (Dialled, Deleted)) else reply.answer
         if isinstance(state, SteeringState):
             self.last_steering_states[state.model] = state
         if isinstance(reply.answer, SteeringLock):
