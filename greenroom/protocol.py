@@ -508,6 +508,8 @@ class Admitted:
     # what Generate.fit cut: {"messages": oldest messages dropped, "tokens": prompt tokens dropped}
     truncated: dict | None = None
     as_is: bool = False  # no chat template: the last message was rendered as it is
+    # prompts with SamplingParams.logprobs: each row's length in characters, where its text_offset starts
+    prompt_chars: list[int] | None = None
 
 
 @attrs.frozen
@@ -527,8 +529,8 @@ class Text:
     # "features": [{"index", "max", "mean"}]} (engines/steering.py, Monitor.result)
     monitor: dict | None = None
     stop: str | None = None  # on the finishing event: the stop string that ended the choice, if one did
-    # with SamplingParams.logprobs: the tokens since the previous event, each [text, log-probability,
-    # [[text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
+    # with SamplingParams.logprobs: the tokens since the previous event, each [id, text, log-probability,
+    # [[id, text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
     logprobs: list | None = None
 
 

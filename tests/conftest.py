@@ -147,6 +147,19 @@ def server(tmp_path_factory, model_cache):
     srv.stop()
 
 
+SMOLLM2_MODELS = ("smollm2-135m-instruct", "smollm2-135m-instruct:Q4_1")  # the default config's, both engines
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(server, smollm2):
+    """The session's default-config server, SmolLM2's conversion already in the cache; both
+    SmolLM2 models are unloaded after the module, so the tests after it find the server as they
+    would have."""
+    yield server
+    for model in SMOLLM2_MODELS:
+        httpx.post(server.url + "/api/models/unload", json={"model": model}, timeout=120)
+
+
 @pytest.fixture
 def own_server(tmp_path, model_cache):
     """A server of the test's own, for tests that kill or stop things."""

@@ -35,3 +35,9 @@ def test_the_engines_page_table_matches_the_capability_table():
     for field, row in zip(ROWS, rows):
         said = [c.strip() == "yes" for c in row.strip(" |").split("|")]
         assert said == [getattr(ENGINES[e], field) for e in engines], field
+
+
+def test_an_engine_that_scores_reports_token_logprobs():
+    """The ledger lets `logprobs` through on token_logprobs (a generation's tokens); a scoring
+    request's `logprobs` relies on every engine that scores reporting tokens too."""
+    assert all(c.token_logprobs for c in ENGINES.values() if c.scoring)

@@ -33,7 +33,10 @@ def admit(engine, req: Generate, default_max_tokens: int) -> tuple[list[list[int
             for ids, name in zip(rows, names)
         ]
     as_is = req.conversations is not None and not engine.has_chat_template
-    return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is)
+    chars = None  # a text completion's logprobs count text_offset from the prompt's start, as scoring's do
+    if req.params.logprobs is not None and req.conversations is None:
+        chars = [len(p) for p in req.prompts] if req.prompts is not None else [len(engine.decode(i)) for i in rows]
+    return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is, chars)
 
 
 def score_rows(engine, req: Score) -> tuple[list[list[int]], list[str]]:

@@ -493,12 +493,12 @@ def _logprobs(tokens: list) -> list[dict]:
             "logprob": logprob,
             "bytes": list(text.encode("utf-8")),
             **(
-                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top]}
+                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for _, t, lp in top]}
                 if top
                 else {}
             ),
         }
-        for text, logprob, top in tokens
+        for _, text, logprob, top in tokens
     ]
 
 
