@@ -126,8 +126,8 @@ _FORMAT = Shape(
         "format": Shape(
             fields={"type": Choice(values=("json_schema",)), "schema": SCHEMA},
             required=("type", "schema"),
-            description="The answer decoded under the schema (greenroom's subset) and validated: not streamed, "
-            "not with stop_sequences, not with tools unless tool_choice is none",
+            description="The answer decoded under the schema (greenroom's subset) and validated once complete "
+            "(streamed too): not with stop_sequences, not with tools unless tool_choice is none",
         ),
         "effort": Choice(values=(None,), description="Refused unless null: this model does not think"),
     },
@@ -198,13 +198,8 @@ REQUEST = merge(
         *_RULES,
         when(
             _FORMATTED,
-            {
-                "properties": {
-                    "stream": {"enum": [False, None]},
-                    "stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
-                }
-            },
-            "output_config.format cannot be streamed or cut by stop_sequences",
+            {"properties": {"stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}},
+            "output_config.format cannot be cut by stop_sequences",
         ),
     ),
 )
@@ -513,7 +508,7 @@ def register(app: Quart, tree: Tree) -> None:
         req = req.translated(chat, unread)
         headers = req.headers()
         with openai_api.named(NAMES):
-            tools = structured.plan(chat, stream=False).tools
+            tools = structured.plan(chat).tools
         message = Tokenize(
             openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools
         )

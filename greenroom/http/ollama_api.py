@@ -213,9 +213,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
     else:
         raise GreenroomError("invalid_parameter", "'format' must be \"json\" or a JSON schema object", "format")
     try:
-        return structured.plan(
-            {"response_format": response_format, "tools": tools or None, "stop": list(stop) or None}, stream=False
-        )
+        return structured.plan({"response_format": response_format, "tools": tools or None, "stop": list(stop) or None})
     except GreenroomError as exc:
         if not (exc.param or "").startswith("response_format"):
             raise
@@ -424,8 +422,7 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
                     finished = event
             for line in shaped("".join(pending), final=finished is not None):
                 yield line
-        if job.plan.constraint is not None:
-            structured.message(job.plan, "".join(texts), finished.finish_reason)  # validates a complete document
+        structured.check(job.plan, "".join(texts), finished.finish_reason)
         reason = finished.finish_reason
         done = {
             **_head(job),

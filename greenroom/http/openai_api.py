@@ -104,7 +104,7 @@ async def generation(tree: Tree, req: Prepared, shaped: Shaped | None = None, ex
     structured-output plan, the engine request, SAE activations, the request's steering, then the
     answer, in `shaped`'s form (None: chat completions'); `extras`: the x_needle block."""
     stream = openai_params.streaming(req.body)
-    plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
+    plan = structured.plan(req.body, batching=tree.config.continuous_batching)
     gen = _reporting(openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint), req.body)
     gen = await sae_activations.attach(tree, req.body, gen)
     gen, steering = await steering_api.request_steering(tree, req.body, gen)
@@ -259,7 +259,7 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]
     chat["model"] = model
-    plan = attrs.evolve(structured.plan(chat, stream=False), lenient=True)  # the route judges the document
+    plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
     gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
     req = Prepared(chat, model, [], strict=False)
     result, _, _ = await _complete(
@@ -457,6 +457,8 @@ async def _chunks(
             if event.finish_reason:
                 for c in text_chunks(event.index, "".join(pending.pop(event.index)), final=True):
                     yield c
+                if chat and plan.constraint is not None:  # the document streamed, checked once complete
+                    structured.check(plan, shapers[event.index].message()["content"] or "", event.finish_reason)
                 completion_tokens += event.completion_tokens
                 unfinished -= 1
                 read = read or event.sae_activations

@@ -336,7 +336,7 @@ def chat_score(body: dict, model: str, stream: bool) -> Score:
     top = _alternatives(body)
     conversations = openai_params.conversations(body)
     candidates = len(set(allowed)) if allowed is not None else MAX_LOGPROBS
-    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}, stream=False).tools
+    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}).tools
     return Score(
         new_rid("chatcmpl"),
         model,
