@@ -521,6 +521,8 @@ class Admitted:
     # the seed drawn for a request sent without one, where its lane reproduces seeds (the answer's
     # X-Greenroom-Drawn-Seed: sent back as the seed, it reproduces the answer); None: none drawn
     drawn_seed: int | None = None
+    # prompts with SamplingParams.logprobs: each row's length in characters, where its text_offset starts
+    prompt_chars: list[int] | None = None
 
 
 @attrs.frozen
@@ -540,8 +542,8 @@ class Text:
     # "features": [{"index", "max", "mean"}]} (engines/steering.py, Monitor.result)
     monitor: dict | None = None
     stop: str | None = None  # on the finishing event: the stop string that ended the choice, if one did
-    # with SamplingParams.logprobs: the tokens since the previous event, each [text, log-probability,
-    # [[text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
+    # with SamplingParams.logprobs: the tokens since the previous event, each [id, text, log-probability,
+    # [[id, text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
     logprobs: list | None = None
 
 

@@ -51,3 +51,9 @@ def test_the_openai_page_names_the_engines_that_serve_steering_fields():
         for engine, name in ENGINE_NAMES.items():
             assert (name in served) == getattr(ENGINES[engine], field), (field, name, row)
             assert (name == refused) == (not getattr(ENGINES[engine], field)), (field, name, row)
+
+
+def test_an_engine_that_scores_reports_token_logprobs():
+    """The ledger lets `logprobs` through on token_logprobs (a generation's tokens); a scoring
+    request's `logprobs` relies on every engine that scores reporting tokens too."""
+    assert all(c.token_logprobs for c in ENGINES.values() if c.scoring)

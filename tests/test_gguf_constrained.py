@@ -241,7 +241,6 @@ def test_ollama_format_a_schema_and_json_validate_on_20_seeds(oc):
 def test_refusals_that_remain_are_typed_before_any_load(srv):
     httpx.post(srv.url + "/api/models/unload", json={"model": Q8}, timeout=60)
     for extra, code, param in (
-        ({"response_format": FORMAT, "stream": True}, "response_format_unsupported", "response_format"),
         ({"response_format": FORMAT, "stop": ["}"]}, "response_format_unsupported", "response_format"),
         (
             {

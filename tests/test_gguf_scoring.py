@@ -219,8 +219,7 @@ def test_chat_scoring_with_the_openai_sdk_and_extra_messages(srv):
 
 
 REFUSALS = [
-    ({"max_tokens": 2}, "invalid_scoring_request", "max_tokens"),
-    ({"max_tokens": None}, "invalid_scoring_request", "max_tokens"),
+    ({"allowed_token_ids": [5], "max_tokens": 2}, "invalid_scoring_request", "max_tokens"),
     ({"stream": True}, "invalid_scoring_request", "stream"),
     ({"n": 2}, "field_not_honoured", "n"),
     ({"logprobs": 21}, "invalid_parameter", "logprobs"),
@@ -255,7 +254,7 @@ def test_chat_scoring_refusals_on_gguf(srv):
     base = {"model": DEMO, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "logprobs": True}
     several = "invalid_scoring_request" if capabilities_of("llama.cpp").n else "field_not_honoured"
     for extra, code, param in (
-        ({"max_tokens": 2}, "invalid_scoring_request", "max_tokens"),
+        ({"allowed_token_ids": [5], "max_tokens": 2}, "invalid_scoring_request", "max_tokens"),
         ({"n": 2}, several, "n"),
         ({"top_logprobs": 21}, "invalid_parameter", "top_logprobs"),
         ({"logprobs": False, "top_logprobs": 2}, "invalid_parameter", "top_logprobs"),

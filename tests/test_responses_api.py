@@ -267,7 +267,6 @@ def test_both_surfaces_on_pooled_clients_while_other_streams_run(served, model):
             "input[0].content[0]",
         ),
         ({"input": None}, "missing_parameter", "input"),
-        ({"text": {"format": {"type": "json_object"}}, "stream": True}, "response_format_unsupported", "text.format"),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}},
             "response_format_unsupported",

@@ -203,15 +203,17 @@ CHATS = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_to
 @pytest.mark.parametrize(
     "path,body,status,code,param",
     [
+        # max_tokens other than 1 (the spec refuses it): a generation with logprobs, test_logprobs.py
+        ("/v1/completions", {**COMP, "max_tokens": 100}, 200, None, None),
+        ("/v1/completions", {**COMP, "max_tokens": None}, 200, None, None),
+        ("/v1/completions", {**COMP, "max_tokens": None, "max_completion_tokens": 1}, 200, None, None),
         (
             "/v1/completions",
-            {**COMP, "max_tokens": 100},
+            {**COMP, "allowed_token_ids": [5], "max_tokens": 2},
             400,
             "invalid_scoring_request",
             "max_tokens",
-        ),  # behaviour change
-        ("/v1/completions", {**COMP, "max_tokens": None}, 400, "invalid_scoring_request", "max_tokens"),
-        ("/v1/completions", {**COMP, "max_tokens": None, "max_completion_tokens": 1}, 200, None, None),
+        ),
         ("/v1/completions", {**COMP, "n": 2}, 400, "field_not_honoured", "n"),
         ("/v1/completions", {**COMP, "logprobs": 21}, 400, "invalid_parameter", "logprobs"),
         (
@@ -240,7 +242,14 @@ CHATS = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_to
             "field_not_honoured",
             "response_format",
         ),
-        ("/v1/chat/completions", {**CHATS, "max_tokens": 2}, 400, "invalid_scoring_request", "max_tokens"),
+        ("/v1/chat/completions", {**CHATS, "max_tokens": 2}, 200, None, None),  # a generation with logprobs
+        (
+            "/v1/chat/completions",
+            {**CHATS, "allowed_token_ids": [5], "max_tokens": 2},
+            400,
+            "invalid_scoring_request",
+            "max_tokens",
+        ),
         ("/v1/chat/completions", {**CHATS, "n": 2}, 400, "invalid_scoring_request", "n"),
         ("/v1/chat/completions", {**CHATS, "stream": True}, 400, "invalid_scoring_request", "stream"),
         ("/v1/chat/completions", {**CHATS, "temperature": 0.0001}, 400, "invalid_parameter", "temperature"),

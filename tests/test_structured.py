@@ -220,7 +220,6 @@ def test_limits(server):
 @pytest.mark.parametrize(
     "extra,path,code,param",
     [
-        ({"stream": True}, None, "response_format_unsupported", "response_format"),
         ({"stop": ["}"]}, None, "response_format_unsupported", "response_format"),
         ({"tools": TOOLS, "tool_choice": "required"}, None, "response_format_unsupported", "response_format"),
         ({"logprobs": True, "max_tokens": 1}, None, "field_not_honoured", "response_format"),
@@ -234,7 +233,7 @@ def test_combinations_refused_naming_response_format(server, extra, path, code, 
 
 
 def test_complete_invalid_document_is_a_500_never_a_200():
-    plan = structured.plan({"response_format": FORMAT}, stream=False)
+    plan = structured.plan({"response_format": FORMAT})
     with pytest.raises(GreenroomError) as exc:
         structured.message(plan, '{"label": "maybe", "code": "AAA-00", "tags": ["a", "b"], "score": 1}', "stop")
     assert exc.value.code == "constrained_output_invalid" and exc.value.status == 500
@@ -502,7 +501,7 @@ def test_required_parallel_calls_end_at_a_repeat(client, tools):
 
 
 def test_unconstrained_calls_keep_only_valid_ones_whole_and_streamed():
-    plan = structured.plan({"tools": TOOLS}, stream=False)  # tool_choice auto: nothing constrained the text
+    plan = structured.plan({"tools": TOOLS})  # tool_choice auto: nothing constrained the text
     text = (
         'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1e999, "b": 2}}\n</tool_call>\n'
         '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'

@@ -44,7 +44,13 @@ def admit(
     drawn = secrets.randbelow(SEED_MAX + 1) if seeded and req.params.seed is None else None
     if drawn is not None:
         params = [attrs.evolve(p, seed=drawn) for p in params]
-    return rows, params, Admitted(req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is, drawn)
+    chars = None  # a text completion's logprobs count text_offset from the prompt's start, as scoring's do
+    if req.params.logprobs is not None and req.conversations is None:
+        chars = [len(p) for p in req.prompts] if req.prompts is not None else [len(engine.decode(i)) for i in rows]
+    admitted = Admitted(
+        req.rid, sum(len(ids) for ids in rows), fitted and fitted.truncated, as_is, drawn_seed=drawn, prompt_chars=chars
+    )
+    return rows, params, admitted
 
 
 def score_rows(engine, req: Score) -> tuple[list[list[int]], list[str]]:

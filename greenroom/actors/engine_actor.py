@@ -611,7 +611,8 @@ class EngineLoop:
         choice.first_token = choice.first_token or now
         choice.logprob_sum += delta.logprob
         if delta.token is not None:
-            choice.tokens.append([delta.token[0], delta.token[1], [list(alt) for alt in delta.token[2]]])
+            token_id, text, logprob, top = delta.token
+            choice.tokens.append([token_id, text, logprob, [list(alt) for alt in top]])
         stats = None
         if delta.finish_reason:
             stats = {

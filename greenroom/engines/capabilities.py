@@ -14,13 +14,14 @@ class Capabilities:
     penalties: bool = False  # frequency/presence → repetition penalty
     embeddings: bool = False
     chat_template_kwargs: bool = False  # variables passed to the chat template
-    scoring: bool = False  # logprobs / allowed_token_ids scoring mode
+    scoring: bool = False  # logprobs / allowed_token_ids scoring mode (an engine with it has token_logprobs too)
     response_format: bool = False  # constrained decoding
     tools: bool = False
     steering: bool = False  # steering_intensity (per-request dial)
     profile: bool = False  # a per-request steering profile: SAE hooks steering one request's forwards
     sae_activations: bool = False  # return_sae_activations: SAE hooks on the model's residual stream
-    token_logprobs: bool = False  # each generated token's log-probability (x_needle's confidence)
+    # each generated token's log-probability: `logprobs` on a generation (/v1 and Ollama), x_needle's confidence
+    token_logprobs: bool = False
 
 
 ENGINES: dict[str, Capabilities] = {

@@ -4,6 +4,7 @@ per sequence, fed one token per decode step."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import attrs
@@ -23,8 +24,8 @@ class Delta:
     sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
     monitor: dict | None = None  # on the last Delta of a monitored sequence: Monitor.result
     stop: str | None = None  # on the last Delta: the stop string that ended it (vLLM's stop_reason)
-    # with params.logprobs: this step's token — (its text, its log-probability, ((text, log-probability)
-    # of the most probable at its position), …)) — None for an end of generation
+    # with params.logprobs: this step's token — (its id, its text, its log-probability, ((id, text,
+    # log-probability) of each of the most probable at its position, …)) — None for an end of generation
     token: tuple | None = None
 
 
@@ -44,7 +45,8 @@ class Decoder:
         self._eos = engine.eos_token_ids
         self._max_tokens = params.max_tokens
         self._report = params.logprobs is not None
-        self._text_of = engine.decode
+        self._decode = engine.decode
+        self._texts: dict[int, str] = {}  # each reported id's text: the most probable recur step after step
         self._guard = guard
         self.matcher = matcher
         self.n = 0
@@ -57,8 +59,15 @@ class Decoder:
         delta = self._feed(token_id, logprob)
         if not self._report or token_id in self._eos:
             return delta
-        text = self._text_of
-        return attrs.evolve(delta, token=(text([token_id]), logprob, tuple((text([i]), lp) for i, lp in top)))
+        # a token a constraint forbids (-inf) is no alternative: JSON has no -inf either
+        alternatives = tuple((i, self._text(i), lp) for i, lp in top if lp != -math.inf)
+        return attrs.evolve(delta, token=(token_id, self._text(token_id), logprob, alternatives))
+
+    def _text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self._decode([token_id])
+        return text
 
     def _feed(self, token_id: int, logprob: float) -> Delta:
         self.n += 1

@@ -94,10 +94,11 @@ CHAT = {
     "messages": USE,
     "n": needs("n", 1),
     "chat_template_kwargs": Rule(needs="chat_template_kwargs", report=True),  # GGUF: reported, never refused
-    "logprobs": needs("scoring", False),
-    "top_logprobs": needs("scoring"),
+    # a generation's tokens, or scoring's (an engine that scores reports tokens: capabilities.py)
+    "logprobs": needs("token_logprobs", False),
+    "top_logprobs": needs("token_logprobs"),
     "allowed_token_ids": needs("scoring"),
-    "return_tokens_as_token_ids": needs("scoring", False),
+    "return_tokens_as_token_ids": needs("token_logprobs", False),
     "extra_messages": USE,
     "echo": refused(
         False,
@@ -116,9 +117,9 @@ COMPLETIONS = {
     "prompt": USE,
     "add_special_tokens": USE,
     "n": refused(1, why="send a list of prompts for several choices"),
-    "logprobs": needs("scoring", False),
+    "logprobs": needs("token_logprobs", False),
     "allowed_token_ids": needs("scoring"),
-    "return_tokens_as_token_ids": needs("scoring", False),
+    "return_tokens_as_token_ids": needs("token_logprobs", False),
     "top_logprobs": refused(why="use logprobs"),
     "profile": refused(why="per-request steering is served on chat completions"),
     "steering_intensity": refused(why="per-request steering is served on chat completions"),

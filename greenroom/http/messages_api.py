@@ -140,8 +140,8 @@ def _output_config(schema: Field, description: str) -> Shape:
 
 _FORMAT = _output_config(
     SCHEMA,
-    "The answer decoded under the schema (greenroom's subset) and validated: not streamed, not with "
-    "stop_sequences, not with tools unless tool_choice is none",
+    "The answer decoded under the schema (greenroom's subset) and validated once complete (streamed too): "
+    "not with stop_sequences, not with tools unless tool_choice is none",
 )
 _COMMON = Shape(
     fields={
@@ -222,13 +222,8 @@ REQUEST = merge(
         *_ENFORCED,
         when(
             _FORMATTED,
-            {
-                "properties": {
-                    "stream": {"enum": [False, None]},
-                    "stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
-                }
-            },
-            "output_config.format cannot be streamed or cut by stop_sequences",
+            {"properties": {"stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}},
+            "output_config.format cannot be cut by stop_sequences",
         ),
     ),
 )

@@ -216,9 +216,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
     else:
         raise GreenroomError("invalid_parameter", "'format' must be \"json\" or a JSON schema object", "format")
     try:
-        return structured.plan(
-            {"response_format": response_format, "tools": tools or None, "stop": list(stop) or None}, stream=False
-        )
+        return structured.plan({"response_format": response_format, "tools": tools or None, "stop": list(stop) or None})
     except GreenroomError as exc:
         if not (exc.param or "").startswith("response_format"):
             raise
@@ -429,8 +427,7 @@ async def _frames(job: Job, events, timing: _Timing, rid: str):
                     finished = event
             for line in shaped("".join(pending), final=finished is not None):
                 yield line
-        if job.plan.constraint is not None:
-            structured.message(job.plan, "".join(texts), finished.finish_reason)  # validates a complete document
+        structured.check(job.plan, "".join(texts), finished.finish_reason)
         reason = finished.finish_reason
         done = {
             **_head(job),
@@ -498,12 +495,12 @@ def _logprobs(tokens: list) -> list[dict]:
             "logprob": logprob,
             "bytes": list(text.encode("utf-8")),
             **(
-                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top]}
+                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for _, t, lp in top]}
                 if top
                 else {}
             ),
         }
-        for text, logprob, top in tokens
+        for _, text, logprob, top in tokens
     ]
 
 

@@ -20,6 +20,7 @@ from greenroom.http import (
     contracts,
     framing,
     ledger,
+    logprobs,
     needle,
     openai_params,
     routes,
@@ -103,16 +104,23 @@ async def generation(tree: Tree, req: Prepared, shaped: Shaped | None = None, ex
     structured-output plan, the engine request, SAE activations, the request's steering, then the
     answer, in `shaped`'s form (None: chat completions'); `extras`: the x_needle block."""
     stream = openai_params.streaming(req.body)
-    plan = structured.plan(req.body, stream.on, batching=tree.config.continuous_batching)
-    gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
+    plan = structured.plan(req.body, batching=tree.config.continuous_batching)
+    gen = _reporting(openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint), req.body)
     gen = await sae_activations.attach(tree, req.body, gen)
     gen, steering = await steering_api.request_steering(tree, req.body, gen)
     needle_block = (
-        Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.SCORING_ONLY)])
+        Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.unread(gen.params))])
         if extras
         else None
     )
     return await _complete(tree, gen, stream, req, plan, needle_block, steering, shaped)
+
+
+def _reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
+    """A generation that asks for logprobs: the engine reports each token, and the most probable
+    `top` at its position."""
+    top = scoring.generation_logprobs(body, chat)
+    return gen if top is None else attrs.evolve(gen, params=attrs.evolve(gen.params, logprobs=top))
 
 
 @contextlib.contextmanager
@@ -147,7 +155,7 @@ def register(app: Quart, tree: Tree) -> None:
             score = scoring.completion_score(req.body, req.model, stream.on)
             score = await sae_activations.attach(tree, req.body, score)
             return await _score(tree, score, req, scoring.completion_response)
-        gen = openai_params.completion_request(req.body, req.model, stream)
+        gen = _reporting(openai_params.completion_request(req.body, req.model, stream), req.body, chat=False)
         gen = await sae_activations.attach(tree, req.body, gen)
         return await _complete(tree, gen, stream, req, None, steering=steering_api.live_headers(tree, gen.model))
 
@@ -254,7 +262,7 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]
     chat["model"] = model
-    plan = attrs.evolve(structured.plan(chat, stream=False), lenient=True)  # the route judges the document
+    plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
     gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
     req = Prepared(chat, model, [], strict=False)
     result, _, _ = await _complete(
@@ -304,7 +312,8 @@ async def _complete(
     `shaped`: the surface's form of the answer (None: chat or text completions')."""
     shaped = shaped or _AS_CHAT
     scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
-    headers = {**req.headers(scoring.SCORING_ONLY), **_seed_header(req.body, scope), **(steering or {})}
+    as_ids = req.body.get("return_tokens_as_token_ids") is True
+    headers = {**req.headers(scoring.unread(gen.params)), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
     client, info = await tree.client_for(gen.model)
@@ -315,9 +324,9 @@ async def _complete(
         framing=framing.SSE if stream.on else None,
         headers=lambda first: {**headers, **drawn_seed(first, scope)},
         frames=lambda events, first: shaped.stream(
-            _chunks(gen, events, first, plan, stream.include_usage, extras), first
+            _chunks(gen, events, first, plan, stream.include_usage, extras, as_ids), first
         ),
-        collect=lambda events, first: _collected(shaped, gen, events, first, plan, fingerprint(info), extras),
+        collect=lambda events, first: _collected(shaped, gen, events, first, plan, fingerprint(info), extras, as_ids),
     )
 
 
@@ -332,24 +341,29 @@ async def _collect(
     plan: structured.Plan | None,
     system_fingerprint: str,
     extras: Extras | None = None,
+    as_ids: bool = False,
 ) -> dict:
     texts: dict[int, list[str]] = {i: [] for i in range(gen.choices)}
+    tokens: dict[int, list] = {i: [] for i in range(gen.choices)}
     finished: dict[int, Text] = {}
     async for event in events:
         if isinstance(event, Failed):
             raise GreenroomError.from_wire(event.error)
         texts[event.index].append(event.text)
+        tokens[event.index] += event.logprobs or ()
         if event.finish_reason:
             finished[event.index] = event
+    writers = logprobs.writers(gen, admitted, plan is not None, as_ids)
     choices = []
     for i in range(gen.choices):
         text, reason, stop = "".join(texts[i]), finished[i].finish_reason, finished[i].stop
+        written = writers[i](tokens[i]) if writers else None
         if plan is not None:
             message, reason = structured.message(plan, text, reason)
             message = {**message, "refusal": None}  # OpenAI's, required: no refusal is kept apart from content
-            choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
+            choices.append({"index": i, "message": message, "logprobs": written, "finish_reason": reason})
         else:
-            choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+            choices.append({"index": i, "text": text, "logprobs": written, "finish_reason": reason})
         choices[-1]["stop_reason"] = stop
     response = {
         "id": gen.rid,
@@ -388,6 +402,7 @@ async def _chunks(
     plan: structured.Plan | None,
     include_usage: bool,
     extras: Extras | None = None,
+    as_ids: bool = False,
 ) -> AsyncIterator[dict]:
     """The engine's events as chat (or text) completion chunks: the one streaming core every
     surface frames. A failure is raised (GreenroomError) once the text before it is out."""
@@ -402,12 +417,17 @@ async def _chunks(
     unfinished = gen.choices
     read = None  # the finishing event's SAE activations
     shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
+    writers = logprobs.writers(gen, admitted, chat, as_ids)
+    unsent: dict[int, list] = {i: [] for i in writers}  # reported tokens: they ride on the choice's next chunk
 
     def chunk(index: int, delta: dict | str | None, finish: str | None = None, stop: str | None = None, **extra):
+        written = None
+        if unsent.get(index):
+            written, unsent[index] = writers[index](unsent[index]), []
         if chat:
-            choice = {"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta or {}, "logprobs": written, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": delta or "", "logprobs": written, "finish_reason": finish}
         if finish:
             choice["stop_reason"] = stop
         return {**head, "choices": [choice], **extra, **usage(bool(finish) and unfinished == 0)}
@@ -438,9 +458,13 @@ async def _chunks(
                         yield c
                 raise GreenroomError.from_wire(event.error)
             pending.setdefault(event.index, []).append(event.text)
+            if writers:
+                unsent[event.index] += event.logprobs or ()
             if event.finish_reason:
                 for c in text_chunks(event.index, "".join(pending.pop(event.index)), final=True):
                     yield c
+                if chat and plan.constraint is not None:  # the document streamed, checked once complete
+                    structured.check(plan, shapers[event.index].message()["content"] or "", event.finish_reason)
                 completion_tokens += event.completion_tokens
                 unfinished -= 1
                 read = read or event.sae_activations

@@ -488,9 +488,11 @@ def _response_schemas() -> dict:
                     {**top_logprob["properties"], "top_logprobs": _array(top_logprob)},
                     ("token", "logprob", "bytes", "top_logprobs"),
                 )
-            )
+            ),
+            "refusal": _NULL,
         },
-        ("content",),
+        ("content", "refusal"),
+        description="Each token's log-probability: the model's at temperature 1, after a constraint's mask",
     )
     text_logprobs = _closed(
         {
@@ -505,11 +507,16 @@ def _response_schemas() -> dict:
     chat_choice = _choice(
         {"message": message}, streamed=False, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
     )
-    chunk_choice = _choice({"delta": delta}, streamed=True, logprobs=_NULL, finish=_CHAT_FINISH_REASON)
+    # with logprobs, the tokens of the chunk's delta (null on a chunk that has none)
+    chunk_choice = _choice(
+        {"delta": delta}, streamed=True, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
+    )
     text_choice = _choice(
         {"text": _string()}, streamed=False, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
     )
-    text_chunk_choice = _choice({"text": _string()}, streamed=True, logprobs=_NULL, finish=_FINISH_REASON)
+    text_chunk_choice = _choice(
+        {"text": _string()}, streamed=True, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
+    )
     seconds = _number(minimum=0)
     x_needle = _closed(
         {
@@ -1708,6 +1715,14 @@ _CHAT_EXAMPLES = {
         "tools": [{"type": "function", "function": _WEATHER}],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     },
+    "streamed with logprobs": {
+        "model": DEMO_MODEL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 6,
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
     "scoring": {
         "model": DEMO_MODEL,
         "messages": [{"role": "user", "content": "Is it true? Answer yes or no."}],
@@ -1720,6 +1735,7 @@ _CHAT_EXAMPLES = {
 _COMPLETION_EXAMPLES = {
     "completion": {"model": DEMO_MODEL, "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0},
     "streamed": {"model": DEMO_MODEL, "prompt": ["Once upon a time", "In a hole"], "max_tokens": 8, "stream": True},
+    "with logprobs": {"model": DEMO_MODEL, "prompt": "Once upon a time", "max_tokens": 6, "logprobs": 2},
     "scoring": {"model": DEMO_MODEL, "prompt": "[question] is it true?\n[decision]:", "max_tokens": 1, "logprobs": 5},
     "scoring allowed tokens": {
         "model": DEMO_MODEL,

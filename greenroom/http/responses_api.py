@@ -134,8 +134,8 @@ _FORMAT = Named(
             ),
         ),
         description="response_format's rules (docs/openai.md#structured-output): json_object or json_schema "
-        "(greenroom's subset) is decoded under the schema and validated; not streamed, not with tools unless "
-        "tool_choice is none",
+        "(greenroom's subset) is decoded under the schema and validated once complete (streamed too); not with "
+        "tools unless tool_choice is none",
     ),
 )
 
@@ -178,11 +178,8 @@ REQUEST = merge(
     rules=(
         when(
             at({"enum": ["json_object", "json_schema"]}, "text", "format", "type"),
-            {
-                "properties": {"stream": {"enum": [False, None]}},
-                "anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice")],
-            },
-            "text.format json cannot be streamed, or combined with tools unless tool_choice is none",
+            {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice")]},
+            "text.format json cannot be combined with tools unless tool_choice is none",
         ),
         when(_FORCED, {"not": _NO_TOOLS}, "tool_choice required or a named function needs tools"),
         {

@@ -436,8 +436,8 @@ TABLE: tuple[Route, ...] = (
         stream="ChatCompletionEvent",
         headers=CONSTRAINED,
         strict=True,
-        details="Generation (structured output and tool calls included), or scoring mode with logprobs: true, "
-        "top_logprobs or allowed_token_ids (one choice per conversation)",
+        details="Generation (structured output, tool calls and with logprobs: true each token's log-probability "
+        "included), or scoring mode: logprobs with max_tokens 1, or allowed_token_ids (one choice per conversation)",
     ),
     Route(
         "POST",
@@ -452,8 +452,8 @@ TABLE: tuple[Route, ...] = (
         stream="TextCompletionEvent",
         headers=SEEDED,
         strict=True,
-        details="Generation, or scoring mode with logprobs (an integer) or allowed_token_ids (one choice per "
-        "prompt); no chat template",
+        details="Generation (with logprobs, each token's log-probability), or scoring mode: logprobs with "
+        "max_tokens 1, allowed_token_ids or echo (one choice per prompt); no chat template",
     ),
     Route(
         "POST",

@@ -2,7 +2,13 @@
 "Chat scoring"): which requests are scoring requests, their refusals, and the
 OpenAI-shaped logprobs of their answers — and `echo` on /v1/completions, the prompt's own
 log-probabilities (what lm-evaluation-harness's loglikelihood tasks send), in the shape
-OpenAI's legacy completions and vLLM give them: the first token's entries null."""
+OpenAI's legacy completions and vLLM give them: the first token's entries null.
+
+A request is scoring exactly when the spec says so: `logprobs` (chat: or `top_logprobs`) with
+max_tokens 1, `allowed_token_ids`, or `echo`. `logprobs` on any other request — max_tokens
+above 1 or left out, which the spec refuses — is a generation that reports its tokens'
+log-probabilities, as OpenAI, vLLM and llama-server do (`generation_logprobs`; logprobs.py
+writes them): greenroom goes beyond the spec there."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import time
 import attrs
 
 from greenroom.errors import GreenroomError
-from greenroom.http import openai_params, structured
+from greenroom.http import logprobs, openai_params, structured
 from greenroom.http.contracts import INT64, NULL, AnyOf, Boolean, Choice, ListOf, Number, Shape, sent, when
 from greenroom.http.openai_params import new_rid
 from greenroom.protocol import Score, Scores
@@ -37,7 +43,8 @@ NOT_APPLICABLE = (
 def is_completion_scoring(body: dict) -> bool:
     """A scoring request, or an echo (served by the scoring pass: see completion_score)."""
     _flag(body)
-    return _scores(body) or openai_params.boolean(body, "echo", False)
+    echo = openai_params.boolean(body, "echo", False)
+    return echo or body.get("allowed_token_ids") is not None or (not _no_logprobs(body) and _one_token(body))
 
 
 def _scores(body: dict) -> bool:
@@ -49,7 +56,34 @@ def is_chat_scoring(body: dict) -> bool:
     _flag(body)
     openai_params.boolean(body, "logprobs", False)
     # top_logprobs alone is a scoring request without logprobs: true, refused there
-    return body.get("logprobs") is True or any(body.get(f) is not None for f in ("allowed_token_ids", "top_logprobs"))
+    asks = body.get("logprobs") is True or body.get("top_logprobs") is not None
+    return body.get("allowed_token_ids") is not None or (asks and _one_token(body))
+
+
+def _one_token(body: dict) -> bool:
+    """max_tokens (or max_completion_tokens) 1: what tells a scoring request from a generation
+    with logprobs (a conflicting pair is refused by either path)."""
+    value = body.get("max_tokens")
+    if value is None:
+        value = body.get("max_completion_tokens")
+    return type(value) is int and value == 1
+
+
+def generation_logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives per generated token a generation asks for (SamplingParams.logprobs):
+    chat's top_logprobs with logprobs: true, a text completion's integer logprobs; None when
+    it asks for none."""
+    if chat:
+        _alternatives(body)
+        return (body.get("top_logprobs") or 0) if body.get("logprobs") is True else None
+    if _no_logprobs(body):
+        return None
+    return _completion_logprobs(body)
+
+
+def unread(params) -> tuple[str, ...]:
+    """The fields a generation with these SamplingParams does not read."""
+    return SCORING_ONLY if params.logprobs is None else ()
 
 
 def _flag(body: dict) -> None:
@@ -61,7 +95,7 @@ def _no_logprobs(body: dict) -> bool:
     return body.get("logprobs") is None or body.get("logprobs") is False
 
 
-# read only by scoring: reported when a request generates
+# read only where log-probabilities are written: reported when a request generates without them
 SCORING_ONLY = ("return_tokens_as_token_ids",)
 
 # --- the scoring fields (contracts.py), and what a scoring request is ---------------------
@@ -70,6 +104,10 @@ _SCORING_ONLY = (
     "Scoring mode (with max_tokens: 1, unstreamed, n: 1; never with response_format or steering): no "
     "text is generated, the next token's log-probabilities are returned"
 )
+_GENERATED = (
+    "with max_tokens above 1 or left out, each generated token's log-probability (the model's at temperature 1, "
+    "after a constraint's mask) comes back with the answer, streamed with each chunk's tokens"
+)
 _ALTERNATIVES = Number(lo=0, hi=MAX_LOGPROBS, integer=True)
 _COMMON = {
     "allowed_token_ids": ListOf(
@@ -77,7 +115,9 @@ _COMMON = {
         min_items=1,
         description=_SCORING_ONLY + ", normalised over these tokens",
     ),
-    "return_tokens_as_token_ids": Boolean(default=False, description='Scoring: tokens written "token_id:<id>"'),
+    "return_tokens_as_token_ids": Boolean(
+        default=False, description='Tokens written "token_id:<id>" in logprobs (scoring and generation alike)'
+    ),
 }
 
 
@@ -113,26 +153,43 @@ def _scored_with(values: list[int]) -> dict:
 
 
 _SCORED = _scored_with([1])
-_CHAT_SCORING = {"anyOf": [_present("logprobs", {"const": True}), sent("allowed_token_ids"), sent("top_logprobs")]}
+# max_tokens 1 as a condition: a branch per field (sent together they hold one value), which the
+# fuzzer's canonicaliser negates without multiplying branches (tests/test_openapi.py)
+_ONE_TOKEN = {"anyOf": [_present("max_tokens", {"const": 1}), _present("max_completion_tokens", {"const": 1})]}
+# top_logprobs without logprobs: true is refused by the rule after it, so logprobs stands for both
+_CHAT_SCORING = {"anyOf": [sent("allowed_token_ids"), {"allOf": [_present("logprobs", {"const": True}), _ONE_TOKEN]}]}
 CHAT = Shape(
     fields={
-        "logprobs": Boolean(default=False, description="true: " + _SCORING_ONLY),
-        "top_logprobs": attrs.evolve(_ALTERNATIVES, description="Alternatives per scored token; needs logprobs: true"),
+        "logprobs": Boolean(default=False, description=f"true: {_GENERATED}; with max_tokens 1, {_SCORING_ONLY}"),
+        "top_logprobs": attrs.evolve(
+            _ALTERNATIVES, description="The most probable tokens listed at each position; needs logprobs: true"
+        ),
         **_COMMON,
     },
     rules=(
-        when(_CHAT_SCORING, _SCORED, "a scoring request (is_chat_scoring)"),
+        # one if/then/else: two complementary rules would double the branches the fuzzer expands
+        {
+            **when(
+                _CHAT_SCORING,
+                _SCORED,
+                "a scoring request (is_chat_scoring: logprobs with max_tokens 1), else a generation (structured.plan)",
+            ),
+            "else": {"allOf": list(structured.GENERATION)},
+        },
         when(sent("top_logprobs"), _present("logprobs", {"const": True}), "top_logprobs needs logprobs: true"),
-        when({"not": _CHAT_SCORING}, {"allOf": list(structured.GENERATION)}, "a generation (structured.plan)"),
     ),
 )
-_COMPLETION_SCORING = {"anyOf": [_present("logprobs", {"not": {"enum": [None, False]}}), sent("allowed_token_ids")]}
+_ASKS = _present("logprobs", {"not": {"enum": [None, False]}})
+_COMPLETION_SCORING = {"anyOf": [sent("allowed_token_ids"), {"allOf": [_ASKS, _ONE_TOKEN]}]}
 _ECHO = _present("echo", {"const": True})
 COMPLETION = Shape(
     fields={
         "logprobs": AnyOf(
             options=(_ALTERNATIVES, Choice(values=(False,))),
-            description="An integer: " + _SCORING_ONLY + "; the most probable ones reported",
+            description=(
+                f"An integer, the most probable tokens listed at each position (and the token itself): {_GENERATED}; "
+                f"with max_tokens 1, {_SCORING_ONLY}"
+            ),
         ),
         "echo": Boolean(
             default=False,
@@ -145,17 +202,21 @@ COMPLETION = Shape(
         ),
         **_COMMON,
     },
-    rules=(  # each condition one field's (schemathesis negates them: no compound `not`)
+    rules=(
         when(
             _COMPLETION_SCORING,
-            {"allOf": [_scored_with([0, 1]), {"anyOf": [_ECHO, _tokens([1])]}]},
-            "a scoring request (is_completion_scoring): max_tokens 1, or with echo 0 (the prompt alone)",
+            _SCORED,
+            "a scoring request (is_completion_scoring): allowed_token_ids, or logprobs with max_tokens 1",
         ),
-        when(sent("allowed_token_ids"), _tokens([1]), "allowed_token_ids restricts the token after the prompt"),
         when(
             _ECHO,
-            {"anyOf": [_COMPLETION_SCORING, _scored_with([0])]},
-            "an echo: with logprobs (scoring), or the prompt alone (max_tokens 0): a generation does not echo",
+            {
+                "anyOf": [
+                    {"allOf": [{"anyOf": [_ASKS, sent("allowed_token_ids")]}, _scored_with([0, 1])]},
+                    _scored_with([0]),
+                ]
+            },
+            "an echo is prompt scoring: with logprobs, max_tokens 0 or 1; without, the prompt alone (max_tokens 0)",
         ),
     ),
 )
@@ -223,9 +284,7 @@ def completion_score(body: dict, model: str, stream: bool) -> Score:
             "echo",
         )
     temperature, allowed = _common(body, stream, echo)
-    logprobs = body.get("logprobs")
-    if logprobs is not None and logprobs is not False and not _ALTERNATIVES.holds(logprobs):
-        raise GreenroomError("invalid_parameter", f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", "logprobs")
+    alternatives = None if _no_logprobs(body) else _completion_logprobs(body)
     next_token = openai_params.sampling_max_tokens(body) == 1
     if allowed is not None and not next_token:
         raise GreenroomError(
@@ -235,7 +294,7 @@ def completion_score(body: dict, model: str, stream: bool) -> Score:
         )
     gen = openai_params.completion_request(body, model, openai_params.Streaming(False, False))
     # normalised over the allowed set, every listed token is reported
-    report = len(set(allowed)) if allowed is not None else (logprobs or 0)
+    report = len(set(allowed)) if allowed is not None else (alternatives or 0)
     with_logprobs = echo and not _no_logprobs(body)
     return Score(
         new_rid("cmpl"),
@@ -247,13 +306,20 @@ def completion_score(body: dict, model: str, stream: bool) -> Score:
         prompt_token_ids=gen.prompt_token_ids,
         add_special_tokens=gen.add_special_tokens,
         echo=echo,
-        echo_logprobs=logprobs if with_logprobs else None,
+        echo_logprobs=alternatives if with_logprobs else None,
         next_token=next_token,
     )
 
 
-def chat_score(body: dict, model: str, stream: bool) -> Score:
-    temperature, allowed = _common(body, stream)
+def _completion_logprobs(body: dict) -> int:
+    value = body.get("logprobs")
+    if not _ALTERNATIVES.holds(value):
+        raise GreenroomError("invalid_parameter", f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", "logprobs")
+    return value
+
+
+def _alternatives(body: dict) -> int | None:
+    """Chat's top_logprobs: 0–20, and only with logprobs: true."""
     top = body.get("top_logprobs")
     if top is not None:
         if body.get("logprobs") is not True:
@@ -262,9 +328,15 @@ def chat_score(body: dict, model: str, stream: bool) -> Score:
             raise GreenroomError(
                 "invalid_parameter", f"'top_logprobs' must be an integer from 0 to {MAX_LOGPROBS}", "top_logprobs"
             )
+    return top
+
+
+def chat_score(body: dict, model: str, stream: bool) -> Score:
+    temperature, allowed = _common(body, stream)
+    top = _alternatives(body)
     conversations = openai_params.conversations(body)
     candidates = len(set(allowed)) if allowed is not None else MAX_LOGPROBS
-    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}, stream=False).tools
+    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}).tools
     return Score(
         new_rid("chatcmpl"),
         model,
@@ -278,7 +350,7 @@ def chat_score(body: dict, model: str, stream: bool) -> Score:
 
 
 def _key(token: list, as_ids: bool) -> str:
-    return f"token_id:{token[0]}" if as_ids else token[1]
+    return logprobs.key(token[0], token[1], as_ids)
 
 
 def completion_response(score: Score, result: Scores, body: dict, fingerprint: str) -> dict:
@@ -287,66 +359,51 @@ def completion_response(score: Score, result: Scores, body: dict, fingerprint: s
     choices = []
     for i, row in enumerate(result.rows):
         answer = row.token[1] if row.token is not None else ""
-        logprobs = None
+        written = None
         if with_logprobs:
-            logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            written = logprobs.empty()
             offset = 0
             for token_id, text, logprob, alternatives in row.prompt or ():  # echo: the prompt's tokens
-                key = f"token_id:{token_id}" if as_ids else text
+                key = logprobs.key(token_id, text, as_ids)
                 top = None
                 if alternatives is not None:  # the token itself is always listed (OpenAI: up to logprobs + 1)
                     top = {}
                     for alt in alternatives:
-                        top.setdefault(f"token_id:{alt[0]}" if as_ids else alt[1], alt[2])
+                        top.setdefault(logprobs.key(*alt[:2], as_ids), alt[2])
                     top.setdefault(key, logprob)
-                _append(logprobs, key, logprob, top, offset)
+                logprobs.append(written, key, logprob, top, offset)
                 offset += len(text)
             if row.token is not None:  # the token after the prompt, exactly as without echo
                 top = {}
                 for alt in row.top:  # two ids with one text share the entry of the more probable
                     top.setdefault(_key(alt, as_ids), alt[3])
-                _append(
-                    logprobs,
+                logprobs.append(
+                    written,
                     _key(row.token, as_ids),
                     row.logprob,
                     top,
                     offset if row.prompt is not None else row.prompt_chars,
                 )
         text = row.prompt_text + answer if score.echo else answer
-        choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length"})
+        choices.append({"index": i, "text": text, "logprobs": written, "finish_reason": "length"})
     return _response(score, result, choices, "text_completion", fingerprint)
-
-
-def _append(logprobs: dict, token: str, logprob: float | None, top: dict | None, offset: int) -> None:
-    logprobs["tokens"].append(token)
-    logprobs["token_logprobs"].append(logprob)
-    logprobs["top_logprobs"].append(top)
-    logprobs["text_offset"].append(offset)
 
 
 def chat_response(score: Score, result: Scores, body: dict, fingerprint: str) -> dict:
     as_ids = body.get("return_tokens_as_token_ids") is True
     choices = []
     for i, row in enumerate(result.rows):
-        logprobs = None
+        written = None
         if body.get("logprobs") is True:
-            logprobs = {
-                "content": [
-                    {
-                        "token": _key(row.token, as_ids),
-                        "logprob": row.logprob,
-                        "bytes": row.token[2],
-                        "top_logprobs": [
-                            {"token": _key(alt, as_ids), "logprob": alt[3], "bytes": alt[2]} for alt in row.top
-                        ],
-                    }
-                ]
-            }
+            top = [logprobs.entry(_key(alt, as_ids), alt[1], alt[3]) for alt in row.top]
+            written = logprobs.chat(
+                [{**logprobs.entry(_key(row.token, as_ids), row.token[1], row.logprob), "top_logprobs": top}]
+            )
         choices.append(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": row.token[1], "refusal": None},
-                "logprobs": logprobs,
+                "logprobs": written,
                 "finish_reason": "length",
             }
         )

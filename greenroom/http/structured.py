@@ -112,10 +112,11 @@ RESPONSE_FORMAT = Named(
                 required=("type", "json_schema"),
             ),
         ),
-        description="json_object or json_schema: the answer is decoded under the schema and validated (keys of "
-        "its own the type does not read are reported, like every unread field); refused "
-        "(400 response_format_unsupported) with stream: true, with stop, with tools unless tool_choice is "
-        '"none", and while the server runs continuous batching',
+        description="json_object or json_schema: the answer is decoded under the schema and validated once "
+        "complete (streamed: the text as it is decoded, a failed validation the stream's error event; keys of its "
+        "own the type does not read are reported, like every unread field); refused (400 "
+        'response_format_unsupported) with stop, with tools unless tool_choice is "none", and while the server '
+        "runs continuous batching",
     ),
 )
 
@@ -162,14 +163,14 @@ GENERATION = (
     when(
         _CONSTRAINED,
         {
-            "properties": {"stream": {"enum": [False, None]}, "stop": NULL},
+            "properties": {"stop": NULL},
             "anyOf": [
                 _NO_TOOLS,
                 _present("tool_choice", {"const": "none"}),
                 {**_present("function_call", {"const": "none"}), "not": {"required": ["tool_choice"]}},
             ],
         },
-        "response_format cannot be streamed, cut by stop, or combined with tools unless tool_choice is none",
+        "response_format cannot be cut by stop, or combined with tools unless tool_choice is none",
     ),
     when(
         {
@@ -221,7 +222,7 @@ class Plan:
         return self.tools is not None and self.tool_mode != "none"
 
 
-def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
+def plan(body: dict, batching: bool = False) -> Plan:
     """`batching`: the server runs continuous batching, under which the spec refuses
     response_format (a /v1 chat request's; Needle's and Ollama's formats are served serially)."""
     tools, mode, name, parallel = _tools(body)
@@ -234,8 +235,6 @@ def plan(body: dict, stream: bool, batching: bool = False) -> Plan:
         raise _unsupported("response_format is refused while continuous batching is enabled on this server")
     if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema", "text"):
         raise _unsupported("'response_format.type' must be text, json_object or json_schema")
-    if stream:
-        raise _unsupported("response_format cannot be streamed: a document is validated once it is complete")
     if body.get("stop") is not None:
         raise _unsupported(
             "response_format cannot be combined with stop: a stop string could cut a document and report it complete"
@@ -435,15 +434,20 @@ def _assistant(content: str, calls: list[dict]) -> dict:
     return {"role": "assistant", "content": content}
 
 
-def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
-    """A finished choice as OpenAI's message and finish_reason; a complete constrained
-    document that does not validate is a 500, never a 200."""
+def check(p: Plan, text: str, finish: str) -> None:
+    """A complete constrained document that does not validate fails its answer: a 500, never a
+    200, or a stream's error event after its text (a document max_tokens cut is not judged)."""
     if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls" and not p.lenient:
         if document(p, text) is INVALID:
             raise GreenroomError(
                 "constrained_output_invalid",
                 f"the constrained output is complete but does not validate: {_why(p, text)[:300]}",
             )
+
+
+def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
+    """A finished choice as OpenAI's message and finish_reason, checked (`check`)."""
+    check(p, text, finish)
     if not p.parses_tools:
         return {"role": "assistant", "content": text}, finish
     content, calls = parse(text, p.tools)
