@@ -572,3 +572,22 @@ def test_concurrent_first_requests_start_an_on_demand_actor_once(tmp_path):
         assert len(answered) == 3 and mc.spawns == 1
 
     run(scenario, tmp_path)
+
+
+def test_an_unload_during_its_actors_restart_unloads_what_the_restart_loads(tmp_path):
+    """keep_alive 0 while a GGUF model's actor restarts (it crashed; supervision starts it
+    again, holding its model): the unload waits for the restart and unloads the model there,
+    rather than answering "unloaded" for a model its next life holds."""
+
+    async def scenario(mc: Machine):
+        await mc.lifecycle.client_for("g")
+        mc.gguf.client, mc.gguf.state, mc.gguf.ready = None, SlotState.RESTARTING, trio.Event()  # crashed
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mc.lifecycle.unload, "g")
+            await trio.sleep(1.0)  # the restart (supervision's): its model again
+            mc.gguf.client, mc.gguf.state = FakeActor("gguf:g", mc.nursery).client, SlotState.READY
+            mc.lifecycle.started(mc.gguf, {"g": info("g")})
+            mc.gguf.ready.set()
+        assert mc.state("g") == LoadState.UNLOADED and mc.gguf.state == SlotState.STOPPED
+
+    run(scenario, tmp_path)

@@ -219,10 +219,17 @@ class Lifecycle:
             await self._unload(m)
 
     async def _unload(self, m: ModelState) -> None:
-        while m.state in (LoadState.LOADING, LoadState.UNLOADING):
-            await m.changed.wait()
-        if m.state != LoadState.LOADED or m.slot.client is None:
-            return
+        while True:
+            while m.state in (LoadState.LOADING, LoadState.UNLOADING):
+                await m.changed.wait()
+            if m.state != LoadState.LOADED:
+                return
+            if m.slot.client is not None:
+                break
+            try:  # its actor restarts, holding the model again: unloaded there
+                await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+            except GreenroomError:
+                return  # down: nothing is loaded
         client, grace = m.slot.client, self.config.graceful_unload_timeout_s
         m.state, m.changed, m.expires_at = LoadState.UNLOADING, trio.Event(), None
         m.slot.unloading += 1
