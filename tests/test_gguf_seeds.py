@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import ollama
 import pytest
-from conftest import SMOLLM2_GGUF, Server, first_steps, reference_llama
+from conftest import GEMMA3, SMOLLM2_GGUF, Server, first_steps, reference_llama
 from openai import OpenAI
 
 SMOL = "smollm2-135m-instruct:Q4_1"
@@ -25,11 +25,12 @@ WORDS = ("a dog", "the sea", "Paris", "a robot", "winter", "a cat who sings", "t
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model_cache):
+def srv(tmp_path_factory, model_cache, gemma3):
     config = (
         "gguf_parallel = 4\n"
         f'[[models]]\nid = "{SMOL}"\nsource = "{SMOLLM2_GGUF}"\nengine = "llama.cpp"\nn_ctx = 2048\n'
         f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\nn_ctx = 2048\n'
+        f'[[models]]\nid = "{GEMMA3}"\nsource = "{gemma3}"\nengine = "llama.cpp"\nn_ctx = 1024\n'
     )
     server = Server(tmp_path_factory.mktemp("gguf-seeds"), model_cache, config)
     yield server
@@ -167,15 +168,105 @@ def test_unseeded_sampling_draws_afresh(oai):
     )
 
 
+# Gemma 3 has no chat template: its probes are text completions, a few tokens each
+GEMMA_PROBES = [
+    {"prompt": "Once upon a time", "temperature": 0.9, "seed": 7},
+    {"prompt": "The capital of France is", "temperature": 0},
+    {"prompt": "In 1492, Columbus", "temperature": 1.0, "top_p": 0.9, "seed": 11},
+]
+
+
+def test_gemma3_answers_are_byte_identical_whatever_ran_before_or_beside(srv, oai):
+    """Gemma 3 270M Q4_K_M (sliding-window attention, K-quant kernels), seeded and greedy:
+    the same text alone, beside two unrelated streams decoding in the same llama_decode
+    steps, and after them. Before, the first probe parted from itself after 7 tokens beside
+    the streams: ggml's kernels compute a row with others beside it otherwise than alone, and
+    the engine's prefill cuts and repacked weights left that to the traffic
+    (llama_cpp_engine.py's docstring)."""
+
+    def answer(probe: dict) -> tuple[str, str]:
+        choice = oai.completions.create(model=GEMMA3, max_tokens=12, **probe).choices[0]
+        return choice.text, choice.finish_reason
+
+    alone = [answer(probe) for probe in GEMMA_PROBES]
+    assert alone[0] != answer({**GEMMA_PROBES[0], "temperature": 0})  # sampled, not greedy
+    started, stop = threading.Barrier(3), threading.Event()
+
+    def stream(prompt: str) -> None:
+        body = {"model": GEMMA3, "prompt": prompt, "max_tokens": 200, "temperature": 0.7, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=300) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: {"))
+            next(lines)
+            started.wait()
+            for _ in lines:
+                if stop.is_set():
+                    return
+
+    streams = [threading.Thread(target=stream, args=(p,)) for p in ("My grandmother's garden", "Dear diary, today")]
+    for t in streams:
+        t.start()
+    try:
+        started.wait(timeout=120)  # both streams are decoding
+        with ThreadPoolExecutor(len(GEMMA_PROBES)) as pool:
+            beside = list(pool.map(answer, GEMMA_PROBES))
+    finally:
+        stop.set()
+        for t in streams:
+            t.join()
+    assert beside == alone, "beside unrelated streams"
+    assert [answer(probe) for probe in GEMMA_PROBES] == alone, "after them"
+
+
+def test_gemma3_a_sequence_is_the_same_alone_beside_others_and_after_a_cached_prefix(model_cache, gemma3):
+    """In process, on Gemma 3: four probes (one seeded, one sharing a cached prompt's first grid
+    cell) give the same text and log-probabilities, bit for bit, decoded one at a time and then
+    in one batch joining at steps 0, 2 and 4, on the engine whose slots now hold their prompts.
+    Before, the logits moved with where a prefill was cut after a cached prefix and with how
+    many sequences a decode step held (repacked weights compute 4 rows otherwise than fewer)."""
+    from greenroom.engines.base import SamplingParams
+    from greenroom.engines.generation import generate
+    from greenroom.engines.llama_cpp_engine import PREFILL_GRID, LlamaCppEngine
+
+    engine = LlamaCppEngine("gemma", gemma3, n_ctx=512, threads=1, parallel=4)
+    try:
+        story = " ".join(f"Line {i}: the {w} is here." for i, w in enumerate(WORDS * 2))
+        prompts = [
+            engine.tokenize(t) for t in (story + " So", "Once upon a time", "In 1492, Columbus", story + " Then")
+        ]
+        assert PREFILL_GRID < len(prompts[0]) < 2 * PREFILL_GRID
+        params = [SamplingParams(max_tokens=10, temperature=0) for _ in prompts]
+        params[1] = SamplingParams(max_tokens=10, temperature=0.9, seed=7)
+        alone = [[(d.text, d.logprob) for d in generate(engine, ids, p)] for ids, p in zip(prompts, params)]
+        batch, together = engine.new_batch(params[0]), {i: [] for i in range(len(prompts))}
+
+        def join(*rows):
+            for i, d in zip(rows, batch.join([(i, prompts[i], params[i]) for i in rows])):
+                together[i].append((d.text, d.logprob))
+
+        join(0, 1)
+        for step in range(1, 40):
+            for i, d in batch.step():
+                together[i].append((d.text, d.logprob))
+            if step == 2:
+                join(2)
+            if step == 4:
+                join(3)
+            if not len(batch):
+                break
+        assert [together[i] for i in range(len(prompts))] == alone
+    finally:
+        engine.unload()
+
+
 @pytest.mark.parametrize("flash", [False, True], ids=["plain", "flash-attention"])
 def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, model_cache, flash):
     """In process, with either attention kernel (chosen here through the plan the engine keeps
     per file, whatever this CPU measures): a prompt that extends one computed before — by a
     few tokens, by many, or cut short — gives the same tokens and bit-identical
-    log-probabilities as when nothing was computed before it. Flash attention computes a
-    chunk of fewer than 64 queries otherwise: reusing a long prefix and prefilling 5 tokens
-    moved SmolLM2's logits by up to 0.45. A short prompt cached whole recomputes its last token
-    only with flash attention (its one query computed as in a longer chunk under the tile)."""
+    log-probabilities as when nothing was computed before it: a prefill is cut on the grid
+    whatever it reuses (before the grid, flash attention's kernel, which computes fewer than 64
+    queries otherwise, moved SmolLM2's logits by up to 0.45 when a long prefix was reused and 5
+    tokens prefilled). A prompt shorter than the grid's first cell is computed whole again."""
     import json
 
     from greenroom.engines.base import SamplingParams
@@ -213,8 +304,7 @@ def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, mod
         run(engine, base)  # the prefix is now cached in a slot
         run(engine, engine.tokenize("Something unrelated entirely."))  # and another in the other
         assert run(engine, ids) == fresh(ids)
-    # under 64 tokens flash attention computes the last token alone after the cached rest
-    # (one token recomputed), without it the last two
+    # under the grid's first cell nothing is reused: a short prompt is computed whole again
     short = engine.tokenize("Line 1: the cat is here.")
     for ids in (short, short + engine.tokenize(" And", add_special_tokens=False)):
         run(engine, short)

@@ -136,8 +136,7 @@ class Machine:
         self.cpu = ActorSlot("cpu", "engine", state=SlotState.READY, client=self.actor.client)
         self.remote = FakeActor("hostb/gpu0", nursery)
         self.gpu = ActorSlot("hostb/gpu0", "engine", host="hostb", state=SlotState.READY, client=self.remote.client)
-        self.gguf = ActorSlot("gguf:g", "engine", state=SlotState.STOPPED, on_demand=True)
-        self.gguf.stopped.set()
+        self.gguf = ActorSlot.on_demand_slot("gguf:g")
         for slot, model, engine in (
             (self.cpu, "m", "transformers"),
             (self.cpu, "n", "transformers"),
@@ -163,16 +162,29 @@ class Machine:
             results.append(await events.__anext__())
 
     async def _spawn(self, slot: ActorSlot) -> None:
+        """As supervision starts one: after the previous life has ended, a life of 1 s's start."""
+        await slot.stopped.wait()
+        assert slot.client is None, "an on-demand actor started while its previous life runs"
+        slot.state, slot.ready, slot.stopped = SlotState.STARTING, trio.Event(), trio.Event()  # this life's
         self.spawns += 1
         await trio.sleep(1.0)
         if self.spawn_error is not None:
+            self._end(slot)
             raise StartFailed(self.spawn_error)
         slot.client, slot.state = FakeActor(slot.name, self.nursery).client, SlotState.READY
         self.lifecycle.started(slot, {p.id: info(p.id) for p in self.lifecycle.preloads(slot)})
+        slot.ready.set()
 
     async def _stop(self, slot: ActorSlot) -> None:
+        """As supervision stops one: its process takes 0.5 s to end, then its end is reported."""
+        await trio.sleep(0.5)
+        self._end(slot)
+
+    def _end(self, slot: ActorSlot) -> None:
         slot.client, slot.state = None, SlotState.STOPPED
         self.lifecycle.stopped(slot)
+        slot.ready.set()
+        slot.stopped.set()
 
     async def _loaded(self, m: ModelState) -> None:
         self.pushed.append(m.id)
@@ -472,5 +484,110 @@ def test_concurrent_requests_for_an_auto_placement_wait_for_one_choice(tmp_path)
             await trio.sleep(1.0)  # the load (1 s) is done
             mc.remote.finish("a")
         assert len(results) == 3 and mc.remote.loads == 1 and mc.actor.loads == 0
+
+    run(scenario, tmp_path)
+
+
+@pytest.mark.parametrize("model", ["g", "m"])
+def test_requests_racing_an_unload_are_each_answered(tmp_path, model):
+    """Issue 28 item 0: while clients loop requests for a model, keep_alive 0 unloads it — a
+    GGUF model ("g") with its actor, which takes 0.5 s to stop; a transformers one ("m") on
+    its engine actor. A request arriving in the GGUF actor's stop used to start its next life
+    at once, and the old life's end then marked the model unloaded under that load, so the
+    next request started the actor a second time and waited for ever. Every request gets an
+    answer now, within a bound: the model (loaded again once per unload), or model_busy on /v1."""
+
+    async def scenario(mc: Machine):
+        await mc.lifecycle.client_for(model)
+        answers: list[str] = []
+
+        async def ask(wait_unload: bool) -> None:
+            with trio.fail_after(5.0):  # a load takes 1 s, a stop 0.5 s
+                try:
+                    await mc.lifecycle.client_for(model, wait_unload=wait_unload)
+                    answers.append("served")
+                except GreenroomError as exc:
+                    assert exc.code == "model_busy" and not wait_unload, exc
+                    answers.append("busy")
+
+        async def loop(wait_unload: bool) -> None:
+            while True:
+                await ask(wait_unload)
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop, False)  # an OpenAI client, retrying model_busy
+            nursery.start_soon(loop, True)  # an Ollama client
+            for _ in range(3):
+                await trio.sleep(0.3)
+                await mc.lifecycle.unload(model)
+                assert mc.state(model) == LoadState.UNLOADED and mc.gguf.state == SlotState.STOPPED
+                await ask(True)
+                await ask(False)
+            nursery.cancel_scope.cancel()
+        assert (mc.spawns if model == "g" else mc.actor.loads) == 4 and mc.state(model) == LoadState.LOADED
+        assert answers.count("served") > 20
+
+    run(scenario, tmp_path)
+
+
+def test_two_unloads_at_once_and_an_unload_while_the_load_starts(tmp_path):
+    """Two unloads of a GGUF model at once stop its actor once; an unload that arrives while
+    its actor starts waits for the load, then unloads it; the next request loads it again."""
+
+    async def scenario(mc: Machine):
+        await mc.lifecycle.client_for("g")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mc.lifecycle.unload, "g")
+            nursery.start_soon(mc.lifecycle.unload, "g")
+        assert mc.state("g") == LoadState.UNLOADED and mc.spawns == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mc.lifecycle.client_for, "g")
+            await trio.sleep(0.5)
+            assert mc.state("g") == LoadState.LOADING
+            with trio.fail_after(3.0):
+                await mc.lifecycle.unload("g")
+        assert mc.state("g") == LoadState.UNLOADED and mc.gguf.client is None
+        with trio.fail_after(3.0):
+            await mc.lifecycle.client_for("g")
+        assert mc.spawns == 3 and mc.state("g") == LoadState.LOADED
+
+    run(scenario, tmp_path)
+
+
+def test_concurrent_first_requests_start_an_on_demand_actor_once(tmp_path):
+    """Requests that find a GGUF model's first load under way wait for that start (1 s), not
+    for the ready timeout: a resting actor's `ready` is set, as after each life."""
+
+    async def scenario(mc: Machine):
+        answered = []
+
+        async def ask():
+            with trio.fail_after(2.0):
+                answered.append(await mc.lifecycle.client_for("g"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(ask)
+        assert len(answered) == 3 and mc.spawns == 1
+
+    run(scenario, tmp_path)
+
+
+def test_an_unload_during_its_actors_restart_unloads_what_the_restart_loads(tmp_path):
+    """keep_alive 0 while a GGUF model's actor restarts (it crashed; supervision starts it
+    again, holding its model): the unload waits for the restart and unloads the model there,
+    rather than answering "unloaded" for a model its next life holds."""
+
+    async def scenario(mc: Machine):
+        await mc.lifecycle.client_for("g")
+        mc.gguf.client, mc.gguf.state, mc.gguf.ready = None, SlotState.RESTARTING, trio.Event()  # crashed
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mc.lifecycle.unload, "g")
+            await trio.sleep(1.0)  # the restart (supervision's): its model again
+            mc.gguf.client, mc.gguf.state = FakeActor("gguf:g", mc.nursery).client, SlotState.READY
+            mc.lifecycle.started(mc.gguf, {"g": info("g")})
+            mc.gguf.ready.set()
+        assert mc.state("g") == LoadState.UNLOADED and mc.gguf.state == SlotState.STOPPED
 
     run(scenario, tmp_path)

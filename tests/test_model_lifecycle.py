@@ -2,6 +2,7 @@
 an unload, the grace period, Ollama's keep_alive."""
 
 import concurrent.futures as cf
+import threading
 import time
 
 import httpx
@@ -184,6 +185,52 @@ def test_ollama_requests_after_keep_alive_0_wait_for_the_unload(own_server):
                 model=model, messages=[{"role": "user", "content": "hi"}], keep_alive=0, options={"num_predict": 2}
             )
             assert reply.done
+
+
+def test_keep_alive_0_under_traffic_then_every_request_is_answered(server):
+    """Issue 28 item 0: while two clients loop requests for a GGUF model (one on /v1, which
+    retries model_busy, one on Ollama's surface), keep_alive 0 unloads it; the next requests
+    are answered within a bound — Ollama's served after the reload, /v1's served or
+    model_busy. A request arriving while the unloaded model's actor stopped used to start
+    its next life at once; the old life's end then marked the model unloaded under that
+    load, and the next request started the actor again and waited for ever."""
+    import ollama
+
+    model, bound_s = "greenroom-demo-gguf:Q8_0", 25.0  # a GGUF actor starts in ~2 s
+    hi = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    ollama_client = ollama.Client(host=server.url, timeout=bound_s)
+    stop, answered, errors = threading.Event(), [0, 0], []
+
+    def v1() -> httpx.Response:
+        r = httpx.post(server.url + "/v1/chat/completions", json={**hi, "max_tokens": 2}, timeout=bound_s)
+        assert r.status_code == 200 or r.json()["error"]["code"] == "model_busy", r.text
+        return r
+
+    def loop(i: int) -> None:
+        try:
+            while not stop.is_set():
+                if i == 0:
+                    v1()
+                else:
+                    assert ollama_client.chat(**hi, options={"num_predict": 2}).done
+                answered[i] += 1
+        except Exception as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
+            errors.append(repr(exc))
+
+    loopers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(2)]
+    for t in loopers:
+        t.start()
+    try:
+        assert wait_for(lambda: min(answered) > 0 or errors, 60) and not errors, errors
+        for _ in range(3):
+            assert ollama_client.chat(model=model, messages=[], keep_alive=0).done_reason == "unload"
+            assert ollama_client.chat(**hi, options={"num_predict": 2}).done
+            v1()
+    finally:
+        stop.set()
+        for t in loopers:
+            t.join(2 * bound_s)
+    assert not errors, errors
 
 
 def test_a_load_that_fails_is_model_load_failed(own_server, tmp_path):

@@ -7,24 +7,29 @@ model, context and sampler chains itself. A context is not thread-safe: the engi
 actor's single worker thread is its only caller.
 
 Reproducibility: a request's tokens are a function of its own prompt, sampling parameters
-and seed — never of the traffic before or beside it — because what its logits are computed
-from is laid out alike every time. Measured on this build (SmolLM2 Q4_1, the demo's Q8_0 and
-Q4_0; bit-identical logits): with one KV cache the sequences shared (`kv_unified`) a
-sequence's cells landed wherever earlier requests had left room, and its greedy text changed
-after unrelated requests; with a KV stream per sequence slot, a prompt prefilled in any
-partition of chunks of 2 or more tokens, in any slot, gives the same logits, and a decode step
-gives the same row alone or beside up to 3 other sequences of any length. What differs is a
-position computed as the only token of its sequence in a ubatch (a decode step, or a prefill
-chunk of 1) from the same position prefilled among others (10 of 45 positions of a SmolLM2
-prompt; half that prompt fed a token at a time moved its last logits by up to 0.8). So: a slot reuses only the prompt
-tokens its stream prefilled (never a generated token's cells, and never cells copied from
-another slot), and a prefill is cut so that no chunk after the first holds a single token.
-Flash attention, where it decodes faster (`_decode_plan`), changes the rule: its CPU kernel
-computes a chunk of fewer than 64 queries otherwise than a longer one, so a prompt of 64 tokens
-or more is prefilled in chunks of 64 or more and reuses only cells computed that way, while
-below 64 it computes one query as it computes several, so a shorter prompt's chunks may hold a
-single token (`_least_chunk`).
-A stream per slot costs ~8 % of 4-sequence decode throughput here (SmolLM2, one thread), and
+and seed — never of the traffic before or beside it — because each of its positions is computed
+the same way every time. Measured on this build (bit-identical logits):
+- with one KV cache the sequences shared (`kv_unified`) a sequence's cells landed wherever
+  earlier requests had left room, and its greedy text changed after unrelated requests; so each
+  sequence slot has a KV stream of its own, and a slot reuses only prompt tokens its own stream
+  prefilled (never a generated token's cells: a decoded position's cells differ from the same
+  position prefilled; never cells copied from another slot). The sliding-window layers' cache
+  (Gemma 3) is full-size, llama.cpp's default: no cell of a sequence is dropped and reused.
+- ggml's kernels compute a position differently with other rows beside it in its ubatch: on
+  Gemma 3 270M Q4_K_M a 15-token prompt's last logits moved by up to 0.9 with its prefill split
+  at 11 of its 14 points (the matrix kernels choose their tiles by the ubatch's row count), where
+  SmolLM2's Q4_1 differed only for a position computed alone, and flash attention computes
+  fewer than 64 queries otherwise than more. So a prompt is prefilled in the cells of a fixed
+  grid — [128k, 128(k+1)), `_chunks` — whatever a slot had cached, and a slot reuses only whole
+  cells (`_reusable`): a position is computed among the same rows every time. A grid of 128
+  costs ~3 % of Gemma's prefill speed against 512-token ubatches (64: 11 %), none of SmolLM2's.
+- weights repacked for the CPU (Q4_K, Q6_K, Q4_0 … on x86) compute a group of 4 rows — a decode
+  step of 4 sequences — otherwise than fewer, and 10 of 24 greedy Gemma sequences changed when 3
+  others decoded beside them; the weights are loaded as the file holds them, ~8 % of Gemma's
+  decode speed (none of SmolLM2's: Q4_1 has no repacked kernel). With the grid and no repacking,
+  24 of 24 greedy Gemma sequences (some past 256 cells, beside shorter ones) and 16 of 16 SmolLM2
+  ones were the same, bit for bit, alone and beside up to 3 others, with either attention kernel.
+A stream per slot costs ~8 % of 4-sequence decode throughput (SmolLM2, one thread), and
 concurrent prompts sharing a prefix each prefill it.
 
 Steering (llama_steering.py): the deltas are a control vector per context, set before a decode
@@ -65,7 +70,9 @@ from .tool_calls import HERMES
 log = logging.getLogger("greenroom.llama_cpp")
 PROBE_CELLS = 64  # per sequence, in the contexts `_decode_plan` measures decoding in
 PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefill is ~8 ms a token)
-FLASH_QUERY_TILE = 64  # ggml's CPU flash attention computes this many queries or more in tiles
+# a prompt's positions are prefilled in the ubatches [128k, 128(k+1)) of this grid, however much
+# of it a slot had cached: the module's docstring says why
+PREFILL_GRID = 128
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
 # 0.3.36 maps them wrongly and prints to the terminal; ours sends them to greenroom's log at
@@ -118,9 +125,12 @@ class LlamaCppEngine:
         self.threads = threads or default_cpu_threads()
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
         # the load: our callback owns llama.cpp's logging.
-        self.model = _internals.LlamaModel(
-            path_model=str(self.path), params=llama_cpp.llama_model_default_params(), verbose=True
-        )
+        params = llama_cpp.llama_model_default_params()
+        # the weights as the file holds them: repacked ones (Q4_K, Q6_K, Q4_0… on x86) compute a
+        # group of 4 rows otherwise than a row alone, so a decode step beside 3 others changed
+        # a sequence's logits (the module's docstring)
+        params.use_extra_bufts = False
+        self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=True)
         trained = self.model.n_ctx_train()
         self.n_ctx = min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
         self.parallel = max(1, parallel)
@@ -204,7 +214,7 @@ class LlamaCppEngine:
         stat = self.path.stat()
         key = (
             f"{self.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={self.threads}|n={n}"
-            f"|cpus={os.cpu_count()}|llama_cpp={llama_cpp.__version__}|plan"
+            f"|cpus={os.cpu_count()}|llama_cpp={llama_cpp.__version__}|unrepacked|plan"
         )
         store = default_cache_dir() / "llama-cpp-decode.json"
         try:
@@ -271,6 +281,7 @@ class LlamaCppEngine:
         # alike whatever ran before it (one shared cache placed them wherever there was room,
         # and the results depended on it: the module's docstring)
         params.kv_unified = False
+        params.swa_full = True  # sliding-window layers: a cell per position too, none dropped (the default)
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -382,30 +393,23 @@ class LlamaCppEngine:
     ) -> _Sequence:
         """Take the free slot whose stream holds the longest prefix of the prompt (prompt
         tokens it prefilled under the control vector this prefill adds: never generated ones),
-        keep that prefix, prefill the rest — at least `least` tokens, in n_batch chunks none
-        of which is shorter (`_chunks`; `_least_chunk`: the module's docstring says why) —
-        and sample the first token. A forward that reads the last layer's residuals computes
-        every position there (llama.cpp keeps only the rows it outputs in the last layer)."""
+        keep that prefix's whole grid cells, prefill the rest in the grid's cells (`_chunks`:
+        the module's docstring says why) and sample the first token. A forward that reads the
+        last layer's residuals computes every position there (llama.cpp keeps only the rows it
+        outputs in the last layer)."""
         slots = slots or self.gen
         if not slots.free:
             raise EngineError("queue_full", f"all {len(slots.live)} sequence slots of the model are in use")
         vector = self._set_vector(slots)
         # ties: the slot with the least cached (a fresh prompt keeps the others' prefixes)
-        least = self._least_chunk(len(prompt_ids))
         slot, reused = max(
             (
-                (
-                    slot,
-                    _common_prefix(tokens, prompt_ids)
-                    if key == vector and slots.reuse and self._least_chunk(len(tokens)) == least
-                    else 0,
-                )
+                (slot, _reusable(tokens, prompt_ids) if key == vector and slots.reuse else 0)
                 for slot, (key, tokens) in slots.free.items()
             ),
             key=lambda pair: (pair[1], -len(slots.free[pair[0]][1]), -pair[0]),
         )
         del slots.free[slot]
-        reused = max(0, min(reused, len(prompt_ids) - least))
         memory = slots.ctx.memory
         if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
             llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
@@ -417,7 +421,7 @@ class LlamaCppEngine:
         slots.live[slot] = seq
         every, last = self._reads_last_layer(), len(prompt_ids) - 1
         try:
-            for start, end in _chunks(reused, len(prompt_ids), slots.ctx.params.n_batch, least):
+            for start, end in _chunks(reused, len(prompt_ids)):
                 batch = _batch([(prompt_ids[i], i, seq.slot, every or i == last) for i in range(start, end)])
                 self._run(slots, batch)
                 seq.prefilled += prompt_ids[start:end]
@@ -428,23 +432,6 @@ class LlamaCppEngine:
             self._close(seq)
             raise
         return seq
-
-    def _least_chunk(self, n_prompt: int) -> int:
-        """The fewest tokens a prefill chunk of an `n_prompt`-token prompt may hold in the
-        generation context: a position computed alone in its ubatch comes out otherwise than
-        among others, and with flash attention a chunk of fewer than FLASH_QUERY_TILE queries
-        otherwise than a longer one — every position of a prompt of that many tokens or more is
-        then prefilled in chunks of that many or more, and only cells so computed are reused
-        for it (measured: chunks of 64+ queries after 436 cells equal the whole prompt's logits
-        exactly, of 2–63 are up to 0.45 apart; without flash attention every chunk of 2+ is
-        exact). Below the tile flash attention computes each query alike however many come
-        together — one included: a prompt of 2–63 tokens whose last token alone followed the
-        rest's cells gave the whole prompt's logits exactly (62 of 62 on SmolLM2 and the demo's
-        Q8_0 and Q4_0; at 80 and 130 tokens 0.06–0.64 apart) — so such a prompt, cached whole,
-        recomputes only its last token, as llama-server does."""
-        if not self.flash_attn:
-            return 2
-        return FLASH_QUERY_TILE if n_prompt >= FLASH_QUERY_TILE else 1
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         """One step: each sequence's last sampled token, at its next position (one context's)."""
@@ -523,9 +510,6 @@ class LlamaCppEngine:
         return out
 
     # scoring ------------------------------------------------------------------------
-    # prompt positions per llama_decode of a scoring pass (its logits buffer: 256 × n_vocab floats)
-    score_batch = 256
-
     def score(
         self, prompt_ids: list[int], temperature: float, allowed: list[int] | None, report: int, readout=None
     ) -> Scored:
@@ -549,7 +533,7 @@ class LlamaCppEngine:
         readout=None,
     ) -> Echoed:
         """Every prompt token's log-probability (`echo`) from the logits of every position, one
-        chunk of score_batch positions at a time, each chunk reduced before the next is decoded."""
+        cell of the prefill grid at a time, each reduced before the next is decoded."""
         tokens, last = [], None
         with self._read_unsteered(readout):
             for start, rows in self._scoring_pass(prompt_ids, every=True):
@@ -577,20 +561,20 @@ class LlamaCppEngine:
         buffer, valid until the next decode. The context keeps the last prompt's cache, so
         while nothing is read before the last position a shared prefix is kept; `every`, or a
         residual read (a readout, the calibration), computes the whole prompt. As a
-        generation's prefill (`_chunks`), no chunk after the first is a single token and at
-        least 2 tokens are prefilled: the logits equal a whole-prompt pass's, bit for bit."""
+        generation's prefill, in the prefill grid's cells (`_chunks`): the logits equal a
+        whole-prompt pass's, bit for bit."""
         ctx = self._scoring_context(len(prompt_ids))
         memory = ctx.memory
         steering = self._steering()
         whole = every or bool(steering is not None and steering.taps())
-        kept = 0 if whole else max(0, min(_common_prefix(self._scored, prompt_ids), len(prompt_ids) - 2))
+        kept = 0 if whole else _reusable(self._scored, prompt_ids)
         if not llama_cpp.llama_memory_seq_rm(memory, 0, kept, -1):
             llama_cpp.llama_memory_clear(memory, True)
             kept = 0
         self._scored = prompt_ids[:kept]
         # llama.cpp computes only the positions it outputs through the last layer
         outputs_all = every or self._reads_last_layer()
-        for start, end in _chunks(kept, len(prompt_ids), self.score_batch):
+        for start, end in _chunks(kept, len(prompt_ids)):
             part = prompt_ids[start:end]
             last = end == len(prompt_ids)
             batch = _batch(
@@ -621,7 +605,7 @@ class LlamaCppEngine:
             ctx.close()
             self._scorer = None
         size = min(self.n_ctx, max(512, 1 << max(n_tokens - 1, 1).bit_length()))
-        self._scorer = self._context(size, min(size, self.score_batch), 1, observed=True)
+        self._scorer = self._context(size, PREFILL_GRID, 1, observed=True)  # logits: a cell's rows
         self._scored: list[int] = []  # the tokens in its cache
         return self._scorer
 
@@ -773,19 +757,17 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _chunks(start: int, end: int, size: int, least: int = 2) -> list[tuple[int, int]]:
-    """[start, end) in chunks of at most `size` tokens, the last never shorter than `least`
-    after others (it takes what it lacks from the chunk before; `size` >= 2 × `least`): a
-    position computed alone in its ubatch comes out differently (the module's docstring), as
-    does one among fewer queries than flash attention's tile (`LlamaCppEngine._least_chunk`)."""
-    out = []
-    while start < end:
-        n = min(size, end - start)
-        if 0 < end - start - n < least and n > least:
-            n -= least - (end - start - n)
-        out.append((start, start + n))
-        start += n
-    return out
+def _reusable(cached: list[int], prompt_ids: list[int]) -> int:
+    """How many of a slot's cached prompt tokens a prompt reuses: their common prefix, in
+    whole cells of the prefill grid, leaving at least one token to prefill (its logits)."""
+    return min(_common_prefix(cached, prompt_ids), len(prompt_ids) - 1) // PREFILL_GRID * PREFILL_GRID
+
+
+def _chunks(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end), `start` on the prefill grid, in the grid's cells: each position of a
+    prompt is computed in the same ubatch whatever was reused before it (the module's
+    docstring)."""
+    return [(at, min(at + PREFILL_GRID, end)) for at in range(start, end, PREFILL_GRID)]
 
 
 def _batch(rows: list[tuple[int, int, int, bool]]) -> _internals.LlamaBatch:

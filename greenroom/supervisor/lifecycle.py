@@ -90,9 +90,12 @@ class Lifecycle:
         return [m for m in self.table.on(slot) if m.state == LoadState.LOADED]
 
     def stopped(self, slot: ActorSlot) -> None:
-        """`slot`'s on-demand actor has ended: its model is unloaded."""
+        """`slot`'s actor has ended (an on-demand one, or with its worker host): its models are
+        unloaded — but for one being loaded, whose load says how it ends (a previous life's
+        end must not undo the next life's load)."""
         for m in self.table.on(slot):
-            m.state, m.info = LoadState.UNLOADED, None
+            if m.state != LoadState.LOADING:
+                m.state, m.info = LoadState.UNLOADED, None
 
     # requests ----------------------------------------------------------------------------
     async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
@@ -128,6 +131,7 @@ class Lifecycle:
 
     async def _client_for(self, model: str) -> tuple[EngineClient, dict]:
         m, reason = route(self.table.replicas_of(model))
+        _refuse_while_unloading(m.slot)  # before a load: an unloading on-demand actor is still stopping
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
             self.keep_alive(model, self.config.idle_unload_s)
         unplaced = m.auto is not None and m.state in (LoadState.UNLOADED, LoadState.LOADING)
@@ -229,24 +233,32 @@ class Lifecycle:
     async def unload(self, model: str) -> None:
         """Unload every placement of `model` gracefully: from now on requests for any model
         of its actor get model_busy; requests already running finish first — for up to
-        graceful_unload_timeout_s, then they are cancelled — before the weights go."""
+        graceful_unload_timeout_s, then they are cancelled — before the weights go. A GGUF
+        model is unloading until its actor has ended: a load meanwhile would start the
+        actor's next life while this one still runs."""
         for m in self.table.replicas_of(model):
             await self._unload(m)
 
     async def _unload(self, m: ModelState) -> None:
-        while m.state in (LoadState.LOADING, LoadState.UNLOADING):
-            await m.changed.wait()
-        if m.state != LoadState.LOADED or m.slot.client is None:
-            return
+        while True:
+            while m.state in (LoadState.LOADING, LoadState.UNLOADING):
+                await m.changed.wait()
+            if m.state != LoadState.LOADED:
+                return
+            if m.slot.client is not None:
+                break
+            try:  # its actor restarts, holding the model again: unloaded there
+                await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+            except GreenroomError:
+                return  # down: nothing is loaded
         client, grace = m.slot.client, self.config.graceful_unload_timeout_s
         m.state, m.changed, m.expires_at = LoadState.UNLOADING, trio.Event(), None
         m.slot.unloading += 1
         try:
             async with client.submit(Unload(f"unload-{uuid.uuid4().hex[:12]}", m.id)) as events:
-                with trio.move_on_after(grace):
+                with trio.move_on_after(grace) as waited:
                     await events.__anext__()
-                    m.state, m.info = LoadState.UNLOADED, None
-                if m.state == LoadState.UNLOADING:  # the running requests outlived the grace period
+                if waited.cancelled_caught:  # the running requests outlived the grace period
                     await client.cancel_model(
                         m.id,
                         GreenroomError(
@@ -256,9 +268,9 @@ class Lifecycle:
                         ),
                     )
                     await events.__anext__()
-                    m.state, m.info = LoadState.UNLOADED, None
             if m.slot.on_demand:  # its actor goes with it
                 await self._stop(m.slot)
+            m.state, m.info = LoadState.UNLOADED, None
             metrics.MODEL_EVENTS.labels(m.id, "unloaded").inc()
         finally:
             m.slot.unloading -= 1

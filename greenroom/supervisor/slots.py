@@ -52,6 +52,16 @@ class ActorSlot:
     scope: trio.CancelScope | None = None  # cancels its supervising task (on-demand slots)
     stopped: trio.Event = attrs.Factory(trio.Event)  # set when that task has ended
 
+    @classmethod
+    def on_demand_slot(cls, name: str, host: str | None = None) -> ActorSlot:
+        """A GGUF model's actor before its first start: stopped as after a life, `ready` and
+        `stopped` set — a request that finds its first start under way waits for that start's
+        `ready`, not for one nobody sets."""
+        slot = cls(name, "engine", host=host, state=SlotState.STOPPED, on_demand=True)
+        slot.ready.set()
+        slot.stopped.set()
+        return slot
+
     async def wait_client(self, model: str, timeout_s: float) -> EngineClient:
         """The actor's client, waiting up to `timeout_s` while it (re)starts; else 503
         model_not_loaded with the actor's state and last error (`model`: the one asked for)."""

@@ -137,9 +137,8 @@ class Tree:
                 common["cache_dir"] = None  # the worker's own cache
             name = f"gguf:{model_id}" + (f"#{len(self.replicas[model_id])}" if replica else "")
             name = f"{host}/{name}" if host else name
-            slot = ActorSlot(name, "engine", host=host, on_demand=True)
+            slot = ActorSlot.on_demand_slot(name, host)
             slot.state = self.supervisor.resting(slot)
-            slot.stopped.set()
             self.slots[slot.name] = slot
             placement = Placement(
                 **common,
