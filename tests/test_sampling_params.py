@@ -115,16 +115,6 @@ def test_penalties_change_greedy_output(client):
         client.chat.completions.create(presence_penalty=2.5, **kw)
 
 
-def test_stream_options_include_usage_adds_a_usage_chunk(client):
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL, messages=MSG, max_tokens=5, stream=True, stream_options={"include_usage": True}
-        )
-    )
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
-    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage.total_tokens > 5
-
-
 def token_boundary_stop(client, prompt):
     """A stop string made of the last character of one generated token and the first of
     the next, found by asking for k and k+1 greedy tokens; and the long greedy text."""

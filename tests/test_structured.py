@@ -192,6 +192,18 @@ def test_unsupported_keyword_is_refused_with_its_pointer(server, keyword, value,
     assert keyword in message and pointer in message
 
 
+def test_an_integer_past_64_bits_anywhere_in_a_schema_is_refused_even_on_a_load(server):
+    """The schema travels to the engine as it came (msgpack: 64-bit integers); an Ollama request
+    with no prompt only loads, but its format is checked all the same (the fuzzer's case)."""
+    schema = {"type": "array", "items": {"maximum": -(2**63) - 1}, "default": [2**64]}
+    message = refused(
+        server, {**BASE, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    )
+    assert "/items/maximum: an integer past 64 bits" in message and "/default/0" in message
+    r = httpx.post(server.url + "/api/generate", json={"model": MODEL, "format": schema}, timeout=60)
+    assert r.status_code == 400 and r.json()["code"] == "response_format_unsupported", r.text
+
+
 def test_every_unsupported_keyword_is_named_at_once(server):
     schema = {
         "type": "object",

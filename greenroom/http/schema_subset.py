@@ -115,6 +115,9 @@ def check_schema(schema, param: str = "response_format") -> None:
         _refuse("the schema must be a JSON object", param)
     walker = _Walker(schema)
     walker.schema(schema, "", 1)
+    walker.invalid += [
+        (ptr, "an integer past 64 bits (the schema travels to the engine as it came)") for ptr in _wide(schema, "")
+    ]
     problems = []
     if walker.unsupported:
         listed = ", ".join(f"{ptr} ({_hint(ptr)})" if _hint(ptr) else ptr for ptr in walker.unsupported)
@@ -297,6 +300,18 @@ class _Walker:
 
     def _data(self, node, value, at, depth):
         pass  # const, default: any JSON value
+
+
+def _wide(value, at: str):
+    """The pointers of the integers past 64 bits anywhere in `value`, keywords and data alike."""
+    if _is_int(value) and not INT64[0] <= value <= INT64[1]:
+        yield at
+    elif isinstance(value, dict):
+        for key, sub in value.items():
+            yield from _wide(sub, at + pointer(key))
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            yield from _wide(sub, at + pointer(str(i)))
 
 
 def _is_int(v) -> bool:
