@@ -32,8 +32,7 @@ import httpx
 import pytest
 from conftest import MODEL
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-from tools.openai_schemas import published
+from tools.openai_schemas import conforms, published
 
 SCHEMAS = published()
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -44,13 +43,6 @@ PICK = {
 }
 CHAT = {"model": MODEL, "messages": HELLO, "max_tokens": 6, "temperature": 0}
 FORCED = {"tools": [{"type": "function", "function": PICK}], "tool_choice": "required", "max_tokens": 64}
-
-
-def conforms(name: str, instance) -> None:
-    """`instance` is valid against OpenAI's component `name`; else the error that says most."""
-    validator = Draft202012Validator({**SCHEMAS, "$ref": f"#/$defs/{name}"})
-    error = best_match(validator.iter_errors(instance))
-    assert error is None, f"{name} at {list(error.absolute_path)}: {error.message}\n{json.dumps(instance)[:2000]}"
 
 
 def post(server, path: str, body: dict) -> dict:

