@@ -7,6 +7,7 @@ stuck process or a backup tool would: unlike chmod it stops root's writes too, o
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import sqlite3
 from pathlib import Path
@@ -65,13 +66,17 @@ def unavailable(r: httpx.Response, store: str, envelope=lambda body: body["error
 def test_a_response_that_cannot_be_stored_is_answered_and_said_unstored(srv):
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
     first = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
-    with locked(srv.stores / "responses.sqlite3"):
+
+    def stream_last():
+        *_, last = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, stream=True)
+        return last.response  # response.incomplete: max_output_tokens cut it
+
+    with locked(srv.stores / "responses.sqlite3"), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        streaming = pool.submit(stream_last)  # beside the other, so the test waits out the busy timeout once
         raw = client.responses.with_raw_response.create(
             model=MODEL, input="Go on", max_output_tokens=4, previous_response_id=first.id
         )
-        whole = raw.parse()
-        *_, last = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, stream=True)
-        streamed = last.response  # response.incomplete: max_output_tokens cut it
+        whole, streamed = raw.parse(), streaming.result()
         assert client.responses.retrieve(first.id).id == first.id  # reads go on meanwhile
     assert whole.status == "incomplete" and whole.output_text and whole.store is False
     why = raw.headers["X-Greenroom-Not-Stored"]
@@ -97,33 +102,36 @@ def test_steering_monitoring_and_model_registry_writes_are_typed(srv):
     def monitor(enabled: bool) -> httpx.Response:
         return httpx.put(srv.url + "/api/monitoring", json={"model": MODEL, "enabled": enabled}, timeout=60)
 
-    def copy() -> httpx.Response:
-        return httpx.post(srv.url + "/api/copy", json={"source": MODEL, "destination": "kept"}, timeout=60)
+    def copy(destination: str) -> httpx.Response:
+        return httpx.post(srv.url + "/api/copy", json={"source": MODEL, "destination": destination}, timeout=60)
+
+    def delete(name: str) -> httpx.Response:
+        return httpx.request("DELETE", srv.url + "/api/delete", json={"model": name}, timeout=60)
 
     def tags() -> list[str]:
         return [m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=30).json()["models"]]
 
-    assert steer(10).status_code == 200
+    assert steer(10).status_code == 200 and copy("kept").status_code == 200
     version = httpx.get(srv.url + "/api/steering", timeout=30).json()["models"][0]["version"]
-    with locked(srv.stores / "steering.sqlite3"):  # the steering coordinator's, across the actor boundary
-        assert unavailable(steer(20), "steering.sqlite3")
+    stores = ("steering.sqlite3", "monitoring.sqlite3", "registry.sqlite3")
+    with contextlib.ExitStack() as held, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for name in stores:
+            held.enter_context(locked(srv.stores / name))
+        # each write waits out the busy timeout: side by side, so the test waits it once
+        steered, monitored, copied, deleted = (
+            pool.submit(write, arg) for write, arg in ((steer, 20), (monitor, True), (copy, "made"), (delete, "kept"))
+        )
+        assert unavailable(steered.result(), "steering.sqlite3")  # the coordinator's, across the actor boundary
+        assert unavailable(monitored.result(), "monitoring.sqlite3")
+        assert unavailable(copied.result(), "registry.sqlite3", envelope=ollama_error)  # Ollama's flat envelope
+        assert unavailable(deleted.result(), "registry.sqlite3", envelope=ollama_error)
+        assert "made" not in tags() and "kept" in tags()  # nothing half made, nothing half deleted
     assert httpx.get(srv.url + "/api/steering", timeout=30).json()["models"][0]["version"] == version
-    assert steer(20).status_code == 200
-
-    with locked(srv.stores / "monitoring.sqlite3"):
-        assert unavailable(monitor(True), "monitoring.sqlite3")
     assert httpx.get(srv.url + "/api/monitoring", timeout=30).json()["models"][0]["enabled"] is False
-    assert monitor(True).status_code == 200
-
-    with locked(srv.stores / "registry.sqlite3"):  # the Ollama surface: its flat envelope
-        assert unavailable(copy(), "registry.sqlite3", envelope=ollama_error)
-        assert "kept" not in tags()  # nothing half made
-    assert copy().status_code == 200 and "kept" in tags()
-    with locked(srv.stores / "registry.sqlite3"):
-        r = httpx.request("DELETE", srv.url + "/api/delete", json={"model": "kept"}, timeout=60)
-        assert unavailable(r, "registry.sqlite3", envelope=ollama_error)
-        assert "kept" in tags()
-    assert httpx.request("DELETE", srv.url + "/api/delete", json={"model": "kept"}, timeout=60).status_code == 200
+    # the files work again
+    assert steer(20).status_code == 200 and monitor(True).status_code == 200
+    assert copy("made").status_code == 200 and delete("kept").status_code == 200
+    assert "made" in tags() and "kept" not in tags()
 
 
 def test_no_store_failure_is_logged_as_unhandled(srv):
