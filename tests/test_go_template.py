@@ -345,6 +345,7 @@ def test_create_check_keeps_refuses_or_drops_a_template():
     )
     own = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     assert ot.check(own, own) == ""  # the base's own template, as /api/show prints it: nothing to keep
+    assert ot.check(f"\n{own}\n", own) == ""
     refusals = [
         ("{{ .Foo }}", "field_not_honoured", ".Foo is none of the values Ollama gives"),
         ('{{ template "x" }}', "field_not_honoured", "{{template}} is not rendered"),

@@ -439,7 +439,7 @@ def check(text: str, own: str) -> str:
     """/api/create's `template`: what to keep — "" for none or for `own`, the base model's own
     template as /api/show prints it (whatever its language) — or a typed 400 naming what
     greenroom does not render or what Ollama would fail on."""
-    if not text or text == own:
+    if not text or text.strip() == own.strip():  # as a Modelfile may have carried it
         return ""
     chat, (calls, tools) = _SAMPLES
     render(text, *chat)  # what Go would not parse is refused here, typed
