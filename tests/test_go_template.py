@@ -81,6 +81,12 @@ SEMANTICS = [
         "a-3|true a1 2b 1 x\n|%!s(<nil>)|<nil>",
     ),
     (
+        "printf's verbs on a value of the wrong type, as fmt writes them",
+        '{{ printf "%s|%s|%s|%d|%d|%d|%d" 3 1.5 .T .S 2.5 .F 7 }}',
+        "%!s(int=3)|%!s(float64=1.5)|%!s(bool=true)|%!d(string=héllo)|%!d(float64=2.5)|%!d(bool=false)|7",
+    ),
+    ("a verb missing, a hexadecimal float", '{{ printf "a%" }} {{ 0x1p4 }} {{ 1.5e3 }}', "a%!(NOVERB) 16 1500"),
+    (
         "values as %v prints them",
         "{{ .M.m }} {{ .L }} {{ .M }} {{ .N }} {{ 1.5 }} {{ 1e7 }} {{ .T }}",
         "[1 2.5] [a b c] map[a:x m:[1 2.5] z:1] 3 1.5 1e+07 true",
@@ -118,6 +124,8 @@ GO_ERRORS = [  # Go refuses to parse these, or fails executing them
     "{{ .Nope.X }}",  # :1:8: executing "" at <.Nope.X>: nil pointer evaluating interface {}.X
     "{{ .S.X }}",  # :1:5: executing "" at <.S.X>: can't evaluate field X in type interface {}
     "{{ range .S }}x{{ end }}",  # :1:9: executing "" at <.S>: range can't iterate over héllo
+    "{{ 9223372036854775808 }}",  # :1:3: executing "" at <9223372036854775808>: 9223372036854775808 overflows int
+    "{{ eq }}",  # :1:3: executing "" at <eq>: wrong number of args for eq: want at least 1 got 0
     "{{ and }}",  # :1:3: executing "" at <and>: wrong number of args for and: want at least 1 got 0
     "{{ not 1 2 }}",  # :1:3: executing "" at <not>: wrong number of args for not: want 1 got 2
 ]

@@ -188,7 +188,7 @@ _TOKEN = re.compile(
       | (?P<string>"(?:[^"\\\n]|\\.)*")
       | (?P<raw>`[^`]*`)
       | (?P<char>'(?:[^'\\\n]|\\.[^']*)')
-      | (?P<number>[+-]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+
+      | (?P<number>[+-]?(?:0[xX][0-9a-fA-F_]*\.?[0-9a-fA-F_]*[pP][+-]?[0-9_]+|0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+
                         |[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?|\.[0-9][0-9_]*(?:[eE][+-]?[0-9_]+)?)i?)
       | (?P<field>\.[A-Za-z_][A-Za-z0-9_]*)
       | (?P<dot>\.)
@@ -223,14 +223,20 @@ def _number(text: str, line: int):
     digits = text.replace("_", "")
     try:
         if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+|[+-]?0[bB][01]+|[+-]?0[oO][0-7]+", digits):
-            return int(digits, 0)
-        if re.fullmatch(r"[+-]?0[0-7]+", digits):
-            return int(digits, 8)
-        if re.fullmatch(r"[+-]?[0-9]+", digits):
-            return int(digits)
-        return float(digits)
-    except ValueError:
+            value = int(digits, 0)
+        elif re.fullmatch(r"[+-]?0[0-7]+", digits):
+            value = int(digits, 8)
+        elif re.fullmatch(r"[+-]?[0-9]+", digits):
+            value = int(digits)
+        elif re.fullmatch(r"[+-]?0[xX].*", digits):  # a hexadecimal float
+            return float.fromhex(digits)
+        else:
+            return float(digits)
+    except (ValueError, OverflowError):
         raise TemplateError(f"line {line}: bad number syntax: {text!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise TemplateError(f"line {line}: {text} overflows int")
+    return value
 
 
 class _Parser:
@@ -610,10 +616,13 @@ def _sprint(v, top: bool = True) -> str:
 
 def _printf(fmt: str, args: list) -> str:
     out, args, pos = [], list(args), 0
-    for m in re.finditer(r"%(.)", fmt, re.DOTALL):
+    for m in re.finditer(r"%(.|$)", fmt, re.DOTALL):
         out.append(fmt[pos : m.start()])
         pos = m.end()
         verb = m.group(1)
+        if not verb:
+            out.append("%!(NOVERB)")
+            continue
         if verb == "%":
             out.append("%")
             continue
@@ -626,7 +635,18 @@ def _printf(fmt: str, args: list) -> str:
         if arg is None or arg is MISSING:
             out.append(f"%!{verb}(<nil>)" if verb != "v" else "<nil>")
             continue
-        if verb == "d" and not (isinstance(arg, int) and not isinstance(arg, bool)):
+        kind = _kind(arg)
+        if (verb, kind) in (
+            ("s", "bool"),
+            ("s", "int"),
+            ("s", "float"),
+            ("d", "bool"),
+            ("d", "float"),
+            ("d", "string"),
+        ):
+            out.append(f"%!{verb}({_type(arg)}={_sprint(arg, top=False)})")  # fmt's wrong-type form
+            continue
+        if verb == "d" and kind != "int":
             raise TemplateError(f"printf's %d of {_type(arg)} is not rendered", construct="printf")
         out.append(_sprint(arg, top=False))
     out.append(fmt[pos:])
@@ -957,7 +977,7 @@ class _Exec:
         values = [self.arg(dot, a) for a in args] + ([] if final is _NONE else [final])
         if count is not None and len(values) != count:
             raise self.error(TemplateError(f"wrong number of args for {name}: want {count} got {len(values)}"))
-        if name in ("index", "slice", "printf") and not values:
+        if name in ("index", "slice", "printf", "eq") and not values:
             raise self.error(TemplateError(f"wrong number of args for {name}: want at least 1 got 0"))
         if name == "printf" and not isinstance(values[0], str):
             raise self.error(TemplateError(f"printf's format is a {_type(values[0])}, not a string"))
