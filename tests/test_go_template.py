@@ -74,6 +74,16 @@ SEMANTICS = [
         '{{ len .S }} {{ slice .S 0 1 }} {{ slice "abcdef" 1 3 }} {{ index .L 1 }} {{ len (slice .L 1) }} {{ index .M "a" }} {{ index "abc" 1 }} {{ slice .L 1 2 }}',
         "6 h bc b 2 x 98 [b]",
     ),
+    (
+        "a nil in a pipeline or a variable has no fields",
+        "{{ (.Nope).X }} {{ $n := .Nil }}{{ $n.X.Y }}",
+        "<no value> <no value>",
+    ),
+    (
+        "a range's variables hold its value in its else part",
+        '{{ $i := "outer" }}{{ range $i, $e := .EL }}x{{ else }}{{ len $i }}{{ end }}{{ $i }}',
+        "0outer",
+    ),
     ("a missing key is <no value>", '{{ .Nope }} {{ index .M "nope" }}', "<no value> <no value>"),
     (
         "printing, as fmt does",
@@ -125,6 +135,7 @@ GO_ERRORS = [  # Go refuses to parse these, or fails executing them
     "{{ .S.X }}",  # :1:5: executing "" at <.S.X>: can't evaluate field X in type interface {}
     "{{ range .S }}x{{ end }}",  # :1:9: executing "" at <.S>: range can't iterate over héllo
     "{{ 9223372036854775808 }}",  # :1:3: executing "" at <9223372036854775808>: 9223372036854775808 overflows int
+    "{{ index .Nope }}",  # :1:3: executing "" at <index .Nope>: error calling index: index of untyped nil
     "{{ eq }}",  # :1:3: executing "" at <eq>: wrong number of args for eq: want at least 1 got 0
     "{{ and }}",  # :1:3: executing "" at <and>: wrong number of args for and: want at least 1 got 0
     "{{ not 1 2 }}",  # :1:3: executing "" at <not>: wrong number of args for not: want 1 got 2

@@ -727,6 +727,8 @@ def _len(v) -> int:
 
 
 def _index(v, *keys):
+    if v is None or v is MISSING:
+        raise TemplateError("index of untyped nil")
     for key in keys:
         if isinstance(v, dict):
             if not isinstance(key, str):
@@ -864,9 +866,9 @@ class _Exec:
     def branch(self, dot, node: Branch) -> None:
         mark = len(self.vars)
         try:
-            value = self.pipe(dot, node.pipe, declare=node.kind != "range")
+            value = self.pipe(dot, node.pipe)  # a range's variables hold it too, in its else part
             if node.kind == "range":
-                self.range(dot, node, value, mark)
+                self.range(dot, node, value, len(self.vars))
             elif truth(value):
                 self.walk(value if node.kind == "with" else dot, node.body)
             elif node.orelse is not None:
@@ -903,17 +905,16 @@ class _Exec:
             finally:
                 del self.vars[mark:]
 
-    def pipe(self, dot, pipe: Pipe, declare: bool = True):
+    def pipe(self, dot, pipe: Pipe):
         self.line = pipe.line
         value = _NONE
         for cmd in pipe.cmds:
             value = self.command(dot, cmd, value)
-        if declare:
-            for name in pipe.decl:
-                if pipe.assign:
-                    next(v for v in reversed(self.vars) if v[0] == name)[1] = value
-                else:
-                    self.vars.append([name, value])
+        for name in pipe.decl:
+            if pipe.assign:
+                next(v for v in reversed(self.vars) if v[0] == name)[1] = value
+            else:
+                self.vars.append([name, value])
         return value
 
     def command(self, dot, cmd: Command, final):
@@ -934,13 +935,17 @@ class _Exec:
         if isinstance(node, Field):
             return self.fields(dot, node.idents)
         if isinstance(node, Variable):
-            value = next(v[1] for v in reversed(self.vars) if v[0] == node.name)
-            return self.fields(value, node.idents)
+            return self.chained(next(v[1] for v in reversed(self.vars) if v[0] == node.name), node.idents)
         if isinstance(node, Chain):
-            return self.fields(self.arg(dot, node.node), node.idents)
+            return self.chained(self.arg(dot, node.node), node.idents)
         if isinstance(node, Pipe):
             return self.pipe(dot, node)
         return self.call(dot, node.name, (), _NONE)  # a function named as an argument: called bare
+
+    def chained(self, value, idents):
+        """Fields of a variable's or a pipeline's value: Go holds a nil there as no value at
+        all, whose fields are no value too (a nil met along a chain of fields is an error)."""
+        return MISSING if idents and (value is None or value is MISSING) else self.fields(value, idents)
 
     def fields(self, value, idents):
         for name in idents:
