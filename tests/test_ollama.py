@@ -548,7 +548,7 @@ def test_unknown_model_is_404_through_the_client(oc, server):
         ),
         (
             "/api/generate",
-            {"model": MODEL, "prompt": "x", "template": "{{ if .System }}x{{ end }}{{ .Prompt }}"},
+            {"model": MODEL, "prompt": "x", "template": '{{ template "x" }}{{ .Prompt }}'},
             400,
             "field_not_honoured",
         ),

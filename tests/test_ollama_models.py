@@ -147,12 +147,14 @@ def test_created_model_applies_its_template_on_generate_and_messages_on_chat(oc)
     assert made.response == by_hand.response and made.prompt_eval_count == by_hand.prompt_eval_count
     hi = [{"role": "user", "content": "Hello"}]
     chat = oc.chat(model="templated", messages=hi, options={"num_predict": 6})
-    by_hand = oc.chat(
-        model=MODEL,
-        messages=[{"role": "system", "content": "Be brief."}] + history + hi,
-        options=GREEDY | {"num_predict": 6},
+    # the chat renders through the template as Ollama renders a legacy one: once per exchange
+    prompt = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n"
+        "<|im_start|>assistant\nA tester.<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
-    assert chat.message.content == by_hand.message.content and chat.prompt_eval_count == by_hand.prompt_eval_count
+    by_hand = oc.generate(model=MODEL, prompt=prompt, raw=True, options=GREEDY | {"num_predict": 6})
+    assert chat.message.content == by_hand.response and chat.prompt_eval_count == by_hand.prompt_eval_count
 
 
 def test_create_again_replaces_a_created_model_and_derives_from_one(oc):

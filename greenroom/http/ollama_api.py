@@ -32,6 +32,7 @@ from greenroom.http import (
     ledger,
     model_facts,
     ollama_params,
+    ollama_templates,
     openai_params,
     routes,
     structured,
@@ -41,7 +42,6 @@ from greenroom.http.contracts import NULL, sent, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
-from greenroom.http.ollama_templates import apply_template
 from greenroom.http.schema_subset import SCHEMA, check_schema
 from greenroom.protocol import Failed, Fit, Generate, Text
 from greenroom.supervisor.tree import Tree
@@ -157,8 +157,8 @@ GENERATE_REQUEST = contracts.Shape(
         "system": contracts.Text(),
         "raw": contracts.Boolean(default=False, description="true: the prompt as it is (system and template reported)"),
         "template": contracts.Text(
-            description="Ollama's template override: greenroom renders {{ .System }}, "
-            "{{ .Prompt }} and {{ .Response }} only (anything else in {{ }} is refused)"
+            description="A Go template rendered as Ollama renders it (docs/ollama.md#templates); "
+            "a construct greenroom does not render is refused by name"
         ),
     },
     required=("model",),
@@ -521,7 +521,8 @@ def register(app: Quart, tree: Tree) -> None:
         if raw or template:
             if raw and (system or template):
                 req = attrs.evolve(req, unread=req.unread + [f for f in ("system", "template") if body.get(f)])
-            text = prompt if raw else apply_template(template, system, prompt)
+            asked = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            text = prompt if raw else ollama_templates.render(template, asked, think=body.get("think"))
             gen = Generate(rid, req.model, options.params, prompts=[text], constraint=plan.constraint)
         else:
             conversation = ([{"role": "system", "content": system}] if system else []) + [
@@ -548,14 +549,11 @@ def register(app: Quart, tree: Tree) -> None:
         plan = _plan(body, body.get("tools"), options.params.stop)
         if not messages:
             return await _load(tree, req, chat=True, keep_alive=keep_alive)
-        gen = Generate(
-            openai_params.new_rid("chat"),
-            req.model,
-            options.params,
-            conversations=[conversation(messages)],
-            tools=plan.tools,
-            constraint=plan.constraint,
-        )
+        rows = {"conversations": [conversation(messages)], "tools": plan.tools}  # validated either way
+        template = (tree.placement(req.model)[1].defaults or {}).get("template")
+        if template:  # a created model's TEMPLATE renders the chat, as Ollama renders it
+            rows = {"prompts": [ollama_templates.render(template, messages, body.get("tools"), body.get("think"))]}
+        gen = Generate(openai_params.new_rid("chat"), req.model, options.params, constraint=plan.constraint, **rows)
         return await _generate(tree, Job(True, req, gen, plan, options, stream, keep_alive))
 
     @routes.view(app, "GET", "/api/tags")

@@ -5,8 +5,8 @@ applies a Modelfile's: a request's own value wins (its options key by key).
 - generate: `system` and `template` when the request sends none; `parameters` under the
   request's `options`.
 - chat: `system` as a first system message when the conversation has none, then the
-  created `messages` before the request's; `parameters` likewise. A chat is rendered by
-  the model's own chat template, so `template` does not apply to it.
+  created `messages` before the request's; `parameters` likewise. A `template` renders the
+  chat (the chat route reads it: ollama_templates.py), else the model's own chat template.
 """
 
 from __future__ import annotations

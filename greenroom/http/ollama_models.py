@@ -28,10 +28,19 @@ from quart import Quart, Response, request
 from greenroom.engines import gguf_files
 from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
-from greenroom.http import contracts, framing, ledger, ollama_api, ollama_params, openai_params, routes
+from greenroom.http import (
+    contracts,
+    framing,
+    ledger,
+    model_facts,
+    ollama_api,
+    ollama_params,
+    ollama_templates,
+    openai_params,
+    routes,
+)
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import served
-from greenroom.http.ollama_templates import apply_template
 from greenroom.store import catalogue, hub
 from greenroom.store.registry import Entry, Registry, place
 from greenroom.supervisor.tree import Tree
@@ -388,7 +397,9 @@ def register(app: Quart, tree: Tree) -> None:
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
         base = served(tree, _required(body, "from"))
-        defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement.engine))
+        placed = model_facts.Placed.of(tree, base, trio.current_time())
+        own = (await trio.to_thread.run_sync(model_facts.facts, placed)).template  # as /api/show prints it
+        defaults = _create_defaults(body, capabilities_of(placed.placement.engine), own)
         parent = dict(tree.state_of(base).placement.defaults or {})
         merged = {
             **parent,
@@ -485,12 +496,11 @@ def _count(args, name: str, hi: int | None = None) -> int:
     return int(value)
 
 
-def _create_defaults(body: dict, caps: Capabilities) -> dict:
+def _create_defaults(body: dict, caps: Capabilities, own_template: str) -> dict:
     """A created model's system, template, parameters and messages, validated as a request
-    carrying them would be."""
+    carrying them would be (`own_template`: the base's, which a template equal to is not kept)."""
     system, template = openai_params.string(body, "system"), openai_params.string(body, "template")
-    if template:
-        apply_template(template, system, "")  # refuses what greenroom cannot render
+    template = ollama_templates.check(template or "", own_template)
     parameters = body.get("parameters")
     if parameters is not None:
         if not isinstance(parameters, dict):
