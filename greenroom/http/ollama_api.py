@@ -37,7 +37,7 @@ from greenroom.http import (
     structured,
 )
 from greenroom.http.answering import answer, drawn_seed
-from greenroom.http.contracts import NULL, sent, when
+from greenroom.http.contracts import NULL, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
@@ -100,13 +100,21 @@ MODEL = contracts.Text(
 OLLAMA_VERSION = "0.2.0-npu-proxy"
 
 
+# `model` absent, null or empty: Ollama then reads `name`
+_NO_MODEL = {"not": {"required": ["model"], "properties": {"model": {"not": {"enum": [None, ""]}}}}}
+
+
 def named(field: contracts.Field) -> contracts.Shape:
-    """`model`, or when it is absent Ollama's deprecated `name` (read only then)."""
+    """`model`, or when it is absent or empty Ollama's deprecated `name` (read only then: the
+    `ollama` CLI sends `{"model": "", "name": "X"}`)."""
     return contracts.Shape(
-        fields={"model": field, "name": contracts.Anything(description="Deprecated: model, when model is absent")},
-        rules=(
-            when({"not": sent("model")}, contracts.Shape(fields={"name": field}, required=("name",)), "model, or name"),
-        ),
+        fields={
+            "model": contracts.AnyOf(
+                options=(field, contracts.Choice(values=("",))), description="Empty: `name` names the model"
+            ),
+            "name": contracts.Anything(description="Deprecated: the model, when model is absent or empty"),
+        },
+        rules=(when(_NO_MODEL, contracts.Shape(fields={"name": field}, required=("name",)), "model, or name"),),
     )
 
 

@@ -30,7 +30,7 @@ from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.http import contracts, framing, ledger, ollama_api, ollama_params, openai_params, routes
 from greenroom.http.ollama_envelope import error_body, request_id
-from greenroom.http.ollama_request import served
+from greenroom.http.ollama_request import model_named, served
 from greenroom.http.ollama_templates import apply_template
 from greenroom.store import catalogue, hub
 from greenroom.store.registry import Entry, Registry, place
@@ -339,7 +339,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_pull():
         body, headers = await _body(PULL, "on /api/pull")
         stream = openai_params.boolean(body, "stream", True)
-        t = hub.target(body.get("model") if body.get("model") is not None else body.get("name"))
+        t = hub.target(model_named(body))
         token = hub_token(body)
         # every pull asks the Hub with the caller's token (or none): files already here are never
         # an answer to a caller the Hub refuses, whoever pulled them before
@@ -352,7 +352,7 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "DELETE", "/api/delete")
     async def ollama_delete():
         body, headers = await _body(DELETE, "on /api/delete")
-        model = served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
+        model = served(tree, model_named(body))
         entry = registry.get(model)
         if entry is None:
             raise GreenroomError(
@@ -386,7 +386,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_create():
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
-        name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
+        name = _new_name(model_named(body), "model")
         base = served(tree, _required(body, "from"))
         defaults = _create_defaults(body, capabilities_of(tree.state_of(base).placement.engine))
         parent = dict(tree.state_of(base).placement.defaults or {})
