@@ -86,9 +86,10 @@ SHOW = {
     "model": ledger.USE,
     "name": ledger.USE,
     "verbose": ledger.USE,
-    "system": ledger.REPORTED,
-    "template": ledger.REPORTED,
-    "options": ledger.REPORTED,
+    # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
+    "system": ledger.reported(""),
+    "template": ledger.reported(""),
+    "options": ledger.reported({}),
 }
 
 # --- request shapes (contracts.py) --------------------------------------------------------

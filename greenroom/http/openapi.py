@@ -326,7 +326,8 @@ def _by_ledger(name: str, rule: ledger.Rule, declared: contracts.Field | None) -
             description=f"Refused with 400 field_not_honoured unless {_noop(rule)}: {rule.why}",
         )
     if rule.report and rule.needs is None:
-        return contracts.Anything(description="Not read: reported in X-miLLM-Ignored-Fields")
+        unless = f" unless {_noop(rule)}" if rule.noop else ""
+        return contracts.Anything(description=f"Not read: reported in X-miLLM-Ignored-Fields{unless}")
     assert declared is not None, f"{name}: the ledger uses a field no parser declares"
     if rule.needs is None:
         return declared
