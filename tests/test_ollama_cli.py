@@ -260,12 +260,13 @@ def test_list_shows_each_models_size_and_time_from_its_files(server):
     assert [row[0] for row in ok(cli(server, "list", "greenroom-demo-g")).rows()[1:]] == [GGUF]  # a prefix
 
 
-def test_stop_unloads(server):
-    ok(cli(server, "run", TRANSFORMERS, "Hi"))
-    assert TRANSFORMERS in [row[0] for row in ok(cli(server, "ps")).rows()]
-    r = ok(cli(server, "stop", TRANSFORMERS))
+@pytest.mark.parametrize("model", MODELS)
+def test_stop_unloads(server, model):
+    ok(cli(server, "run", model, "Hi"))
+    assert model in [row[0] for row in ok(cli(server, "ps")).rows()]
+    r = ok(cli(server, "stop", model))
     assert sent(r, "/api/generate")[0].json()["keep_alive"] == "0s"
-    assert TRANSFORMERS not in [row[0] for row in ok(cli(server, "ps")).rows()]
+    assert model not in [row[0] for row in ok(cli(server, "ps")).rows()]
     missing = cli(server, "stop", "nosuch")
     assert missing.code == 1 and missing.stderr == 'Error: couldn\'t find model "nosuch" to stop\n'
 
@@ -273,14 +274,15 @@ def test_stop_unloads(server):
 # --- cp, rm, pull, push ---------------------------------------------------------------------------------
 
 
-def test_cp_then_rm(server):
-    assert ok(cli(server, "cp", TRANSFORMERS, "my-demo")).stdout == f"copied '{TRANSFORMERS}' to 'my-demo'\n"
+@pytest.mark.parametrize("model", MODELS)
+def test_cp_then_rm(server, model):
+    assert ok(cli(server, "cp", model, "my-demo")).stdout == f"copied '{model}' to 'my-demo'\n"
     assert ok(cli(server, "run", "my-demo", "Hi")).stdout.strip()
     r = ok(cli(server, "rm", "my-demo"))
     assert r.stdout == "deleted 'my-demo'\n" and r.stderr == ""
     assert sent(r, "/api/delete")[0].body == b'{"model":"","name":"my-demo"}'
     assert "my-demo" not in [row[0] for row in ok(cli(server, "list")).rows()]
-    configured = cli(server, "rm", TRANSFORMERS)
+    configured = cli(server, "rm", model)
     assert configured.code == 1 and "comes from the server's configuration" in configured.stderr
     unknown = cli(server, "rm", "nosuch")
     assert unknown.code == 1 and unknown.stderr.startswith("Error: model 'nosuch' not found")
@@ -318,15 +320,18 @@ def test_status_lines_carry_their_reason_phrase(server):
 # --- create -----------------------------------------------------------------------------------------------
 
 
-def test_create_from_an_existing_model(server, tmp_path):
+@pytest.mark.parametrize("model", MODELS)
+def test_create_from_an_existing_model(server, tmp_path, model):
     modelfile = tmp_path / "Modelfile"
-    modelfile.write_text(
-        f"FROM {TRANSFORMERS}\nSYSTEM You are terse.\nPARAMETER temperature 0\nPARAMETER num_predict 8\n"
-    )
+    modelfile.write_text(f"FROM {model}\nSYSTEM You are terse.\nPARAMETER temperature 0\nPARAMETER num_predict 8\n")
     r = ok(cli(server, "create", "terse", "-f", str(modelfile)))
-    assert sent(r, "/api/create")[0].body == (
-        b'{"model":"terse","from":"greenroom-demo","system":"You are terse.",'
-        b'"parameters":{"num_predict":8,"temperature":0},"name":""}'
+    assert (
+        sent(r, "/api/create")[0].body
+        == (
+            b'{"model":"terse","from":"%s","system":"You are terse.",'
+            b'"parameters":{"num_predict":8,"temperature":0},"name":""}'
+        )
+        % model.encode()
     )
     assert r.progress[-1] == "success"
     answer = ok(cli(server, "run", "terse", "Hi", "--verbose"))
