@@ -62,6 +62,8 @@ TABLE: dict[str, ErrorKind] = {
     "hub_unavailable": ErrorKind(502, SERVER, ollama_only=True),  # the Hub unreachable or failing
     "model_exists": ErrorKind(409, INVALID, ollama_only=True),  # copy/create/pull onto a name in use
     "model_configured": ErrorKind(409, INVALID, ollama_only=True),  # delete of a model the config defines
+    # Ollama's push and its ollama.com account check (POST /api/me): no registry to push to (app.py)
+    "push_not_supported": ErrorKind(400, INVALID, ollama_only=True),
     # fields the request path cannot honour or would ignore (http/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),

@@ -117,3 +117,15 @@ def test_a_bad_strict_header_is_a_typed_400():
     with pytest.raises(GreenroomError) as e:
         ledger.strict_mode("yes")
     assert e.value.code == "invalid_parameter" and e.value.param == "X-miLLM-Strict"
+
+
+def test_a_reported_field_that_asks_for_nothing_is_not_reported():
+    """The `ollama` CLI sends `system`, `template` and `options` on every /api/show, empty."""
+    from greenroom.http import ollama_api
+
+    cli = {"model": "", "system": "", "template": "", "verbose": False, "options": None, "name": "m"}
+    assert ledger.check(ollama_api.SHOW, cli, NONE, "on /api/show") == []
+    assert ledger.check(ollama_api.SHOW, {**cli, "options": {}}, NONE, "on /api/show") == []
+    sent = {**cli, "system": "Be brief.", "options": {"seed": 1}}
+    assert ledger.check(ollama_api.SHOW, sent, NONE, "on /api/show") == ["system", "options"]
+    assert ledger.check(ledger.CHAT, {"user": None, "foo": None}, ALL, WHERE) == ["user", "foo"]  # no no-op listed

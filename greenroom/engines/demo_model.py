@@ -221,6 +221,15 @@ def default_cache_dir(root: str | Path | None = None) -> Path:
     return Path(base) / "models"
 
 
+def parameter_count(size: str) -> int:
+    """The parameters the generator makes for `size` (a Llama without biases, its embeddings
+    untied: _random_model) — known before the checkpoint is built."""
+    s = SIZES[size]
+    hidden, kv = s["hidden_size"], s["hidden_size"] // s["num_attention_heads"] * s["num_key_value_heads"]
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * s["intermediate_size"] + 2 * hidden
+    return 2 * s["vocab_size"] * hidden + s["num_hidden_layers"] * layer + hidden
+
+
 def demo_model_dir(cache_dir: Path, size: str = "tiny") -> Path:
     """Where the demo model of `size` lives (built or not)."""
     return Path(cache_dir) / f"greenroom-demo-{size}"

@@ -186,12 +186,16 @@ def _surface() -> Surface:
 def _unrouted(methods) -> GreenroomError:
     """A method and path no route answers, as each surface's own server words it; a wrong method
     is an unknown URL to OpenAI and to Ollama (gin) alike, so it is one here too (404), and the
-    message names the methods the path does answer (`methods`)."""
+    message names the methods the path does answer (`methods`). An Ollama route greenroom does not
+    serve (routes.NOT_SERVED) is refused with why."""
     method, path = request.method, request.path
     served = [m for m in ("GET", "POST", "PUT", "DELETE") if m in methods]
     hint = f" ({path} answers {', '.join(served)})" if served else ""
     surface = _surface()
     if surface is Surface.OLLAMA:
+        refused = routes.NOT_SERVED.get(f"{method} {path}")
+        if refused is not None:
+            return GreenroomError("push_not_supported", refused)
         return GreenroomError("not_found", f"404 page not found{hint}")
     if surface is Surface.ANTHROPIC:
         return GreenroomError("not_found", f"Not found: {method} {path}{hint}")

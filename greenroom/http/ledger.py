@@ -3,7 +3,9 @@ mechanism, driven by the engine's declared capabilities (engines/capabilities.py
 
 Each endpoint has a table of the fields it knows. A field is
 - USE: read and honoured;
-- REPORT: accepted but not read; named in X-miLLM-Ignored-Fields (unknown fields too);
+- REPORT: accepted but not read; named in X-miLLM-Ignored-Fields (unknown fields too) — one
+  with listed no-op values (`reported`) only when its value asks for something (not null, not
+  a no-op: the `ollama` CLI sends an empty `system` and `template` on every /api/show);
 - refused with 400 field_not_honoured, unless its value means "no change" (an explicit
   null, or the field's listed no-op value) or the engine has the capability that
   honours it.
@@ -43,6 +45,11 @@ class Rule:
 
 USE = Rule()
 REPORTED = Rule(report=True)
+
+
+def reported(*noop) -> Rule:
+    """Accepted, never read; reported unless null or one of `noop`."""
+    return Rule(report=True, noop=noop)
 
 
 def needs(capability: str, *noop) -> Rule:
@@ -251,7 +258,8 @@ def check(endpoint: dict, body: dict, caps: Capabilities, where: str, translated
     for field, value in body.items():
         rule = endpoint.get(field)
         if rule is None or (rule.report and not (rule.needs and getattr(caps, rule.needs))):
-            ignored.append(field)
+            if rule is None or not (rule.noop and (value is None or _is_noop(value, rule.noop))):
+                ignored.append(field)
             continue
         if (
             rule.refuse

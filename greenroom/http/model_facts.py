@@ -1,8 +1,10 @@
 """What the Ollama read routes (/api/tags, /api/ps, /api/show) say about a model, read
 from its files without loading it: a GGUF file's header (engines/gguf_meta.py), a
 checkpoint's config.json and safetensors headers, an OpenVINO directory's config.json and
-IR. A model converted from a GGUF file at its first load (`gguf-converted:`) is described by
-that file until then. The routes take a `Placed` snapshot in the trio thread and read the
+IR. A model built at its first load is described by what it is built from until then: a model
+converted from a GGUF file (`gguf-converted:`) by that file, a demo GGUF or OpenVINO model by
+the demo checkpoint it is made from, a demo checkpoint not built yet by its definition
+(engines/demo_model.py). The routes take a `Placed` snapshot in the trio thread and read the
 files in a worker.
 
 Rendering is total: whatever a file or a stored deadline holds, these routes answer — a
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from greenroom.engines import gguf_files, gguf_meta
+from greenroom.engines import demo_model, gguf_files, gguf_meta
 from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
 from greenroom.http import ollama_params
 from greenroom.supervisor.placements import Placement
@@ -40,6 +42,7 @@ _GO_ZERO = "0001-01-01T00:00:00Z"  # Go's zero time: what Ollama shows for a tim
 _FOREVER_S = float((2**63 - 1) // 10**9)
 # the dtype a checkpoint's weights are stored in → Ollama's quantization_level
 _DTYPE_LEVEL = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # IR constants that are not weights (shapes, indices, masks): left out of its storage type, as
 # the OpenVINO engine leaves them out
 _IR_NOT_WEIGHTS = {"i64", "i32", "boolean"}
@@ -90,10 +93,9 @@ class Facts:
 
 def facts(p: Placed) -> Facts:
     """Everything the read routes show of `p`, from its files (a worker thread's call)."""
-    path = p.placement.path()  # builds nothing, imports no torch
-    source = p.placement.source
-    if source.startswith(CONVERTED) and not (path / "config.json").is_file():
-        path = source_path(source[len(CONVERTED) :], p.placement.cache_dir)  # not converted yet: its GGUF
+    path = _described_by(p.placement)
+    if isinstance(path, str):
+        return _defined(p, path)
     if path.suffix == ".gguf":
         return _gguf(p, path)
     files = _files(path)
@@ -120,6 +122,43 @@ def facts(p: Placed) -> Facts:
         info,
         template,
         context,
+    )
+
+
+def _described_by(placement: Placement) -> Path | str:
+    """The files that describe a model now (builds nothing, imports no torch): its own, or
+    while it is not built yet those it is built from; a demo size (str) when nothing is built."""
+    path, source = placement.path(), placement.source
+    if source.startswith(CONVERTED) and not (path / "config.json").is_file():
+        return source_path(source[len(CONVERTED) :], placement.cache_dir)  # not converted yet: its GGUF
+    if source.startswith(("demo-gguf:", "demo-openvino:")) and not path.exists():
+        size = source.partition(":")[2] if source.startswith("demo-openvino:") else "tiny"
+        source = f"demo:{size}"  # the demo GGUF and OpenVINO models are made from the demo checkpoint
+        path = source_path(source, placement.cache_dir)
+    if source.startswith("demo:") and not (path / "config.json").is_file():
+        return source.partition(":")[2]
+    return path
+
+
+def _defined(p: Placed, size: str) -> Facts:
+    """A demo model whose checkpoint is not built yet: what its generator will write — the
+    family, parameters, window and dtype of its definition, its weights' bytes, and for its
+    time the generator's own (the definition its weights come from)."""
+    spec = demo_model.SIZES[size]
+    config = {"model_type": "llama", **spec}
+    parameters = demo_model.parameter_count(size)
+    info = {**_config_info(config, "llama", spec["max_position_embeddings"]), "general.parameter_count": parameters}
+    generator = _stat(Path(demo_model.__file__))
+    digest = hashlib.sha256(json.dumps([p.placement.source, demo_model.GENERATOR_VERSION, spec]).encode())
+    return Facts(
+        p.placement.path(),
+        parameters * _DTYPE_BYTES[spec["dtype"]],
+        generator.st_mtime if generator is not None else None,
+        digest.hexdigest(),
+        _details("safetensors", "llama", parameters, _checkpoint_level(config)),
+        info,
+        p.placement.chat_template or "",
+        spec["max_position_embeddings"],
     )
 
 
@@ -167,12 +206,15 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     # every engine that honours tools serves them on every template: one that does not render them
     # gets them described in its system message (engines/chat.py), so Ollama clients may send them
     caps = ["completion"] + (["tools"] if tools else [])
+    info = _model_info(f, verbose)
     return {
         "modelfile": "\n".join(lines) + "\n",
         "parameters": parameters,
         "template": f.template,
         "details": f.details,
-        "model_info": _model_info(f, verbose),
+        # left out when empty, as Ollama leaves it out: the `ollama` CLI reads an object it is sent
+        # as having general.architecture, and dies on one without it
+        **({"model_info": info} if info else {}),
         "capabilities": caps,
         "modified_at": rfc3339(f.modified),
     }

@@ -38,7 +38,7 @@ from greenroom.http import (
     structured,
 )
 from greenroom.http.answering import answer, drawn_seed
-from greenroom.http.contracts import NULL, sent, when
+from greenroom.http.contracts import NULL, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
@@ -49,6 +49,7 @@ from greenroom.supervisor.tree import Tree
 log = logging.getLogger("greenroom.http.ollama")
 
 TOP_LOGPROBS_MAX = 20  # Ollama's bound
+THINK_LEVELS = ("high", "medium", "low")  # `think` as a string (Ollama's api.ThinkValue)
 
 # what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
 # `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
@@ -64,7 +65,7 @@ _COMMON = {
     "format": _FORMAT,
     "options": ledger.USE,
     "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
-    "think": ledger.refused(False, why="this model does not think"),
+    "think": ledger.USE,  # refused unless false, in Ollama's words (_no_thinking)
     # each generated token's log-probability and the most probable at its position (Ollama's)
     "logprobs": ledger.needs("token_logprobs", False),
     "top_logprobs": ledger.needs("token_logprobs", 0),
@@ -85,9 +86,10 @@ SHOW = {
     "model": ledger.USE,
     "name": ledger.USE,
     "verbose": ledger.USE,
-    "system": ledger.REPORTED,
-    "template": ledger.REPORTED,
-    "options": ledger.REPORTED,
+    # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
+    "system": ledger.reported(""),
+    "template": ledger.reported(""),
+    "options": ledger.reported({}),
 }
 
 # --- request shapes (contracts.py) --------------------------------------------------------
@@ -100,13 +102,21 @@ MODEL = contracts.Text(
 OLLAMA_VERSION = "0.2.0-npu-proxy"
 
 
+# `model` absent, null or empty: Ollama then reads `name`
+_NO_MODEL = {"not": {"required": ["model"], "properties": {"model": {"not": {"enum": [None, ""]}}}}}
+
+
 def named(field: contracts.Field) -> contracts.Shape:
-    """`model`, or when it is absent Ollama's deprecated `name` (read only then)."""
+    """`model`, or when it is absent or empty Ollama's deprecated `name` (read only then: the
+    `ollama` CLI sends `{"model": "", "name": "X"}`)."""
     return contracts.Shape(
-        fields={"model": field, "name": contracts.Anything(description="Deprecated: model, when model is absent")},
-        rules=(
-            when({"not": sent("model")}, contracts.Shape(fields={"name": field}, required=("name",)), "model, or name"),
-        ),
+        fields={
+            "model": contracts.AnyOf(
+                options=(field, contracts.Choice(values=("",))), description="Empty: `name` names the model"
+            ),
+            "name": contracts.Anything(description="Deprecated: the model, when model is absent or empty"),
+        },
+        rules=(when(_NO_MODEL, contracts.Shape(fields={"name": field}, required=("name",)), "model, or name"),),
     )
 
 
@@ -138,6 +148,11 @@ _COMMON_FIELDS = {
     "format": _FORMAT_FIELD,
     "options": ollama_params.SHAPE,
     "keep_alive": ollama_params.KEEP_ALIVE,
+    "think": contracts.Choice(
+        values=(False,),
+        description='true or "high", "medium", "low": 400 field_not_honoured, "<model>" does not support '
+        "thinking (no model greenroom serves thinks)",
+    ),
     "logprobs": contracts.Boolean(
         default=False, description="true: each generated token's log-probability (temperature 1) in `logprobs`"
     ),
@@ -465,6 +480,7 @@ async def _generation_request(tree: Tree, table: dict, where: str):
     """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
     (Ollama streams by default) and `keep_alive`."""
     req = await prepare(tree, table, where, defaults="chat" if table is CHAT else "generate")
+    _no_thinking(req)
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
     top = _top_logprobs(req.body)
@@ -473,6 +489,27 @@ async def _generation_request(tree: Tree, table: dict, where: str):
     elif req.body.get("top_logprobs"):  # Ollama reads it only with logprobs
         req = attrs.evolve(req, unread=req.unread + ["top_logprobs"])
     return req, options, openai_params.boolean(req.body, "stream", True), parse_keep_alive(req.body)
+
+
+def _no_thinking(req: Prepared) -> None:
+    """No model greenroom serves thinks: `think` true or a level is refused as Ollama refuses it
+    for a model without thinking, in its words — the `ollama` CLI keeps an interactive session
+    going after `/set think` only on an error that says "does not support thinking"."""
+    think = req.body.get("think")
+    if think is None or think is False:
+        return
+    if isinstance(think, str) and think not in THINK_LEVELS:
+        raise GreenroomError(
+            "invalid_parameter",
+            f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", true, or false)',
+            "think",
+        )
+    if not isinstance(think, (bool, str)):
+        raise GreenroomError(
+            "invalid_parameter", 'think must be a boolean or string ("high", "medium", "low", true, or false)', "think"
+        )
+    name = json.dumps(req.sent_model, ensure_ascii=False)
+    raise GreenroomError("field_not_honoured", f"{name} does not support thinking", "think")
 
 
 def _top_logprobs(body: dict) -> int:

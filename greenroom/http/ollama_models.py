@@ -40,7 +40,7 @@ from greenroom.http import (
     routes,
 )
 from greenroom.http.ollama_envelope import error_body, request_id
-from greenroom.http.ollama_request import served
+from greenroom.http.ollama_request import model_named, served
 from greenroom.store import catalogue, hub
 from greenroom.store.registry import Entry, Registry, place
 from greenroom.supervisor.tree import Tree
@@ -348,7 +348,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_pull():
         body, headers = await _body(PULL, "on /api/pull")
         stream = openai_params.boolean(body, "stream", True)
-        t = hub.target(body.get("model") if body.get("model") is not None else body.get("name"))
+        t = hub.target(model_named(body))
         token = hub_token(body)
         # every pull asks the Hub with the caller's token (or none): files already here are never
         # an answer to a caller the Hub refuses, whoever pulled them before
@@ -361,7 +361,7 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "DELETE", "/api/delete")
     async def ollama_delete():
         body, headers = await _body(DELETE, "on /api/delete")
-        model = served(tree, body.get("model") if body.get("model") is not None else body.get("name"))
+        model = served(tree, model_named(body))
         entry = registry.get(model)
         if entry is None:
             raise GreenroomError(
@@ -395,7 +395,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def ollama_create():
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
-        name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
+        name = _new_name(model_named(body), "model")
         base = served(tree, _required(body, "from"))
         placed = model_facts.Placed.of(tree, base, trio.current_time())
         own = (await trio.to_thread.run_sync(model_facts.facts, placed)).template  # as /api/show prints it

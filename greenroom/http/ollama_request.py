@@ -31,6 +31,14 @@ class Prepared:
         return ledger.report_headers(self.unread + list(also), self.strict)
 
 
+def model_named(body: dict):
+    """The model a request with both fields names, as Ollama reads it: `model` when it is not
+    empty, else the deprecated `name` — the `ollama` CLI fills only `name` and sends
+    `{"model": "", "name": "X"}`."""
+    model = body.get("model")
+    return body.get("name") if model is None or model == "" else model
+
+
 def served(tree: Tree, name) -> str:
     """greenroom's id for an Ollama model name (`<id>:latest` is `<id>`), or 404."""
     if name is None or name == "":
@@ -52,9 +60,7 @@ async def prepare(tree: Tree, table: dict, where: str, defaults: str | None = No
     started = time.monotonic_ns()
     strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
     body = openai_params.parse_json(await request.get_data())
-    sent_model = body.get("model")
-    if sent_model is None and "name" in table:  # Ollama's deprecated `name`
-        sent_model = body.get("name")
+    sent_model = model_named(body) if "name" in table else body.get("model")
     model = served(tree, sent_model)
     if defaults is not None:
         _, placement = tree.placement(model)

@@ -326,7 +326,8 @@ def _by_ledger(name: str, rule: ledger.Rule, declared: contracts.Field | None) -
             description=f"Refused with 400 field_not_honoured unless {_noop(rule)}: {rule.why}",
         )
     if rule.report and rule.needs is None:
-        return contracts.Anything(description="Not read: reported in X-miLLM-Ignored-Fields")
+        unless = f" unless {_noop(rule)}" if rule.noop else ""
+        return contracts.Anything(description=f"Not read: reported in X-miLLM-Ignored-Fields{unless}")
     assert declared is not None, f"{name}: the ledger uses a field no parser declares"
     if rule.needs is None:
         return declared
@@ -1224,11 +1225,11 @@ def _ollama_schemas() -> dict:
                 "parameters": _string(),
                 "template": _string(),
                 "details": _ref("OllamaDetails"),
-                "model_info": _ANY_OBJECT,
+                "model_info": _described(_ANY_OBJECT, "Left out when the files say nothing of the model"),
                 "capabilities": _array({"enum": ["completion", "tools"]}),
                 "modified_at": _string(),
             },
-            ("modelfile", "parameters", "template", "details", "model_info", "capabilities", "modified_at"),
+            ("modelfile", "parameters", "template", "details", "capabilities", "modified_at"),
         ),
         "OllamaVersion": _closed({"version": {"const": "0.2.0-npu-proxy"}}, ("version",)),
         "OllamaStatus": status,

@@ -729,6 +729,17 @@ TABLE: tuple[Route, ...] = (
     ),
 )
 
+# Ollama routes greenroom does not serve, refused with why (400 push_not_supported, app.py) instead of
+# the generic 404: `ollama push` asks POST /api/me (its ollama.com account) first, then POST /api/push
+_NO_REGISTRY = (
+    "greenroom has no registry to push to: its models come from its configuration, /api/pull (the "
+    "Hugging Face Hub), /api/copy and /api/create"
+)
+NOT_SERVED = {
+    "POST /api/push": f"push is not supported: {_NO_REGISTRY}",
+    "POST /api/me": f"push and sign-in are not supported: greenroom has no ollama.com account ({_NO_REGISTRY})",
+}
+
 BY_ENDPOINT = {r.endpoint: r for r in TABLE}
 assert len(BY_ENDPOINT) == len(TABLE), "a route is in the table twice"
 _SURFACES = {r.path: r.surface for r in TABLE}

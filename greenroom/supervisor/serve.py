@@ -14,6 +14,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.errors import GreenroomError
+from greenroom.http import status_line
 from greenroom.http.app import create_app
 from greenroom.http.connection import DrainBody
 from greenroom.http.shutdown import Shutdown
@@ -37,6 +38,7 @@ async def serve(config: Config) -> None:
         shutdown = Shutdown()
         # keep-alive after responses that leave a body unread; every exchange counted for the drain
         app = shutdown.counted(DrainBody(create_app(tree, shutdown)))
+        status_line.install()  # `HTTP/1.1 400 Bad Request`, not `HTTP/1.1 400 `
         hc = HypercornConfig()
         hc.bind = [f"fd://{sock.fileno()}" for sock in listening]
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None
