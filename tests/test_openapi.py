@@ -312,8 +312,10 @@ _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.
 
 
 def _duration_s(text: str) -> float:
-    """What the parts of a Go duration the document's pattern admits add up to, in seconds."""
-    return sum(float(n) * _GO_UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text))
+    """What the parts of a Go duration the document's pattern admits add up to, in seconds (a bare
+    number, which the pattern admits alone, is seconds)."""
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?", text)
+    return sum(float(n) * _GO_UNITS[unit or "s"] for n, unit in parts)
 
 
 def _integral(value):
