@@ -261,12 +261,14 @@ def window(resolved: Resolved, context_length: int) -> int:
     return max(MIN_CTX, min(asked, context_length))
 
 
-def parameters_text(context_length: int) -> str:
-    """The defaults this surface applies, in Ollama's Modelfile PARAMETER form (one
-    `name value` per line), as /api/show reports them."""
-    lines = []
-    for name, opt in OPTIONS.items():
-        if opt.handling in (SAMPLING, LENGTH, WINDOW) and opt.default not in (None, ()):
-            value = min(opt.default, context_length) if opt.handling == WINDOW else opt.default
-            lines.append(f"{name:<16}{value}")
-    return "\n".join(lines)
+def shown(context_length: int, own: dict) -> list[tuple[str, object]]:
+    """The options this surface applies to a model, as /api/show reports them: its defaults,
+    over them a created model's own parameters (`own`); (name, value) pairs, a list's (stop)
+    one pair per element."""
+    merged = {
+        name: min(opt.default, context_length) if opt.handling == WINDOW else opt.default
+        for name, opt in OPTIONS.items()
+        if opt.handling in (SAMPLING, LENGTH, WINDOW) and opt.default not in (None, ())
+    }
+    merged.update(own)
+    return [(name, v) for name, value in merged.items() for v in (value if isinstance(value, list) else [value])]
