@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import httpx
@@ -375,6 +376,30 @@ def test_create_from_files_refusals(server, store, demo_gguf, tmp_path):
     flat(create(server, {"model": "refused"}), 400, "missing_parameter")  # neither from nor files
     flat(create(server, {"model": MODEL, "files": {"a.gguf": gguf}}), 409, "model_exists")
     assert "refused" not in names(server)
+
+
+def test_a_create_racing_the_delete_of_the_blobs_last_user_keeps_it_or_is_refused(server, demo_gguf):
+    """Deleting the last model made from a blob removes the blob; a create from it at the same
+    moment either comes first (the blob kept for it) or after (400 blob_not_found): never a
+    model whose file is gone."""
+    data = demo_gguf.read_bytes()
+    digest = digest_of(data)
+    for i in range(6):
+        assert upload(server, digest, data).status_code in (200, 201)
+        assert create(server, {"model": "race-a", "files": {"t.gguf": digest}}).status_code == 200
+        with ThreadPoolExecutor(2) as pool:
+            deleting = pool.submit(
+                httpx.request, "DELETE", server.url + "/api/delete", json={"model": "race-a"}, timeout=60
+            )
+            made = pool.submit(create, server, {"model": "race-b", "files": {"t.gguf": digest}}).result()
+            deleted = deleting.result()
+        assert deleted.status_code == 200, deleted.text
+        if made.status_code == 200:
+            assert head(server, digest) == 200, i  # race-b serves it
+            httpx.request("DELETE", server.url + "/api/delete", json={"model": "race-b"}, timeout=60)
+        else:
+            assert made.json()["code"] == "blob_not_found", made.text
+        assert head(server, digest) == 404 and not {"race-a", "race-b"} & names(server)
 
 
 # --- what /api/show says of a created model, and the round trip of its modelfile -------------------------

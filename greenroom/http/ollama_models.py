@@ -262,6 +262,8 @@ def register(app: Quart, tree: Tree) -> None:
     registry = Registry(tree.config.cache_dir)
     store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)
     pulling: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)  # one pull per repository at a time
+    # a blob checked for a create is registered before a delete can find it unused and remove it
+    users_change = trio.Lock()
 
     def hub_token(body: dict) -> str | None:
         sent = body.get("huggingface_token")
@@ -421,7 +423,8 @@ def register(app: Quart, tree: Tree) -> None:
             )
         await trio.to_thread.run_sync(registry.remove, model)
         await tree.remove_model(model)
-        await release(entry)
+        async with users_change:
+            await release(entry)
         log.info("deleted model %s", model)
         return {}, 200, headers
 
@@ -492,29 +495,30 @@ def register(app: Quart, tree: Tree) -> None:
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(body.get("model") if body.get("model") is not None else body.get("name"), "model")
-        base = await made_from(body)
-        defaults = _create_defaults(body, capabilities_of(base.spec["engine"]), base.template)
-        merged = {
-            **base.defaults,
-            **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
-            "parameters": {**base.defaults.get("parameters", {}), **defaults["parameters"]},
-            "parent_model": base.name,
-        }
-        existing = registry.get(name) if name in tree.model_states else None
-        if name in tree.model_states and (existing is None or existing.kind != "created"):
-            raise GreenroomError(
-                "model_exists",
-                f"a model named '{name}' already exists (only a model made by "
-                "/api/create is replaced by creating it again)",
-                "model",
-            )
-        entry = Entry(name, "created", base.spec, {k: v for k, v in merged.items() if v}, base.repo)
-        await trio.to_thread.run_sync(registry.add, entry)
-        if existing is not None:
-            await tree.remove_model(name)
-        place(tree, entry)
-        if existing is not None:  # the replaced model's files, unless the new one uses them
-            await release(existing)
+        async with users_change:
+            base = await made_from(body)
+            defaults = _create_defaults(body, capabilities_of(base.spec["engine"]), base.template)
+            merged = {
+                **base.defaults,
+                **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
+                "parameters": {**base.defaults.get("parameters", {}), **defaults["parameters"]},
+                "parent_model": base.name,
+            }
+            existing = registry.get(name) if name in tree.model_states else None
+            if name in tree.model_states and (existing is None or existing.kind != "created"):
+                raise GreenroomError(
+                    "model_exists",
+                    f"a model named '{name}' already exists (only a model made by "
+                    "/api/create is replaced by creating it again)",
+                    "model",
+                )
+            entry = Entry(name, "created", base.spec, {k: v for k, v in merged.items() if v}, base.repo)
+            await trio.to_thread.run_sync(registry.add, entry)
+            if existing is not None:
+                await tree.remove_model(name)
+            place(tree, entry)
+            if existing is not None:  # the replaced model's files, unless the new one uses them
+                await release(existing)
 
         async def frames():
             for frame in base.frames:
