@@ -60,6 +60,8 @@ class Config:
     # an engine actor computing on one thread gets a CPU of its own, when one is free (cpus.py)
     pin_cpus: bool = True
     cache_dir: str | None = None  # cache root (models/ below it); default $GREENROOM_CACHE or ~/.cache/greenroom
+    # the largest file POST /api/blobs stores (what `ollama create` uploads); past it: 413
+    max_blob_bytes: int = 256 * 2**30
     restart_limit: int = 5  # restarts allowed within restart_window_s before an actor is left failed
     restart_window_s: float = 300.0
     ready_timeout_s: float = 120.0  # how long a request waits for its actor to (re)start
@@ -144,6 +146,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         raise ValueError("; ".join(cattrs.transform_error(exc, path="config"))) from None
     if config.fixed_shape not in ("auto", "on", "off"):
         raise ValueError(f"fixed_shape is auto, on or off, not {config.fixed_shape!r}")
+    if config.max_blob_bytes < 1:
+        raise ValueError(f"max_blob_bytes is a size in bytes (at least 1), not {config.max_blob_bytes}")
     for entry, model in zip(raw.get("models", []), config.models):
         if model.source is None:
             _check_found(model, entry, config.model_dirs)

@@ -29,7 +29,8 @@ TABLE: dict[str, ErrorKind] = {
     "missing_parameter": ErrorKind(400, INVALID),
     "context_length_exceeded": ErrorKind(400, INVALID),
     "body_timeout": ErrorKind(408, INVALID),  # the request body did not arrive within the server's limit
-    "request_too_large": ErrorKind(413, INVALID),  # a request body past the server's limit (16 MiB)
+    # a request body past the server's limit: 16 MiB, an uploaded blob's max_blob_bytes
+    "request_too_large": ErrorKind(413, INVALID),
     # embedding input limits (the Ollama surface's validation table)
     "empty_input": ErrorKind(400, INVALID, ollama_only=True),
     "embedding_batch_too_large": ErrorKind(413, INVALID, ollama_only=True),
@@ -64,6 +65,9 @@ TABLE: dict[str, ErrorKind] = {
     "model_configured": ErrorKind(409, INVALID, ollama_only=True),  # delete of a model the config defines
     # Ollama's push and its ollama.com account check (POST /api/me): no registry to push to (app.py)
     "push_not_supported": ErrorKind(400, INVALID, ollama_only=True),
+    "digest_mismatch": ErrorKind(400, INVALID, ollama_only=True),  # a blob's bytes are not its sha256
+    "blob_not_found": ErrorKind(400, INVALID, ollama_only=True),  # /api/create's `files` names a blob not uploaded
+    "invalid_blob": ErrorKind(400, INVALID, ollama_only=True),  # … one that is not a GGUF model file
     # fields the request path cannot honour or would ignore (http/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),

@@ -200,7 +200,7 @@ def server_cache(tmp: Path, model_cache: Path) -> Path:
     models = default_cache_dir(root)
     models.mkdir(parents=True)
     for shared in default_cache_dir(model_cache).iterdir():
-        if shared.is_dir() and not shared.name.startswith(".") and shared.name != "hub":
+        if shared.is_dir() and not shared.name.startswith(".") and shared.name not in ("hub", "blobs"):
             (models / shared.name).symlink_to(shared, target_is_directory=True)
     return root
 

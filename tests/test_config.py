@@ -103,6 +103,12 @@ def test_a_bad_value_names_its_variable(env, message):
         load_config(env=env)
 
 
+def test_a_blob_limit_is_a_size():
+    assert load_config(env={"GREENROOM_MAX_BLOB_BYTES": "1"}).max_blob_bytes == 1
+    with pytest.raises(ValueError, match="max_blob_bytes is a size in bytes"):
+        load_config(env={"GREENROOM_MAX_BLOB_BYTES": "0"})
+
+
 def test_other_names_and_empty_variables():
     config = load_config(env={"NEEDLE_STRICT_MODEL": "true", "GREENROOM_REQUEST_TIMEOUT": "3", "GREENROOM_PORT": ""})
     assert config.needle_strict_model and config.request_timeout_s == 3.0 and config.port == 8000

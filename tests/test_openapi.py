@@ -13,6 +13,7 @@ whose Hugging Face Hub is an empty one on loopback (tests/fake_hub.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import zlib
@@ -56,6 +57,8 @@ STATE_CODES = frozenset(
         "steering_unsupported",
         "context_length_exceeded",
         "no_chat_template",
+        "blob_not_found",  # /api/create's files: a blob uploaded (or not), a GGUF file (or not)
+        "invalid_blob",
     }
 )
 STATE_PARAMS = {  # route: refused parameters that name what the server may or may not hold as asked
@@ -312,8 +315,10 @@ _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.
 
 
 def _duration_s(text: str) -> float:
-    """What the parts of a Go duration the document's pattern admits add up to, in seconds."""
-    return sum(float(n) * _GO_UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text))
+    """What the parts of a Go duration the document's pattern admits add up to, in seconds (a bare
+    number, which the pattern admits alone, is seconds)."""
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?", text)
+    return sum(float(n) * _GO_UNITS[unit or "s"] for n, unit in parts)
 
 
 def _integral(value):
@@ -437,7 +442,10 @@ def _sound_schema(node, root: dict) -> None:
 # (schemathesis.pytest.from_fixture, 4.32) fails on pytest 9 (it sets Function._nodeid).
 # test_openapi_json_serves_the_document checks that the served document is this one.
 # the monitoring stream lasts until the client goes: no whole body to check (test_monitoring.py reads it)
-schema = schemathesis.openapi.from_dict(document()).exclude(path="/api/monitoring/stream")
+_FUZZED = schemathesis.openapi.from_dict(document()).exclude(path="/api/monitoring/stream")
+# an upload's body is a file's bytes, named by their digest: fuzzed by a test of its own (its config shared)
+schema = _FUZZED.exclude(operation_id="ollamaCreateBlob")
+uploads = _FUZZED.include(operation_id="ollamaCreateBlob")
 schema.config.update(request_timeout=60)
 schema.config.generation.update(max_examples=15)
 # The coverage phase spells every boundary of every field, valid and not: for a body that is a
@@ -547,6 +555,18 @@ def test_server_conforms_to_its_openapi_document(case, server):
         and all(info.mode.is_positive for where, info in case.meta.components.items() if where != "body")
     ):
         INSIDE_THE_DOCUMENT.add(id(case))
+    case.call_and_validate(base_url=server.url, checks=CHECKS)
+
+
+@uploads.parametrize()
+@settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_an_upload_conforms_to_the_document(case, server):
+    """POST /api/blobs/{digest}: a valid upload is named by its bytes' sha256 (what the document
+    says in prose); a negative case keeps the digest it was drawn with."""
+    if case.meta is not None and case.meta.generation.mode.is_positive:
+        sent = getattr(case.body, "data", case.body)  # schemathesis's Binary holds the bytes it sends
+        sent = sent if isinstance(sent, bytes) else sent.encode() if isinstance(sent, str) else b""
+        case.path_parameters["digest"] = "sha256:" + hashlib.sha256(sent).hexdigest()
     case.call_and_validate(base_url=server.url, checks=CHECKS)
 
 

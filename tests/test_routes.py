@@ -21,7 +21,7 @@ def _markdown() -> list[str]:
 def _method(line: str) -> set[str]:
     """The methods a line names: the words, or what a curl command line sends (GET, or POST
     with data and no -X)."""
-    named = set(re.findall(r"\b(GET|POST|PUT|DELETE)\b", line))
+    named = set(re.findall(r"\b(GET|HEAD|POST|PUT|DELETE)\b", line))
     if re.search(r"\bcurl\b", line) and not re.search(r"(?:^|\s)(?:-X|--request)\b", line):
         named.add("POST" if re.search(r"(?:^|\s)(?:-d|--data\S*|-F)\b", line) else "GET")
     return named

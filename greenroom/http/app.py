@@ -9,6 +9,7 @@ import logging
 import trio
 from quart import Quart, jsonify, request
 from quart_trio import QuartTrio
+from quart_trio.wrappers import TrioRequest
 from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
@@ -20,6 +21,7 @@ from greenroom.http import (
     messages_api,
     monitoring_api,
     ollama_api,
+    ollama_blobs,
     ollama_embed,
     ollama_envelope,
     ollama_models,
@@ -42,6 +44,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     """The app; `shutdown` refuses requests once a shutdown drains, and ends the views still
     running when it ends (http/shutdown.py)."""
     app = QuartTrio("greenroom")
+    app.request_class = _Request
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as their generation
     app.config["BODY_TIMEOUT"] = 60
     app.extensions["greenroom.pacer"] = Pacer(tree.config.stream_chunks_per_s)
@@ -167,14 +170,28 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     clusters_api.register(app, tree)
     monitoring_api.register(app, tree)
     ollama_models.register(app, tree)
+    ollama_blobs.register(app, tree)
     missing = routes.unregistered(app)
     if missing:
         raise RuntimeError(f"routes in the table without a view: {', '.join(r.endpoint for r in missing)}")
     for name, view in app.view_functions.items():
-        if tree.config.request_timeout_s:
+        # an upload cannot answer before its body is in, however long it is: its reads are bounded instead
+        upload = name in routes.BY_ENDPOINT and routes.BY_ENDPOINT[name].upload
+        if tree.config.request_timeout_s and not upload:
             view = _bounded(view, tree.config.request_timeout_s)
         app.view_functions[name] = shutdown.ending(view)
     return app
+
+
+class _Request(TrioRequest):
+    """Quart's request; an upload's (routes.streamed) is not held to Quart's whole-body limit
+    (MAX_CONTENT_LENGTH, 16 MiB), which would refuse it by its Content-Length: its view
+    streams it, under a limit of its own."""
+
+    def __init__(self, method, scheme, path, *args, max_content_length=None, **kwargs):
+        if routes.streamed(method, path):
+            max_content_length = None
+        super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
 
 
 def _surface() -> Surface:

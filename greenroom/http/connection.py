@@ -26,27 +26,76 @@ longer wanted), so h11 can recycle the connection; and it shields the response's
 so hypercorn's bookkeeping runs to its end. A body too big or too slow to drain within the
 bounds is not waited for: the response then says `Connection: close`, and hypercorn closes the
 connection after sending it.
+
+A streamed body (an upload, `streamed(method, path)`) is paced: Quart's reader appends every
+message it receives to one buffer whatever the view has taken of it, so a client faster than
+the view's disk would have the whole body in memory. Its exchange receives the next message only
+while less than PACE_BYTES of what came is still untaken; the view takes the body through
+`Paced`, which says what it took.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 
 DRAIN_MAX_BYTES = 1 << 20  # an unread remainder past this is not worth keeping the connection for
 DRAIN_TIMEOUT_S = 2.0  # a client this slow to send a body nobody reads gets its answer and a close
+PACE_BYTES = 1 << 20  # a streamed body's bytes received and not yet taken by its view, at most (+ one message)
+_PACE = "greenroom.pace"  # the scope's key of a streamed body's pace
 
 
 class DrainBody:
-    """The ASGI app hypercorn serves: `app` with every HTTP exchange wrapped in an `_Exchange`."""
+    """The ASGI app hypercorn serves: `app` with every HTTP exchange wrapped in an `_Exchange`;
+    `streamed(method, path)`: whether the view streams that request's body (paced)."""
 
-    def __init__(self, app):
+    def __init__(self, app, streamed: Callable[[str, str], bool] = lambda method, path: False):
         self.app = app
+        self.streamed = streamed
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         exchange = _Exchange(scope, receive, send)
+        if self.streamed(scope["method"], scope["path"]):
+            exchange.pace = scope[_PACE] = _Pace()
         return await self.app(scope, exchange.receive, exchange.send)
+
+
+class _Pace:
+    """How much of a streamed body came and is not yet taken by its view."""
+
+    def __init__(self):
+        self.held = 0
+        self._taken = trio.Event()
+
+    async def room(self) -> None:
+        while self.held >= PACE_BYTES:
+            self._taken = trio.Event()
+            await self._taken.wait()
+
+    def took(self, n: int) -> None:
+        self.held -= n
+        self._taken.set()
+
+
+class Paced:
+    """A request's body, chunk by chunk (Quart's `request.body`), telling the exchange's pace
+    what the view took. `scope`: the request's ASGI scope."""
+
+    def __init__(self, scope, body):
+        self._pace: _Pace | None = scope.get(_PACE)
+        self._body = body
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._body.__anext__()
+        if self._pace is not None:
+            self._pace.took(len(chunk))
+        return chunk
 
 
 class _Exchange:
@@ -58,8 +107,11 @@ class _Exchange:
         self.unread = _content_length(scope)  # None: chunked
         self.complete = False
         self._draining: trio.CancelScope | None = None
+        self.pace: _Pace | None = None  # a streamed body's
 
     async def receive(self):
+        if self.pace is not None:
+            await self.pace.room()
         message = await self._receive()
         self._note(message)
         return message
@@ -68,6 +120,8 @@ class _Exchange:
         if message["type"] == "http.request":
             if self.unread is not None:
                 self.unread -= len(message.get("body", b""))
+            if self.pace is not None:
+                self.pace.held += len(message.get("body", b""))
             if message.get("more_body", False):
                 return
         self.complete = True  # the body's last message, or http.disconnect

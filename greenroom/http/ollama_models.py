@@ -1,5 +1,6 @@
 """Ollama's model-management routes: /api/pull (from the Hugging Face Hub), /api/delete,
-/api/copy, /api/create, and the NPU proxy's extensions /api/search and /api/models/known.
+/api/copy, /api/create (from a model, or from a GGUF file uploaded to /api/blobs:
+http/ollama_blobs.py), and the NPU proxy's extensions /api/search and /api/models/known.
 
 Models these routes add are placed on the tree (`Tree.add_model`) and recorded in the
 registry (greenroom/store/registry.py), which places them again when the server starts. The
@@ -18,14 +19,16 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import re
 import threading
+from pathlib import Path
 
 import attrs
 import trio
 from quart import Quart, Response, request
 
-from greenroom.engines import gguf_files
+from greenroom.engines import gguf_files, gguf_meta
 from greenroom.engines.capabilities import Capabilities, capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.http import (
@@ -34,6 +37,7 @@ from greenroom.http import (
     ledger,
     model_facts,
     ollama_api,
+    ollama_blobs,
     ollama_params,
     ollama_templates,
     openai_params,
@@ -41,7 +45,7 @@ from greenroom.http import (
 )
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import model_named, served
-from greenroom.store import catalogue, hub
+from greenroom.store import blobs, catalogue, hub
 from greenroom.store.registry import Entry, Registry, place
 from greenroom.supervisor.tree import Tree
 
@@ -54,7 +58,13 @@ _HUB_TOKEN = contracts.Text(
 )
 # letters, digits and . _ - : /, at most 200 characters, starting with a letter or digit, no ".."
 _NAME = contracts.Text(pattern=r"[A-Za-z0-9](?:\.?[A-Za-z0-9_:/-])*\.?", max_length=200)
-_NOT_SERVED = "blobs (/api/blobs) are not served by greenroom: create from an existing model with 'from'"
+# a file's name in `files`, as Ollama takes one: a relative path (no "." or ".." part, no empty
+# part), without backslashes or colons
+_PART = r"(?:[^/\\:.][^/\\:]*|\.[^/\\:.][^/\\:]*|\.\.[^/\\:]+)"
+_FILE_NAME = contracts.Text(pattern=rf"{_PART}(?:/{_PART})*", description="The file's name (a relative path)")
+_ONE_FILE = (
+    "greenroom creates a model from one GGUF file (a model split in parts: merge them first, llama-gguf-split --merge)"
+)
 
 PULL = {
     "model": ledger.USE,
@@ -73,11 +83,11 @@ CREATE = {
     "system": ledger.USE,
     "parameters": ledger.USE,
     "messages": ledger.USE,
+    "license": ledger.USE,
+    "files": ledger.USE,
     "stream": ledger.USE,
-    "license": ledger.REPORTED,  # accepted, not kept
     "quantize": ledger.refused("", why="greenroom does not quantize models"),  # "": none, as Ollama reads it
-    "files": ledger.refused({}, why=_NOT_SERVED),
-    "adapters": ledger.refused({}, why=_NOT_SERVED),
+    "adapters": ledger.refused({}, why="LoRA adapters are not supported: create from a GGUF file with them merged"),
 }
 MAX_SEARCH_LIMIT = 100
 _OFFLINE = ("downloads", "likes")  # sorts the offline catalogue cannot honour
@@ -107,16 +117,34 @@ CREATE_REQUEST = contracts.merge(
     ollama_api.named(attrs.evolve(_NAME, description="The new model's name")),
     contracts.Shape(
         fields={
-            "from": attrs.evolve(ollama_api.MODEL, description="The model it is made from"),
+            "from": attrs.evolve(
+                ollama_api.MODEL,
+                description="The model it is made from (or the file /api/show's FROM names for one)",
+            ),
+            "files": contracts.MapOf(
+                keys=_FILE_NAME,
+                values=ollama_blobs.DIGEST,
+                description="The GGUF file it is made from, uploaded to POST /api/blobs: {its name: its digest}. "
+                + _ONE_FILE,
+            ),
             "template": ollama_api.GENERATE_REQUEST.fields["template"],
             "system": contracts.Text(),
             "parameters": attrs.evolve(ollama_params.SHAPE, closed=True, description="Its default options"),
             "messages": contracts.ListOf(
                 items=ollama_api.MESSAGE, min_items=1, description="Messages before every chat"
             ),
+            "license": contracts.AnyOf(
+                options=(contracts.Text(), contracts.ListOf(items=contracts.Text())), description="Shown by /api/show"
+            ),
             "stream": contracts.Boolean(default=True),
         },
-        required=("from",),
+        rules=(
+            {
+                "oneOf": [contracts.sent("from"), contracts.sent("files")],
+                "description": "from (a model) or files (an uploaded GGUF file): one of them",
+            },
+            {"properties": {"files": {"minProperties": 1, "maxProperties": 1}}, "description": _ONE_FILE},
+        ),
     ),
 )
 SEARCH_QUERY = contracts.Shape(
@@ -199,6 +227,18 @@ async def _last(frames) -> dict:
     return last
 
 
+@attrs.frozen
+class _Base:
+    """What a model is created from."""
+
+    name: str  # the model's name, or the uploaded file's: /api/show's details.parent_model
+    spec: dict  # the new model's placement (Tree.add_model's arguments)
+    defaults: dict  # the base's own, which the new model's replace one by one
+    template: str  # the template /api/show prints for the base
+    frames: list[dict]  # the first status lines
+    repo: str | None  # the pulled repository whose files it uses
+
+
 def _spec(tree: Tree, model: str) -> dict:
     """Tree.add_model's arguments that place another name on `model`'s source."""
     m = tree.state_of(model)
@@ -220,7 +260,10 @@ def _spec(tree: Tree, model: str) -> dict:
 
 def register(app: Quart, tree: Tree) -> None:
     registry = Registry(tree.config.cache_dir)
+    store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)
     pulling: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)  # one pull per repository at a time
+    # a blob checked for a create is registered before a delete can find it unused and remove it
+    users_change = trio.Lock()
 
     def hub_token(body: dict) -> str | None:
         sent = body.get("huggingface_token")
@@ -250,12 +293,20 @@ def register(app: Quart, tree: Tree) -> None:
             )
         return sent if sent is not None else header
 
-    async def delete_unused(repo: str) -> None:
-        """A pulled repository's files go with the last name that uses them."""
-        files = await trio.to_thread.run_sync(registry.prune, repo)
-        if files is not None:
-            await trio.to_thread.run_sync(registry.delete_files, files)
-            log.info("deleted the files of %s (%s): no model uses them", repo, files)
+    async def release(entry: Entry) -> None:
+        """A forgotten model's files go with the last name that uses them: a pulled
+        repository's, an uploaded blob."""
+        if entry.repo is not None:
+            files = await trio.to_thread.run_sync(registry.prune, entry.repo)
+            if files is not None:
+                await trio.to_thread.run_sync(registry.delete_files, files)
+                log.info("deleted the files of %s (%s): no model uses them", entry.repo, files)
+        source = entry.spec["source"]
+        if store.holds(source):
+            users = await trio.to_thread.run_sync(registry.entries)
+            if not any(e.spec["source"] == source for e in users):
+                await trio.to_thread.run_sync(store.remove, source)
+                log.info("deleted the blob %s: no model uses it", source)
 
     def pulled_entries(t: hub.Target, lst: hub.Listing, dest) -> list[Entry]:
         """The names a pulled repository is served as: the pulled name (a checkpoint), or
@@ -372,8 +423,8 @@ def register(app: Quart, tree: Tree) -> None:
             )
         await trio.to_thread.run_sync(registry.remove, model)
         await tree.remove_model(model)
-        if entry.repo is not None:
-            await delete_unused(entry.repo)
+        async with users_change:
+            await release(entry)
         log.info("deleted model %s", model)
         return {}, 200, headers
 
@@ -391,43 +442,88 @@ def register(app: Quart, tree: Tree) -> None:
         place(tree, entry)
         return {}, 200, headers
 
+    def base_model(value) -> str:
+        """The model `from` names: a served model, or the file (or directory) of one — what the
+        CLI sends for a Modelfile whose FROM is a path it cannot read (on another machine)."""
+        try:
+            return served(tree, value)
+        except GreenroomError as exc:
+            if exc.code != "model_not_found" or not os.path.isabs(value):
+                raise
+            for m in tree.models():
+                if tree.state_of(m["id"]).placement.path() == Path(value):
+                    return m["id"]
+            raise
+
+    async def made_from(body: dict) -> _Base:
+        """What a model is created from: an uploaded GGUF file (`files`), or a model (`from`)."""
+        if body.get("from") is not None and body.get("files") is not None:
+            raise GreenroomError(
+                "invalid_parameter", "send 'from' (a model) or 'files' (a GGUF file), not both", "files"
+            )
+        if body.get("files") is not None:  # served by llama.cpp, as any GGUF file
+            digest, label = _one_file(body["files"])
+            path = store.path(digest)
+            meta = await trio.to_thread.run_sync(_gguf_blob, path, label, digest)
+            return _Base(
+                label,
+                {"source": str(path), "engine": "llama.cpp", "actor": "auto"},
+                {},
+                meta.get("tokenizer.chat_template", ""),
+                [{"status": "parsing GGUF"}, {"status": f"using existing layer sha256:{blobs.hex_of(digest)}"}],
+                None,
+            )
+        if body.get("from") is None:
+            raise GreenroomError(
+                "missing_parameter", "send 'from' (a model) or 'files' (an uploaded GGUF file)", "from"
+            )
+        label = base_model(_required(body, "from"))
+        placed = model_facts.Placed.of(tree, label, trio.current_time())
+        own = await trio.to_thread.run_sync(model_facts.template_of, placed) if body.get("template") else ""
+        of = registry.get(label)
+        return _Base(
+            label,
+            _spec(tree, label),
+            dict(placed.placement.defaults or {}),
+            own,
+            [{"status": f"using base model {label}"}],
+            of.repo if of else None,
+        )
+
     @routes.view(app, "POST", "/api/create")
     async def ollama_create():
         body, headers = await _body(CREATE, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(model_named(body), "model")
-        base = served(tree, _required(body, "from"))
-        placed = model_facts.Placed.of(tree, base, trio.current_time())
-        own = (await trio.to_thread.run_sync(model_facts.facts, placed)).template  # as /api/show prints it
-        defaults = _create_defaults(body, capabilities_of(placed.placement.engine), own)
-        parent = dict(tree.state_of(base).placement.defaults or {})
-        merged = {
-            **parent,
-            **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
-            "parameters": {**parent.get("parameters", {}), **defaults["parameters"]},
-        }
-        existing = registry.get(name) if name in tree.model_states else None
-        if name in tree.model_states and (existing is None or existing.kind != "created"):
-            raise GreenroomError(
-                "model_exists",
-                f"a model named '{name}' already exists (only a model made by "
-                "/api/create is replaced by creating it again)",
-                "model",
-            )
-        of = registry.get(base)
-        entry = Entry(
-            name, "created", _spec(tree, base), {k: v for k, v in merged.items() if v}, of.repo if of else None
-        )
-        await trio.to_thread.run_sync(registry.add, entry)
-        if existing is not None:
-            await tree.remove_model(name)
-        place(tree, entry)
-        if existing is not None and existing.repo not in (None, entry.repo):  # the replaced model's files
-            await delete_unused(existing.repo)
+        async with users_change:
+            base = await made_from(body)
+            defaults = _create_defaults(body, capabilities_of(base.spec["engine"]), base.template)
+            merged = {
+                **base.defaults,
+                **{k: v for k, v in defaults.items() if v},  # what is sent replaces the base's
+                "parameters": {**base.defaults.get("parameters", {}), **defaults["parameters"]},
+                "parent_model": base.name,
+            }
+            existing = registry.get(name) if name in tree.model_states else None
+            if name in tree.model_states and (existing is None or existing.kind != "created"):
+                raise GreenroomError(
+                    "model_exists",
+                    f"a model named '{name}' already exists (only a model made by "
+                    "/api/create is replaced by creating it again)",
+                    "model",
+                )
+            entry = Entry(name, "created", base.spec, {k: v for k, v in merged.items() if v}, base.repo)
+            await trio.to_thread.run_sync(registry.add, entry)
+            if existing is not None:
+                await tree.remove_model(name)
+            place(tree, entry)
+            if existing is not None:  # the replaced model's files, unless the new one uses them
+                await release(existing)
 
         async def frames():
-            yield {"status": f"using base model {base}"}
-            for field in ("system", "template", "parameters", "messages"):
+            for frame in base.frames:
+                yield frame
+            for field in ("system", "template", "parameters", "messages", "license"):
                 if defaults.get(field):
                     yield {"status": f"creating {field} layer"}
             yield {"status": "writing manifest"}
@@ -496,9 +592,48 @@ def _count(args, name: str, hi: int | None = None) -> int:
     return int(value)
 
 
+def _one_file(files) -> tuple[str, str]:
+    """The digest and name of the one GGUF file `files` names (Ollama's words where it has them)."""
+    if not isinstance(files, dict):
+        raise GreenroomError("invalid_parameter", "'files' must be an object: {file name: digest}", "files")
+    if len(files) != 1:
+        raise GreenroomError(
+            "invalid_parameter",
+            "no files provided to convert" if not files else f"{_ONE_FILE}; got {len(files)}",
+            "files",
+        )
+    ((label, digest),) = files.items()
+    if not _FILE_NAME.matches(label):
+        raise GreenroomError("invalid_parameter", f"file path must be relative: {label}", "files")
+    if not ollama_blobs.DIGEST.matches(digest):
+        raise GreenroomError("invalid_parameter", f"invalid digest for {label}: invalid digest format", "files")
+    return digest, label
+
+
+def _gguf_blob(path: Path, label: str, digest: str) -> gguf_meta.GGUFMeta:
+    """The header of an uploaded file a model is made from: stored, a GGUF file, not an adapter."""
+    try:
+        meta = gguf_meta.read(path)
+    except FileNotFoundError:
+        raise GreenroomError(
+            "blob_not_found",
+            f"blob not found for {label} (digest {digest}): upload it first (POST /api/blobs/{digest})",
+            "files",
+        ) from None
+    except (OSError, gguf_meta.GGUFError) as exc:
+        raise GreenroomError(
+            "invalid_blob", f"supplied file was not in GGUF format: {label} ({exc})", "files"
+        ) from None
+    if meta.get("general.type") == "adapter":
+        raise GreenroomError("invalid_blob", f"LoRA adapters are not supported: {label} is one", "files")
+    return meta
+
+
 def _create_defaults(body: dict, caps: Capabilities, own_template: str) -> dict:
-    """A created model's system, template, parameters and messages, validated as a request
-    carrying them would be (`own_template`: the base's, which a template equal to is not kept)."""
+    """A created model's system, template, parameters, messages and license, validated as a
+    request carrying them would be. A template that is the base's own (`own_template`, the
+    chat template /api/show prints for it, which a Modelfile written by `ollama show
+    --modelfile` carries back) is no template of the new model's: it keeps the base's."""
     system, template = openai_params.string(body, "system"), openai_params.string(body, "template")
     template = ollama_templates.check(template or "", own_template)
     parameters = body.get("parameters")
@@ -524,4 +659,15 @@ def _create_defaults(body: dict, caps: Capabilities, own_template: str) -> dict:
             raise GreenroomError("invalid_parameter", "'messages' must be an array", "messages")
         ollama_api.conversation(messages)
         messages = [{k: m[k] for k in ("role", "content", "tool_calls") if k in m} for m in messages]
-    return {"system": system, "template": template, "parameters": parameters or {}, "messages": messages}
+    licenses = body.get("license")
+    if isinstance(licenses, str):
+        licenses = [licenses]
+    if licenses is not None and not (isinstance(licenses, list) and all(isinstance(t, str) for t in licenses)):
+        raise GreenroomError("invalid_parameter", "'license' must be a string or an array of strings", "license")
+    return {
+        "system": system,
+        "template": template,
+        "parameters": {k: v for k, v in (parameters or {}).items() if v is not None},  # null: not set
+        "messages": messages,
+        "license": [t for t in licenses or () if t],
+    }

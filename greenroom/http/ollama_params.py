@@ -66,7 +66,7 @@ def _dropped(default: Any, type_: str) -> Option:
 OPTIONS: dict[str, Option] = {
     # the spec's table of merged defaults, in its order
     "temperature": Option(0.8, FLOAT, SAMPLING, "temperature", lo=0.0),
-    "top_k": Option(40, INT, SAMPLING, "top_k", lo=0),
+    "top_k": Option(40, INT, SAMPLING, "top_k", lo=0, hi=INT64[1]),  # msgpack's 64 bits carry it to the engine
     "top_p": Option(0.9, FLOAT, SAMPLING, "top_p", lo=0.0, hi=1.0),
     "repeat_penalty": Option(1.1, FLOAT, SAMPLING, "repetition_penalty", above=0.0, needs="penalties"),
     "num_predict": Option(128, INT, LENGTH, lo=-2, hi=MAX_INT),
@@ -119,9 +119,7 @@ def _field(opt: Option) -> Field:
         return Boolean(**notes)
     if opt.type == STRINGS:
         return AnyOf(options=(Text(), ListOf(items=Text())), **notes)
-    # a sampling option goes to the engine (msgpack): an integer past 64 bits is refused there
-    hi = INT64[1] if opt.hi is None and opt.type == INT and opt.handling == SAMPLING else opt.hi
-    return Number(lo=opt.lo, hi=hi, above=opt.above, integer=opt.type == INT, **notes)
+    return Number(lo=opt.lo, hi=opt.hi, above=opt.above, integer=opt.type == INT, **notes)
 
 
 # Ollama's options: unknown ones are reported; on /api/create's parameters they are refused
@@ -263,12 +261,14 @@ def window(resolved: Resolved, context_length: int) -> int:
     return max(MIN_CTX, min(asked, context_length))
 
 
-def parameters_text(context_length: int) -> str:
-    """The defaults this surface applies, in Ollama's Modelfile PARAMETER form (one
-    `name value` per line), as /api/show reports them."""
-    lines = []
-    for name, opt in OPTIONS.items():
-        if opt.handling in (SAMPLING, LENGTH, WINDOW) and opt.default not in (None, ()):
-            value = min(opt.default, context_length) if opt.handling == WINDOW else opt.default
-            lines.append(f"{name:<16}{value}")
-    return "\n".join(lines)
+def shown(context_length: int, own: dict) -> list[tuple[str, object]]:
+    """The options this surface applies to a model, as /api/show reports them: its defaults,
+    over them a created model's own parameters (`own`); (name, value) pairs, a list's (stop)
+    one pair per element."""
+    merged = {
+        name: min(opt.default, context_length) if opt.handling == WINDOW else opt.default
+        for name, opt in OPTIONS.items()
+        if opt.handling in (SAMPLING, LENGTH, WINDOW) and opt.default not in (None, ())
+    }
+    merged.update(own)
+    return [(name, v) for name, value in merged.items() for v in (value if isinstance(value, list) else [value])]

@@ -38,6 +38,7 @@ from greenroom.http import (
     monitoring_api,
     needle,
     ollama_api,
+    ollama_blobs,
     ollama_embed,
     ollama_models,
     openai_params,
@@ -304,6 +305,7 @@ _PATH_PARAMETERS = {
     "id": openai_params.MODEL,
     "name": steering_api.PROFILE_NAME,
     "response_id": responses_api.RESPONSE_ID,
+    "digest": ollama_blobs.DIGEST,
 }
 _UNKNOWN = "Unknown fields are accepted and named in the X-miLLM-Ignored-Fields response header"
 
@@ -1224,6 +1226,13 @@ def _ollama_schemas() -> dict:
                 "modelfile": _string(),
                 "parameters": _string(),
                 "template": _string(),
+                # a created model's own (/api/create), absent when it has none, as Ollama leaves them out
+                "system": _string(),
+                "license": _described(_string(), "Its licenses, one after another, a line break between"),
+                "messages": _described(
+                    _array(_closed({"role": _string(), "content": _string()}, ("role", "content"))),
+                    "The conversation it begins every chat with",
+                ),
                 "details": _ref("OllamaDetails"),
                 "model_info": _described(_ANY_OBJECT, "Left out when the files say nothing of the model"),
                 "capabilities": _array({"enum": ["completion", "tools"]}),
@@ -1828,6 +1837,8 @@ def _answer(route: Route) -> dict:
     (the fields `event`, `data`, `id`, `retry`; `data` a string), as OpenAPI 3.2's `itemSchema`
     does; an NDJSON stream is described as the array of its lines."""
     headers = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
+    if route.response is None:  # no body (a HEAD's, an upload's)
+        return {"description": route.answer}
     if route.framing is Framing.TEXT:
         return {"description": route.answer, "content": {"text/plain": {"schema": _string()}}}
     if route.framing is Framing.ONLY_SSE:
@@ -1860,7 +1871,11 @@ def _operation(route: Route, components: dict) -> dict:
     op = {
         "operationId": route.operation,
         "summary": route.description,
-        "responses": {"200": _answer(route), **_error_responses(route.surface)},
+        "responses": {
+            "200": _answer(route),
+            **({"201": {"description": route.created}} if route.created else {}),
+            **_error_responses(route.surface),
+        },
     }
     if route.details:
         op["description"] = route.details
@@ -1872,6 +1887,11 @@ def _operation(route: Route, components: dict) -> dict:
         if route.request in _EXAMPLES:
             media["examples"] = {name: {"value": value} for name, value in _EXAMPLES[route.request].items()}
         op["requestBody"] = {"required": True, "content": {"application/json": media}}
+    if route.upload:  # any Content-Type: Ollama's CLI labels the file application/json
+        op["requestBody"] = {
+            "description": "The file's bytes (any length up to max_blob_bytes, none too), whatever the Content-Type",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
     return op
 
 

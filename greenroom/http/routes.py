@@ -67,6 +67,10 @@ class Route:
     headers: tuple[str, ...] = ()  # response header components
     strict: bool = False  # reads X-miLLM-Strict: the ledger reports (or refuses) fields it does not read
     details: str = ""  # the operation's longer description
+    # the body is a file's bytes, streamed to the view as they come (connection.py paces it), not JSON;
+    # its answers carry no body: `answer` is the 200's (already there), `created` the 201's
+    upload: bool = False
+    created: str = ""
 
     @property
     def rule(self) -> str:
@@ -688,6 +692,24 @@ TABLE: tuple[Route, ...] = (
     ),
     _ollama(
         "POST",
+        "/api/blobs/{digest}",
+        "Ollama: store a file under the sha256 of its bytes, as `ollama create` uploads one",
+        "ollamaCreateBlob",
+        None,
+        upload=True,
+        answer="The blob was already stored: the body was not read",
+        created="Stored: the body's sha256 is the digest",
+    ),
+    _ollama(
+        "HEAD",
+        "/api/blobs/{digest}",
+        "Ollama: whether a blob is stored (200, else 404)",
+        "ollamaHasBlob",
+        None,
+        answer="The blob is stored",
+    ),
+    _ollama(
+        "POST",
         "/api/copy",
         "Ollama: another name for a model",
         "ollamaCopy",
@@ -699,7 +721,8 @@ TABLE: tuple[Route, ...] = (
     _ollama(
         "POST",
         "/api/create",
-        "Ollama: a model with its own system prompt, template, parameters, messages",
+        "Ollama: a model from another or from an uploaded GGUF file, with its own system prompt, template, "
+        "parameters, messages, license",
         "ollamaCreate",
         "OllamaStatus",
         "OllamaCreateRequest",
@@ -744,11 +767,24 @@ BY_ENDPOINT = {r.endpoint: r for r in TABLE}
 assert len(BY_ENDPOINT) == len(TABLE), "a route is in the table twice"
 _SURFACES = {r.path: r.surface for r in TABLE}
 assert all(_SURFACES[r.path] is r.surface for r in TABLE), "one path, one surface"
-_TEMPLATES = [(re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(r.path)) + "$"), r.surface) for r in TABLE]
+
+
+def _pattern(path: str) -> re.Pattern:
+    """A path template as a regular expression over the paths it matches."""
+    return re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)) + "$")
+
+
+_TEMPLATES = [(_pattern(r.path), r.surface) for r in TABLE]
+_UPLOADS = [(r.method, _pattern(r.path)) for r in TABLE if r.upload]
 # the roots under which greenroom's parametrised /api routes live: an unknown path there is theirs
 _ROOTS = sorted(
     {r.path.split("/{")[0] for r in TABLE if r.surface is OPENAI and r.params and r.path.startswith("/api/")}
 )
+
+
+def streamed(method: str, path: str) -> bool:
+    """Whether the request's body is an upload (`Route.upload`), streamed to its view."""
+    return any(m == method and template.match(path) for m, template in _UPLOADS)
 
 
 def view(app, method: str, path: str):

@@ -4,9 +4,10 @@ SQLite (WAL) under the cache root, so those models survive a restart.
 Two tables. `repos`: each Hugging Face repository pulled — the commit, where its files
 are (`<cache>/models/hub/<owner>/<name>`), and whether a caller's token was needed
 (`authenticated`). `models`: each name the server serves because of those routes — its placement
-(source, engine, …), the defaults a created model applies (system, template, parameters,
-messages), and the repository whose files it uses, so the files go only when the last
-name using them does.
+(source, engine, …; a model created from an uploaded GGUF file has its blob as its source,
+store/blobs.py), the defaults a created model applies (system, template, parameters,
+messages) and what /api/show says of it (license, parent_model), and the repository whose files
+it uses, so the files go only when the last name using them does (a blob likewise).
 
 Each call opens its own connection: calls come from the trio loop and from worker
 threads alike, and a connection costs less than a millisecond.
@@ -53,7 +54,7 @@ class Entry:
     name: str
     kind: str  # pulled | copy | created
     spec: dict  # Tree.add_model's arguments: source, engine, actor, dtype, n_ctx, threads, chat_template
-    defaults: dict | None  # a created model's system, template, parameters, messages
+    defaults: dict | None  # a created model's system, template, parameters, messages, license, parent_model
     repo: str | None
 
 

@@ -63,7 +63,7 @@ def checkpoint_bytes(p: Placement) -> int | None:
     float32 checkpoint is loaded in bfloat16 (on CUDA). None when it is not on disk yet (a
     demo model is built at its first load)."""
     path = p.path()
-    if path.suffix == ".gguf":
+    if path.suffix == ".gguf" or p.engine == "llama.cpp":  # an uploaded GGUF file has no suffix
         return path.stat().st_size if path.exists() else None
     files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
     if not files:

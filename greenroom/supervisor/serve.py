@@ -14,7 +14,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.errors import GreenroomError
-from greenroom.http import status_line
+from greenroom.http import routes, status_line
 from greenroom.http.app import create_app
 from greenroom.http.connection import DrainBody
 from greenroom.http.shutdown import Shutdown
@@ -36,8 +36,8 @@ async def serve(config: Config) -> None:
         tree = Tree(config)
         Registry(config.cache_dir).restore(tree)  # models added by /api/pull, /api/copy, /api/create
         shutdown = Shutdown()
-        # keep-alive after responses that leave a body unread; every exchange counted for the drain
-        app = shutdown.counted(DrainBody(create_app(tree, shutdown)))
+        # keep-alive after responses that leave a body unread, uploads paced; every exchange counted for the drain
+        app = shutdown.counted(DrainBody(create_app(tree, shutdown), routes.streamed))
         status_line.install()  # `HTTP/1.1 400 Bad Request`, not `HTTP/1.1 400 `
         hc = HypercornConfig()
         hc.bind = [f"fd://{sock.fileno()}" for sock in listening]
