@@ -1,15 +1,15 @@
 """The `ollama` CLI, command by command (issue 29): through tests/ollama_cli.py — an emulator built
 from the CLI's source that sends exactly its requests and prints what it would print — against a
 live server serving a transformers model and a GGUF model (the demo models; SmolLM2 where the
-answer must be a JSON document), with a Hugging Face Hub on loopback for `pull`. `create` from a
-local GGUF file (`ollama(url, "create", NAME, "-f", MODELFILE)`, the blob uploaded first) needs
-/api/blobs: here only the request it builds is checked."""
+answer must be a JSON document), with a Hugging Face Hub on loopback for `pull`; `create` from a
+local GGUF file uploads SmolLM2's real file."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -99,7 +99,8 @@ def test_show_names_the_model_by_name_and_prints_its_tables(server, model):
 def test_show_flags_print_one_field_each(server, model):
     api = shown(server, model)
     modelfile = ok(cli(server, "show", model, "--modelfile")).stdout
-    assert modelfile == api["modelfile"] + "\n" and "\nFROM /" in modelfile
+    # a GGUF model is made from its file (the CLI uploads it), any other by name
+    assert modelfile == api["modelfile"] + "\n" and ("\nFROM /" if model == GGUF else f"\nFROM {model}\n") in modelfile
     assert ok(cli(server, "show", model, "--parameters")).stdout == api["parameters"] + "\n"
     assert ok(cli(server, "show", model, "--template")).stdout == api["template"]  # printed as it is
     assert ok(cli(server, "show", model, "--system")).stdout == ""
@@ -339,9 +340,43 @@ def test_create_from_an_existing_model(server, tmp_path, model):
     ok(cli(server, "rm", "terse"))
 
 
+def test_create_from_a_local_gguf_file_then_run(server, tmp_path, cache):
+    """Bringing one's own GGUF file: SmolLM2's, from its installed package. The CLI uploads it
+    (verified as it streams), creates from its digest, and `run` answers; created again by an
+    older CLI (HEAD first), the blob is found and stored once."""
+    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.loader import source_path
+
+    gguf = Path(source_path(SMOLLM2_GGUF, None))
+    (tmp_path / gguf.name).symlink_to(gguf)
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM ./{gguf.name}\nPARAMETER temperature 0\nPARAMETER num_predict 16\n")
+    digest = "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+    made = ok(cli(server, "create", "mine", "-f", str(modelfile)))
+    assert [(s.method, s.path) for s in made.sent] == [
+        ("HEAD", "/"),
+        ("POST", f"/api/blobs/{digest}"),
+        ("POST", "/api/create"),
+    ]
+    assert sent(made, "/api/create")[0].json()["files"] == {gguf.name: digest} and made.progress[-1] == "success"
+    answer = ok(cli(server, "run", "mine", "What is the capital of France?"))
+    assert "Paris" in answer.stdout
+    again = ok(cli(server, "create", "mine-too", "-f", str(modelfile), older=True))
+    assert [(s.method, s.path) for s in again.sent] == [
+        ("HEAD", "/"),
+        ("HEAD", f"/api/blobs/{digest}"),  # stored: not uploaded again
+        ("POST", "/api/create"),
+    ]
+    stored = [f.name for f in (default_cache_dir(cache) / "blobs").iterdir()]
+    assert stored == [digest.replace(":", "-")]
+    ok(cli(server, "rm", "mine"))
+    ok(cli(server, "rm", "mine-too"))
+    assert not any((default_cache_dir(cache) / "blobs").iterdir())  # gone with its last model
+
+
 def test_a_modelfile_from_a_local_file_names_it_by_digest(tmp_path):
     """`FROM ./file.gguf` (no server): the CLI hashes the file and sends its digest in `files`
-    after uploading it (`_CLI.create_blob`); the upload and create end to end need /api/blobs."""
+    after uploading it (`_CLI.create_blob`), with the Modelfile's other commands."""
     from ollama_cli import create_request, parse_modelfile
 
     (tmp_path / "model.gguf").write_bytes(b"GGUF" + bytes(60))

@@ -96,7 +96,8 @@ def facts(p: Placed) -> Facts:
     path = _described_by(p.placement)
     if isinstance(path, str):
         return _defined(p, path)
-    if path.suffix == ".gguf" or p.placement.engine == "llama.cpp":  # a blob has no suffix (store/blobs.py)
+    # an uploaded GGUF file (store/blobs.py) has no suffix; an unbuilt demo GGUF is described by its checkpoint
+    if path.suffix == ".gguf" or (p.placement.engine == "llama.cpp" and path.is_file()):
         return _gguf(p, path)
     files = _files(path)
     config = checkpoint_json(path)
@@ -238,9 +239,9 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
         "template": template,
         **{k: v for k, v in own.items() if v},
         "details": {**f.details, "parent_model": made.get("parent_model") or ""},
-        # left out when empty, as Ollama leaves it out: the `ollama` CLI reads an object it is sent
-        # as having general.architecture, and dies on one without it
-        **({"model_info": info} if info else {}),
+        # null when empty, where Ollama leaves it out: the `ollama` CLI reads an object it is sent
+        # as having general.architecture, and dies on one without it; the Python SDK needs the key
+        "model_info": info or None,
         "capabilities": caps,
         "modified_at": rfc3339(f.modified),
     }

@@ -1234,11 +1234,15 @@ def _ollama_schemas() -> dict:
                     "The conversation it begins every chat with",
                 ),
                 "details": _ref("OllamaDetails"),
-                "model_info": _described(_ANY_OBJECT, "Left out when the files say nothing of the model"),
+                "model_info": _described(
+                    _nullable(_ANY_OBJECT),
+                    "null when the files say nothing of the model (the ollama CLI dies on an object "
+                    "without general.architecture; the Python SDK needs the key)",
+                ),
                 "capabilities": _array({"enum": ["completion", "tools"]}),
                 "modified_at": _string(),
             },
-            ("modelfile", "parameters", "template", "details", "capabilities", "modified_at"),
+            ("modelfile", "parameters", "template", "details", "model_info", "capabilities", "modified_at"),
         ),
         "OllamaVersion": _closed({"version": {"const": "0.2.0-npu-proxy"}}, ("version",)),
         "OllamaStatus": status,
