@@ -340,6 +340,19 @@ def test_create_from_an_existing_model(server, tmp_path, model):
     ok(cli(server, "rm", "terse"))
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_show_modelfile_then_create_round_trips(server, tmp_path, model):
+    """`ollama show --modelfile X > M; ollama create Y -f M`: Y is X again (a GGUF model's file
+    uploaded, any other made from by name), its own template taken back, and it answers."""
+    (tmp_path / "Modelfile").write_text(ok(cli(server, "show", model, "--modelfile")).stdout)
+    made = ok(cli(server, "create", "again", "-f", str(tmp_path / "Modelfile")))
+    assert made.progress[-1] == "success"
+    shown_again, original = shown(server, "again"), shown(server, model)
+    assert shown_again["template"] == original["template"] and shown_again["parameters"] == original["parameters"]
+    assert ok(cli(server, "run", "again", "Hi")).stdout.strip()
+    ok(cli(server, "rm", "again"))
+
+
 def test_create_from_a_local_gguf_file_then_run(server, tmp_path, cache):
     """Bringing one's own GGUF file: SmolLM2's, from its installed package. The CLI uploads it
     (verified as it streams), creates from its digest, and `run` answers; created again by an
