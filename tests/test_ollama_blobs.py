@@ -491,7 +491,7 @@ def test_a_gguf_models_modelfile_creates_it_again(server, oc, store, demo_gguf):
 # --- restart (last: it stops the module's server) ------------------------------------------------
 
 
-def test_a_model_created_from_a_blob_survives_a_restart(server, cache, tmp_path, demo_gguf):
+def test_a_model_created_from_a_blob_survives_a_restart(server, cache, store, tmp_path, demo_gguf):
     data = demo_gguf.read_bytes()
     digest = digest_of(data)
     assert upload(server, digest, data).status_code in (200, 201)
@@ -499,11 +499,18 @@ def test_a_model_created_from_a_blob_survives_a_restart(server, cache, tmp_path,
     hi = [{"role": "user", "content": "Hi"}]
     before = ollama.Client(host=server.url, timeout=120).chat(model="kept-tiny", messages=hi, options=GREEDY)
     shown_before = shown(server, "kept-tiny")
+    unused = b"uploaded, never created from"
+    assert upload(server, digest_of(unused), unused).status_code == 201
+    (store / "sha256-0123-left-by-a-kill-partial").write_bytes(b"half")
     server.stop()
     again = Server(tmp_path, cache, CONFIG, extra_env={"GREENROOM_MAX_BLOB_BYTES": str(LIMIT)})
     try:
         oc = ollama.Client(host=again.url, timeout=120)
         assert "kept-tiny" in names(again)
+        # pruned at start-up, as Ollama prunes: what no model is made from
+        left = {p.name for p in store.iterdir()}
+        assert digest.replace(":", "-") in left and digest_of(unused).replace(":", "-") not in left
+        assert not any(name.endswith("-partial") for name in left)
         assert shown(again, "kept-tiny") == shown_before
         assert oc.chat(model="kept-tiny", messages=hi, options=GREEDY).message.content == before.message.content
     finally:

@@ -261,6 +261,9 @@ def _spec(tree: Tree, model: str) -> dict:
 def register(app: Quart, tree: Tree) -> None:
     registry = Registry(tree.config.cache_dir)
     store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)
+    pruned = store.prune({e.spec["source"] for e in registry.entries()})  # before any request: nothing in flight
+    if pruned:
+        log.info("deleted %d blob file(s) no model is made from: %s", len(pruned), ", ".join(pruned))
     pulling: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)  # one pull per repository at a time
     # a blob checked for a create is registered before a delete can find it unused and remove it
     users_change = trio.Lock()

@@ -7,7 +7,8 @@ to a temporary file beside it (`sha256-<hex>-<random>-partial`), hashed as it is
 flushed to disk, and renamed into place only when its digest is the one it was sent under: a
 blob present is always whole and always what its name says. Two uploads of one digest at once
 write two temporary files and rename the same bytes onto one name, one after the other. A
-blob goes when the last created model that serves it is deleted (http/ollama_models.py).
+blob goes when the last created model that serves it is deleted (http/ollama_models.py), and
+at startup what no model is made from goes (`prune`).
 No quart or trio here: the routes call these from worker threads.
 """
 
@@ -73,6 +74,20 @@ class BlobStore:
             raise ValueError(f"refusing to delete {path}: not a blob of {self.dir}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+    def prune(self, used: set[str]) -> list[str]:
+        """At startup, as Ollama prunes its layers: what no model is made from — an upload a
+        killed server left partial, a blob uploaded but never created from (a CLI uploads again
+        before it creates) — is deleted. The names deleted."""
+        if not self.dir.is_dir():
+            return []
+        gone = []
+        for path in self.dir.iterdir():
+            if path.is_file() and (path.name.endswith("-partial") or (self.holds(path) and str(path) not in used)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                gone.append(path.name)
+        return gone
 
     def _check_size(self, size: int) -> None:
         if size > self.max_bytes:
