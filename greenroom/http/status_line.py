@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import http
+import logging
 
 import h11
 from hypercorn.protocol.h11 import H11Protocol
@@ -30,8 +31,14 @@ def with_phrase(event):
 
 
 def install() -> None:
-    """Wrap hypercorn's one door to h11 for a response (`H11Protocol._send_h11_event`) once."""
-    send = H11Protocol._send_h11_event
+    """Wrap hypercorn's one door to h11 for a response (`H11Protocol._send_h11_event`) once.
+    A hypercorn without that private door serves as it is (phrases are cosmetic), and says so."""
+    send = getattr(H11Protocol, "_send_h11_event", None)
+    if send is None:
+        logging.getLogger("greenroom.http").warning(
+            "this hypercorn has no _send_h11_event: status lines go without reason phrases"
+        )
+        return
     if getattr(send, "with_phrases", False):
         return
 
