@@ -35,6 +35,7 @@ from greenroom.http import (
 from greenroom.http.pacing import Pacer
 from greenroom.http.routes import Surface
 from greenroom.http.shutdown import Shutdown
+from greenroom.store import blobs
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http")
@@ -169,8 +170,9 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     steering_api.register(app, tree)
     clusters_api.register(app, tree)
     monitoring_api.register(app, tree)
-    ollama_models.register(app, tree)
-    ollama_blobs.register(app, tree)
+    store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)  # one for uploads and creates
+    ollama_models.register(app, tree, store)
+    ollama_blobs.register(app, store)
     missing = routes.unregistered(app)
     if missing:
         raise RuntimeError(f"routes in the table without a view: {', '.join(r.endpoint for r in missing)}")

@@ -24,7 +24,6 @@ from greenroom.errors import GreenroomError
 from greenroom.http import contracts, routes
 from greenroom.http.connection import Paced
 from greenroom.store import blobs
-from greenroom.supervisor.tree import Tree
 
 DIGEST = contracts.Text(
     pattern=blobs.DIGEST.pattern,
@@ -33,8 +32,7 @@ DIGEST = contracts.Text(
 )
 
 
-def register(app: Quart, tree: Tree) -> None:
-    store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)
+def register(app: Quart, store: blobs.BlobStore) -> None:
 
     @routes.view(app, "HEAD", "/api/blobs/{digest}")
     async def ollama_has_blob(digest: str):

@@ -258,9 +258,8 @@ def _spec(tree: Tree, model: str) -> dict:
     }
 
 
-def register(app: Quart, tree: Tree) -> None:
+def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
     registry = Registry(tree.config.cache_dir)
-    store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)
     pruned = store.prune({e.spec["source"] for e in registry.entries()})  # before any request: nothing in flight
     if pruned:
         log.info("deleted %d blob file(s) no model is made from: %s", len(pruned), ", ".join(pruned))
