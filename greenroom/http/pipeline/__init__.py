@@ -1,0 +1,1 @@
+"""The one generation pipeline every surface runs: translators in front, formatters behind."""
