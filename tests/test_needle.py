@@ -155,6 +155,16 @@ def test_complete_with_query_and_flat_tools_as_string(server):
     assert set(body["x_needle"]) == FIELDS
 
 
+def test_complete_refusals_name_the_flat_tools_fields(server):
+    """A refusal of the chat request a Needle request became names Needle's fields: a flat tool
+    is chat's function (tools[0].name, not tools[0].function.name)."""
+    tools = [{"name": "get weather", "parameters": {}}, {"name": "f", "parameters": {"type": 5}}]
+    for sent, param in ((tools[:1], "tools[0].name"), (tools[1:], "tools[0].parameters")):
+        r = httpx.post(server.url + "/v1/needle/complete", json={"query": "hi", "tools": sent}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert r.json()["error"]["message"].startswith(f"{param} "), r.text
+
+
 def test_complete_with_messages_and_unknown_model_says_so(server):
     body = post(
         server,

@@ -42,6 +42,8 @@ from greenroom.http.contracts import (
     sent,
     when,
 )
+from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.protocol import Admitted, Tokenize
 from greenroom.supervisor.tree import Tree
@@ -228,12 +230,14 @@ REQUEST = merge(
     ),
 )
 
-# chat's names → this surface's, in a refusal of the chat request it became
-NAMES = {
-    r"\bresponse_format(\.json_schema)?(\.schema)?\b": "output_config.format",
-    r"(tools\[\d+\])\.function\.parameters\b": r"\1.input_schema",
-    r"(tools\[\d+\])\.function\b": r"\1",
+# where the chat request's fields come from, whatever the request holds
+_PATHS = {
+    "response_format": "output_config.format",
+    "response_format.json_schema": "output_config.format",
+    "tool_choice.function": "tool_choice",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
 }
+_TOOL_FIELDS = {"name": "name", "description": "description", "input_schema": "parameters"}
 _BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
 _NOT_READ = {"cache_control", "is_error"}
 
@@ -242,10 +246,12 @@ def _texts(blocks, where: str, unread: list[str]) -> str:
     return openai_params.text_of(blocks, where, ("text",), frozenset({"type", "text"}), unread)
 
 
-def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
+def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, str]:
     """One Anthropic message appended as chat messages: an assistant turn (text and calls), or a
-    user's tool results (tool messages) and text, in order."""
+    user's tool results (tool messages) and text, in order; returns the chat locations it made →
+    its own."""
     where = f"messages[{i}]"
+    made: dict[str, str] = {}
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
         raise GreenroomError("invalid_parameter", f"'{where}' must be a user or assistant message", where)
     unread += [f"{where}.{k}" for k in message if k not in ("role", "content")]
@@ -287,6 +293,8 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
                 raise GreenroomError(
                     "invalid_parameter", f"'{place}' must have a string id and name and an object input", place
                 )
+            at = f"messages[{len(out)}].tool_calls[{len(calls)}]"  # the assistant turn comes next
+            made |= {at: place, f"{at}.function": place, f"{at}.function.arguments": f"{place}.input"}
             calls.append(
                 {
                     "id": block["id"],
@@ -297,15 +305,21 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
         else:
             call = openai_params.answered(block["tool_use_id"], out, f"{place}.tool_use_id")
             if text:  # a user's text before a result: its own turn
+                made[f"messages[{len(out)}]"] = where
                 out.append({"role": "user", "content": "".join(text)})
                 text = []
             result = block.get("content")
             content = "" if result is None else _texts(result, f"{place}.content", unread)
+            at = f"messages[{len(out)}]"
+            made |= {at: place, f"{at}.content": f"{place}.content", f"{at}.tool_call_id": f"{place}.tool_use_id"}
             out.append({"role": "tool", "content": content, "tool_call_id": call})
     if role == "assistant":
+        made[f"messages[{len(out)}]"] = where
         out.append({"role": "assistant", "content": "".join(text), **({"tool_calls": calls} if calls else {})})
     elif text or not out or out[-1]["role"] != "tool":
+        made[f"messages[{len(out)}]"] = where
         out.append({"role": "user", "content": "".join(text)})
+    return made
 
 
 def _tool_choice(choice) -> tuple[object, bool | None]:
@@ -360,9 +374,9 @@ def _response_format(body: dict, unread: list[str]):
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
 
 
-def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
-    """The chat request `body` means, and the nested keys not read. `generating`: a Messages
-    request (max_tokens and sampling), not a count_tokens one."""
+def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], FieldPaths]:
+    """The chat request `body` means, the nested keys not read, and where each chat location came
+    from. `generating`: a Messages request (max_tokens and sampling), not a count_tokens one."""
     unread: list[str] = []
     messages = body.get("messages")
     if messages is None:
@@ -371,19 +385,15 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
         raise GreenroomError("invalid_parameter", "'messages' must be a non-empty array", "messages")
     system = body.get("system")
     out = [{"role": "system", "content": _texts(system, "system", unread)}] if system is not None else []
+    names = {**_PATHS, **(paths.message(0, "system") if out else {})}
     for i, message in enumerate(messages):
-        _message(message, i, out, unread)
+        names |= _message(message, i, out, unread)
     choice, parallel = _tool_choice(body.get("tool_choice"))
     chat = {
         "model": body["model"],
         "messages": out,
         "tools": structured.translated_tools(
-            body,
-            (None, "custom"),
-            {"name": "name", "description": "description", "input_schema": "parameters"},
-            ("input_schema",),
-            TOOL.field.names - _NOT_READ,
-            unread,
+            body, (None, "custom"), _TOOL_FIELDS, ("input_schema",), TOOL.field.names - _NOT_READ, unread
         ),
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
@@ -398,7 +408,8 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
         chat |= {"stop": stop or None} | {
             k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", *openai_api.MILLM.names)
         }
-    return {k: v for k, v in chat.items() if v is not None}, unread
+    names |= paths.tools(len(chat["tools"] or ()), _TOOL_FIELDS)
+    return {k: v for k, v in chat.items() if v is not None}, unread, FieldPaths(names)
 
 
 # --- the answer ---------------------------------------------------------------------------------
@@ -431,9 +442,10 @@ def _tool_id(call_id: str) -> str:
 
 
 class _Answer:
-    def __init__(self, model: str):
+    def __init__(self, model: str, paths: FieldPaths):
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
+        self.paths = paths  # where the chat request's fields came from: a refusal in the stream names ours
 
     def message(
         self, content: list[dict], reason: str | None, usage: dict, millm: dict | None = None, stop: str | None = None
@@ -521,27 +533,27 @@ class _Answer:
                     yield event("message_delta", delta=delta, usage=totals, **extra)
                     yield event("message_stop")
         except GreenroomError as exc:
-            yield framing.sse(exc.anthropic_body(), "error")
+            yield framing.sse(self.paths.renamed(exc).anthropic_body(), "error")
 
 
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
         req = await openai_api.prepare(tree, ledger.MESSAGES, "on messages", translated=True)
-        chat, unread = translate(req.body)
-        answer = _Answer(req.model)
-        with openai_api.named(NAMES):
+        chat, unread, field_paths = translate(req.body)
+        answer = _Answer(req.model, field_paths)
+        with field_paths.renaming():
             return await openai_api.generation(
-                tree, req.translated(chat, unread), openai_api.Shaped(answer.stream, answer.whole)
+                tree, req.translated(chat, unread, field_paths), openai_api.Shaped(answer.stream, answer.whole)
             )
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
         req = await openai_api.prepare(tree, ledger.COUNT_TOKENS, "on count_tokens", translated=True)
-        chat, unread = translate(req.body, generating=False)
-        req = req.translated(chat, unread)
+        chat, unread, field_paths = translate(req.body, generating=False)
+        req = req.translated(chat, unread, field_paths)
         headers = req.headers()
-        with openai_api.named(NAMES):
+        with field_paths.renaming():
             tools = structured.rendered_tools(chat)  # counted, not enforced: no schema is checked
         message = Tokenize(
             openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools

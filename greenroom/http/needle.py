@@ -32,6 +32,8 @@ import attrs
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
 from greenroom.http.contracts import AnyOf, Anything, ListOf, Shape, Text, sent, when
+from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.http.structured import FUNCTION, TOOL
 
@@ -160,9 +162,10 @@ def _required_str(body: dict, name: str) -> str:
     return value
 
 
-def extraction_chat(body: dict) -> dict:
+def extraction_chat(body: dict) -> tuple[dict, FieldPaths]:
     """/v1/needle/extract → the chat request that extracts: the schema is enforced by
-    constrained decoding (response_format json_schema)."""
+    constrained decoding (response_format json_schema); and where its locations came from (the
+    system message and response_format, made of name and schema together, keep chat's names)."""
     text, name = _required_str(body, "text"), _required_str(body, "name")
     schema = body.get("schema")
     if not isinstance(schema, dict):
@@ -171,7 +174,7 @@ def extraction_chat(body: dict) -> dict:
             "'schema' must be a JSON schema object",
             "schema",
         )
-    return {
+    chat = {
         "messages": [
             {
                 "role": "system",
@@ -187,11 +190,15 @@ def extraction_chat(body: dict) -> dict:
         },
         **{k: body[k] for k in _PASSED if k in body},
     }
+    names = {"response_format.json_schema.name": "name", "response_format.json_schema.schema": "schema"}
+    return chat, FieldPaths(names | paths.message(1, "text"))
 
 
-def completion_chat(body: dict) -> dict:
+def completion_chat(body: dict) -> tuple[dict, FieldPaths]:
     """/v1/needle/complete → a chat request: `query` (+ `system`) or `messages`; `tools` as
-    an array or a JSON string, in Needle's flat {name, description, parameters} shape."""
+    an array or a JSON string, in Needle's flat {name, description, parameters} shape; and where
+    its locations came from."""
+    names: dict[str, str] = {}
     if body.get("messages") is not None:
         messages = body["messages"]
     else:
@@ -200,6 +207,7 @@ def completion_chat(body: dict) -> dict:
         if system is not None and not isinstance(system, str):
             raise GreenroomError("invalid_parameter", "'system' must be a string", "system")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": query}]
+        names = {**(paths.message(0, "system") if system else {}), **paths.message(len(messages) - 1, "query")}
     tools = body.get("tools")
     if isinstance(tools, str):
         try:
@@ -212,7 +220,11 @@ def completion_chat(body: dict) -> dict:
             raise GreenroomError(
                 "invalid_parameter", "'tools' must be an array of {name, description, parameters}", "tools"
             )
-        chat["tools"] = [
-            t if t.get("type") == "function" and "function" in t else {"type": "function", "function": t} for t in tools
-        ]
-    return chat
+        chat["tools"] = []
+        for i, t in enumerate(tools):
+            if t.get("type") == "function" and "function" in t:  # OpenAI's: as sent
+                chat["tools"].append(t)
+            else:  # Needle's flat one: the function
+                chat["tools"].append({"type": "function", "function": t})
+                names[f"tools[{i}].function"] = f"tools[{i}]"
+    return chat, FieldPaths(names)

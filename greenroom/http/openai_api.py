@@ -4,9 +4,7 @@ models. Every request goes through the field ledger before anything is loaded.""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -32,6 +30,7 @@ from greenroom.http import (
 from greenroom.http.answering import answer, drawn_seed, single, vectors
 from greenroom.http.contracts import Shape
 from greenroom.http.openai_params import Streaming
+from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.protocol import Admitted, Failed, Generate, Score, Text
 from greenroom.supervisor.tree import Tree
 
@@ -44,6 +43,7 @@ class Prepared:
     strict: bool
     caps: Capabilities = Capabilities()
     where: str = ""  # "on <endpoint> with the <engine> engine": where a refusal says it could not honour
+    paths: FieldPaths = FieldPaths()  # a translated surface's names for the chat request's fields
 
     def unread(self, also_ignored: tuple[str, ...] = ()) -> list[str]:
         """Every location not read: the ledger's, and fields this request's path skips."""
@@ -53,12 +53,13 @@ class Prepared:
         """Refuse under strict mode, else the report of every field not read."""
         return ledger.report_headers(self.unread(also_ignored), self.strict)
 
-    def translated(self, chat: dict, unread: list[str]) -> Prepared:
+    def translated(self, chat: dict, unread: list[str], paths: FieldPaths) -> Prepared:
         """A surface translated onto chat completions (Responses, Anthropic's Messages): its request
-        as the chat request it became, with the nested keys its translation did not read; a
-        forced tool_choice checked as chat's is."""
+        as the chat request it became, with the nested keys its translation did not read and where
+        each of its fields came from (`paths`: the surface names its refusals by it, before the answer
+        and in its stream); a forced tool_choice checked as chat's is."""
         ledger.constrained_choice(chat, self.caps, self.where)
-        return attrs.evolve(self, body=chat, ignored=self.ignored + unread)
+        return attrs.evolve(self, body=chat, ignored=self.ignored + unread, paths=paths)
 
 
 @attrs.frozen
@@ -121,20 +122,6 @@ def _reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
     `top` at its position."""
     top = scoring.generation_logprobs(body, chat)
     return gen if top is None else attrs.evolve(gen, params=attrs.evolve(gen.params, logprobs=top))
-
-
-@contextlib.contextmanager
-def named(names: dict[str, str]):
-    """A refusal of the chat request a surface was translated into, naming the surface's own
-    fields (`names`: a regular expression over chat's names → the surface's)."""
-    try:
-        yield
-    except GreenroomError as exc:
-        param, message = exc.param, exc.message
-        for pattern, own in names.items():
-            param = param and re.sub(pattern, own, param)
-            message = re.sub(pattern, own, message)
-        raise GreenroomError(exc.code, message, param) from None
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -252,7 +239,7 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
     is accepted, as in Needle: an unknown one is answered by the first model, and says so —
     unless needle_strict_model (NEEDLE_STRICT_MODEL=true): then it is a 404."""
     body = openai_params.parse_json(await request.get_data())
-    chat = translate(body)
+    chat, paths = translate(body)
     warnings = [f for f in body if f not in fields + _NEEDLE_COMMON]
     model = body.get("model")
     if model not in tree.model_ids():
@@ -262,17 +249,18 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]
     chat["model"] = model
-    plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
-    gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
-    req = Prepared(chat, model, [], strict=False)
-    result, _, _ = await _complete(
-        tree,
-        gen,
-        Streaming(False, False),
-        req,
-        plan,
-        Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]),
-    )
+    with paths.renaming():
+        plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
+        gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
+        req = Prepared(chat, model, [], strict=False, paths=paths)
+        result, _, _ = await _complete(
+            tree,
+            gen,
+            Streaming(False, False),
+            req,
+            plan,
+            Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]),
+        )
     return result, plan
 
 

@@ -46,6 +46,8 @@ from greenroom.http.contracts import (
     sent,
     when,
 )
+from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.protocol import Admitted
 from greenroom.store.responses import ResponseStore
@@ -211,12 +213,13 @@ REQUEST = merge(
     ),
 )
 
-# chat's names → this surface's, in a refusal of the chat request it became
-NAMES = {
-    r"\bmax_tokens\b": "max_output_tokens",
-    r"\bresponse_format(\.json_schema)?\b": "text.format",
-    r"(tools\[\d+\])\.function\b": r"\1",
-    r"\bmessages\b": "input",
+# where the chat request's fields come from, whatever the request holds
+_PATHS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "response_format.json_schema": "text.format",
+    "tool_choice.function": "tool_choice",
 }
 
 
@@ -252,10 +255,15 @@ def _text(content, where: str, unread: list[str]) -> str:
 _ITEMS = {"message": MESSAGE_ITEM, "function_call": CALL_ITEM, "function_call_output": CALL_OUTPUT_ITEM}
 
 
-def _item(item, i: int, messages: list[dict], earlier: list[dict], unread: list[str]) -> None:
+def _item(item, i: int, messages: list[dict], earlier: list[dict], unread: list[str], offset: int) -> dict[str, str]:
     """One input item appended to the chat messages (a call to the assistant turn before it; a
-    result paired with its call, among `earlier` (the stored conversation) and `messages`)."""
+    result paired with its call, among `earlier` (the stored conversation) and `messages`); returns
+    the chat locations it made → its own (`offset`: the chat index of messages[0])."""
     where = f"input[{i}]"
+
+    def last() -> str:
+        return f"messages[{offset + len(messages) - 1}]"
+
     if not isinstance(item, dict):
         raise GreenroomError("invalid_parameter", f"'{where}' must be an object", where)
     kind = "message" if item.get("type") is None else item["type"]
@@ -275,7 +283,8 @@ def _item(item, i: int, messages: list[dict], earlier: list[dict], unread: list[
                 "invalid_parameter", f"'{where}.role' must be one of {', '.join(_ROLES)}", f"{where}.role"
             )
         messages.append({"role": item["role"], "content": _text(item["content"], f"{where}.content", unread)})
-    elif kind == "function_call":
+        return {last(): where}
+    if kind == "function_call":
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item[key], str):
                 raise GreenroomError("invalid_parameter", f"'{where}.{key}' must be a string", f"{where}.{key}")
@@ -286,13 +295,16 @@ def _item(item, i: int, messages: list[dict], earlier: list[dict], unread: list[
         }
         if messages and messages[-1]["role"] == "assistant":
             messages[-1].setdefault("tool_calls", []).append(call)
+            made = {}
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-    else:
-        call = openai_params.answered(item["call_id"], earlier + messages, f"{where}.call_id")
-        messages.append(
-            {"role": "tool", "content": _text(item["output"], f"{where}.output", unread), "tool_call_id": call}
-        )
+            made = {last(): where}
+        at = f"{last()}.tool_calls[{len(messages[-1]['tool_calls']) - 1}]"
+        return made | {at: where, f"{at}.id": f"{where}.call_id", f"{at}.function": where}
+    call = openai_params.answered(item["call_id"], earlier + messages, f"{where}.call_id")
+    messages.append({"role": "tool", "content": _text(item["output"], f"{where}.output", unread), "tool_call_id": call})
+    at = last()
+    return {at: where, f"{at}.content": f"{where}.output", f"{at}.tool_call_id": f"{where}.call_id"}
 
 
 _FUNCTION_FIELDS = {k: k for k in ("name", "description", "parameters")}
@@ -328,19 +340,26 @@ def _response_format(body: dict, unread: list[str]):
     }
 
 
-def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[str]]:
+def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[str], FieldPaths]:
     """The chat request `body` means after the stored conversation `history`: the chat body,
-    the messages of its own input (what a stored response keeps), and the nested keys not read."""
+    the messages of its own input (what a stored response keeps), the nested keys not read, and
+    where each chat location came from."""
     unread: list[str] = []
     source = body.get("input")
     if source is None:
         raise GreenroomError("missing_parameter", "'input' is a required property", "input")
+    # the chat conversation: instructions (a system message), the stored turns, then the input
+    shift = int(body.get("instructions") is not None)
+    names = {**_PATHS, **(paths.message(0, "instructions") if shift else {})}
+    for k in range(len(history)):
+        names |= paths.message(shift + k, "previous_response_id")
     if isinstance(source, str):
         messages = [{"role": "user", "content": source}]
+        names |= paths.message(shift + len(history), "input")
     elif isinstance(source, list) and source:
         messages = []
         for i, item in enumerate(source):
-            _item(item, i, messages, history, unread)
+            names |= _item(item, i, messages, history, unread, shift + len(history))
     else:
         raise GreenroomError("invalid_parameter", "'input' must be a string or a non-empty array of items", "input")
     instructions = openai_params.string(body, "instructions")
@@ -368,7 +387,8 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
         "response_format": _response_format(body, unread),
         **{k: body.get(k) for k in ("temperature", "top_p", "stream", "parallel_tool_calls", *openai_api.MILLM.names)},
     }
-    return {k: v for k, v in chat.items() if v is not None}, messages, unread
+    names |= paths.tools(len(chat["tools"] or ()), _FUNCTION_FIELDS)
+    return {k: v for k, v in chat.items() if v is not None}, messages, unread, FieldPaths(names)
 
 
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
@@ -499,7 +519,7 @@ def _usage(usage: dict) -> dict:
 class _Answer:
     """One request's Response: its fixed fields, the output as it grows, storing it once done."""
 
-    def __init__(self, store: ResponseStore, body: dict, model: str, conversation: list[dict]):
+    def __init__(self, store: ResponseStore, body: dict, model: str, conversation: list[dict], paths: FieldPaths):
         self.id = _id("resp")
         self.created = int(time.time())
         self.body, self.model, self.store = body, model, store
@@ -508,6 +528,7 @@ class _Answer:
         self.input_items = input_items(body)
         self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
         self.not_stored: GreenroomError | None = None  # why a response asked to be stored was not
+        self.paths = paths  # where the chat request's fields came from: a refusal in the stream names ours
 
     def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
         body = self.body
@@ -660,6 +681,7 @@ class _Answer:
                     response = await self.done(status, output, usage, millm)
                     yield event(f"response.{status}", response=response)
         except GreenroomError as exc:
+            exc = self.paths.renamed(exc)
             yield event("error", code=exc.code, message=exc.message, param=exc.param)
             failed = self.response("failed", output, error={"code": exc.code, "message": exc.message})
             yield event("response.failed", response=failed)
@@ -679,11 +701,11 @@ def register(app: Quart, tree: Tree) -> None:
         req = await openai_api.prepare(tree, ledger.RESPONSES, "on responses", translated=True)
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
-        chat, messages, unread = translate(req.body, history)
-        answer = _Answer(store, req.body, req.model, history + messages)
-        with openai_api.named(NAMES):
+        chat, messages, unread, field_paths = translate(req.body, history)
+        answer = _Answer(store, req.body, req.model, history + messages, field_paths)
+        with field_paths.renaming():
             return await openai_api.generation(
-                tree, req.translated(chat, unread), openai_api.Shaped(answer.stream, answer.whole)
+                tree, req.translated(chat, unread, field_paths), openai_api.Shaped(answer.stream, answer.whole)
             )
 
     @routes.view(app, "GET", "/v1/responses/{response_id}")
