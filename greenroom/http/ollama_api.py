@@ -1,6 +1,7 @@
 """The Ollama /api surface's generation — /api/generate and /api/chat (NDJSON streams,
 streamed by default) — and its read routes (tags, ps, show, version), so the `ollama` client
-works unchanged. Its other parts have modules of their own: the envelope
+works unchanged. Its other parts have modules of their own: the answers' lines and objects
+(ollama/format.py, from the neutral event stream: pipeline/events.py), the envelope
 (ollama_envelope.py), the request's common parts (ollama_request.py), options
 (ollama_params.py), `keep_alive` (keep_alive.py), `template` (ollama_templates.py),
 embeddings (ollama_embed.py), metadata (model_facts.py), model management
@@ -14,7 +15,6 @@ its last line and no `done: true` line.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import time
@@ -24,7 +24,6 @@ import trio
 from quart import Quart
 
 from greenroom import structured_fields as sf
-from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.errors import GreenroomError
 from greenroom.http import (
     contracts,
@@ -40,10 +39,12 @@ from greenroom.http import (
 from greenroom.http.answering import answer, drawn_seed
 from greenroom.http.contracts import NULL, when
 from greenroom.http.keep_alive import parse as parse_keep_alive
-from greenroom.http.ollama_envelope import error_body, request_id
+from greenroom.http.ollama import format as ollama_format
+from greenroom.http.ollama_envelope import request_id
 from greenroom.http.ollama_request import Prepared, prepare
+from greenroom.http.pipeline.events import collect, native
 from greenroom.http.schema_subset import SCHEMA, check_schema
-from greenroom.protocol import Failed, Fit, Generate, Text
+from greenroom.protocol import Fit, Generate
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -203,11 +204,6 @@ SHOW_REQUEST = attrs.evolve(
 )
 
 
-def _now() -> str:
-    """RFC 3339, UTC."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.Plan:
     """Ollama's `format` ("json" or a JSON schema) and tools as greenroom's structured-output
     plan. A constrained answer is validated once complete (streamed too: a document that
@@ -250,11 +246,6 @@ def conversation(messages: list) -> list[dict]:
     return openai_params.messages({"messages": out})
 
 
-def _ollama_calls(calls) -> list[dict]:
-    """greenroom's parsed calls (arguments as JSON text) → Ollama's (arguments an object)."""
-    return [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]
-
-
 # --- generation ------------------------------------------------------------------------------
 
 
@@ -288,6 +279,8 @@ async def _generate(tree: Tree, job: Job):
         ),
     )
     log.debug("request %s → %s (%s)", rid, gen.rid, "chat" if job.chat else "generate")
+    logprobs = job.gen.params.logprobs is not None
+    context = ollama_format.Context(job.req.sent_model, job.chat, rid, job.req.started_ns, load_ns, logprobs)
 
     def headers(first) -> dict[str, str]:
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
@@ -298,8 +291,11 @@ async def _generate(tree: Tree, job: Job):
             out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
         return {**out, **routing_headers(info, first.prompt_tokens)}
 
-    def timing(first) -> _Timing:
-        return _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
+    def neutral(events, first):  # the plan: its tools parsed (chat), its format's document checked
+        return native(events, 1, first.prompt_tokens, job.plan)  # Ollama asks for one choice
+
+    async def whole(events, first) -> dict:
+        return ollama_format.whole(await collect(neutral(events, first), 1), context)
 
     def kept_alive() -> None:  # the keep_alive applies once the answer is complete
         if job.keep_alive is not None:
@@ -311,8 +307,8 @@ async def _generate(tree: Tree, job: Job):
         gen,
         framing=framing.NDJSON if job.stream else None,
         headers=headers,
-        frames=lambda events, first: _frames(job, events, timing(first), rid),
-        collect=lambda events, first: _collect(job, events, timing(first)),
+        frames=lambda events, first: ollama_format.lines(neutral(events, first), context),
+        collect=whole,
         done=kept_alive,
     )
 
@@ -330,136 +326,6 @@ def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
     }
 
 
-@attrs.frozen
-class _Timing:
-    started_ns: int
-    load_ns: int
-    prompt_tokens: int
-
-    def metrics(self, finished: Text) -> dict:
-        stats = finished.stats or {}
-        return {
-            "total_duration": time.monotonic_ns() - self.started_ns,
-            "load_duration": self.load_ns,
-            "prompt_eval_count": self.prompt_tokens,
-            "prompt_eval_duration": int(stats.get("prefill_s", 0.0) * 1e9),
-            "eval_count": finished.completion_tokens,
-            "eval_duration": int(stats.get("decode_s", 0.0) * 1e9),
-        }
-
-
-def _head(job: Job) -> dict:
-    return {"model": job.req.sent_model, "created_at": _now()}
-
-
-def _final(job: Job, text: str, finished: Text, timing: _Timing, tokens: list) -> dict:
-    """The `done: true` object of a non-streamed answer (a complete constrained document
-    that does not validate is a 500, never a 200), with every reported token's `logprobs`."""
-    message, reason = structured.message(job.plan, text, finished.finish_reason)
-    reason = "stop" if reason == "tool_calls" else reason
-    out = _head(job)
-    if job.chat:
-        msg = {"role": "assistant", "content": message.get("content") or ""}
-        if message.get("tool_calls"):
-            msg["tool_calls"] = [
-                {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-                for c in message["tool_calls"]
-            ]
-        out["message"] = msg
-    else:
-        out["response"] = text
-    if job.gen.params.logprobs is not None:
-        out["logprobs"] = _logprobs(tokens)
-    return {**out, "done": True, "done_reason": reason, **timing.metrics(finished)}
-
-
-async def _collect(job: Job, events, timing: _Timing) -> dict:
-    texts: list[str] = []
-    tokens: list = []
-    finished = None
-    async for event in events:
-        if isinstance(event, Failed):
-            raise GreenroomError.from_wire(event.error)
-        texts.append(event.text)
-        tokens += event.logprobs or ()
-        if event.finish_reason:
-            finished = event
-    return _final(job, "".join(texts), finished, timing, tokens)
-
-
-async def _frames(job: Job, events, timing: _Timing, rid: str):
-    """NDJSON lines: one per batch of deltas, then `done: true` with the metrics — or, on a
-    failure, the flat error envelope as the last line."""
-    calls = ToolCallStream(job.plan.tools) if job.chat and job.plan.parses_tools else None
-    texts: list[str] = []
-    tokens: list = []  # reported tokens not yet written: they ride on the next line
-
-    def reported() -> dict:
-        if not tokens:
-            return {}
-        out = {"logprobs": _logprobs(tokens)}
-        tokens.clear()
-        return out
-
-    def delta(text: str, tool_calls: list | None = None) -> bytes:
-        if job.chat:
-            msg = {"role": "assistant", "content": text}
-            if tool_calls:
-                msg["tool_calls"] = tool_calls
-            return framing.ndjson({**_head(job), "message": msg, "done": False, **reported()})
-        return framing.ndjson({**_head(job), "response": text, "done": False, **reported()})
-
-    def shaped(text: str, final: bool = False) -> list[bytes]:
-        if calls is None:
-            return [delta(text)] if text else []
-        out, content = [], []
-        for kind, *rest in calls.feed(text) + (calls.finish() if final else []):
-            if kind == "content":
-                content.append(rest[0])
-            elif kind == "arguments":  # the call is complete: name and arguments in one line
-                if content:
-                    out.append(delta("".join(content)))
-                    content = []
-                out.append(delta("", _ollama_calls([calls.calls[rest[0]]])))
-        if content and (text := "".join(content)):
-            out.append(delta(text))
-        return out
-
-    try:
-        finished = None
-        async for first in events:
-            pending = []
-            for event in [first, *events.ready()]:  # what queued while we wrote goes out as one line
-                if isinstance(event, Failed):
-                    for line in shaped("".join(pending)):
-                        yield line
-                    yield framing.ndjson(error_body(GreenroomError.from_wire(event.error), rid))
-                    return
-                pending.append(event.text)
-                texts.append(event.text)
-                tokens.extend(event.logprobs or ())
-                if event.finish_reason:
-                    finished = event
-            for line in shaped("".join(pending), final=finished is not None):
-                yield line
-        structured.check(job.plan, "".join(texts), finished.finish_reason)
-        reason = finished.finish_reason
-        done = {
-            **_head(job),
-            **({"message": {"role": "assistant", "content": ""}} if job.chat else {"response": ""}),
-            "done": True,
-            "done_reason": reason,
-            **timing.metrics(finished),
-            **reported(),
-        }
-        yield framing.ndjson(done)
-    except GreenroomError as exc:
-        yield framing.ndjson(error_body(exc, rid))
-    except Exception as exc:  # never a half-written stream without a last line
-        log.exception("Ollama stream %s failed", rid)
-        yield framing.ndjson(error_body(GreenroomError("internal_error", f"internal error: {type(exc).__name__}"), rid))
-
-
 async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None):
     """No prompt (or no messages): load the model, as Ollama does — or, with keep_alive 0,
     unload it (graceful: running requests finish first)."""
@@ -471,7 +337,7 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         reason = "load"
-    out = {"model": req.sent_model, "created_at": _now()}
+    out = {"model": req.sent_model, "created_at": ollama_format.created_at()}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     return {**out, "done": True, "done_reason": reason}, 200, req.headers()
 
@@ -521,24 +387,6 @@ def _top_logprobs(body: dict) -> int:
             "invalid_parameter", f"top_logprobs must be between 0 and {TOP_LOGPROBS_MAX}", "top_logprobs"
         )
     return top
-
-
-def _logprobs(tokens: list) -> list[dict]:
-    """Text events' reported tokens as Ollama writes them: token, logprob, bytes and, when
-    asked for, top_logprobs."""
-    return [
-        {
-            "token": text,
-            "logprob": logprob,
-            "bytes": list(text.encode("utf-8")),
-            **(
-                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for _, t, lp in top]}
-                if top
-                else {}
-            ),
-        }
-        for _, text, logprob, top in tokens
-    ]
 
 
 # --- routes ----------------------------------------------------------------------------------
