@@ -22,25 +22,15 @@ from __future__ import annotations
 import json
 import logging
 
-import attrs
-
 from greenroom import structured_fields as sf
-from greenroom.engines.capabilities import WHY_NOT, Capabilities
+from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import structured
+from greenroom.http.contracts import Rule, needs
 
 log = logging.getLogger("greenroom.http")
 
 IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
-
-
-@attrs.frozen
-class Rule:
-    needs: str | None = None  # the capability that honours it; None with refuse=False: always used
-    refuse: bool = False  # without `needs`, refused (unless no-op); with it, refused when the engine lacks it
-    report: bool = False  # accepted, never read
-    noop: tuple = ()  # values that mean "no change" (null always does)
-    why: str = ""
 
 
 USE = Rule()
@@ -50,10 +40,6 @@ REPORTED = Rule(report=True)
 def reported(*noop) -> Rule:
     """Accepted, never read; reported unless null or one of `noop`."""
     return Rule(report=True, noop=noop)
-
-
-def needs(capability: str, *noop) -> Rule:
-    return Rule(needs=capability, refuse=True, noop=noop, why=WHY_NOT[capability])
 
 
 def refused(*noop, why: str) -> Rule:

@@ -39,6 +39,9 @@ from greenroom.http.contracts import (
     Text,
     at,
     merge,
+    needs,
+    refused,
+    reported,
     sent,
     when,
 )
@@ -127,6 +130,7 @@ TOOL_CHOICE = AnyOf(
 
 def _output_config(schema: Field, description: str) -> Shape:
     return Shape(
+        rule=needs("response_format", {}),
         fields={
             "format": Shape(
                 fields={"type": Choice(values=("json_schema",)), "schema": schema},
@@ -143,14 +147,19 @@ _FORMAT = _output_config(
     "The answer decoded under the schema (greenroom's subset) and validated once complete (streamed too): "
     "not with stop_sequences, not with tools unless tool_choice is none",
 )
+_NO_SERVER_TOOLS = "greenroom runs no tools of its own: send function tools"
 _COMMON = Shape(
     fields={
         "model": openai_params.MODEL,
         "messages": ListOf(items=MESSAGE, min_items=1),
         "system": attrs.evolve(TEXT, description="A system message first; text blocks joined"),
-        "tools": ListOf(items=TOOL),
-        "tool_choice": TOOL_CHOICE,
+        "tools": ListOf(items=TOOL, rule=needs("tools", [])),
+        "tool_choice": attrs.evolve(TOOL_CHOICE, rule=needs("tools")),
         "output_config": _FORMAT,
+        "thinking": refused({"type": "disabled"}, why="this model does not think"),
+        "mcp_servers": refused([], why=_NO_SERVER_TOOLS),
+        "container": refused(why=_NO_SERVER_TOOLS),
+        "context_management": refused(why=openai_params.NOT_YET),
     },
     required=("model", "messages"),
 )
@@ -202,7 +211,7 @@ _RULES += (
         "prompt before it",
     },
 )
-COUNT_REQUEST = merge(_COUNTED, rules=_RULES)
+COUNT_REQUEST = merge(_COUNTED, rules=_RULES, ledger=True)
 REQUEST = merge(
     _COMMON,
     Shape(
@@ -213,6 +222,8 @@ REQUEST = merge(
             "top_p": openai_params.TOP_P,
             "top_k": openai_params.TOP_K,
             "stream": Boolean(default=False),
+            "metadata": reported(),  # user_id
+            "service_tier": reported(),
         },
         required=("max_tokens",),
     ),
@@ -226,6 +237,7 @@ REQUEST = merge(
             "output_config.format cannot be cut by stop_sequences",
         ),
     ),
+    ledger=True,
 )
 
 # chat's names → this surface's, in a refusal of the chat request it became

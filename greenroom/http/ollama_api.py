@@ -138,6 +138,7 @@ _FORMAT_FIELD = contracts.AnyOf(
     description=(
         '"json" or a JSON schema: the answer is decoded under it and validated; not with options.stop or tools'
     ),
+    rule=contracts.needs("response_format", ""),
 )
 _NONE = {"anyOf": [NULL, {"type": "array", "maxItems": 0}]}  # a string stop is one stop
 _STOPPED = {"options": {"anyOf": [NULL, {"properties": {"stop": _NONE}}]}}
@@ -153,8 +154,11 @@ _COMMON_FIELDS = {
         description='true or "high", "medium", "low": 400 field_not_honoured, "<model>" does not support '
         "thinking (no model greenroom serves thinks)",
     ),
+    # each generated token's log-probability and the most probable at its position (Ollama's)
     "logprobs": contracts.Boolean(
-        default=False, description="true: each generated token's log-probability (temperature 1) in `logprobs`"
+        default=False,
+        description="true: each generated token's log-probability (temperature 1) in `logprobs`",
+        rule=contracts.needs("token_logprobs", False),
     ),
     "top_logprobs": contracts.Number(
         lo=0,
@@ -162,6 +166,7 @@ _COMMON_FIELDS = {
         integer=True,
         default=0,
         description="With logprobs: the most probable tokens at each position too (without it: not read, reported)",
+        rule=contracts.needs("token_logprobs", 0),
     ),
 }
 _LOADS = "Absent or empty: the model is loaded (keep_alive 0: unloaded)"
@@ -175,15 +180,20 @@ GENERATE_REQUEST = contracts.Shape(
             description="A Go template rendered as Ollama renders it (docs/ollama.md#templates); "
             "a construct greenroom does not render is refused by name"
         ),
+        "images": contracts.refused([], why=ledger.TEXT_ONLY),
+        "suffix": contracts.refused("", why="fill-in-the-middle is " + _NOT_YET),
+        "context": contracts.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
+        **dict.fromkeys(("width", "height", "steps"), contracts.refused(why="image generation is not served")),
     },
     required=("model",),
     rules=(when(_FORMATTED, {"properties": _STOPPED}, "format cannot be cut by a stop string"),),
+    ledger=True,
 )
 CHAT_REQUEST = contracts.Shape(
     fields={
         **_COMMON_FIELDS,
         "messages": attrs.evolve(openai_params.conversation(MESSAGE, min_items=0), description=_LOADS),
-        "tools": contracts.ListOf(items=structured.TOOL),
+        "tools": contracts.ListOf(items=structured.TOOL, rule=contracts.needs("tools", [])),
     },
     required=("model",),
     rules=(
@@ -193,13 +203,19 @@ CHAT_REQUEST = contracts.Shape(
             "format cannot be cut by a stop string or combined with tools",
         ),
     ),
+    ledger=True,
 )
 SHOW_REQUEST = attrs.evolve(
     named(MODEL),
     fields={
         **named(MODEL).fields,
         "verbose": contracts.Boolean(default=False, description="true: long arrays of model_info in full"),
+        # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
+        "system": contracts.reported(""),
+        "template": contracts.reported(""),
+        "options": contracts.reported({}),
     },
+    ledger=True,
 )
 
 

@@ -64,12 +64,20 @@ EMBED_REQUEST = contracts.Shape(
             f"answered is in {DIMENSIONS_HEADER}",
         ),
         "keep_alive": ollama_params.KEEP_ALIVE,
+        "options": contracts.reported(),
     },
     required=("model", "input"),
+    ledger=True,
 )
 EMBEDDINGS_REQUEST = contracts.Shape(
-    fields={"model": ollama_api.MODEL, "prompt": TEXT, "keep_alive": ollama_params.KEEP_ALIVE},
+    fields={
+        "model": ollama_api.MODEL,
+        "prompt": TEXT,
+        "keep_alive": ollama_params.KEEP_ALIVE,
+        "options": contracts.reported(),
+    },
     required=("model", "prompt"),
+    ledger=True,
 )
 
 

@@ -103,15 +103,23 @@ PULL_REQUEST = contracts.merge(
             description=_FROM_HUB + " (latest or a GGUF quantization)",
         )
     ),
-    contracts.Shape(fields={"stream": contracts.Boolean(default=True), "huggingface_token": _HUB_TOKEN}),
+    contracts.Shape(
+        fields={
+            "stream": contracts.Boolean(default=True),
+            "huggingface_token": _HUB_TOKEN,
+            "insecure": contracts.refused(False, why="the Hub is reached as HF_ENDPOINT says"),
+        }
+    ),
+    ledger=True,
 )
-DELETE_REQUEST = ollama_api.named(ollama_api.MODEL)
+DELETE_REQUEST = attrs.evolve(ollama_api.named(ollama_api.MODEL), ledger=True)
 COPY_REQUEST = contracts.Shape(
     fields={
         "source": ollama_api.MODEL,
         "destination": attrs.evolve(_NAME, description="The new name (:latest is the bare name)"),
     },
     required=("source", "destination"),
+    ledger=True,
 )
 CREATE_REQUEST = contracts.merge(
     ollama_api.named(attrs.evolve(_NAME, description="The new model's name")),
@@ -137,6 +145,10 @@ CREATE_REQUEST = contracts.merge(
                 options=(contracts.Text(), contracts.ListOf(items=contracts.Text())), description="Shown by /api/show"
             ),
             "stream": contracts.Boolean(default=True),
+            "quantize": contracts.refused("", why="greenroom does not quantize models"),  # "": none, as Ollama reads it
+            "adapters": contracts.refused(
+                {}, why="LoRA adapters are not supported: create from a GGUF file with them merged"
+            ),
         },
         rules=(
             {
@@ -146,6 +158,7 @@ CREATE_REQUEST = contracts.merge(
             {"properties": {"files": {"minProperties": 1, "maxProperties": 1}}, "description": _ONE_FILE},
         ),
     ),
+    ledger=True,
 )
 SEARCH_QUERY = contracts.Shape(
     fields={

@@ -91,6 +91,10 @@ async def prepare(tree: Tree, table: dict, where: str, translated: bool = False)
     return Prepared(body, model, ignored, strict, caps, where)
 
 
+# the chat and text completion requests, as the parsers of each part declare them
+CHAT = contracts.merge(openai_params.CHAT, structured.CHAT, scoring.CHAT, steering_api.CHAT, ledger=True)
+COMPLETION = contracts.merge(openai_params.COMPLETION, scoring.COMPLETION, ledger=True)
+
 # miLLM's per-request fields on the surfaces translated onto chat completions, declared as chat
 # declares them: top-level fields, what the SDKs send with extra_body
 MILLM = contracts.merge(

@@ -1,11 +1,11 @@
 """The OpenAPI 3.1 description of every route greenroom serves: the table of routes/routes.py,
 each operation built from its entry.
 
-- Requests are rendered from the declarations the parsers read (contracts.py; `_REQUESTS`
-  names each route's), so a bound, an enum or a field list is written once. Where the field
-  ledger checks a route (ledger.py and the Ollama modules' tables), its table is the list of
-  fields: a field it refuses is documented as the values it lets through, a field it reports
-  as accepted and unread, a field an engine capability honours with the capability named.
+- Requests are rendered from the declarations the parsers and the field ledger read
+  (contracts.py; `_REQUESTS` names each route's), so a bound, an enum, a field list or a
+  field's ledger rule is written once: a field the ledger refuses is documented as the values
+  it lets through, a field it reports as accepted and unread, a field an engine capability
+  honours with the capability named.
 - Responses are described here (they are written nowhere else), as closed objects
   (`additionalProperties: false`): a field the server starts sending must be described here
   first, or tests/test_openapi.py fails.
@@ -22,17 +22,12 @@ of the front end.
 from __future__ import annotations
 
 import copy
-import json
-
-import attrs
 
 from greenroom import __version__
-from greenroom.engines.capabilities import WHY_NOT
 from greenroom.errors import TABLE, anthropic_status, anthropic_type
 from greenroom.http import (
     clusters_api,
     contracts,
-    ledger,
     manage_api,
     messages_api,
     monitoring_api,
@@ -41,11 +36,10 @@ from greenroom.http import (
     ollama_blobs,
     ollama_embed,
     ollama_models,
+    openai_api,
     openai_params,
     responses_api,
-    scoring,
     steering_api,
-    structured,
     tokenize_api,
 )
 from greenroom.http.routes import TABLE as ROUTES
@@ -256,44 +250,40 @@ def _error_responses(surface: Surface) -> dict:
     return {str(status): _ref(name, "responses") for status, name, _ in _statuses(surface)}
 
 
-# --- requests: the parsers' declarations (contracts.py), the ledger's fields ----------------
+# --- requests: the parsers' declarations, each field with its ledger rule (contracts.py) ------
 
-_CHAT = contracts.merge(openai_params.CHAT, structured.CHAT, scoring.CHAT, steering_api.CHAT)
-_COMPLETION = contracts.merge(openai_params.COMPLETION, scoring.COMPLETION)
-
-# each request component: its declaration, and the ledger table that checks it first (None: none does)
-_REQUESTS: dict[str, tuple[contracts.Shape, dict | None]] = {
-    "ChatCompletionRequest": (_CHAT, ledger.CHAT),
-    "CompletionRequest": (_COMPLETION, ledger.COMPLETIONS),
-    "EmbeddingRequest": (openai_params.EMBEDDING, ledger.EMBEDDINGS),
-    "NeedleExtractRequest": (needle.EXTRACT, None),
-    "NeedleCompleteRequest": (needle.COMPLETE, None),
-    "ModelRequest": (manage_api.MODEL, None),
-    "SAEAttachRequest": (steering_api.ATTACH, None),
-    "SAEDetachRequest": (steering_api.DETACH, None),
-    "SteeringRequest": (steering_api.SET, None),
-    "SteeringLockRequest": (steering_api.LOCK, None),
-    "ProfileCreateRequest": (steering_api.PROFILE, None),
-    "ProfileUpdateRequest": (steering_api.UPDATE, None),
-    "ProfileDocument": (steering_api.EXPORTED, None),
-    "ClusterDocument": (clusters_api.CLUSTER, None),
-    "CircuitDocument": (clusters_api.CIRCUIT, None),
-    "IntensityRequest": (clusters_api.INTENSITY, None),
-    "MonitoringRequest": (monitoring_api.CONFIGURE, None),
-    "OllamaGenerateRequest": (ollama_api.GENERATE_REQUEST, ollama_api.GENERATE),
-    "OllamaChatRequest": (ollama_api.CHAT_REQUEST, ollama_api.CHAT),
-    "OllamaShowRequest": (ollama_api.SHOW_REQUEST, ollama_api.SHOW),
-    "OllamaEmbedRequest": (ollama_embed.EMBED_REQUEST, ollama_embed.EMBED),
-    "OllamaEmbeddingsRequest": (ollama_embed.EMBEDDINGS_REQUEST, ollama_embed.EMBEDDINGS),
-    "OllamaPullRequest": (ollama_models.PULL_REQUEST, ollama_models.PULL),
-    "OllamaDeleteRequest": (ollama_models.DELETE_REQUEST, ollama_models.DELETE),
-    "OllamaCopyRequest": (ollama_models.COPY_REQUEST, ollama_models.COPY),
-    "OllamaCreateRequest": (ollama_models.CREATE_REQUEST, ollama_models.CREATE),
-    "ResponseRequest": (responses_api.REQUEST, ledger.RESPONSES),
-    "MessageRequest": (messages_api.REQUEST, ledger.MESSAGES),
-    "MessageCountTokensRequest": (messages_api.COUNT_REQUEST, ledger.COUNT_TOKENS),
-    "TokenizeRequest": (tokenize_api.TOKENIZE, ledger.TOKENIZE),
-    "DetokenizeRequest": (tokenize_api.DETOKENIZE, ledger.DETOKENIZE),
+_REQUESTS: dict[str, contracts.Shape] = {
+    "ChatCompletionRequest": openai_api.CHAT,
+    "CompletionRequest": openai_api.COMPLETION,
+    "EmbeddingRequest": openai_params.EMBEDDING,
+    "NeedleExtractRequest": needle.EXTRACT,
+    "NeedleCompleteRequest": needle.COMPLETE,
+    "ModelRequest": manage_api.MODEL,
+    "SAEAttachRequest": steering_api.ATTACH,
+    "SAEDetachRequest": steering_api.DETACH,
+    "SteeringRequest": steering_api.SET,
+    "SteeringLockRequest": steering_api.LOCK,
+    "ProfileCreateRequest": steering_api.PROFILE,
+    "ProfileUpdateRequest": steering_api.UPDATE,
+    "ProfileDocument": steering_api.EXPORTED,
+    "ClusterDocument": clusters_api.CLUSTER,
+    "CircuitDocument": clusters_api.CIRCUIT,
+    "IntensityRequest": clusters_api.INTENSITY,
+    "MonitoringRequest": monitoring_api.CONFIGURE,
+    "OllamaGenerateRequest": ollama_api.GENERATE_REQUEST,
+    "OllamaChatRequest": ollama_api.CHAT_REQUEST,
+    "OllamaShowRequest": ollama_api.SHOW_REQUEST,
+    "OllamaEmbedRequest": ollama_embed.EMBED_REQUEST,
+    "OllamaEmbeddingsRequest": ollama_embed.EMBEDDINGS_REQUEST,
+    "OllamaPullRequest": ollama_models.PULL_REQUEST,
+    "OllamaDeleteRequest": ollama_models.DELETE_REQUEST,
+    "OllamaCopyRequest": ollama_models.COPY_REQUEST,
+    "OllamaCreateRequest": ollama_models.CREATE_REQUEST,
+    "ResponseRequest": responses_api.REQUEST,
+    "MessageRequest": messages_api.REQUEST,
+    "MessageCountTokensRequest": messages_api.COUNT_REQUEST,
+    "TokenizeRequest": tokenize_api.TOKENIZE,
+    "DetokenizeRequest": tokenize_api.DETOKENIZE,
 }
 _QUERIES: dict[str, contracts.Shape] = {
     "ModelQuery": monitoring_api.MODEL_QUERY,
@@ -307,58 +297,11 @@ _PATH_PARAMETERS = {
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
 }
-_UNKNOWN = "Unknown fields are accepted and named in the X-miLLM-Ignored-Fields response header"
-
-
-def _noop(rule: ledger.Rule) -> str:
-    return "null" + "".join(f" or {_json_text(v)}" for v in rule.noop)
-
-
-def _json_text(value) -> str:
-    return json.dumps(value)
-
-
-def _by_ledger(name: str, rule: ledger.Rule, declared: contracts.Field | None) -> contracts.Field:
-    """A field as its route's ledger rules it: refused fields take only their no-change values;
-    reported ones anything; a capability's fields what their parser takes."""
-    if rule.refuse and rule.needs is None:
-        assert declared is None, f"{name}: the ledger refuses what a parser declares"
-        return contracts.Choice(
-            values=(None, *rule.noop),
-            description=f"Refused with 400 field_not_honoured unless {_noop(rule)}: {rule.why}",
-        )
-    if rule.report and rule.needs is None:
-        unless = f" unless {_noop(rule)}" if rule.noop else ""
-        return contracts.Anything(description=f"Not read: reported in X-miLLM-Ignored-Fields{unless}")
-    assert declared is not None, f"{name}: the ledger uses a field no parser declares"
-    if rule.needs is None:
-        return declared
-    where = (
-        f"reported in X-miLLM-Ignored-Fields by an engine without {rule.needs}"
-        if rule.report
-        else f"refused with 400 field_not_honoured unless {_noop(rule)} by an engine without {rule.needs} "
-        f"({WHY_NOT[rule.needs]})"
-    )
-    return attrs.evolve(
-        declared, description=f"{declared.description}. " * bool(declared.description) + where[0].upper() + where[1:]
-    )
-
-
-def _request(shape: contracts.Shape, table: dict | None) -> contracts.Shape:
-    if table is None:
-        return shape
-    unknown = set(shape.fields) - set(table)
-    assert not unknown, f"declared but not in the ledger's table: {unknown}"
-    return attrs.evolve(
-        shape,
-        fields={name: _by_ledger(name, rule, shape.fields.get(name)) for name, rule in table.items()},
-        description=f"{shape.description} {_UNKNOWN}".strip(),
-    )
 
 
 def _request_schemas(components: dict) -> None:
-    for name, (shape, table) in _REQUESTS.items():
-        components[name] = _request(shape, table).render(components)
+    for name, shape in _REQUESTS.items():
+        components[name] = shape.render(components)
 
 
 # --- response bodies ------------------------------------------------------------------

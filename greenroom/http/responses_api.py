@@ -43,6 +43,9 @@ from greenroom.http.contracts import (
     Text,
     at,
     merge,
+    needs,
+    refused,
+    reported,
     sent,
     when,
 )
@@ -158,8 +161,8 @@ REQUEST = merge(
             "store": Boolean(default=True, description="Keep the response for GET and previous_response_id"),
             "previous_response_id": Text(min_length=1, description="A stored response: its conversation continues"),
             "metadata": MapOf(values=Text(max_length=512), keys=Text(max_length=64), description="Stored, echoed"),
-            "text": Shape(fields={"format": _FORMAT}),
-            "tools": ListOf(items=FUNCTION_TOOL),
+            "text": Shape(fields={"format": _FORMAT}, rule=needs("response_format", {}, {"format": {"type": "text"}})),
+            "tools": ListOf(items=FUNCTION_TOOL, rule=needs("tools", [])),
             "tool_choice": AnyOf(
                 options=(
                     Choice(values=("none", "auto", "required")),
@@ -169,8 +172,26 @@ REQUEST = merge(
                     ),
                 ),
                 description="As chat's: required or a named function is enforced by decoding",
+                rule=needs("tools"),
             ),
-            "parallel_tool_calls": Boolean(description="false: at most one call when tool_choice forces calls"),
+            "parallel_tool_calls": Boolean(
+                description="false: at most one call when tool_choice forces calls", rule=needs("tools")
+            ),
+            **dict.fromkeys(
+                ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"), reported()
+            ),
+            "stream_options": reported(),  # include_obfuscation: no obfuscation is sent
+            "reasoning": refused({}, why="this model does not reason"),
+            "background": refused(False, why="a response is answered within its request: there is no background queue"),
+            "truncation": refused(
+                "disabled", why="a prompt past the context window is refused (context_length_exceeded), never cut"
+            ),
+            "include": refused([], why="no reasoning, search results or log-probabilities are produced to include"),
+            "top_logprobs": refused(0, why=openai_params.NOT_YET),
+            "max_tool_calls": refused(why=openai_params.NOT_YET),
+            "conversation": refused(why="continue a stored response with previous_response_id"),
+            "prompt": refused(why="stored prompt templates are not served"),
+            "context_management": refused(why=openai_params.NOT_YET),
         },
         required=("model", "input"),
     ),
@@ -209,6 +230,7 @@ REQUEST = merge(
             "calls enforced by decoding: the functions' parameters in greenroom's subset",
         ),
     ),
+    ledger=True,
 )
 
 # chat's names → this surface's, in a refusal of the chat request it became

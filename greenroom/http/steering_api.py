@@ -27,7 +27,7 @@ from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params, routes
-from greenroom.http.contracts import INT64, AnyOf, Boolean, Choice, ListOf, MapOf, Number, Shape, Text
+from greenroom.http.contracts import INT64, AnyOf, Boolean, Choice, ListOf, MapOf, Number, Shape, Text, needs
 from greenroom.protocol import (
     ActivateProfile,
     AttachSAE,
@@ -152,6 +152,7 @@ CHAT = Shape(
             description="A steering profile (/api/profiles) steering this request only, on the "
             "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid for the "
             "attached SAEs; no SAE attached: unsteered",
+            rule=needs("profile"),
         ),
         "steering_intensity": AnyOf(
             options=(Number(lo=rules.ENVELOPE[0], hi=rules.ENVELOPE[1]), Choice(values=rules.SYMBOLS)),
@@ -162,6 +163,7 @@ CHAT = Shape(
                 'clamped into the declared range at both ends); 0/"off" turns steering off. The resolved λ is echoed in '
                 "X-miLLM-Steering-Intensity"
             ),
+            rule=needs("steering"),
         ),
     }
 )
