@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 
 from greenroom.engines.capabilities import WHY_NOT
+from greenroom.http.core.headers import IGNORED_FIELDS_HEADER
 
 NULL = {"type": "null"}
 
@@ -55,10 +56,10 @@ class Rule:
             if self.refuse:
                 return f"Refused with 400 field_not_honoured unless {noop}: {self.why}"
             if self.report:
-                return "Not read: reported in X-miLLM-Ignored-Fields" + f" unless {noop}" * bool(self.noop)
+                return f"Not read: reported in {IGNORED_FIELDS_HEADER}" + f" unless {noop}" * bool(self.noop)
             return ""
         if self.report:
-            return f"Reported in X-miLLM-Ignored-Fields by an engine without {self.needs}"
+            return f"Reported in {IGNORED_FIELDS_HEADER} by an engine without {self.needs}"
         return (
             f"Refused with 400 field_not_honoured unless {noop} by an engine without {self.needs} "
             f"({WHY_NOT[self.needs]})"
@@ -271,7 +272,7 @@ class Shape(Field):
         return out if name in self.required or not field.null else nullable(out)
 
 
-UNKNOWN = "Unknown fields are accepted and named in the X-miLLM-Ignored-Fields response header"
+UNKNOWN = f"Unknown fields are accepted and named in the {IGNORED_FIELDS_HEADER} response header"
 
 
 def _joined(*parts: str, sep: str = " ") -> str:

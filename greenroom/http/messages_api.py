@@ -539,7 +539,7 @@ class _Answer:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
-        req = await openai_api.prepare(tree, ledger.MESSAGES, "on messages", translated=True)
+        req = await openai_api.prepare(tree, REQUEST, "on messages", translated=True)
         chat, unread = translate(req.body)
         answer = _Answer(req.model)
         with openai_api.named(NAMES):
@@ -549,7 +549,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
-        req = await openai_api.prepare(tree, ledger.COUNT_TOKENS, "on count_tokens", translated=True)
+        req = await openai_api.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
         chat, unread = translate(req.body, generating=False)
         req = req.translated(chat, unread)
         headers = req.headers()

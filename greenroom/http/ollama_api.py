@@ -39,6 +39,13 @@ from greenroom.http import (
 )
 from greenroom.http.answering import answer, drawn_seed
 from greenroom.http.contracts import NULL, when
+from greenroom.http.core.headers import (
+    DEVICE_HEADER,
+    NUM_CTX_HEADER,
+    ROUTE_REASON_HEADER,
+    TOKEN_COUNT_HEADER,
+    TRUNCATED_HEADER,
+)
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
@@ -51,47 +58,8 @@ log = logging.getLogger("greenroom.http.ollama")
 TOP_LOGPROBS_MAX = 20  # Ollama's bound
 THINK_LEVELS = ("high", "medium", "low")  # `think` as a string (Ollama's api.ThinkValue)
 
-# what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
-# `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
-TRUNCATED_HEADER = "X-Greenroom-Truncated"
-# the context window the request ran with: options.num_ctx as Ollama clamps it (ollama_params.window)
-NUM_CTX_HEADER = "X-Greenroom-Num-Ctx"
 
 _NOT_YET = "not yet implemented"
-_FORMAT = ledger.needs("response_format", "")
-_COMMON = {
-    "model": ledger.USE,
-    "stream": ledger.USE,
-    "format": _FORMAT,
-    "options": ledger.USE,
-    "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
-    "think": ledger.USE,  # refused unless false, in Ollama's words (_no_thinking)
-    # each generated token's log-probability and the most probable at its position (Ollama's)
-    "logprobs": ledger.needs("token_logprobs", False),
-    "top_logprobs": ledger.needs("token_logprobs", 0),
-}
-GENERATE = {
-    **_COMMON,
-    "prompt": ledger.USE,
-    "system": ledger.USE,
-    "template": ledger.USE,
-    "raw": ledger.USE,
-    "images": ledger.refused([], why=ledger.TEXT_ONLY),
-    "suffix": ledger.refused("", why="fill-in-the-middle is " + _NOT_YET),
-    "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
-    **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
-}
-CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [])}
-SHOW = {
-    "model": ledger.USE,
-    "name": ledger.USE,
-    "verbose": ledger.USE,
-    # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
-    "system": ledger.reported(""),
-    "template": ledger.reported(""),
-    "options": ledger.reported({}),
-}
-
 # --- request shapes (contracts.py) --------------------------------------------------------
 
 MODEL = contracts.Text(
@@ -340,9 +308,9 @@ def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
     classifies by."""
     kind = info["device"].replace(".", ":").partition(":")[0].upper()
     return {
-        "X-NPU-Proxy-Device": "GPU" if kind == "CUDA" else kind,
-        "X-NPU-Proxy-Route-Reason": info["route_reason"],
-        "X-NPU-Proxy-Token-Count": str(prompt_tokens),
+        DEVICE_HEADER: "GPU" if kind == "CUDA" else kind,
+        ROUTE_REASON_HEADER: info["route_reason"],
+        TOKEN_COUNT_HEADER: str(prompt_tokens),
     }
 
 
@@ -492,10 +460,10 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
     return {**out, "done": True, "done_reason": reason}, 200, req.headers()
 
 
-async def _generation_request(tree: Tree, table: dict, where: str):
+async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
     """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
     (Ollama streams by default) and `keep_alive`."""
-    req = await prepare(tree, table, where, defaults="chat" if table is CHAT else "generate")
+    req = await prepare(tree, shape, where, defaults="chat" if shape is CHAT_REQUEST else "generate")
     _no_thinking(req)
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
@@ -563,7 +531,7 @@ def _logprobs(tokens: list) -> list[dict]:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/api/generate")
     async def ollama_generate():
-        req, options, stream, keep_alive = await _generation_request(tree, GENERATE, "on /api/generate")
+        req, options, stream, keep_alive = await _generation_request(tree, GENERATE_REQUEST, "on /api/generate")
         body = req.body
         prompt, system, template = (openai_params.string(body, f) for f in ("prompt", "system", "template"))
         raw = openai_params.boolean(body, "raw", False)
@@ -594,7 +562,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/chat")
     async def ollama_chat():
-        req, options, stream, keep_alive = await _generation_request(tree, CHAT, "on /api/chat")
+        req, options, stream, keep_alive = await _generation_request(tree, CHAT_REQUEST, "on /api/chat")
         body = req.body
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
@@ -623,7 +591,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/show")
     async def ollama_show():
-        req = await prepare(tree, SHOW, "on /api/show")
+        req = await prepare(tree, SHOW_REQUEST, "on /api/show")
         placed = model_facts.Placed.of(tree, req.model, trio.current_time())
         verbose = openai_params.boolean(req.body, "verbose", False)
         shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps.tools, verbose)

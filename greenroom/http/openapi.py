@@ -42,6 +42,7 @@ from greenroom.http import (
     steering_api,
     tokenize_api,
 )
+from greenroom.http.core import headers
 from greenroom.http.routes import TABLE as ROUTES
 from greenroom.http.routes import Framing, Route, Surface
 
@@ -194,7 +195,7 @@ def _error_schemas() -> dict:
         ),
         "OllamaError": _closed(
             {
-                "error": _described(_string(), "The message, then (request id: <X-Request-ID>)"),
+                "error": _described(_string(), f"The message, then (request id: <{headers.REQUEST_ID_HEADER}>)"),
                 "code": _string(),
             },
             ("error", "code"),
@@ -217,7 +218,9 @@ def _error_schemas() -> dict:
         {
             "type": {"const": "error"},
             "error": _ANTHROPIC_ERROR,
-            "request_id": _described(_string(), "The request's id (its request-id and X-Request-ID headers)"),
+            "request_id": _described(
+                _string(), f"The request's id (its request-id and {headers.REQUEST_ID_HEADER} headers)"
+            ),
         },
         ("type", "error"),
         description="Anthropic's error envelope; an answer's (not a stream's error event) carries request_id",
@@ -937,7 +940,7 @@ def _document_schemas() -> dict:
                             {
                                 "rung": _RUNG,
                                 "language": _string(),
-                                "header": _described(_string(), "X-miLLM-Circuit-Rung as responses carry it"),
+                                "header": _described(_string(), f"{headers.CIRCUIT_RUNG_HEADER} as responses carry it"),
                                 "intensity": _number(),
                                 "layers": _array(
                                     _obj(
@@ -949,7 +952,7 @@ def _document_schemas() -> dict:
                             ("rung", "language", "header", "intensity", "layers"),
                         )
                     ),
-                    "Present only while the circuit genuinely steers generation (what X-miLLM-Circuit-Rung reports); "
+                    f"Present only while the circuit genuinely steers generation (what {headers.CIRCUIT_RUNG_HEADER} reports); "
                     "read this, not whether a circuit is active, before showing evidence language",
                 ),
             },
@@ -1518,7 +1521,7 @@ def _headers() -> dict:
             "example": '7;scope="request"',
         },
         "DrawnSeed": {
-            "description": "Beyond the spec: the seed drawn for a request sent without one, in X-miLLM-Seed's form; "
+            "description": f"Beyond the spec: the seed drawn for a request sent without one, in {headers.SEED_HEADER}'s form; "
             "sent back as the seed, it reproduces the answer. Absent when a seed was sent, or where none would "
             "reproduce (a request decoded in the transformers continuous batch)",
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape)"$'),
@@ -1581,24 +1584,24 @@ def _ollama_headers() -> dict:
 
 
 _HEADER_NAMES = {
-    "IgnoredFields": "X-miLLM-Ignored-Fields",
-    "Seed": "X-miLLM-Seed",
-    "DrawnSeed": "X-Greenroom-Drawn-Seed",
-    "Steering": "X-miLLM-Steering",
-    "CircuitRung": "X-miLLM-Circuit-Rung",
-    "Constrained": "X-miLLM-Constrained",
-    "NotStored": "X-Greenroom-Not-Stored",
-    "SteeringIntensity": "X-miLLM-Steering-Intensity",
-    "NumCtx": "X-Greenroom-Num-Ctx",
-    "Dimensions": "X-Greenroom-Dimensions",
-    "Truncated": "X-Greenroom-Truncated",
-    "Device": "X-NPU-Proxy-Device",
-    "RouteReason": "X-NPU-Proxy-Route-Reason",
-    "TokenCount": "X-NPU-Proxy-Token-Count",
+    "IgnoredFields": headers.IGNORED_FIELDS_HEADER,
+    "Seed": headers.SEED_HEADER,
+    "DrawnSeed": headers.DRAWN_SEED_HEADER,
+    "Steering": headers.STEERING_HEADER,
+    "CircuitRung": headers.CIRCUIT_RUNG_HEADER,
+    "Constrained": headers.CONSTRAINED_HEADER,
+    "NotStored": headers.NOT_STORED_HEADER,
+    "SteeringIntensity": headers.STEERING_INTENSITY_HEADER,
+    "NumCtx": headers.NUM_CTX_HEADER,
+    "Dimensions": headers.DIMENSIONS_HEADER,
+    "Truncated": headers.TRUNCATED_HEADER,
+    "Device": headers.DEVICE_HEADER,
+    "RouteReason": headers.ROUTE_REASON_HEADER,
+    "TokenCount": headers.TOKEN_COUNT_HEADER,
 }
 
 _STRICT = {
-    "name": "X-miLLM-Strict",
+    "name": headers.STRICT_HEADER,
     "in": "header",
     "required": False,
     "description": "true or 1: refuse unused fields with 400 unused_fields_refused instead of reporting them; "
@@ -1771,11 +1774,11 @@ _EXAMPLES = {
 # --- operations, from the route table ----------------------------------------------------
 
 
-def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+def _json(schema: dict, description: str, documented: dict | None = None) -> dict:
     """A response with an `application/json` body (and, optionally, documented headers)."""
     response = {"description": description, "content": {"application/json": {"schema": schema}}}
-    if headers:
-        response["headers"] = headers
+    if documented:
+        response["headers"] = documented
     return response
 
 
@@ -1783,15 +1786,15 @@ def _answer(route: Route) -> dict:
     """The route's 200. For `text/event-stream`, an OpenAPI 3.1 `schema` describes each event
     (the fields `event`, `data`, `id`, `retry`; `data` a string), as OpenAPI 3.2's `itemSchema`
     does; an NDJSON stream is described as the array of its lines."""
-    headers = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
+    documented = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
     if route.response is None:  # no body (a HEAD's, an upload's)
         return {"description": route.answer}
     if route.framing is Framing.TEXT:
         return {"description": route.answer, "content": {"text/plain": {"schema": _string()}}}
     if route.framing is Framing.ONLY_SSE:
         response = {"description": route.answer, "content": {"text/event-stream": {"schema": _ref(route.stream)}}}
-        return {**response, "headers": headers} if headers else response
-    response = _json(_ref(route.response), route.answer, headers)
+        return {**response, "headers": documented} if documented else response
+    response = _json(_ref(route.response), route.answer, documented)
     if route.framing is Framing.SSE:
         response["content"]["text/event-stream"] = {"schema": _ref(route.stream)}
     elif route.framing is Framing.NDJSON:

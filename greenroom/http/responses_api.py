@@ -49,6 +49,7 @@ from greenroom.http.contracts import (
     sent,
     when,
 )
+from greenroom.http.core.headers import NOT_STORED_HEADER, STRICT_HEADER
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.protocol import Admitted
 from greenroom.store.responses import ResponseStore
@@ -466,9 +467,6 @@ def _page(items: list[dict], order: str, limit: int, after: str | None) -> dict:
 
 # --- the answer ---------------------------------------------------------------------------------
 
-# on an answer whose `store: true` could not be kept (its `store` then says false): why
-NOT_STORED_HEADER = "X-Greenroom-Not-Stored"
-
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -698,7 +696,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/responses")
     async def create_response():
-        req = await openai_api.prepare(tree, ledger.RESPONSES, "on responses", translated=True)
+        req = await openai_api.prepare(tree, REQUEST, "on responses", translated=True)
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
         chat, messages, unread = translate(req.body, history)
@@ -715,7 +713,7 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/v1/responses/{response_id}/input_items")
     async def list_input_items(response_id: str):
         args = request.args
-        strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+        strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
         headers = ledger.report_headers([k for k in args if k not in INPUT_ITEMS_QUERY.names | {"include[]"}], strict)
         query = _query(args)
         items = (await stored(response_id)).input_items

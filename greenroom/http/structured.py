@@ -36,6 +36,7 @@ from greenroom.http.contracts import (
     needs,
     when,
 )
+from greenroom.http.core.headers import CONSTRAINED_HEADER
 from greenroom.http.schema_subset import SCHEMA, check_schema
 
 ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment
@@ -102,7 +103,9 @@ RESPONSE_FORMAT = Named(
                     "type": Choice(values=("json_schema",)),
                     "json_schema": Shape(
                         fields={
-                            "name": attrs.evolve(NAME, description="Echoed in the X-miLLM-Constrained response header"),
+                            "name": attrs.evolve(
+                                NAME, description=f"Echoed in the {CONSTRAINED_HEADER} response header"
+                            ),
                             "schema": attrs.evolve(SCHEMA, null=False),
                             "strict": Boolean(description="Accepted; the schema is enforced by decoding either way"),
                             "description": Anything(),

@@ -56,7 +56,7 @@ async def tokenized(tree: Tree, message: Tokenize) -> Tokenized:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/tokenize")
     async def tokenize():
-        req = await openai_api.prepare(tree, ledger.TOKENIZE, "on tokenize")
+        req = await openai_api.prepare(tree, TOKENIZE, "on tokenize")
         body = req.body
         strings = openai_params.boolean(body, "return_token_strs", False)
         if (body.get("prompt") is None) == (body.get("messages") is None):
@@ -100,7 +100,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/detokenize")
     async def detokenize():
-        req = await openai_api.prepare(tree, ledger.DETOKENIZE, "on detokenize")
+        req = await openai_api.prepare(tree, DETOKENIZE, "on detokenize")
         tokens = req.body.get("tokens")
         if tokens is None:
             raise GreenroomError("missing_parameter", "'tokens' is a required property", "tokens")
