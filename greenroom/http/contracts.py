@@ -245,6 +245,15 @@ class Shape(Field):
     def names(self) -> frozenset[str]:
         return frozenset(self.fields)
 
+    @property
+    def read(self) -> frozenset[str]:
+        """The fields its parser reads: those declared, but for the ones it reports."""
+        return frozenset(name for name, f in self.fields.items() if not f.rule.report)
+
+    def unread(self, value: dict) -> list[str]:
+        """The keys of `value` not read: not declared, or declared as reported."""
+        return [key for key in value if key not in self.read]
+
     def _description(self) -> str:
         return _joined(self.description, UNKNOWN * self.ledger)
 
@@ -285,9 +294,9 @@ def refused(*noop, why: str) -> Choice:
     return Choice(values=(None, *noop), rule=Rule(refuse=True, noop=noop, why=why))
 
 
-def reported(*noop) -> Anything:
+def reported(*noop, description: str = "") -> Anything:
     """A field accepted and never read: reported in X-miLLM-Ignored-Fields unless null or one of `noop`."""
-    return Anything(rule=Rule(report=True, noop=noop))
+    return Anything(rule=Rule(report=True, noop=noop), description=description)
 
 
 @attrs.frozen(kw_only=True)

@@ -29,7 +29,6 @@ from greenroom.http import framing, ledger, openai_api, openai_params, routes, s
 from greenroom.http.contracts import (
     DATA,
     AnyOf,
-    Anything,
     Boolean,
     Choice,
     Field,
@@ -51,7 +50,7 @@ from greenroom.supervisor.tree import Tree
 
 # --- the request (contracts.py) ---------------------------------------------------------------
 
-_CACHE = {"cache_control": Anything(description="Not read (no prompt cache): reported")}
+_CACHE = {"cache_control": reported(description="Not read (no prompt cache): reported")}
 TEXT_BLOCK = Shape(
     fields={"type": Choice(values=("text",)), "text": Text(), **_CACHE},
     required=("type", "text"),
@@ -73,7 +72,7 @@ TOOL_RESULT_BLOCK = Shape(
         "type": Choice(values=("tool_result",)),
         "tool_use_id": Text(description="The earlier tool_use block it answers (refused if none has this id)"),
         "content": TEXT,
-        "is_error": Anything(description="Not read: reported"),
+        "is_error": reported(description="Not read: reported"),
         **_CACHE,
     },
     required=("type", "tool_use_id"),
@@ -246,22 +245,26 @@ NAMES = {
     r"(tools\[\d+\])\.function\.parameters\b": r"\1.input_schema",
     r"(tools\[\d+\])\.function\b": r"\1",
 }
-_BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
-_NOT_READ = {"cache_control", "is_error"}
+# each role's message as MESSAGE declares it, and the blocks its content takes, by type
+_ROLES = {option.fields["role"].values[0]: option for option in MESSAGE.field.options}
+_KINDS = {
+    role: {block.fields["type"].values[0]: block for block in message.fields["content"].options[1].items.options}
+    for role, message in _ROLES.items()
+}
 
 
 def _texts(blocks, where: str, unread: list[str]) -> str:
-    return openai_params.text_of(blocks, where, ("text",), frozenset({"type", "text"}), unread)
+    return openai_params.text_of(blocks, where, ("text",), TEXT_BLOCK.read, unread)
 
 
 def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
     """One Anthropic message appended as chat messages: an assistant turn (text and calls), or a
     user's tool results (tool messages) and text, in order."""
     where = f"messages[{i}]"
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
         raise GreenroomError("invalid_parameter", f"'{where}' must be a user or assistant message", where)
-    unread += [f"{where}.{k}" for k in message if k not in ("role", "content")]
     role, content = message["role"], message.get("content")
+    unread += [f"{where}.{k}" for k in _ROLES[role].unread(message)]
     if content is None:
         raise GreenroomError("missing_parameter", f"'{where}.content' is required", f"{where}.content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -271,7 +274,7 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
         )
     text: list[str] = []
     calls: list[dict] = []
-    allowed = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
+    allowed = _KINDS[role]
     for j, block in enumerate(blocks):
         place = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -284,10 +287,10 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> None:
                 "thinking is not supported",
                 place,
             )
-        for key in _BLOCKS[kind].required:
+        for key in allowed[kind].required:
             if block.get(key) is None:
                 raise GreenroomError("missing_parameter", f"'{place}.{key}' is required", f"{place}.{key}")
-        unread += [f"{place}.{k}" for k in block if k not in _BLOCKS[kind].names or k in _NOT_READ]
+        unread += [f"{place}.{k}" for k in allowed[kind].unread(block)]
         if kind == "text":
             if not isinstance(block["text"], str):
                 raise GreenroomError("invalid_parameter", f"'{place}.text' must be a string", f"{place}.text")
@@ -394,7 +397,7 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str]]:
             (None, "custom"),
             {"name": "name", "description": "description", "input_schema": "parameters"},
             ("input_schema",),
-            TOOL.field.names - _NOT_READ,
+            TOOL.field.read,
             unread,
         ),
         "tool_choice": choice,

@@ -146,3 +146,39 @@ def test_the_docs_table_is_the_declaration():
     declare, and no other: a field added to a declaration fails here until the table says what it does."""
     declared = set(openai_api.CHAT.fields) | set(openai_api.COMPLETION.fields)
     assert _documented("openai.md", "## How greenroom treats each parameter") == declared
+
+
+def test_anthropic_messages_report_what_their_declarations_report():
+    """messages_api reads a message's keys, its blocks' types and their reported keys
+    (cache_control, is_error) off MESSAGE's declaration."""
+    out: list[dict] = []
+    unread: list[str] = []
+    messages_api._message(
+        {"role": "assistant", "content": [{"type": "text", "text": "Hi", "cache_control": {}, "x": 1}], "id": "m"},
+        0,
+        out,
+        unread,
+    )
+    messages_api._message(
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "4", "is_error": False}],
+        },
+        1,
+        [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {}}}]}],
+        unread,
+    )
+    assert unread == [
+        "messages[0].id",
+        "messages[0].content[0].cache_control",
+        "messages[0].content[0].x",
+        "messages[1].content[0].is_error",
+    ]
+    with pytest.raises(GreenroomError) as e:  # a block type the role's content does not declare
+        messages_api._message({"role": "user", "content": [{"type": "tool_use"}]}, 0, [], [])
+    assert e.value.param == "messages[0].content[0]"
+
+
+def test_a_shape_names_its_unread_keys():
+    shape = contracts.Shape(fields={"a": contracts.Text(), "b": contracts.reported()})
+    assert shape.read == {"a"} and shape.unread({"a": 1, "b": 2, "c": 3}) == ["b", "c"]
