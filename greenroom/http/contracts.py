@@ -22,7 +22,7 @@ Schema `if`/`then` in `Shape.rules`.
 A field's ledger rule (`Rule`: used, reported, refused, or honoured by an engine capability) is
 part of its declaration: the field ledger (ledger.py) checks a request against its Shape's rules,
 and the document renders each rule as the field's description (a refused field as the values it
-lets through). Standard library and attrs only: no torch here.
+lets through). Standard library, attrs and pure tables (capabilities, header names) only: no torch here.
 """
 
 from __future__ import annotations
