@@ -8,14 +8,14 @@ import pytest
 
 from greenroom.engines.capabilities import ENGINES, WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger
+from greenroom.http import ledger, openai_api, openai_params
 
 ALL = ENGINES["transformers"]
 NONE = Capabilities()
 WHERE = "on chat completions"
 
 
-def refusal(body: dict, caps=NONE, table=ledger.CHAT) -> GreenroomError:
+def refusal(body: dict, caps=NONE, table=openai_api.CHAT) -> GreenroomError:
     with pytest.raises(GreenroomError) as e:
         ledger.check(table, body, caps, WHERE)
     return e.value
@@ -23,7 +23,7 @@ def refusal(body: dict, caps=NONE, table=ledger.CHAT) -> GreenroomError:
 
 def test_used_fields_are_neither_reported_nor_refused():
     assert (
-        ledger.check(ledger.CHAT, {"model": "m", "messages": [], "temperature": 0.5, "max_tokens": 3}, NONE, WHERE)
+        ledger.check(openai_api.CHAT, {"model": "m", "messages": [], "temperature": 0.5, "max_tokens": 3}, NONE, WHERE)
         == []
     )
 
@@ -37,7 +37,7 @@ def test_unknown_and_unread_fields_are_reported_with_locations():
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}], "name": "n"}],
         "extra_messages": [[{"role": "user", "content": "x", "weight": 2}]],
     }
-    assert ledger.check(ledger.CHAT, body, ALL, WHERE) == [
+    assert ledger.check(openai_api.CHAT, body, ALL, WHERE) == [
         "foo",
         "user",
         "messages[0].name",
@@ -63,7 +63,7 @@ def test_a_field_the_engine_lacks_is_refused_naming_why(field, value, capability
     e = refusal({field: value})
     assert e.code == "field_not_honoured" and e.param == field
     assert WHY_NOT[capability] in e.message and WHERE in e.message
-    ledger.check(ledger.CHAT, {field: value}, ALL, WHERE)  # the engine with it honours it
+    ledger.check(openai_api.CHAT, {field: value}, ALL, WHERE)  # the engine with it honours it
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_a_field_the_engine_lacks_is_refused_naming_why(field, value, capability
     ],
 )
 def test_a_no_change_value_is_never_refused(field, value):
-    assert ledger.check(ledger.CHAT, {field: value}, NONE, WHERE) == []
+    assert ledger.check(openai_api.CHAT, {field: value}, NONE, WHERE) == []
 
 
 def test_no_change_is_by_type_too():
@@ -89,15 +89,15 @@ def test_required_or_named_tool_choice_needs_constrained_decoding():
     caps = Capabilities(tools=True)
     tools = [{"type": "function", "function": {"name": "f"}}]
     for choice in ("auto", "none"):
-        ledger.check(ledger.CHAT, {"tools": tools, "tool_choice": choice}, caps, WHERE)
+        ledger.check(openai_api.CHAT, {"tools": tools, "tool_choice": choice}, caps, WHERE)
     for choice in ("required", {"type": "function", "function": {"name": "f"}}):
         assert refusal({"tools": tools, "tool_choice": choice}, caps).param == "tool_choice"
-        ledger.check(ledger.CHAT, {"tools": tools, "tool_choice": choice}, ALL, WHERE)
+        ledger.check(openai_api.CHAT, {"tools": tools, "tool_choice": choice}, ALL, WHERE)
 
 
 def test_embeddings_refuse_generation_fields():
-    assert refusal({"seed": 1}, ALL, ledger.EMBEDDINGS).param == "seed"
-    assert ledger.check(ledger.EMBEDDINGS, {"model": "m", "input": "x", "logprobs": False}, ALL, WHERE) == []
+    assert refusal({"seed": 1}, ALL, openai_params.EMBEDDING).param == "seed"
+    assert ledger.check(openai_params.EMBEDDING, {"model": "m", "input": "x", "logprobs": False}, ALL, WHERE) == []
 
 
 def test_strict_mode_refuses_what_would_be_reported():
@@ -124,8 +124,8 @@ def test_a_reported_field_that_asks_for_nothing_is_not_reported():
     from greenroom.http import ollama_api
 
     cli = {"model": "", "system": "", "template": "", "verbose": False, "options": None, "name": "m"}
-    assert ledger.check(ollama_api.SHOW, cli, NONE, "on /api/show") == []
-    assert ledger.check(ollama_api.SHOW, {**cli, "options": {}}, NONE, "on /api/show") == []
+    assert ledger.check(ollama_api.SHOW_REQUEST, cli, NONE, "on /api/show") == []
+    assert ledger.check(ollama_api.SHOW_REQUEST, {**cli, "options": {}}, NONE, "on /api/show") == []
     sent = {**cli, "system": "Be brief.", "options": {"seed": 1}}
-    assert ledger.check(ollama_api.SHOW, sent, NONE, "on /api/show") == ["system", "options"]
-    assert ledger.check(ledger.CHAT, {"user": None, "foo": None}, ALL, WHERE) == ["user", "foo"]  # no no-op listed
+    assert ledger.check(ollama_api.SHOW_REQUEST, sent, NONE, "on /api/show") == ["system", "options"]
+    assert ledger.check(openai_api.CHAT, {"user": None, "foo": None}, ALL, WHERE) == ["user", "foo"]  # no no-op listed

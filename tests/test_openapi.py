@@ -36,8 +36,19 @@ from schemathesis.specs.openapi.checks import (
 
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import TABLE
-from greenroom.http import keep_alive, ledger, ollama_api, ollama_embed, ollama_models, routes
-from greenroom.http.contracts import INT64
+from greenroom.http import (
+    keep_alive,
+    messages_api,
+    ollama_api,
+    ollama_embed,
+    ollama_models,
+    openai_api,
+    openai_params,
+    responses_api,
+    routes,
+    tokenize_api,
+)
+from greenroom.http.contracts import INT64, Shape
 from greenroom.http.openapi import document, status_on
 from greenroom.http.routes import Surface
 
@@ -175,27 +186,31 @@ LIST_BOUNDS = {  # field: (cap, the longest list the server accepts) for a list 
 VOCABULARY = 1024  # its token ids (prompt and input token arrays, allowed_token_ids)
 
 # Fields the served model's engine refuses unless they carry their "no change" value,
-# read from today's ledger: dropped from the bodies aimed at the served model.
+# read from the request declarations' ledger rules: dropped from the bodies aimed at the served model.
 ENGINE = capabilities_of("transformers")  # the engine of the served model (configs/default.toml)
 
 
-def _refused(table: dict) -> frozenset[str]:
-    return frozenset(f for f, rule in table.items() if rule.refuse and not (rule.needs and getattr(ENGINE, rule.needs)))
+def _refused(shape: Shape) -> frozenset[str]:
+    return frozenset(
+        name
+        for name, f in shape.fields.items()
+        if f.rule.refuse and not (f.rule.needs and getattr(ENGINE, f.rule.needs))
+    )
 
 
 REFUSED_FIELDS = {
-    "/v1/chat/completions": _refused(ledger.CHAT),
-    "/v1/completions": _refused(ledger.COMPLETIONS),
-    "/v1/embeddings": _refused(ledger.EMBEDDINGS),
-    "/api/generate": _refused(ollama_api.GENERATE),
-    "/api/chat": _refused(ollama_api.CHAT),
-    "/api/embed": _refused(ollama_embed.EMBED),
-    "/api/embeddings": _refused(ollama_embed.EMBEDDINGS),
-    "/api/show": _refused(ollama_api.SHOW),
-    "/v1/responses": _refused(ledger.RESPONSES),
-    "/v1/messages": _refused(ledger.MESSAGES),
-    "/v1/messages/count_tokens": _refused(ledger.COUNT_TOKENS),
-    "/tokenize": _refused(ledger.TOKENIZE),
+    "/v1/chat/completions": _refused(openai_api.CHAT),
+    "/v1/completions": _refused(openai_api.COMPLETION),
+    "/v1/embeddings": _refused(openai_params.EMBEDDING),
+    "/api/generate": _refused(ollama_api.GENERATE_REQUEST),
+    "/api/chat": _refused(ollama_api.CHAT_REQUEST),
+    "/api/embed": _refused(ollama_embed.EMBED_REQUEST),
+    "/api/embeddings": _refused(ollama_embed.EMBEDDINGS_REQUEST),
+    "/api/show": _refused(ollama_api.SHOW_REQUEST),
+    "/v1/responses": _refused(responses_api.REQUEST),
+    "/v1/messages": _refused(messages_api.REQUEST),
+    "/v1/messages/count_tokens": _refused(messages_api.COUNT_REQUEST),
+    "/tokenize": _refused(tokenize_api.TOKENIZE),
 }
 
 
@@ -619,29 +634,29 @@ def test_every_error_code_is_allowed_on_every_route():
 
 
 @pytest.mark.parametrize(
-    "path,table",
+    "path,shape",
     [
-        ("/v1/chat/completions", ledger.CHAT),
-        ("/v1/completions", ledger.COMPLETIONS),
-        ("/v1/embeddings", ledger.EMBEDDINGS),
-        ("/api/generate", ollama_api.GENERATE),
-        ("/api/chat", ollama_api.CHAT),
-        ("/api/show", ollama_api.SHOW),
-        ("/api/embed", ollama_embed.EMBED),
-        ("/api/embeddings", ollama_embed.EMBEDDINGS),
-        ("/api/pull", ollama_models.PULL),
-        ("/api/delete", ollama_models.DELETE),
-        ("/api/copy", ollama_models.COPY),
-        ("/api/create", ollama_models.CREATE),
-        ("/v1/responses", ledger.RESPONSES),
-        ("/v1/messages", ledger.MESSAGES),
-        ("/v1/messages/count_tokens", ledger.COUNT_TOKENS),
-        ("/tokenize", ledger.TOKENIZE),
-        ("/detokenize", ledger.DETOKENIZE),
+        ("/v1/chat/completions", openai_api.CHAT),
+        ("/v1/completions", openai_api.COMPLETION),
+        ("/v1/embeddings", openai_params.EMBEDDING),
+        ("/api/generate", ollama_api.GENERATE_REQUEST),
+        ("/api/chat", ollama_api.CHAT_REQUEST),
+        ("/api/show", ollama_api.SHOW_REQUEST),
+        ("/api/embed", ollama_embed.EMBED_REQUEST),
+        ("/api/embeddings", ollama_embed.EMBEDDINGS_REQUEST),
+        ("/api/pull", ollama_models.PULL_REQUEST),
+        ("/api/delete", ollama_models.DELETE_REQUEST),
+        ("/api/copy", ollama_models.COPY_REQUEST),
+        ("/api/create", ollama_models.CREATE_REQUEST),
+        ("/v1/responses", responses_api.REQUEST),
+        ("/v1/messages", messages_api.REQUEST),
+        ("/v1/messages/count_tokens", messages_api.COUNT_REQUEST),
+        ("/tokenize", tokenize_api.TOKENIZE),
+        ("/detokenize", tokenize_api.DETOKENIZE),
     ],
 )
-def test_every_field_the_ledger_knows_is_documented(path, table):
+def test_every_field_the_ledger_knows_is_documented(path, shape):
     doc = document()
     operation = next(iter(doc["paths"][path].values()))
     body = operation["requestBody"]["content"]["application/json"]["schema"]
-    assert set(_resolve(doc, body)["properties"]) == set(table)
+    assert set(_resolve(doc, body)["properties"]) == set(shape.fields)

@@ -16,15 +16,12 @@ from quart import current_app, request
 from greenroom import structured_fields as sf
 from greenroom.errors import GreenroomError
 from greenroom.http import monitoring_api
+from greenroom.http.core.headers import DRAWN_SEED_HEADER
 from greenroom.http.framing import Framing, streamed
 from greenroom.http.pacing import Pacer
 from greenroom.protocol import Admitted, Embedded, Failed, Generate
 from greenroom.supervisor.engine_client import EngineClient, RequestEvents, admit
 from greenroom.supervisor.tree import Tree
-
-# the seed drawn for a request sent without one (greenroom goes beyond the spec, whose
-# X-miLLM-Seed is absent then): sent back as the seed, it reproduces the answer
-DRAWN_SEED_HEADER = "X-Greenroom-Drawn-Seed"
 
 
 def drawn_seed(admitted: Admitted, scope: str = "request") -> dict[str, str]:

@@ -32,6 +32,7 @@ from greenroom.http import (
     steering_api,
     tokenize_api,
 )
+from greenroom.http.core.headers import REQUEST_ID_HEADER
 from greenroom.http.pacing import Pacer
 from greenroom.http.routes import Surface
 from greenroom.http.shutdown import Shutdown
@@ -93,7 +94,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
 
     @app.after_request
     async def request_id_and_count(response):
-        response.headers[ollama_envelope.REQUEST_ID_HEADER] = ollama_envelope.request_id()
+        response.headers[REQUEST_ID_HEADER] = ollama_envelope.request_id()
         if _surface() is Surface.ANTHROPIC:  # where Anthropic's SDKs read it
             response.headers["request-id"] = ollama_envelope.request_id()
         origin = request.headers.get("Origin")

@@ -17,17 +17,61 @@ against from here.
 Null: greenroom reads an optional field sent as null as one left out, so an optional field
 renders nullable unless it says `null=False` (its parser refuses null). What one field says
 about another (a scoring request's max_tokens is 1) is declared beside its check as a JSON
-Schema `if`/`then` in `Shape.rules`. Standard library and attrs only: no torch here.
+Schema `if`/`then` in `Shape.rules`.
+
+A field's ledger rule (`Rule`: used, reported, refused, or honoured by an engine capability) is
+part of its declaration: the field ledger (ledger.py) checks a request against its Shape's rules,
+and the document renders each rule as the field's description (a refused field as the values it
+lets through). Standard library, attrs and pure tables (capabilities, header names) only: no torch here.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import attrs
 
+from greenroom.engines.capabilities import WHY_NOT
+from greenroom.http.core.headers import IGNORED_FIELDS_HEADER
+
 NULL = {"type": "null"}
+
+
+@attrs.frozen
+class Rule:
+    """What the field ledger does with a field of a request it checks (ledger.check)."""
+
+    needs: str | None = None  # the capability that honours it; None with refuse=False: always used
+    refuse: bool = False  # without `needs`, refused (unless no-op); with it, refused when the engine lacks it
+    report: bool = False  # accepted, never read
+    noop: tuple = ()  # values that mean "no change" (null always does)
+    why: str = ""
+
+    def describe(self) -> str:
+        """The rule in the document's words ("" for a field that is read)."""
+        noop = "null" + "".join(f" or {json.dumps(v)}" for v in self.noop)
+        if self.needs is None:
+            if self.refuse:
+                return f"Refused with 400 field_not_honoured unless {noop}: {self.why}"
+            if self.report:
+                return f"Not read: reported in {IGNORED_FIELDS_HEADER}" + f" unless {noop}" * bool(self.noop)
+            return ""
+        if self.report:
+            return f"Reported in {IGNORED_FIELDS_HEADER} by an engine without {self.needs}"
+        return (
+            f"Refused with 400 field_not_honoured unless {noop} by an engine without {self.needs} "
+            f"({WHY_NOT[self.needs]})"
+        )
+
+
+USE = Rule()
+
+
+def needs(capability: str, *noop) -> Rule:
+    """Honoured by an engine with `capability`; refused by one without, unless null or one of `noop`."""
+    return Rule(needs=capability, refuse=True, noop=noop, why=WHY_NOT[capability])
 
 
 @attrs.frozen(kw_only=True)
@@ -36,12 +80,13 @@ class Field:
     default: Any = None  # what the parser uses when the field is left out (None: nothing)
     null: bool = True  # optional and sent as null: read as left out
     examples: tuple = ()
+    rule: Rule = USE  # what the field ledger does with it, where a Shape the ledger checks holds it
 
     def render(self, components: dict) -> dict:
         """This field as JSON Schema; named shapes it reaches are added to `components`."""
         out = self._schema(components)
-        if self.description:
-            out["description"] = self.description
+        if self._description():
+            out["description"] = self._description()
         if self.default is not None:
             out["default"] = self.default
         if self.examples:
@@ -50,6 +95,9 @@ class Field:
 
     def _schema(self, components: dict) -> dict:
         raise NotImplementedError
+
+    def _description(self) -> str:
+        return self.description
 
 
 @attrs.frozen(kw_only=True)
@@ -191,18 +239,28 @@ class Shape(Field):
     patterns: dict[str, Field] = attrs.field(factory=dict)  # a name's regular expression -> what it holds
     extra: Field | None = None  # what an open shape's other fields may hold (None: anything)
     rules: tuple = ()  # JSON Schema over several fields (Fields inside rendered), each beside the check it mirrors
+    ledger: bool = False  # a request the field ledger checks: its fields' rules hold, other fields are reported
 
     @property
     def names(self) -> frozenset[str]:
         return frozenset(self.fields)
 
+    @property
+    def read(self) -> frozenset[str]:
+        """The fields its parser reads: those declared, but for the ones it reports."""
+        return frozenset(name for name, f in self.fields.items() if not f.rule.report)
+
+    def unread(self, value: dict) -> list[str]:
+        """The keys of `value` not read: not declared, or declared as reported."""
+        return [key for key in value if key not in self.read]
+
+    def _description(self) -> str:
+        return _joined(self.description, UNKNOWN * self.ledger)
+
     def _schema(self, components: dict) -> dict:
         out: dict = {
             "type": "object",
-            "properties": {
-                name: (f.render(components) if name in self.required or not f.null else nullable(f.render(components)))
-                for name, f in self.fields.items()
-            },
+            "properties": {name: self._property(name, f, components) for name, f in self.fields.items()},
         }
         if self.required:
             out["required"] = list(self.required)
@@ -215,6 +273,30 @@ class Shape(Field):
         if self.rules:
             out["allOf"] = resolve(list(self.rules), components)
         return out
+
+    def _property(self, name: str, field: Field, components: dict) -> dict:
+        if self.ledger and field.rule != USE:
+            field = attrs.evolve(field, description=_joined(field.description, field.rule.describe(), sep=". "))
+        out = field.render(components)
+        return out if name in self.required or not field.null else nullable(out)
+
+
+UNKNOWN = f"Unknown fields are accepted and named in the {IGNORED_FIELDS_HEADER} response header"
+
+
+def _joined(*parts: str, sep: str = " ") -> str:
+    return sep.join(p for p in parts if p)
+
+
+def refused(*noop, why: str) -> Choice:
+    """A field no parser reads, refused with 400 field_not_honoured unless null or one of `noop`:
+    it takes the values that change nothing."""
+    return Choice(values=(None, *noop), rule=Rule(refuse=True, noop=noop, why=why))
+
+
+def reported(*noop, description: str = "") -> Anything:
+    """A field accepted and never read: reported in X-miLLM-Ignored-Fields unless null or one of `noop`."""
+    return Anything(rule=Rule(report=True, noop=noop), description=description)
 
 
 @attrs.frozen(kw_only=True)

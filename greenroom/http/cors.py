@@ -66,5 +66,5 @@ def preflight_headers(origin: str, requested_headers: str | None) -> dict[str, s
 
 
 def response_headers(origin: str) -> dict[str, str]:
-    # the X-miLLM-*, X-Request-ID and X-NPU-Proxy-* headers are for the page to read too
+    # every header greenroom sends (http/core/headers.py names them) is for the page to read too
     return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": "*", "Vary": "Origin"}

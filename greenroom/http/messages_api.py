@@ -29,7 +29,6 @@ from greenroom.http import framing, ledger, openai_api, openai_params, routes, s
 from greenroom.http.contracts import (
     DATA,
     AnyOf,
-    Anything,
     Boolean,
     Choice,
     Field,
@@ -39,6 +38,9 @@ from greenroom.http.contracts import (
     Text,
     at,
     merge,
+    needs,
+    refused,
+    reported,
     sent,
     when,
 )
@@ -50,7 +52,7 @@ from greenroom.supervisor.tree import Tree
 
 # --- the request (contracts.py) ---------------------------------------------------------------
 
-_CACHE = {"cache_control": Anything(description="Not read (no prompt cache): reported")}
+_CACHE = {"cache_control": reported(description="Not read (no prompt cache): reported")}
 TEXT_BLOCK = Shape(
     fields={"type": Choice(values=("text",)), "text": Text(), **_CACHE},
     required=("type", "text"),
@@ -72,7 +74,7 @@ TOOL_RESULT_BLOCK = Shape(
         "type": Choice(values=("tool_result",)),
         "tool_use_id": Text(description="The earlier tool_use block it answers (refused if none has this id)"),
         "content": TEXT,
-        "is_error": Anything(description="Not read: reported"),
+        "is_error": reported(description="Not read: reported"),
         **_CACHE,
     },
     required=("type", "tool_use_id"),
@@ -129,6 +131,7 @@ TOOL_CHOICE = AnyOf(
 
 def _output_config(schema: Field, description: str) -> Shape:
     return Shape(
+        rule=needs("response_format", {}),
         fields={
             "format": Shape(
                 fields={"type": Choice(values=("json_schema",)), "schema": schema},
@@ -145,14 +148,19 @@ _FORMAT = _output_config(
     "The answer decoded under the schema (greenroom's subset) and validated once complete (streamed too): "
     "not with stop_sequences, not with tools unless tool_choice is none",
 )
+_NO_SERVER_TOOLS = "greenroom runs no tools of its own: send function tools"
 _COMMON = Shape(
     fields={
         "model": openai_params.MODEL,
         "messages": ListOf(items=MESSAGE, min_items=1),
         "system": attrs.evolve(TEXT, description="A system message first; text blocks joined"),
-        "tools": ListOf(items=TOOL),
-        "tool_choice": TOOL_CHOICE,
+        "tools": ListOf(items=TOOL, rule=needs("tools", [])),
+        "tool_choice": attrs.evolve(TOOL_CHOICE, rule=needs("tools")),
         "output_config": _FORMAT,
+        "thinking": refused({"type": "disabled"}, why="this model does not think"),
+        "mcp_servers": refused([], why=_NO_SERVER_TOOLS),
+        "container": refused(why=_NO_SERVER_TOOLS),
+        "context_management": refused(why=openai_params.NOT_YET),
     },
     required=("model", "messages"),
 )
@@ -204,7 +212,7 @@ _RULES += (
         "prompt before it",
     },
 )
-COUNT_REQUEST = merge(_COUNTED, rules=_RULES)
+COUNT_REQUEST = merge(_COUNTED, rules=_RULES, ledger=True)
 REQUEST = merge(
     _COMMON,
     Shape(
@@ -215,6 +223,8 @@ REQUEST = merge(
             "top_p": openai_params.TOP_P,
             "top_k": openai_params.TOP_K,
             "stream": Boolean(default=False),
+            "metadata": reported(),  # user_id
+            "service_tier": reported(),
         },
         required=("max_tokens",),
     ),
@@ -228,6 +238,7 @@ REQUEST = merge(
             "output_config.format cannot be cut by stop_sequences",
         ),
     ),
+    ledger=True,
 )
 
 # where the chat request's fields come from, whatever the request holds
@@ -238,12 +249,16 @@ _PATHS = {
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
 }
 _TOOL_FIELDS = {"name": "name", "description": "description", "input_schema": "parameters"}
-_BLOCKS = {"text": TEXT_BLOCK, "tool_use": TOOL_USE_BLOCK, "tool_result": TOOL_RESULT_BLOCK}
-_NOT_READ = {"cache_control", "is_error"}
+# each role's message as MESSAGE declares it, and the blocks its content takes, by type
+_ROLES = {option.fields["role"].values[0]: option for option in MESSAGE.field.options}
+_KINDS = {
+    role: {block.fields["type"].values[0]: block for block in message.fields["content"].options[1].items.options}
+    for role, message in _ROLES.items()
+}
 
 
 def _texts(blocks, where: str, unread: list[str]) -> str:
-    return openai_params.text_of(blocks, where, ("text",), frozenset({"type", "text"}), unread)
+    return openai_params.text_of(blocks, where, ("text",), TEXT_BLOCK.read, unread)
 
 
 def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, str]:
@@ -252,10 +267,10 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, s
     its own."""
     where = f"messages[{i}]"
     made: dict[str, str] = {}
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
         raise GreenroomError("invalid_parameter", f"'{where}' must be a user or assistant message", where)
-    unread += [f"{where}.{k}" for k in message if k not in ("role", "content")]
     role, content = message["role"], message.get("content")
+    unread += [f"{where}.{k}" for k in _ROLES[role].unread(message)]
     if content is None:
         raise GreenroomError("missing_parameter", f"'{where}.content' is required", f"{where}.content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -265,7 +280,7 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, s
         )
     text: list[str] = []
     calls: list[dict] = []
-    allowed = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
+    allowed = _KINDS[role]
     for j, block in enumerate(blocks):
         place = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -278,10 +293,10 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, s
                 "thinking is not supported",
                 place,
             )
-        for key in _BLOCKS[kind].required:
+        for key in allowed[kind].required:
             if block.get(key) is None:
                 raise GreenroomError("missing_parameter", f"'{place}.{key}' is required", f"{place}.{key}")
-        unread += [f"{place}.{k}" for k in block if k not in _BLOCKS[kind].names or k in _NOT_READ]
+        unread += [f"{place}.{k}" for k in allowed[kind].unread(block)]
         if kind == "text":
             if not isinstance(block["text"], str):
                 raise GreenroomError("invalid_parameter", f"'{place}.text' must be a string", f"{place}.text")
@@ -393,7 +408,7 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], Fie
         "model": body["model"],
         "messages": out,
         "tools": structured.translated_tools(
-            body, (None, "custom"), _TOOL_FIELDS, ("input_schema",), TOOL.field.names - _NOT_READ, unread
+            body, (None, "custom"), _TOOL_FIELDS, ("input_schema",), TOOL.field.read, unread
         ),
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
@@ -539,7 +554,7 @@ class _Answer:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
-        req = await openai_api.prepare(tree, ledger.MESSAGES, "on messages", translated=True)
+        req = await openai_api.prepare(tree, REQUEST, "on messages", translated=True)
         chat, unread, field_paths = translate(req.body)
         answer = _Answer(req.model, field_paths)
         with field_paths.renaming():
@@ -549,7 +564,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
-        req = await openai_api.prepare(tree, ledger.COUNT_TOKENS, "on count_tokens", translated=True)
+        req = await openai_api.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
         chat, unread, field_paths = translate(req.body, generating=False)
         req = req.translated(chat, unread, field_paths)
         headers = req.headers()

@@ -38,6 +38,13 @@ from greenroom.http import (
 )
 from greenroom.http.answering import answer, drawn_seed
 from greenroom.http.contracts import NULL, when
+from greenroom.http.core.headers import (
+    DEVICE_HEADER,
+    NUM_CTX_HEADER,
+    ROUTE_REASON_HEADER,
+    TOKEN_COUNT_HEADER,
+    TRUNCATED_HEADER,
+)
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama_envelope import request_id
@@ -52,47 +59,8 @@ log = logging.getLogger("greenroom.http.ollama")
 TOP_LOGPROBS_MAX = 20  # Ollama's bound
 THINK_LEVELS = ("high", "medium", "low")  # `think` as a string (Ollama's api.ThinkValue)
 
-# what Ollama's rule cut from a prompt longer than its window: an RFC 8941 dictionary,
-# `messages=<oldest messages dropped>, tokens=<tokens dropped from the prompt's middle>`
-TRUNCATED_HEADER = "X-Greenroom-Truncated"
-# the context window the request ran with: options.num_ctx as Ollama clamps it (ollama_params.window)
-NUM_CTX_HEADER = "X-Greenroom-Num-Ctx"
 
 _NOT_YET = "not yet implemented"
-_FORMAT = ledger.needs("response_format", "")
-_COMMON = {
-    "model": ledger.USE,
-    "stream": ledger.USE,
-    "format": _FORMAT,
-    "options": ledger.USE,
-    "keep_alive": ledger.USE,  # the model is unloaded after this long idle (0: now)
-    "think": ledger.USE,  # refused unless false, in Ollama's words (_no_thinking)
-    # each generated token's log-probability and the most probable at its position (Ollama's)
-    "logprobs": ledger.needs("token_logprobs", False),
-    "top_logprobs": ledger.needs("token_logprobs", 0),
-}
-GENERATE = {
-    **_COMMON,
-    "prompt": ledger.USE,
-    "system": ledger.USE,
-    "template": ledger.USE,
-    "raw": ledger.USE,
-    "images": ledger.refused([], why=ledger.TEXT_ONLY),
-    "suffix": ledger.refused("", why="fill-in-the-middle is " + _NOT_YET),
-    "context": ledger.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
-    **{f: ledger.refused(why="image generation is not served") for f in ("width", "height", "steps")},
-}
-CHAT = {**_COMMON, "messages": ledger.USE, "tools": ledger.needs("tools", [])}
-SHOW = {
-    "model": ledger.USE,
-    "name": ledger.USE,
-    "verbose": ledger.USE,
-    # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
-    "system": ledger.reported(""),
-    "template": ledger.reported(""),
-    "options": ledger.reported({}),
-}
-
 # --- request shapes (contracts.py) --------------------------------------------------------
 
 MODEL = contracts.Text(
@@ -139,6 +107,7 @@ _FORMAT_FIELD = contracts.AnyOf(
     description=(
         '"json" or a JSON schema: the answer is decoded under it and validated; not with options.stop or tools'
     ),
+    rule=contracts.needs("response_format", ""),
 )
 _NONE = {"anyOf": [NULL, {"type": "array", "maxItems": 0}]}  # a string stop is one stop
 _STOPPED = {"options": {"anyOf": [NULL, {"properties": {"stop": _NONE}}]}}
@@ -154,8 +123,11 @@ _COMMON_FIELDS = {
         description='true or "high", "medium", "low": 400 field_not_honoured, "<model>" does not support '
         "thinking (no model greenroom serves thinks)",
     ),
+    # each generated token's log-probability and the most probable at its position (Ollama's)
     "logprobs": contracts.Boolean(
-        default=False, description="true: each generated token's log-probability (temperature 1) in `logprobs`"
+        default=False,
+        description="true: each generated token's log-probability (temperature 1) in `logprobs`",
+        rule=contracts.needs("token_logprobs", False),
     ),
     "top_logprobs": contracts.Number(
         lo=0,
@@ -163,6 +135,7 @@ _COMMON_FIELDS = {
         integer=True,
         default=0,
         description="With logprobs: the most probable tokens at each position too (without it: not read, reported)",
+        rule=contracts.needs("token_logprobs", 0),
     ),
 }
 _LOADS = "Absent or empty: the model is loaded (keep_alive 0: unloaded)"
@@ -176,15 +149,20 @@ GENERATE_REQUEST = contracts.Shape(
             description="A Go template rendered as Ollama renders it (docs/ollama.md#templates); "
             "a construct greenroom does not render is refused by name"
         ),
+        "images": contracts.refused([], why=ledger.TEXT_ONLY),
+        "suffix": contracts.refused("", why="fill-in-the-middle is " + _NOT_YET),
+        "context": contracts.refused([], why="greenroom returns no context; send the conversation to /api/chat"),
+        **dict.fromkeys(("width", "height", "steps"), contracts.refused(why="image generation is not served")),
     },
     required=("model",),
     rules=(when(_FORMATTED, {"properties": _STOPPED}, "format cannot be cut by a stop string"),),
+    ledger=True,
 )
 CHAT_REQUEST = contracts.Shape(
     fields={
         **_COMMON_FIELDS,
         "messages": attrs.evolve(openai_params.conversation(MESSAGE, min_items=0), description=_LOADS),
-        "tools": contracts.ListOf(items=structured.TOOL),
+        "tools": contracts.ListOf(items=structured.TOOL, rule=contracts.needs("tools", [])),
     },
     required=("model",),
     rules=(
@@ -194,13 +172,19 @@ CHAT_REQUEST = contracts.Shape(
             "format cannot be cut by a stop string or combined with tools",
         ),
     ),
+    ledger=True,
 )
 SHOW_REQUEST = attrs.evolve(
     named(MODEL),
     fields={
         **named(MODEL).fields,
         "verbose": contracts.Boolean(default=False, description="true: long arrays of model_info in full"),
+        # the `ollama` CLI sends all three on every show, empty unless `/set system` or `/set parameter`
+        "system": contracts.reported(""),
+        "template": contracts.reported(""),
+        "options": contracts.reported({}),
     },
+    ledger=True,
 )
 
 
@@ -320,9 +304,9 @@ def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
     classifies by."""
     kind = info["device"].replace(".", ":").partition(":")[0].upper()
     return {
-        "X-NPU-Proxy-Device": "GPU" if kind == "CUDA" else kind,
-        "X-NPU-Proxy-Route-Reason": info["route_reason"],
-        "X-NPU-Proxy-Token-Count": str(prompt_tokens),
+        DEVICE_HEADER: "GPU" if kind == "CUDA" else kind,
+        ROUTE_REASON_HEADER: info["route_reason"],
+        TOKEN_COUNT_HEADER: str(prompt_tokens),
     }
 
 
@@ -342,10 +326,10 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
     return {**out, "done": True, "done_reason": reason}, 200, req.headers()
 
 
-async def _generation_request(tree: Tree, table: dict, where: str):
+async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
     """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
     (Ollama streams by default) and `keep_alive`."""
-    req = await prepare(tree, table, where, defaults="chat" if table is CHAT else "generate")
+    req = await prepare(tree, shape, where, defaults="chat" if shape is CHAT_REQUEST else "generate")
     _no_thinking(req)
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
@@ -395,7 +379,7 @@ def _top_logprobs(body: dict) -> int:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/api/generate")
     async def ollama_generate():
-        req, options, stream, keep_alive = await _generation_request(tree, GENERATE, "on /api/generate")
+        req, options, stream, keep_alive = await _generation_request(tree, GENERATE_REQUEST, "on /api/generate")
         body = req.body
         prompt, system, template = (openai_params.string(body, f) for f in ("prompt", "system", "template"))
         raw = openai_params.boolean(body, "raw", False)
@@ -426,7 +410,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/chat")
     async def ollama_chat():
-        req, options, stream, keep_alive = await _generation_request(tree, CHAT, "on /api/chat")
+        req, options, stream, keep_alive = await _generation_request(tree, CHAT_REQUEST, "on /api/chat")
         body = req.body
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
@@ -455,7 +439,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/show")
     async def ollama_show():
-        req = await prepare(tree, SHOW, "on /api/show")
+        req = await prepare(tree, SHOW_REQUEST, "on /api/show")
         placed = model_facts.Placed.of(tree, req.model, trio.current_time())
         verbose = openai_params.boolean(req.body, "verbose", False)
         shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps.tools, verbose)

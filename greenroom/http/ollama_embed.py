@@ -12,8 +12,9 @@ import time
 from quart import Quart
 
 from greenroom.errors import GreenroomError
-from greenroom.http import contracts, ledger, ollama_api, ollama_params, openai_params, routes
+from greenroom.http import contracts, ollama_api, ollama_params, openai_params, routes
 from greenroom.http.answering import single, vectors
+from greenroom.http.core.headers import DIMENSIONS_HEADER
 from greenroom.http.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama_request import Prepared, prepare
 from greenroom.protocol import Embed, Embedded
@@ -22,17 +23,6 @@ from greenroom.supervisor.tree import Tree
 MAX_ITEMS = 128
 MAX_TEXT_CHARS = 8192
 MAX_REQUEST_CHARS = 65536
-DIMENSIONS_HEADER = "X-Greenroom-Dimensions"  # the length of the vectors answered
-
-EMBED = {
-    "model": ledger.USE,
-    "input": ledger.USE,
-    "truncate": ledger.USE,
-    "dimensions": ledger.USE,
-    "options": ledger.REPORTED,
-    "keep_alive": ledger.USE,
-}
-EMBEDDINGS = {"model": ledger.USE, "prompt": ledger.USE, "options": ledger.REPORTED, "keep_alive": ledger.USE}
 
 # --- request shapes (contracts.py): `texts` checks them, in the spec's order ------------------
 
@@ -64,12 +54,20 @@ EMBED_REQUEST = contracts.Shape(
             f"answered is in {DIMENSIONS_HEADER}",
         ),
         "keep_alive": ollama_params.KEEP_ALIVE,
+        "options": contracts.reported(),
     },
     required=("model", "input"),
+    ledger=True,
 )
 EMBEDDINGS_REQUEST = contracts.Shape(
-    fields={"model": ollama_api.MODEL, "prompt": TEXT, "keep_alive": ollama_params.KEEP_ALIVE},
+    fields={
+        "model": ollama_api.MODEL,
+        "prompt": TEXT,
+        "keep_alive": ollama_params.KEEP_ALIVE,
+        "options": contracts.reported(),
+    },
     required=("model", "prompt"),
+    ledger=True,
 )
 
 
@@ -112,7 +110,7 @@ def _normalised(v: list[float]) -> list[float]:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/api/embed")
     async def ollama_embed():
-        req = await prepare(tree, EMBED, "on /api/embed")
+        req = await prepare(tree, EMBED_REQUEST, "on /api/embed")
         body = req.body
         inputs = texts(body.get("input"), "input")
         openai_params.boolean(body, "truncate", True)  # validated; never honoured as Ollama's truncation (see below)
@@ -143,7 +141,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/embeddings")
     async def ollama_embeddings():
-        req = await prepare(tree, EMBEDDINGS, "on /api/embeddings")
+        req = await prepare(tree, EMBEDDINGS_REQUEST, "on /api/embeddings")
         openai_params.string(req.body, "prompt")
         inputs = texts(req.body.get("prompt"), "prompt")
         keep_alive = parse_keep_alive(req.body)

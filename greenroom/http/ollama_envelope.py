@@ -15,8 +15,8 @@ import uuid
 from quart import g, request
 
 from greenroom.errors import GreenroomError
+from greenroom.http.core.headers import REQUEST_ID_HEADER
 
-REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 

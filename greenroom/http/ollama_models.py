@@ -43,6 +43,7 @@ from greenroom.http import (
     openai_params,
     routes,
 )
+from greenroom.http.core.headers import IGNORED_FIELDS_HEADER, STRICT_HEADER
 from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import model_named, served
 from greenroom.store import blobs, catalogue, hub
@@ -66,29 +67,6 @@ _ONE_FILE = (
     "greenroom creates a model from one GGUF file (a model split in parts: merge them first, llama-gguf-split --merge)"
 )
 
-PULL = {
-    "model": ledger.USE,
-    "name": ledger.USE,
-    "stream": ledger.USE,
-    "huggingface_token": ledger.USE,
-    "insecure": ledger.refused(False, why="the Hub is reached as HF_ENDPOINT says"),
-}
-DELETE = {"model": ledger.USE, "name": ledger.USE}
-COPY = {"source": ledger.USE, "destination": ledger.USE}
-CREATE = {
-    "model": ledger.USE,
-    "name": ledger.USE,
-    "from": ledger.USE,
-    "template": ledger.USE,
-    "system": ledger.USE,
-    "parameters": ledger.USE,
-    "messages": ledger.USE,
-    "license": ledger.USE,
-    "files": ledger.USE,
-    "stream": ledger.USE,
-    "quantize": ledger.refused("", why="greenroom does not quantize models"),  # "": none, as Ollama reads it
-    "adapters": ledger.refused({}, why="LoRA adapters are not supported: create from a GGUF file with them merged"),
-}
 MAX_SEARCH_LIMIT = 100
 _OFFLINE = ("downloads", "likes")  # sorts the offline catalogue cannot honour
 
@@ -103,15 +81,23 @@ PULL_REQUEST = contracts.merge(
             description=_FROM_HUB + " (latest or a GGUF quantization)",
         )
     ),
-    contracts.Shape(fields={"stream": contracts.Boolean(default=True), "huggingface_token": _HUB_TOKEN}),
+    contracts.Shape(
+        fields={
+            "stream": contracts.Boolean(default=True),
+            "huggingface_token": _HUB_TOKEN,
+            "insecure": contracts.refused(False, why="the Hub is reached as HF_ENDPOINT says"),
+        }
+    ),
+    ledger=True,
 )
-DELETE_REQUEST = ollama_api.named(ollama_api.MODEL)
+DELETE_REQUEST = attrs.evolve(ollama_api.named(ollama_api.MODEL), ledger=True)
 COPY_REQUEST = contracts.Shape(
     fields={
         "source": ollama_api.MODEL,
         "destination": attrs.evolve(_NAME, description="The new name (:latest is the bare name)"),
     },
     required=("source", "destination"),
+    ledger=True,
 )
 CREATE_REQUEST = contracts.merge(
     ollama_api.named(attrs.evolve(_NAME, description="The new model's name")),
@@ -137,6 +123,10 @@ CREATE_REQUEST = contracts.merge(
                 options=(contracts.Text(), contracts.ListOf(items=contracts.Text())), description="Shown by /api/show"
             ),
             "stream": contracts.Boolean(default=True),
+            "quantize": contracts.refused("", why="greenroom does not quantize models"),  # "": none, as Ollama reads it
+            "adapters": contracts.refused(
+                {}, why="LoRA adapters are not supported: create from a GGUF file with them merged"
+            ),
         },
         rules=(
             {
@@ -146,6 +136,7 @@ CREATE_REQUEST = contracts.merge(
             {"properties": {"files": {"minProperties": 1, "maxProperties": 1}}, "description": _ONE_FILE},
         ),
     ),
+    ledger=True,
 )
 SEARCH_QUERY = contracts.Shape(
     fields={
@@ -167,16 +158,16 @@ SEARCH_QUERY = contracts.Shape(
             description="Above 0: 400 field_not_honoured (the catalogue records no download counts)",
         ),
     },
-    description="Other parameters are reported in X-miLLM-Ignored-Fields",
+    description=f"Other parameters are reported in {IGNORED_FIELDS_HEADER}",
 )
 POLL_S = 0.25  # how often a pull's progress is read from its download thread
 
 
-async def _body(table: dict, where: str) -> tuple[dict, dict[str, str]]:
-    """The JSON body, checked against `table` (refusals raised; unread fields reported)."""
-    strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+async def _body(shape: contracts.Shape, where: str) -> tuple[dict, dict[str, str]]:
+    """The JSON body, checked against `shape` (refusals raised; unread fields reported)."""
+    strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
     body = openai_params.parse_json(await request.get_data())
-    unread = ledger.check(table, body, Capabilities(), where)
+    unread = ledger.check(shape, body, Capabilities(), where)
     return body, ledger.report_headers(unread, strict)
 
 
@@ -399,7 +390,7 @@ def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
 
     @routes.view(app, "POST", "/api/pull")
     async def ollama_pull():
-        body, headers = await _body(PULL, "on /api/pull")
+        body, headers = await _body(PULL_REQUEST, "on /api/pull")
         stream = openai_params.boolean(body, "stream", True)
         t = hub.target(model_named(body))
         token = hub_token(body)
@@ -413,7 +404,7 @@ def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
 
     @routes.view(app, "DELETE", "/api/delete")
     async def ollama_delete():
-        body, headers = await _body(DELETE, "on /api/delete")
+        body, headers = await _body(DELETE_REQUEST, "on /api/delete")
         model = served(tree, model_named(body))
         entry = registry.get(model)
         if entry is None:
@@ -432,7 +423,7 @@ def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
 
     @routes.view(app, "POST", "/api/copy")
     async def ollama_copy():
-        body, headers = await _body(COPY, "on /api/copy")
+        body, headers = await _body(COPY_REQUEST, "on /api/copy")
         source = served(tree, _required(body, "source"))
         destination = _new_name(body.get("destination"), "destination")
         if destination in tree.model_states:
@@ -494,7 +485,7 @@ def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
 
     @routes.view(app, "POST", "/api/create")
     async def ollama_create():
-        body, headers = await _body(CREATE, "on /api/create")
+        body, headers = await _body(CREATE_REQUEST, "on /api/create")
         stream = openai_params.boolean(body, "stream", True)
         name = _new_name(model_named(body), "model")
         async with users_change:
@@ -540,7 +531,7 @@ def register(app: Quart, tree: Tree, store: blobs.BlobStore) -> None:
     @routes.view(app, "GET", "/api/search")
     async def ollama_search():
         args = request.args
-        strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+        strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
         headers = ledger.report_headers([k for k in args if k not in SEARCH_QUERY.names], strict)
         sort = _choice(args, "sort", catalogue.SORTS)
         if sort in _OFFLINE:

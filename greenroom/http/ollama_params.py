@@ -34,6 +34,7 @@ from greenroom.engines.capabilities import WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import keep_alive
 from greenroom.http.contracts import INT64, AnyOf, Boolean, Field, ListOf, Number, Shape, Text
+from greenroom.http.core.headers import NUM_CTX_HEADER
 from greenroom.http.openai_params import repetition_penalty
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -110,7 +111,7 @@ def _field(opt: Option) -> Field:
         PENALTY: "→ one repetition penalty with the other",
         LENGTH: "→ max_tokens; -1 and -2: until the window is full",
         WINDOW: "the request's context window: clamped to [4, the model's window], "
-        "the value used said in X-Greenroom-Num-Ctx",
+        f"the value used said in {NUM_CTX_HEADER}",
         KEEP: "the tokens a cut prompt keeps at its start",
         DROPPED: "accepted, not applied (reported when not the no-change value)",
     }[opt.handling]

@@ -14,6 +14,8 @@ from quart import request
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import ledger, ollama_defaults, openai_params
+from greenroom.http.contracts import Shape
+from greenroom.http.core.headers import STRICT_HEADER
 from greenroom.supervisor.tree import Tree
 
 
@@ -54,18 +56,18 @@ def served(tree: Tree, name) -> str:
     raise GreenroomError("model_not_found", f"model '{name}' not found", "model")  # Ollama's words
 
 
-async def prepare(tree: Tree, table: dict, where: str, defaults: str | None = None) -> Prepared:
+async def prepare(tree: Tree, shape: Shape, where: str, defaults: str | None = None) -> Prepared:
     """`defaults`: "generate" or "chat" — a model made by /api/create brings its defaults
     (ollama_defaults.py), merged before the ledger sees the body."""
     started = time.monotonic_ns()
-    strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+    strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
     body = openai_params.parse_json(await request.get_data())
-    sent_model = model_named(body) if "name" in table else body.get("model")
+    sent_model = model_named(body) if "name" in shape.fields else body.get("model")
     model = served(tree, sent_model)
     if defaults is not None:
         _, placement = tree.placement(model)
         body = ollama_defaults.apply(body, placement, chat=defaults == "chat")
     engine, caps = tree.capabilities(model)
-    unread = ledger.check(table, body, caps, f"{where} with the {engine} engine")
+    unread = ledger.check(shape, body, caps, f"{where} with the {engine} engine")
     unread = [u for u in unread if not re.fullmatch(r"messages\[\d+\]\.images", u)]  # refused when not empty
     return Prepared(body, model, sent_model, caps, unread, strict, started)

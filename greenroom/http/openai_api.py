@@ -29,6 +29,7 @@ from greenroom.http import (
 )
 from greenroom.http.answering import answer, drawn_seed, single, vectors
 from greenroom.http.contracts import Shape
+from greenroom.http.core.headers import CONSTRAINED_HEADER, SEED_HEADER, STEERING_HEADER, STRICT_HEADER
 from greenroom.http.openai_params import Streaming
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.protocol import Admitted, Failed, Generate, Score, Text
@@ -80,17 +81,21 @@ class Shaped:
     whole: Callable[[dict], Awaitable[dict]]
 
 
-async def prepare(tree: Tree, table: dict, where: str, translated: bool = False) -> Prepared:
+async def prepare(tree: Tree, shape: Shape, where: str, translated: bool = False) -> Prepared:
     """Parse, find the model's engine, and run the ledger: refusals happen here, before
     any engine is asked for anything. `translated`: see ledger.check."""
-    strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+    strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
     body = openai_params.parse_json(await request.get_data())
     model = tree.resolve(openai_params.model_name(body))
     engine, caps = tree.capabilities(model)
     where = f"{where} with the {engine} engine"
-    ignored = ledger.check(table, body, caps, where, translated)
+    ignored = ledger.check(shape, body, caps, where, translated)
     return Prepared(body, model, ignored, strict, caps, where)
 
+
+# the chat and text completion requests, as the parsers of each part declare them
+CHAT = contracts.merge(openai_params.CHAT, structured.CHAT, scoring.CHAT, steering_api.CHAT, ledger=True)
+COMPLETION = contracts.merge(openai_params.COMPLETION, scoring.COMPLETION, ledger=True)
 
 # miLLM's per-request fields on the surfaces translated onto chat completions, declared as chat
 # declares them: top-level fields, what the SDKs send with extra_body
@@ -127,7 +132,7 @@ def _reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/chat/completions")
     async def chat_completions():
-        req = await prepare(tree, ledger.CHAT, "on chat completions")
+        req = await prepare(tree, CHAT, "on chat completions")
         if scoring.is_chat_scoring(req.body):
             stream = openai_params.streaming(req.body)
             score = await sae_activations.attach(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
@@ -136,7 +141,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/completions")
     async def completions():
-        req = await prepare(tree, ledger.COMPLETIONS, "on text completions")
+        req = await prepare(tree, COMPLETION, "on text completions")
         stream = openai_params.streaming(req.body)
         if scoring.is_completion_scoring(req.body):
             score = scoring.completion_score(req.body, req.model, stream.on)
@@ -148,7 +153,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/embeddings")
     async def embeddings():
-        req = await prepare(tree, ledger.EMBEDDINGS, "on embeddings")
+        req = await prepare(tree, openai_params.EMBEDDING, "on embeddings")
         embed, fmt = openai_params.embedding_request(req.body, req.model)
         headers = req.headers()
         client, _ = await tree.client_for(req.model)
@@ -267,14 +272,14 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
 def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed echoes a sent seed with the scope of its promise; absent without one."""
     seed = body.get("seed")
-    return {"X-miLLM-Seed": sf.item(seed, {"scope": scope})} if seed is not None else {}
+    return {SEED_HEADER: sf.item(seed, {"scope": scope})} if seed is not None else {}
 
 
 async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     headers = {
         **req.headers(scoring.NOT_APPLICABLE),
         **_seed_header(req.body, "batch-shape" if req.body.get("extra_messages") else "request"),
-        "X-miLLM-Steering": "none",
+        STEERING_HEADER: "none",
     }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, info = await tree.client_for(score.model)
@@ -303,7 +308,7 @@ async def _complete(
     as_ids = req.body.get("return_tokens_as_token_ids") is True
     headers = {**req.headers(scoring.unread(gen.params)), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
-        headers["X-miLLM-Constrained"] = plan.header
+        headers[CONSTRAINED_HEADER] = plan.header
     client, info = await tree.client_for(gen.model)
     return await answer(
         tree,

@@ -31,9 +31,13 @@ from greenroom.http.contracts import (
     MapOf,
     Named,
     Number,
+    Rule,
     Schema,
     Shape,
     Text,
+    needs,
+    refused,
+    reported,
     sent,
     when,
 )
@@ -74,8 +78,8 @@ TOP_P = Number(lo=0.0, hi=1.0, default=1.0)
 TOP_K = Number(
     lo=-1, hi=INT32_MAX, integer=True, description="vLLM's extension: the k most probable tokens; 0 or -1 is off"
 )
-SEED = Number(lo=0, hi=UINT32_MAX, integer=True)
-PENALTY = Number(lo=-2.0, hi=2.0, default=0.0)
+SEED = Number(lo=0, hi=UINT32_MAX, integer=True, rule=needs("seed"))
+PENALTY = Number(lo=-2.0, hi=2.0, default=0.0, rule=needs("penalties", 0, 0.0))
 
 
 def max_tokens(least: int, description: str) -> Number:
@@ -207,8 +211,12 @@ SAE_ACTIVATIONS = Named(
             "(read_point reported as unsteered)."
         ),
     ),
+    rule=needs("sae_activations"),
 )
 assert SAE_ACTIVATIONS.field.names == frozenset(sae_activations.KEYS)
+
+
+NOT_YET = "not yet implemented"
 
 
 def _sampling(tokens: Number) -> dict:
@@ -233,6 +241,11 @@ def _sampling(tokens: Number) -> dict:
         "stop": AnyOf(options=(Text(), ListOf(items=Text()))),
         "frequency_penalty": PENALTY,
         "presence_penalty": PENALTY,
+        # OpenAI's and vLLM's, no parser reads them
+        "user": reported(),
+        "steering": refused(why=NOT_YET),
+        "dimensions": refused(why="only /v1/embeddings could use it"),
+        "logit_bias": refused({}, why=NOT_YET),
     }
 
 
@@ -257,12 +270,15 @@ CHAT = Shape(
         **_sampling(CHAT_MAX_TOKENS),
         "messages": MESSAGES,
         "n": attrs.evolve(
-            N, description=f"Choices per conversation (n × conversations ≤ {MAX_CHOICES}); refused with stream: true"
+            N,
+            description=f"Choices per conversation (n × conversations ≤ {MAX_CHOICES}); refused with stream: true",
+            rule=needs("n", 1),
         ),
         "chat_template_kwargs": MapOf(
             values=DATA,
             keys=Schema(schema={"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}),
             description="Variables for the chat template; its renderer's own arguments are refused",
+            rule=Rule(needs="chat_template_kwargs", report=True),  # GGUF: reported, never refused
         ),
         "extra_messages": ListOf(
             items=MESSAGES,
@@ -273,6 +289,11 @@ CHAT = Shape(
             "in order",
         ),
         "return_sae_activations": SAE_ACTIVATIONS,
+        # vLLM's chat echo prepends the last message: not served
+        "echo": refused(
+            False,
+            why="echo is served on text completions (/v1/completions), where it returns the prompt's log-probabilities",
+        ),
     },
     required=("model", "messages"),
     rules=(
@@ -301,6 +322,16 @@ COMPLETION = Shape(
         ),
         "add_special_tokens": Boolean(default=True, description="false: the prompt is tokenised as written (no BOS)"),
         "return_sae_activations": SAE_ACTIVATIONS,
+        "n": refused(1, why="send a list of prompts for several choices"),
+        "top_logprobs": refused(why="use logprobs"),
+        **dict.fromkeys(
+            ("profile", "steering_intensity"), refused(why="per-request steering is served on chat completions")
+        ),
+        "best_of": refused(1, why=NOT_YET),
+        "suffix": refused(why=NOT_YET),
+        "response_format": refused({"type": "text"}, why="structured output is served on chat completions"),
+        "tools": refused([], why="tools are served on chat completions"),
+        "tool_choice": refused(why="tools are served on chat completions"),
     },
     required=("model", "prompt"),
     rules=(
@@ -316,6 +347,7 @@ COMPLETION = Shape(
     ),
 )
 
+_NOT_EMBEDDINGS = "embeddings have no such setting"
 EMBEDDING = Shape(
     fields={
         "model": MODEL,
@@ -329,8 +361,29 @@ EMBEDDING = Shape(
             description=f"At most {MAX_EMBEDDING_INPUTS:,} inputs, each within the context window",
         ),
         "encoding_format": Choice(values=("float", "base64"), default="float"),
+        "user": reported(),
+        "dimensions": refused(why=NOT_YET),
+        "n": refused(1, why=_NOT_EMBEDDINGS),
+        **{
+            f: refused(*noop, why=_NOT_EMBEDDINGS)
+            for f, noop in (
+                ("logprobs", (False,)),
+                ("allowed_token_ids", ()),
+                ("top_logprobs", ()),
+                ("response_format", ({"type": "text"},)),
+                ("seed", ()),
+                ("profile", ()),
+                ("steering_intensity", ()),
+                ("steering", ()),
+                ("tools", ([],)),
+                ("tool_choice", ()),
+                ("logit_bias", ({},)),
+                ("max_completion_tokens", ()),
+            )
+        },
     },
     required=("model", "input"),
+    ledger=True,
 )
 
 

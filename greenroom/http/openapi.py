@@ -1,11 +1,11 @@
 """The OpenAPI 3.1 description of every route greenroom serves: the table of routes/routes.py,
 each operation built from its entry.
 
-- Requests are rendered from the declarations the parsers read (contracts.py; `_REQUESTS`
-  names each route's), so a bound, an enum or a field list is written once. Where the field
-  ledger checks a route (ledger.py and the Ollama modules' tables), its table is the list of
-  fields: a field it refuses is documented as the values it lets through, a field it reports
-  as accepted and unread, a field an engine capability honours with the capability named.
+- Requests are rendered from the declarations the parsers and the field ledger read
+  (contracts.py; `_REQUESTS` names each route's), so a bound, an enum, a field list or a
+  field's ledger rule is written once: a field the ledger refuses is documented as the values
+  it lets through, a field it reports as accepted and unread, a field an engine capability
+  honours with the capability named.
 - Responses are described here (they are written nowhere else), as closed objects
   (`additionalProperties: false`): a field the server starts sending must be described here
   first, or tests/test_openapi.py fails.
@@ -22,17 +22,12 @@ of the front end.
 from __future__ import annotations
 
 import copy
-import json
-
-import attrs
 
 from greenroom import __version__
-from greenroom.engines.capabilities import WHY_NOT
 from greenroom.errors import TABLE, anthropic_status, anthropic_type
 from greenroom.http import (
     clusters_api,
     contracts,
-    ledger,
     manage_api,
     messages_api,
     monitoring_api,
@@ -41,13 +36,13 @@ from greenroom.http import (
     ollama_blobs,
     ollama_embed,
     ollama_models,
+    openai_api,
     openai_params,
     responses_api,
-    scoring,
     steering_api,
-    structured,
     tokenize_api,
 )
+from greenroom.http.core import headers
 from greenroom.http.routes import TABLE as ROUTES
 from greenroom.http.routes import Framing, Route, Surface
 
@@ -200,7 +195,7 @@ def _error_schemas() -> dict:
         ),
         "OllamaError": _closed(
             {
-                "error": _described(_string(), "The message, then (request id: <X-Request-ID>)"),
+                "error": _described(_string(), f"The message, then (request id: <{headers.REQUEST_ID_HEADER}>)"),
                 "code": _string(),
             },
             ("error", "code"),
@@ -223,7 +218,9 @@ def _error_schemas() -> dict:
         {
             "type": {"const": "error"},
             "error": _ANTHROPIC_ERROR,
-            "request_id": _described(_string(), "The request's id (its request-id and X-Request-ID headers)"),
+            "request_id": _described(
+                _string(), f"The request's id (its request-id and {headers.REQUEST_ID_HEADER} headers)"
+            ),
         },
         ("type", "error"),
         description="Anthropic's error envelope; an answer's (not a stream's error event) carries request_id",
@@ -256,44 +253,40 @@ def _error_responses(surface: Surface) -> dict:
     return {str(status): _ref(name, "responses") for status, name, _ in _statuses(surface)}
 
 
-# --- requests: the parsers' declarations (contracts.py), the ledger's fields ----------------
+# --- requests: the parsers' declarations, each field with its ledger rule (contracts.py) ------
 
-_CHAT = contracts.merge(openai_params.CHAT, structured.CHAT, scoring.CHAT, steering_api.CHAT)
-_COMPLETION = contracts.merge(openai_params.COMPLETION, scoring.COMPLETION)
-
-# each request component: its declaration, and the ledger table that checks it first (None: none does)
-_REQUESTS: dict[str, tuple[contracts.Shape, dict | None]] = {
-    "ChatCompletionRequest": (_CHAT, ledger.CHAT),
-    "CompletionRequest": (_COMPLETION, ledger.COMPLETIONS),
-    "EmbeddingRequest": (openai_params.EMBEDDING, ledger.EMBEDDINGS),
-    "NeedleExtractRequest": (needle.EXTRACT, None),
-    "NeedleCompleteRequest": (needle.COMPLETE, None),
-    "ModelRequest": (manage_api.MODEL, None),
-    "SAEAttachRequest": (steering_api.ATTACH, None),
-    "SAEDetachRequest": (steering_api.DETACH, None),
-    "SteeringRequest": (steering_api.SET, None),
-    "SteeringLockRequest": (steering_api.LOCK, None),
-    "ProfileCreateRequest": (steering_api.PROFILE, None),
-    "ProfileUpdateRequest": (steering_api.UPDATE, None),
-    "ProfileDocument": (steering_api.EXPORTED, None),
-    "ClusterDocument": (clusters_api.CLUSTER, None),
-    "CircuitDocument": (clusters_api.CIRCUIT, None),
-    "IntensityRequest": (clusters_api.INTENSITY, None),
-    "MonitoringRequest": (monitoring_api.CONFIGURE, None),
-    "OllamaGenerateRequest": (ollama_api.GENERATE_REQUEST, ollama_api.GENERATE),
-    "OllamaChatRequest": (ollama_api.CHAT_REQUEST, ollama_api.CHAT),
-    "OllamaShowRequest": (ollama_api.SHOW_REQUEST, ollama_api.SHOW),
-    "OllamaEmbedRequest": (ollama_embed.EMBED_REQUEST, ollama_embed.EMBED),
-    "OllamaEmbeddingsRequest": (ollama_embed.EMBEDDINGS_REQUEST, ollama_embed.EMBEDDINGS),
-    "OllamaPullRequest": (ollama_models.PULL_REQUEST, ollama_models.PULL),
-    "OllamaDeleteRequest": (ollama_models.DELETE_REQUEST, ollama_models.DELETE),
-    "OllamaCopyRequest": (ollama_models.COPY_REQUEST, ollama_models.COPY),
-    "OllamaCreateRequest": (ollama_models.CREATE_REQUEST, ollama_models.CREATE),
-    "ResponseRequest": (responses_api.REQUEST, ledger.RESPONSES),
-    "MessageRequest": (messages_api.REQUEST, ledger.MESSAGES),
-    "MessageCountTokensRequest": (messages_api.COUNT_REQUEST, ledger.COUNT_TOKENS),
-    "TokenizeRequest": (tokenize_api.TOKENIZE, ledger.TOKENIZE),
-    "DetokenizeRequest": (tokenize_api.DETOKENIZE, ledger.DETOKENIZE),
+_REQUESTS: dict[str, contracts.Shape] = {
+    "ChatCompletionRequest": openai_api.CHAT,
+    "CompletionRequest": openai_api.COMPLETION,
+    "EmbeddingRequest": openai_params.EMBEDDING,
+    "NeedleExtractRequest": needle.EXTRACT,
+    "NeedleCompleteRequest": needle.COMPLETE,
+    "ModelRequest": manage_api.MODEL,
+    "SAEAttachRequest": steering_api.ATTACH,
+    "SAEDetachRequest": steering_api.DETACH,
+    "SteeringRequest": steering_api.SET,
+    "SteeringLockRequest": steering_api.LOCK,
+    "ProfileCreateRequest": steering_api.PROFILE,
+    "ProfileUpdateRequest": steering_api.UPDATE,
+    "ProfileDocument": steering_api.EXPORTED,
+    "ClusterDocument": clusters_api.CLUSTER,
+    "CircuitDocument": clusters_api.CIRCUIT,
+    "IntensityRequest": clusters_api.INTENSITY,
+    "MonitoringRequest": monitoring_api.CONFIGURE,
+    "OllamaGenerateRequest": ollama_api.GENERATE_REQUEST,
+    "OllamaChatRequest": ollama_api.CHAT_REQUEST,
+    "OllamaShowRequest": ollama_api.SHOW_REQUEST,
+    "OllamaEmbedRequest": ollama_embed.EMBED_REQUEST,
+    "OllamaEmbeddingsRequest": ollama_embed.EMBEDDINGS_REQUEST,
+    "OllamaPullRequest": ollama_models.PULL_REQUEST,
+    "OllamaDeleteRequest": ollama_models.DELETE_REQUEST,
+    "OllamaCopyRequest": ollama_models.COPY_REQUEST,
+    "OllamaCreateRequest": ollama_models.CREATE_REQUEST,
+    "ResponseRequest": responses_api.REQUEST,
+    "MessageRequest": messages_api.REQUEST,
+    "MessageCountTokensRequest": messages_api.COUNT_REQUEST,
+    "TokenizeRequest": tokenize_api.TOKENIZE,
+    "DetokenizeRequest": tokenize_api.DETOKENIZE,
 }
 _QUERIES: dict[str, contracts.Shape] = {
     "ModelQuery": monitoring_api.MODEL_QUERY,
@@ -307,58 +300,11 @@ _PATH_PARAMETERS = {
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
 }
-_UNKNOWN = "Unknown fields are accepted and named in the X-miLLM-Ignored-Fields response header"
-
-
-def _noop(rule: ledger.Rule) -> str:
-    return "null" + "".join(f" or {_json_text(v)}" for v in rule.noop)
-
-
-def _json_text(value) -> str:
-    return json.dumps(value)
-
-
-def _by_ledger(name: str, rule: ledger.Rule, declared: contracts.Field | None) -> contracts.Field:
-    """A field as its route's ledger rules it: refused fields take only their no-change values;
-    reported ones anything; a capability's fields what their parser takes."""
-    if rule.refuse and rule.needs is None:
-        assert declared is None, f"{name}: the ledger refuses what a parser declares"
-        return contracts.Choice(
-            values=(None, *rule.noop),
-            description=f"Refused with 400 field_not_honoured unless {_noop(rule)}: {rule.why}",
-        )
-    if rule.report and rule.needs is None:
-        unless = f" unless {_noop(rule)}" if rule.noop else ""
-        return contracts.Anything(description=f"Not read: reported in X-miLLM-Ignored-Fields{unless}")
-    assert declared is not None, f"{name}: the ledger uses a field no parser declares"
-    if rule.needs is None:
-        return declared
-    where = (
-        f"reported in X-miLLM-Ignored-Fields by an engine without {rule.needs}"
-        if rule.report
-        else f"refused with 400 field_not_honoured unless {_noop(rule)} by an engine without {rule.needs} "
-        f"({WHY_NOT[rule.needs]})"
-    )
-    return attrs.evolve(
-        declared, description=f"{declared.description}. " * bool(declared.description) + where[0].upper() + where[1:]
-    )
-
-
-def _request(shape: contracts.Shape, table: dict | None) -> contracts.Shape:
-    if table is None:
-        return shape
-    unknown = set(shape.fields) - set(table)
-    assert not unknown, f"declared but not in the ledger's table: {unknown}"
-    return attrs.evolve(
-        shape,
-        fields={name: _by_ledger(name, rule, shape.fields.get(name)) for name, rule in table.items()},
-        description=f"{shape.description} {_UNKNOWN}".strip(),
-    )
 
 
 def _request_schemas(components: dict) -> None:
-    for name, (shape, table) in _REQUESTS.items():
-        components[name] = _request(shape, table).render(components)
+    for name, shape in _REQUESTS.items():
+        components[name] = shape.render(components)
 
 
 # --- response bodies ------------------------------------------------------------------
@@ -994,7 +940,7 @@ def _document_schemas() -> dict:
                             {
                                 "rung": _RUNG,
                                 "language": _string(),
-                                "header": _described(_string(), "X-miLLM-Circuit-Rung as responses carry it"),
+                                "header": _described(_string(), f"{headers.CIRCUIT_RUNG_HEADER} as responses carry it"),
                                 "intensity": _number(),
                                 "layers": _array(
                                     _obj(
@@ -1006,7 +952,7 @@ def _document_schemas() -> dict:
                             ("rung", "language", "header", "intensity", "layers"),
                         )
                     ),
-                    "Present only while the circuit genuinely steers generation (what X-miLLM-Circuit-Rung reports); "
+                    f"Present only while the circuit genuinely steers generation (what {headers.CIRCUIT_RUNG_HEADER} reports); "
                     "read this, not whether a circuit is active, before showing evidence language",
                 ),
             },
@@ -1575,7 +1521,7 @@ def _headers() -> dict:
             "example": '7;scope="request"',
         },
         "DrawnSeed": {
-            "description": "Beyond the spec: the seed drawn for a request sent without one, in X-miLLM-Seed's form; "
+            "description": f"Beyond the spec: the seed drawn for a request sent without one, in {headers.SEED_HEADER}'s form; "
             "sent back as the seed, it reproduces the answer. Absent when a seed was sent, or where none would "
             "reproduce (a request decoded in the transformers continuous batch)",
             "schema": _string(pattern=r'^[0-9]+;scope="(?:request|batch-shape)"$'),
@@ -1638,24 +1584,24 @@ def _ollama_headers() -> dict:
 
 
 _HEADER_NAMES = {
-    "IgnoredFields": "X-miLLM-Ignored-Fields",
-    "Seed": "X-miLLM-Seed",
-    "DrawnSeed": "X-Greenroom-Drawn-Seed",
-    "Steering": "X-miLLM-Steering",
-    "CircuitRung": "X-miLLM-Circuit-Rung",
-    "Constrained": "X-miLLM-Constrained",
-    "NotStored": "X-Greenroom-Not-Stored",
-    "SteeringIntensity": "X-miLLM-Steering-Intensity",
-    "NumCtx": "X-Greenroom-Num-Ctx",
-    "Dimensions": "X-Greenroom-Dimensions",
-    "Truncated": "X-Greenroom-Truncated",
-    "Device": "X-NPU-Proxy-Device",
-    "RouteReason": "X-NPU-Proxy-Route-Reason",
-    "TokenCount": "X-NPU-Proxy-Token-Count",
+    "IgnoredFields": headers.IGNORED_FIELDS_HEADER,
+    "Seed": headers.SEED_HEADER,
+    "DrawnSeed": headers.DRAWN_SEED_HEADER,
+    "Steering": headers.STEERING_HEADER,
+    "CircuitRung": headers.CIRCUIT_RUNG_HEADER,
+    "Constrained": headers.CONSTRAINED_HEADER,
+    "NotStored": headers.NOT_STORED_HEADER,
+    "SteeringIntensity": headers.STEERING_INTENSITY_HEADER,
+    "NumCtx": headers.NUM_CTX_HEADER,
+    "Dimensions": headers.DIMENSIONS_HEADER,
+    "Truncated": headers.TRUNCATED_HEADER,
+    "Device": headers.DEVICE_HEADER,
+    "RouteReason": headers.ROUTE_REASON_HEADER,
+    "TokenCount": headers.TOKEN_COUNT_HEADER,
 }
 
 _STRICT = {
-    "name": "X-miLLM-Strict",
+    "name": headers.STRICT_HEADER,
     "in": "header",
     "required": False,
     "description": "true or 1: refuse unused fields with 400 unused_fields_refused instead of reporting them; "
@@ -1828,11 +1774,11 @@ _EXAMPLES = {
 # --- operations, from the route table ----------------------------------------------------
 
 
-def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+def _json(schema: dict, description: str, documented: dict | None = None) -> dict:
     """A response with an `application/json` body (and, optionally, documented headers)."""
     response = {"description": description, "content": {"application/json": {"schema": schema}}}
-    if headers:
-        response["headers"] = headers
+    if documented:
+        response["headers"] = documented
     return response
 
 
@@ -1840,15 +1786,15 @@ def _answer(route: Route) -> dict:
     """The route's 200. For `text/event-stream`, an OpenAPI 3.1 `schema` describes each event
     (the fields `event`, `data`, `id`, `retry`; `data` a string), as OpenAPI 3.2's `itemSchema`
     does; an NDJSON stream is described as the array of its lines."""
-    headers = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
+    documented = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
     if route.response is None:  # no body (a HEAD's, an upload's)
         return {"description": route.answer}
     if route.framing is Framing.TEXT:
         return {"description": route.answer, "content": {"text/plain": {"schema": _string()}}}
     if route.framing is Framing.ONLY_SSE:
         response = {"description": route.answer, "content": {"text/event-stream": {"schema": _ref(route.stream)}}}
-        return {**response, "headers": headers} if headers else response
-    response = _json(_ref(route.response), route.answer, headers)
+        return {**response, "headers": documented} if documented else response
+    response = _json(_ref(route.response), route.answer, documented)
     if route.framing is Framing.SSE:
         response["content"]["text/event-stream"] = {"schema": _ref(route.stream)}
     elif route.framing is Framing.NDJSON:

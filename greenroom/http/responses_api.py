@@ -43,9 +43,13 @@ from greenroom.http.contracts import (
     Text,
     at,
     merge,
+    needs,
+    refused,
+    reported,
     sent,
     when,
 )
+from greenroom.http.core.headers import NOT_STORED_HEADER, STRICT_HEADER
 from greenroom.http.pipeline import paths
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
@@ -160,8 +164,8 @@ REQUEST = merge(
             "store": Boolean(default=True, description="Keep the response for GET and previous_response_id"),
             "previous_response_id": Text(min_length=1, description="A stored response: its conversation continues"),
             "metadata": MapOf(values=Text(max_length=512), keys=Text(max_length=64), description="Stored, echoed"),
-            "text": Shape(fields={"format": _FORMAT}),
-            "tools": ListOf(items=FUNCTION_TOOL),
+            "text": Shape(fields={"format": _FORMAT}, rule=needs("response_format", {}, {"format": {"type": "text"}})),
+            "tools": ListOf(items=FUNCTION_TOOL, rule=needs("tools", [])),
             "tool_choice": AnyOf(
                 options=(
                     Choice(values=("none", "auto", "required")),
@@ -171,8 +175,26 @@ REQUEST = merge(
                     ),
                 ),
                 description="As chat's: required or a named function is enforced by decoding",
+                rule=needs("tools"),
             ),
-            "parallel_tool_calls": Boolean(description="false: at most one call when tool_choice forces calls"),
+            "parallel_tool_calls": Boolean(
+                description="false: at most one call when tool_choice forces calls", rule=needs("tools")
+            ),
+            **dict.fromkeys(
+                ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"), reported()
+            ),
+            "stream_options": reported(),  # include_obfuscation: no obfuscation is sent
+            "reasoning": refused({}, why="this model does not reason"),
+            "background": refused(False, why="a response is answered within its request: there is no background queue"),
+            "truncation": refused(
+                "disabled", why="a prompt past the context window is refused (context_length_exceeded), never cut"
+            ),
+            "include": refused([], why="no reasoning, search results or log-probabilities are produced to include"),
+            "top_logprobs": refused(0, why=openai_params.NOT_YET),
+            "max_tool_calls": refused(why=openai_params.NOT_YET),
+            "conversation": refused(why="continue a stored response with previous_response_id"),
+            "prompt": refused(why="stored prompt templates are not served"),
+            "context_management": refused(why=openai_params.NOT_YET),
         },
         required=("model", "input"),
     ),
@@ -211,6 +233,7 @@ REQUEST = merge(
             "calls enforced by decoding: the functions' parameters in greenroom's subset",
         ),
     ),
+    ledger=True,
 )
 
 # where the chat request's fields come from, whatever the request holds
@@ -464,9 +487,6 @@ def _page(items: list[dict], order: str, limit: int, after: str | None) -> dict:
 
 # --- the answer ---------------------------------------------------------------------------------
 
-# on an answer whose `store: true` could not be kept (its `store` then says false): why
-NOT_STORED_HEADER = "X-Greenroom-Not-Stored"
-
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -698,7 +718,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/responses")
     async def create_response():
-        req = await openai_api.prepare(tree, ledger.RESPONSES, "on responses", translated=True)
+        req = await openai_api.prepare(tree, REQUEST, "on responses", translated=True)
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
         chat, messages, unread, field_paths = translate(req.body, history)
@@ -715,7 +735,7 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/v1/responses/{response_id}/input_items")
     async def list_input_items(response_id: str):
         args = request.args
-        strict = ledger.strict_mode(request.headers.get("X-miLLM-Strict"))
+        strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
         headers = ledger.report_headers([k for k in args if k not in INPUT_ITEMS_QUERY.names | {"include[]"}], strict)
         query = _query(args)
         items = (await stored(response_id)).input_items

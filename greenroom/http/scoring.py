@@ -18,7 +18,7 @@ import attrs
 
 from greenroom.errors import GreenroomError
 from greenroom.http import logprobs, openai_params, structured
-from greenroom.http.contracts import INT64, NULL, AnyOf, Boolean, Choice, ListOf, Number, Shape, sent, when
+from greenroom.http.contracts import INT64, NULL, AnyOf, Boolean, Choice, ListOf, Number, Shape, needs, sent, when
 from greenroom.http.openai_params import new_rid
 from greenroom.protocol import Score, Scores
 
@@ -114,9 +114,12 @@ _COMMON = {
         items=Number(lo=INT64[0], hi=INT64[1], integer=True),
         min_items=1,
         description=_SCORING_ONLY + ", normalised over these tokens",
+        rule=needs("scoring"),
     ),
     "return_tokens_as_token_ids": Boolean(
-        default=False, description='Tokens written "token_id:<id>" in logprobs (scoring and generation alike)'
+        default=False,
+        description='Tokens written "token_id:<id>" in logprobs (scoring and generation alike)',
+        rule=needs("token_logprobs", False),
     ),
 }
 
@@ -160,9 +163,15 @@ _ONE_TOKEN = {"anyOf": [_present("max_tokens", {"const": 1}), _present("max_comp
 _CHAT_SCORING = {"anyOf": [sent("allowed_token_ids"), {"allOf": [_present("logprobs", {"const": True}), _ONE_TOKEN]}]}
 CHAT = Shape(
     fields={
-        "logprobs": Boolean(default=False, description=f"true: {_GENERATED}; with max_tokens 1, {_SCORING_ONLY}"),
+        "logprobs": Boolean(
+            default=False,
+            description=f"true: {_GENERATED}; with max_tokens 1, {_SCORING_ONLY}",
+            rule=needs("token_logprobs", False),
+        ),
         "top_logprobs": attrs.evolve(
-            _ALTERNATIVES, description="The most probable tokens listed at each position; needs logprobs: true"
+            _ALTERNATIVES,
+            description="The most probable tokens listed at each position; needs logprobs: true",
+            rule=needs("token_logprobs"),
         ),
         **_COMMON,
     },
@@ -190,6 +199,7 @@ COMPLETION = Shape(
                 f"An integer, the most probable tokens listed at each position (and the token itself): {_GENERATED}; "
                 f"with max_tokens 1, {_SCORING_ONLY}"
             ),
+            rule=needs("token_logprobs", False),
         ),
         "echo": Boolean(
             default=False,
@@ -199,6 +209,7 @@ COMPLETION = Shape(
                 "give it). Served as prompt scoring: max_tokens 0 (the prompt alone) or 1 (and the most probable next "
                 "token, scored as without echo); without logprobs or allowed_token_ids, max_tokens 0 only"
             ),
+            rule=needs("scoring", False),  # prompt scoring: the prompt's log-probabilities
         ),
         **_COMMON,
     },

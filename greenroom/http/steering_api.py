@@ -27,7 +27,8 @@ from greenroom.engines.demo_model import SIZES
 from greenroom.engines.demo_sae import demo_sae_layers
 from greenroom.errors import GreenroomError
 from greenroom.http import openai_params, routes
-from greenroom.http.contracts import INT64, AnyOf, Boolean, Choice, ListOf, MapOf, Number, Shape, Text
+from greenroom.http.contracts import INT64, AnyOf, Boolean, Choice, ListOf, MapOf, Number, Shape, Text, needs
+from greenroom.http.core.headers import CIRCUIT_RUNG_HEADER, STEERING_INTENSITY_HEADER
 from greenroom.protocol import (
     ActivateProfile,
     AttachSAE,
@@ -152,6 +153,7 @@ CHAT = Shape(
             description="A steering profile (/api/profiles) steering this request only, on the "
             "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid for the "
             "attached SAEs; no SAE attached: unsteered",
+            rule=needs("profile"),
         ),
         "steering_intensity": AnyOf(
             options=(Number(lo=rules.ENVELOPE[0], hi=rules.ENVELOPE[1]), Choice(values=rules.SYMBOLS)),
@@ -160,8 +162,9 @@ CHAT = Shape(
                 "named profile, else the model's active profile, cluster or circuit, else the live values) by the spec's "
                 "intensity rules (clusters: capped at the declared range's top, else the server's maximum; circuits: "
                 'clamped into the declared range at both ends); 0/"off" turns steering off. The resolved λ is echoed in '
-                "X-miLLM-Steering-Intensity"
+                + STEERING_INTENSITY_HEADER
             ),
+            rule=needs("steering"),
         ),
     }
 )
@@ -346,9 +349,9 @@ async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Gener
     resolved = await tree.steering(ResolveRequestSteering(gen.model, name, dial))
     headers = {}
     if resolved.intensity is not None:
-        headers["X-miLLM-Steering-Intensity"] = rules.intensity_header(resolved.intensity)
+        headers[STEERING_INTENSITY_HEADER] = rules.intensity_header(resolved.intensity)
     if resolved.rung is not None:
-        headers["X-miLLM-Circuit-Rung"] = rules.rung_header(resolved.rung)
+        headers[CIRCUIT_RUNG_HEADER] = rules.rung_header(resolved.rung)
     return attrs.evolve(gen, request_strengths=resolved.strengths), headers
 
 
@@ -357,7 +360,7 @@ def live_headers(tree: Tree, model: str) -> dict[str, str]:
     circuit genuinely steers (the coordinator's last `serving` says so with a rung)."""
     state = tree.last_steering_states.get(model)
     serving = (state.serving if state is not None else None) or {}
-    return {"X-miLLM-Circuit-Rung": rules.rung_header(serving["rung"])} if "rung" in serving else {}
+    return {CIRCUIT_RUNG_HEADER: rules.rung_header(serving["rung"])} if "rung" in serving else {}
 
 
 def intensity(value) -> float | str | None:

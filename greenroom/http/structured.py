@@ -33,8 +33,10 @@ from greenroom.http.contracts import (
     Schema,
     Shape,
     Text,
+    needs,
     when,
 )
+from greenroom.http.core.headers import CONSTRAINED_HEADER
 from greenroom.http.schema_subset import SCHEMA, check_schema
 
 ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment
@@ -101,7 +103,9 @@ RESPONSE_FORMAT = Named(
                     "type": Choice(values=("json_schema",)),
                     "json_schema": Shape(
                         fields={
-                            "name": attrs.evolve(NAME, description="Echoed in the X-miLLM-Constrained response header"),
+                            "name": attrs.evolve(
+                                NAME, description=f"Echoed in the {CONSTRAINED_HEADER} response header"
+                            ),
                             "schema": attrs.evolve(SCHEMA, null=False),
                             "strict": Boolean(description="Accepted; the schema is enforced by decoding either way"),
                             "description": Anything(),
@@ -136,16 +140,19 @@ _FUNCTION_CALL = AnyOf(options=(Choice(values=("none", "auto")), Shape(fields={"
 _PARALLEL = Boolean(description="false: at most one call when tool_choice forces calls")
 CHAT = Shape(
     fields={
-        "response_format": RESPONSE_FORMAT,
+        "response_format": attrs.evolve(RESPONSE_FORMAT, rule=needs("response_format", {"type": "text"})),
         "tools": ListOf(
             items=TOOL,
             description="Rendered by the chat template; calls in the answer are parsed into message.tool_calls",
+            rule=needs("tools", []),
         ),
-        "functions": ListOf(items=FUNCTION, description="Deprecated form of tools (not both)"),
+        "functions": ListOf(items=FUNCTION, description="Deprecated form of tools (not both)", rule=needs("tools", [])),
         # read by a generation only (their shapes are GENERATION's): a scoring request reports them
-        "tool_choice": Anything(description="A ToolChoice; " + TOOL_CHOICE.field.description),
-        "function_call": Anything(description="Deprecated form of tool_choice: none, auto or {name}"),
-        "parallel_tool_calls": Anything(description="A boolean; " + _PARALLEL.description),
+        "tool_choice": Anything(description="A ToolChoice; " + TOOL_CHOICE.field.description, rule=needs("tools")),
+        "function_call": Anything(
+            description="Deprecated form of tool_choice: none, auto or {name}", rule=needs("tools")
+        ),
+        "parallel_tool_calls": Anything(description="A boolean; " + _PARALLEL.description, rule=needs("tools")),
     },
     rules=(
         {

@@ -14,7 +14,7 @@ from quart import Quart
 from greenroom.errors import GreenroomError
 from greenroom.http import ledger, openai_api, openai_params, routes, structured
 from greenroom.http.answering import single
-from greenroom.http.contracts import Boolean, ListOf, Number, Shape, Text, sent
+from greenroom.http.contracts import Boolean, ListOf, Number, Shape, Text, refused, sent
 from greenroom.protocol import Tokenize, Tokenized
 from greenroom.supervisor.tree import Tree
 
@@ -31,9 +31,11 @@ TOKENIZE = Shape(
             description="For messages: false, the conversation as it stands (no assistant turn opened after it)",
         ),
         "return_token_strs": Boolean(default=False, description="true: each token's own text too (token_strs)"),
+        "chat_template": refused(why="the model's own chat template (or its config's chat_template) renders"),
     },
     required=("model",),
     rules=({"oneOf": [sent("prompt"), sent("messages")], "description": "prompt or messages (one of the two)"},),
+    ledger=True,
 )
 DETOKENIZE = Shape(
     fields={
@@ -41,6 +43,7 @@ DETOKENIZE = Shape(
         "tokens": ListOf(items=Number(lo=0, hi=openai_params.INT32_MAX, integer=True)),
     },
     required=("model", "tokens"),
+    ledger=True,
 )
 
 
@@ -53,7 +56,7 @@ async def tokenized(tree: Tree, message: Tokenize) -> Tokenized:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/tokenize")
     async def tokenize():
-        req = await openai_api.prepare(tree, ledger.TOKENIZE, "on tokenize")
+        req = await openai_api.prepare(tree, TOKENIZE, "on tokenize")
         body = req.body
         strings = openai_params.boolean(body, "return_token_strs", False)
         if (body.get("prompt") is None) == (body.get("messages") is None):
@@ -97,7 +100,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/detokenize")
     async def detokenize():
-        req = await openai_api.prepare(tree, ledger.DETOKENIZE, "on detokenize")
+        req = await openai_api.prepare(tree, DETOKENIZE, "on detokenize")
         tokens = req.body.get("tokens")
         if tokens is None:
             raise GreenroomError("missing_parameter", "'tokens' is a required property", "tokens")

@@ -1,0 +1,1 @@
+"""The front end's core: what every surface shares (header names, …)."""
