@@ -208,6 +208,11 @@ def test_typed_exceptions(srv):
             "invalid_parameter",
             "messages[0].content[0]",
         ),
+        (  # any JSON value may arrive as a block's type
+            {"messages": [{"role": "user", "content": [{"type": ["image"], "text": "x"}]}]},
+            "invalid_parameter",
+            "messages[0].content[0]",
+        ),
         ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "field_not_honoured", "tools[0]"),
         ({"tools": [{"name": "a b", "input_schema": {}}]}, "invalid_parameter", "tools[0].name"),
         ({"tool_choice": {"type": "any"}}, "invalid_parameter", "tool_choice"),

@@ -203,3 +203,13 @@ def test_max_tokens_0_is_refused_on_chat_and_a_token_count_on_completions(server
     choice = r.json()["choices"][0]
     assert choice["text"] == "" and choice["finish_reason"] == "length"
     assert r.json()["usage"]["prompt_tokens"] > 0 and r.json()["usage"]["completion_tokens"] == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_a_content_part_whose_type_is_not_a_string_is_a_typed_400(server, path):
+    """Any JSON value may arrive as a part's `type`: a list was unhashable, a 500."""
+    message = {"role": "user", "content": [{"type": ["image_url"], "text": "x"}]}
+    body = {"messages": [message]} if path.endswith("completions") else {"input": [message]}
+    r = post(server, path, {"model": MODEL, "max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
+    assert r.json()["error"]["param"].endswith("content[0]"), r.text

@@ -43,6 +43,11 @@ TEXT_ONLY = "greenroom serves text-only models"
 MEDIA_PARTS = frozenset({"image_url", "input_audio", "file", "input_image", "input_file", "image", "document"})
 
 
+def is_media(kind) -> bool:
+    """A content part's `type` names an image, audio or file (any JSON value may arrive there)."""
+    return isinstance(kind, str) and kind in MEDIA_PARTS
+
+
 def media_refused(where: str) -> GreenroomError:
     """The refusal of an image, audio or file at `where` (the content part's location)."""
     return GreenroomError("field_not_honoured", f"'{where}' cannot be honoured: {TEXT_ONLY}", where)

@@ -284,7 +284,8 @@ def _message(message, i: int, out: list[dict], unread: list[str]) -> dict[str, s
     for j, block in enumerate(blocks):
         place = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind in ledger.MEDIA_PARTS:
+        kind = kind if isinstance(kind, str) else None  # any JSON value may arrive as a type
+        if ledger.is_media(kind):
             raise ledger.media_refused(place)
         if kind not in allowed:
             raise GreenroomError(

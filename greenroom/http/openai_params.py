@@ -545,7 +545,7 @@ def messages(body: dict) -> list[dict]:
         if isinstance(content, list):  # OpenAI content parts: text only
             parts = []
             for j, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") in ledger.MEDIA_PARTS:
+                if isinstance(part, dict) and ledger.is_media(part.get("type")):
                     raise ledger.media_refused(f"{where}.content[{j}]")
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                     raise GreenroomError(
@@ -610,7 +610,7 @@ def text_of(content, where: str, kinds: tuple[str, ...], read: frozenset[str], u
     out = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
-        if isinstance(part, dict) and part.get("type") in ledger.MEDIA_PARTS:
+        if isinstance(part, dict) and ledger.is_media(part.get("type")):
             raise ledger.media_refused(at)
         if not (isinstance(part, dict) and part.get("type") in kinds):
             raise GreenroomError("invalid_parameter", f"'{at}' must be a {' or '.join(kinds)} part", at)
