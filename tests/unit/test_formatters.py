@@ -52,6 +52,17 @@ def finished(choice=0, reason="stop", stop=None, tokens=3, stats=None):
     return ev.Finished(choice, reason, stop, tokens, stats)
 
 
+def called(name: str, arguments: str, text: tuple[str, ...] = (), call_id="call_1", tokens=9) -> list:
+    """An answer of `text` deltas, then one call: its events."""
+    return [
+        *(ev.Delta(0, t) for t in text),
+        ev.CallStarted(0, 0, call_id, name),
+        ev.CallArguments(0, 0, arguments),
+        ev.Usage(5, tokens),
+        finished(0, "tool_calls", tokens=tokens),
+    ]
+
+
 def folded(*events, choices=1) -> ev.Completion:
     completion = ev.Completion([ev.Choice(i) for i in range(choices)])
     for event in events:
@@ -114,15 +125,7 @@ def test_chat_stream_include_usage_null_on_every_chunk_then_the_usage_only_chunk
 
 
 def test_chat_stream_tool_call_id_and_name_then_argument_fragments_and_finish_reason_tool_calls():
-    out = chunks(
-        [
-            ev.Delta(0, "Sure."),
-            ev.CallStarted(0, 0, "call_1", "get_weather"),
-            ev.CallArguments(0, 0, ARGS),
-            ev.Usage(5, 9),
-            finished(0, "tool_calls", tokens=9),
-        ]
-    )
+    out = chunks(called("get_weather", ARGS, ("Sure.",)))
     deltas = [c["choices"][0]["delta"] for c in out[:-1]]
     assert deltas[1] == {"content": "Sure."}
     assert deltas[2] == {
@@ -161,15 +164,8 @@ def test_chat_stream_failure_mid_stream_is_the_error_event_after_the_text_then_d
 def test_chat_stream_x_needle_rides_on_choice_0s_finishing_chunk():
     extras = chat_format.Extras([{"role": "user", "content": "Weather in Paris?"}], ["ignored field: user"])
     stats = {"logprob_sum": -1.0, "prefill_s": 0.5, "decode_s": 1.0}
-    out = chunks(
-        [
-            ev.CallStarted(0, 0, "call_1", "get_weather"),
-            ev.CallArguments(0, 0, '{"city": "Paris"}'),
-            ev.Usage(5, 3),
-            finished(0, "tool_calls", stats=stats),
-        ],
-        extras=extras,
-    )
+    events = called("get_weather", '{"city": "Paris"}', tokens=3)
+    out = chunks([*events[:-1], finished(0, "tool_calls", stats=stats)], extras=extras)
     block = out[-2]["x_needle"]
     assert block["type"] == "call" and block["validation"]["ungrounded"] == [] and block["warnings"] == extras.warnings
     assert block["confidence"] == round(2.718281828 ** (-1 / 3), 4) and block["prefill_tps"] == 10.0
@@ -233,13 +229,7 @@ def test_chat_whole_two_choices_calls_logprobs_usage_and_millm():
 
 
 def test_chat_whole_x_needle_and_the_text_around_calls_as_reasoning_content():
-    completion = folded(
-        ev.Delta(0, "Let me add."),
-        ev.CallStarted(0, 0, "call_1", "add"),
-        ev.CallArguments(0, 0, '{"a": 41}'),
-        ev.Usage(5, 4),
-        finished(0, "tool_calls", tokens=4),
-    )
+    completion = folded(*called("add", '{"a": 41}', ("Let me add.",), tokens=4))
     extras = chat_format.Extras([{"role": "user", "content": "add 1 and 2"}], [])
     body = chat_format.whole(completion, chat_format.Context("chatcmpl-1", "m", 1, 5, extras=extras))
     message = body["choices"][0]["message"]
@@ -355,16 +345,7 @@ def responses(events) -> tuple[list[tuple[str, dict]], list[dict]]:
 
 
 def test_responses_stream_text_then_a_call_item_by_item_numbered():
-    out, kept = responses(
-        [
-            ev.Delta(0, "Sure"),
-            ev.Delta(0, "."),
-            ev.CallStarted(0, 0, "call_1", "f"),
-            ev.CallArguments(0, 0, ARGS),
-            ev.Usage(5, 9),
-            finished(0, "tool_calls", tokens=9),
-        ]
-    )
+    out, kept = responses(called("f", ARGS, ("Sure", ".")))
     assert all(name == data["type"] for name, data in out)
     assert [data["sequence_number"] for _, data in out] == list(range(len(out)))
     assert [name for name, _ in out] == [
@@ -424,13 +405,7 @@ def test_responses_stream_failure_mid_stream_is_error_then_response_failed():
 
 
 def test_responses_whole_message_and_call_items():
-    completion = folded(
-        ev.Delta(0, "Sure."),
-        ev.CallStarted(0, 0, "call_1", "f"),
-        ev.CallArguments(0, 0, "{}"),
-        ev.Usage(5, 3),
-        finished(0, "tool_calls"),
-    )
+    completion = folded(*called("f", "{}", ("Sure.",), tokens=3))
     body = responses_format.whole(completion, responses_ctx(store=False))
     assert body["id"] == "resp_1" and body["status"] == "completed" and body["store"] is False
     message, call = body["output"]
@@ -448,18 +423,7 @@ MESSAGES_CTX = messages_format.Context("msg_1", "m", 5)
 
 
 def test_messages_stream_text_block_then_tool_use_block_then_message_delta():
-    out = frames(
-        messages_format.stream,
-        [
-            ev.Delta(0, "Sure"),
-            ev.Delta(0, "."),
-            ev.CallStarted(0, 0, "call_ab", "f"),
-            ev.CallArguments(0, 0, ARGS),
-            ev.Usage(5, 9),
-            finished(0, "tool_calls", tokens=9),
-        ],
-        MESSAGES_CTX,
-    )
+    out = frames(messages_format.stream, called("f", ARGS, ("Sure", "."), "call_ab"), MESSAGES_CTX)
     assert all(name == data["type"] for name, data in out)
     assert [name for name, _ in out] == [
         "message_start",
@@ -503,13 +467,7 @@ def test_messages_stream_failure_is_an_error_event_in_anthropics_envelope():
 
 
 def test_messages_whole():
-    completion = folded(
-        ev.Delta(0, "Sure."),
-        ev.CallStarted(0, 0, "call_ab", "f"),
-        ev.CallArguments(0, 0, '{"a": 1}'),
-        ev.Usage(5, 3),
-        finished(0, "tool_calls"),
-    )
+    completion = folded(*called("f", '{"a": 1}', ("Sure.",), "call_ab", tokens=3))
     body = messages_format.whole(completion, MESSAGES_CTX)
     assert body["content"] == [
         {"type": "text", "text": "Sure."},
@@ -539,12 +497,7 @@ def test_needle_extracted_matches_only_a_complete_valid_document():
 
 
 def test_needle_completed_calls_with_their_arguments_as_objects():
-    done = folded(
-        ev.CallStarted(0, 0, "call_1", "add"),
-        ev.CallArguments(0, 0, '{"a": 1}'),
-        ev.Usage(5, 3),
-        finished(0, "tool_calls"),
-    )
+    done = folded(*called("add", '{"a": 1}', tokens=3))
     body = needle_format.completed(done, NEEDLE_CTX)
     assert body["content"] is None and body["tool_calls"] == [{"name": "add", "arguments": {"a": 1}}]
     assert body["finish_reason"] == "tool_calls" and body["model"] == "m"

@@ -16,17 +16,7 @@ from collections.abc import AsyncIterator
 import attrs
 
 from greenroom.http import framing, sae_activations
-from greenroom.http.pipeline.events import (
-    Activations,
-    CallArguments,
-    CallStarted,
-    Completion,
-    Delta,
-    Event,
-    Failure,
-    Finished,
-    Usage,
-)
+from greenroom.http.pipeline import events as ev
 
 
 @attrs.frozen
@@ -69,7 +59,7 @@ def _millm(activations: dict | None) -> dict:
     return {} if activations is None else {"millm": sae_activations.millm(activations)}
 
 
-def message(ctx: Context, content: list[dict], finished: Finished | None, usage: dict, activations=None) -> dict:
+def message(ctx: Context, content: list[dict], finished: ev.Finished | None, usage: dict, activations=None) -> dict:
     return {
         "id": ctx.id,
         "type": "message",
@@ -82,7 +72,7 @@ def message(ctx: Context, content: list[dict], finished: Finished | None, usage:
     }
 
 
-def whole(completion: Completion, ctx: Context) -> dict:
+def whole(completion: ev.Completion, ctx: Context) -> dict:
     choice = completion.choices[0]
     content = [{"type": "text", "text": choice.text}] if choice.text or not choice.calls else []
     content += [
@@ -94,7 +84,7 @@ def whole(completion: Completion, ctx: Context) -> dict:
     return message(ctx, content, choice.finished, usage, completion.activations)
 
 
-async def stream(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[bytes]:
+async def stream(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator[bytes]:
     def event(kind: str, **fields) -> bytes:
         return framing.sse({"type": kind, **fields}, kind)
 
@@ -112,32 +102,32 @@ async def stream(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[by
 
     usage = finished = activations = None
     async for e in events:
-        if isinstance(e, Failure):  # the one place a failure becomes this surface's error event
+        if isinstance(e, ev.Failure):  # the one place a failure becomes this surface's error event
             yield framing.sse(e.error.anthropic_body(), "error")
             return
-        if isinstance(e, Delta):
+        if isinstance(e, ev.Delta):
             if open_kind != "text":
                 for frame in close():
                     yield frame
                 index, open_kind = next(blocks), "text"
                 yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
             yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": e.text})
-        elif isinstance(e, CallStarted):
+        elif isinstance(e, ev.CallStarted):
             for frame in close():
                 yield frame
             index, open_kind = next(blocks), "tool_use"
             block = {"type": "tool_use", "id": _tool_id(e.id), "name": e.name, "input": {}}
             yield event("content_block_start", index=index, content_block=block)
-        elif isinstance(e, CallArguments):
+        elif isinstance(e, ev.CallArguments):
             for piece in e.fragments():
                 yield event(
                     "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": piece}
                 )
-        elif isinstance(e, Usage):
+        elif isinstance(e, ev.Usage):
             usage = e
-        elif isinstance(e, Finished):
+        elif isinstance(e, ev.Finished):
             finished = e
-        elif isinstance(e, Activations):
+        elif isinstance(e, ev.Activations):
             activations = e.read
     for frame in close():
         yield frame

@@ -17,17 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 
 from greenroom.http import framing, openai_params, sae_activations
-from greenroom.http.pipeline.events import (
-    Activations,
-    CallArguments,
-    CallStarted,
-    Completion,
-    Delta,
-    Event,
-    Failure,
-    Finished,
-    Usage,
-)
+from greenroom.http.pipeline import events as ev
 
 
 @attrs.frozen
@@ -79,7 +69,7 @@ def call_item(call_id: str, name: str, arguments: str, item: str, status: str = 
     }
 
 
-def _usage(counted: Usage) -> dict:
+def _usage(counted: ev.Usage) -> dict:
     return {
         "input_tokens": counted.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
@@ -90,7 +80,7 @@ def _usage(counted: Usage) -> dict:
 
 
 def response(
-    ctx: Context, status: str, output: list[dict], usage: Usage | None = None, error: dict | None = None
+    ctx: Context, status: str, output: list[dict], usage: ev.Usage | None = None, error: dict | None = None
 ) -> dict:
     body = ctx.body
 
@@ -125,7 +115,7 @@ def response(
 
 
 def finished(
-    ctx: Context, finish_reason: str | None, output: list[dict], usage: Usage | None, activations: dict | None
+    ctx: Context, finish_reason: str | None, output: list[dict], usage: ev.Usage | None, activations: dict | None
 ) -> dict:
     """The finished Response: completed, or incomplete where max_output_tokens cut it."""
     out = response(ctx, "incomplete" if finish_reason == "length" else "completed", output, usage)
@@ -134,7 +124,7 @@ def finished(
     return out
 
 
-def whole(completion: Completion, ctx: Context) -> dict:
+def whole(completion: ev.Completion, ctx: Context) -> dict:
     choice = completion.choices[0]
     output = [message_item(choice.text, item_id("msg"))] if choice.text or not choice.calls else []
     output += [call_item(c.id, c.name, c.arguments, item_id("fc")) for c in choice.calls]
@@ -142,7 +132,7 @@ def whole(completion: Completion, ctx: Context) -> dict:
 
 
 async def stream(
-    events: AsyncIterator[Event], ctx: Context, kept: Callable[[dict], Awaitable[dict]]
+    events: AsyncIterator[ev.Event], ctx: Context, kept: Callable[[dict], Awaitable[dict]]
 ) -> AsyncIterator[bytes]:
     """The typed events; `kept` stores the finished Response (and says whether it could)."""
     numbers = itertools.count()
@@ -179,13 +169,13 @@ async def stream(
 
     usage = reason = activations = None
     async for e in events:
-        if isinstance(e, Failure):  # the one place a failure becomes this surface's events
+        if isinstance(e, ev.Failure):  # the one place a failure becomes this surface's events
             error = e.error
             yield event("error", code=error.code, message=error.message, param=error.param)
             failed = response(ctx, "failed", output, error={"code": error.code, "message": error.message})
             yield event("response.failed", response=failed)
             return
-        if isinstance(e, Delta):
+        if isinstance(e, ev.Delta):
             if not output or output[-1]["type"] != "message" or output[-1]["status"] != "in_progress":
                 for frame in close():
                     yield frame
@@ -209,12 +199,12 @@ async def stream(
                 delta=e.text,
                 logprobs=[],
             )
-        elif isinstance(e, CallStarted):
+        elif isinstance(e, ev.CallStarted):
             for frame in close():
                 yield frame
             output.append(call_item(e.id, e.name, "", item_id("fc"), "in_progress"))
             yield event("response.output_item.added", output_index=len(output) - 1, item=output[-1])
-        elif isinstance(e, CallArguments):
+        elif isinstance(e, ev.CallArguments):
             for piece in e.fragments():
                 output[-1]["arguments"] += piece
                 yield event(
@@ -223,11 +213,11 @@ async def stream(
                     output_index=len(output) - 1,
                     delta=piece,
                 )
-        elif isinstance(e, Usage):
+        elif isinstance(e, ev.Usage):
             usage = e
-        elif isinstance(e, Finished):
+        elif isinstance(e, ev.Finished):
             reason = e.reason
-        elif isinstance(e, Activations):
+        elif isinstance(e, ev.Activations):
             activations = e.read
     for frame in close():
         yield frame
