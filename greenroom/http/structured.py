@@ -444,7 +444,8 @@ def check(p: Plan, text: str, finish: str) -> None:
 
 
 def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
-    """A finished choice as OpenAI's message and finish_reason, checked (`check`)."""
+    """A finished choice as OpenAI's message and finish_reason, checked (`check`): Ollama's whole
+    answer's (ollama_api._final); the OpenAI-family surfaces format pipeline/events' fold."""
     check(p, text, finish)
     if not p.parses_tools:
         return {"role": "assistant", "content": text}, finish
