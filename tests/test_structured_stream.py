@@ -3,7 +3,7 @@ goes out as it is decoded and the document is validated once complete — throug
 that stream it (openai's `chat.completions.stream` and `responses.stream` helpers, LangChain's
 `with_structured_output(...).stream()`, Anthropic's `messages.stream` with output_config.format,
 the ollama SDK's `format` with `stream`) on both SmolLM2 engines; a complete document that does
-not validate ends the stream with the error event and [DONE]."""
+not validate ends the stream with the error event and [DONE] (tests/unit/test_formatters.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,9 @@ import httpx
 import ollama
 import pydantic
 import pytest
-import trio
 from conftest import SMOLLM2_MODELS
 from langchain_openai import ChatOpenAI
 from openai import OpenAI
-
-from greenroom.http import openai_api, structured
-from greenroom.protocol import Admitted, Generate, Text
 
 ENGINES = list(SMOLLM2_MODELS)
 ASK = [{"role": "user", "content": "Describe Paris as a JSON object: its name and whether it is a capital."}]
@@ -112,56 +108,3 @@ def test_ollama_format_streams(smollm2_server, model):
     lines = list(oc.generate(model=model, prompt=ASK[0]["content"], format=SCHEMA, stream=True, options=options))
     assert len(lines) > 3 and lines[-1].done_reason == "stop"  # /api/generate alike
     City.model_validate_json("".join(line.response for line in lines))
-
-
-class _Events:
-    """Text events as the engine client hands them to `_chunks`: iterated, and `ready()`."""
-
-    def __init__(self, events: list):
-        self._events = list(events)
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if not self._events:
-            raise StopAsyncIteration
-        return self._events.pop(0)
-
-    def ready(self) -> list:
-        return []
-
-
-def _streamed(text: list[str], finish: str) -> list[tuple[str | None, object]]:
-    """The SSE stream of a constrained chat whose engine produced `text`: (event name, data) per frame."""
-    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}}
-    gen = Generate("chatcmpl-1", "m", openai_api.openai_params.sampling(body), conversations=[ASK])
-    events = [Text("chatcmpl-1", 0, t, i + 1) for i, t in enumerate(text[:-1])]
-    events.append(Text("chatcmpl-1", 0, text[-1], len(text), finish))
-    admitted = Admitted("chatcmpl-1", 10)
-
-    async def run():
-        chunks = openai_api._chunks(gen, _Events(events), admitted, structured.plan(body), include_usage=False)
-        return [frame async for frame in openai_api._sse(chunks, admitted)]
-
-    frames = []
-    for frame in trio.run(run):
-        lines = frame.decode().strip().split("\n")
-        name = lines[0].removeprefix("event: ") if lines[0].startswith("event: ") else None
-        data = lines[-1].removeprefix("data: ")
-        frames.append((name, data if data == "[DONE]" else json.loads(data)))
-    return frames
-
-
-def test_a_complete_document_that_does_not_validate_ends_the_stream_with_the_error_event():
-    """The grammar keeps a decoded document valid; should one complete that does not validate,
-    its text has gone out, then the error event (the spec's constrained_output_invalid) and
-    [DONE] — no finishing chunk claims it complete."""
-    frames = _streamed(['{"name": "Paris",', ' "capital": "yes"}'], "stop")
-    text = "".join(d["choices"][0]["delta"].get("content", "") for name, d in frames if name is None and d != "[DONE]")
-    assert text == '{"name": "Paris", "capital": "yes"}'
-    assert frames[-2][0] == "error" and frames[-2][1]["error"]["code"] == "constrained_output_invalid"
-    assert frames[-1] == (None, "[DONE]")
-    assert all(d["choices"][0]["finish_reason"] is None for name, d in frames[:-2])
-    valid = _streamed(['{"name": "Paris",', ' "capital": true}'], "stop")
-    assert valid[-2][1]["choices"][0]["finish_reason"] == "stop" and valid[-1] == (None, "[DONE]")

@@ -7,25 +7,22 @@ a user's tool_result blocks tool messages (paired with their calls by tool_use_i
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
 output_config.format a json_schema response_format — and runs through openai_api.generation.
-The chat completion is written back as Anthropic's Message (stop_reason end_turn, max_tokens,
-stop_sequence — with the string, read from the choice's stop_reason — or tool_use), its stream
-as Anthropic's events: message_start, ping, per content block content_block_start,
-content_block_delta (text_delta or input_json_delta)…, content_block_stop; then message_delta
-(stop_reason, the cumulative usage) and message_stop — or an `error` event. Errors use
-Anthropic's envelope and statuses (errors.anthropic_body; app.py).
+Its answer, the one typed event stream (pipeline/events.py) or its fold, is written as
+Anthropic's Message or its events by anthropic/messages_format.py. Errors use Anthropic's
+envelope and statuses (errors.anthropic_body; app.py).
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import uuid
+from collections.abc import AsyncIterator
 
 import attrs
 from quart import Quart
 
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured, tokenize_api
+from greenroom.http import ledger, openai_api, openai_params, routes, structured, tokenize_api
+from greenroom.http.anthropic import messages_format
 from greenroom.http.contracts import (
     DATA,
     AnyOf,
@@ -45,6 +42,7 @@ from greenroom.http.contracts import (
     when,
 )
 from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.protocol import Admitted, Tokenize
@@ -430,126 +428,22 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], Fie
 
 # --- the answer ---------------------------------------------------------------------------------
 
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
-
-def _stopped(reason: str | None, stop: str | None) -> dict:
-    """Anthropic's stop_reason and stop_sequence for a choice's finish_reason and stop string."""
-    if reason == "stop" and stop is not None:
-        return {"stop_reason": "stop_sequence", "stop_sequence": stop}
-    return {"stop_reason": reason and _STOP_REASONS[reason], "stop_sequence": None}
-
-
-def _usage(input_tokens: int, output_tokens: int) -> dict:
-    """Anthropic's usage, cumulative (the SDK's Usage and MessageDeltaUsage read the same fields):
-    no prompt cache (cache_control is not read) and no server tools."""
-    return {
-        "input_tokens": input_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "output_tokens": output_tokens,
-        "server_tool_use": None,
-    }
-
-
-def _tool_id(call_id: str) -> str:
-    """chat's call_<hex> as Anthropic's toolu_<hex>."""
-    return "toolu_" + call_id.removeprefix("call_")
-
-
+@attrs.frozen
 class _Answer:
-    def __init__(self, model: str, paths: FieldPaths):
-        self.id = f"msg_{uuid.uuid4().hex}"
-        self.model = model
-        self.paths = paths  # where the chat request's fields came from: a refusal in the stream names ours
+    """One request's Message (messages_format writes it)."""
 
-    def message(
-        self, content: list[dict], reason: str | None, usage: dict, millm: dict | None = None, stop: str | None = None
-    ) -> dict:
-        out = {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": content,
-            **_stopped(reason, stop),
-            "usage": usage,
-        }
-        return out if millm is None else {**out, "millm": millm}
+    model: str
+    id: str = attrs.Factory(lambda: f"msg_{uuid.uuid4().hex}")
 
-    async def whole(self, completion: dict) -> dict:
-        choice = completion["choices"][0]
-        message = choice["message"]
-        calls = message.get("tool_calls") or []
-        content = [{"type": "text", "text": message["content"]}] if message["content"] or not calls else []
-        content += [
-            {
-                "type": "tool_use",
-                "id": _tool_id(c["id"]),
-                "name": c["function"]["name"],
-                "input": json.loads(c["function"]["arguments"]),
-            }
-            for c in calls
-        ]
-        usage = completion["usage"]
-        return self.message(
-            content,
-            choice["finish_reason"],
-            _usage(usage["prompt_tokens"], usage["completion_tokens"]),
-            completion.get("millm"),
-            choice["stop_reason"],
-        )
+    def context(self, admitted: Admitted) -> messages_format.Context:
+        return messages_format.Context(self.id, self.model, admitted.prompt_tokens)
 
-    async def stream(self, chunks, admitted: Admitted):
-        def event(kind: str, **fields) -> bytes:
-            return framing.sse({"type": kind, **fields}, kind)
+    def stream(self, events: AsyncIterator[Event], admitted: Admitted) -> AsyncIterator[bytes]:
+        return messages_format.stream(events, self.context(admitted))
 
-        yield event(
-            "message_start",
-            message=self.message([], None, _usage(admitted.prompt_tokens, 0)),
-        )
-        yield event("ping")
-        blocks = itertools.count()
-        index, open_kind = -1, None  # the open block
-
-        def close() -> list[bytes]:
-            nonlocal open_kind
-            if open_kind is None:
-                return []
-            open_kind = None
-            return [event("content_block_stop", index=index)]
-
-        try:
-            async for kind, *rest in openai_api.pieces(chunks):
-                if kind == "text":
-                    if open_kind != "text":
-                        for e in close():
-                            yield e
-                        index, open_kind = next(blocks), "text"
-                        yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-                    yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": rest[0]})
-                elif kind == "call":
-                    for e in close():
-                        yield e
-                    index, open_kind = next(blocks), "tool_use"
-                    block = {"type": "tool_use", "id": _tool_id(rest[0]), "name": rest[1], "input": {}}
-                    yield event("content_block_start", index=index, content_block=block)
-                elif kind == "arguments":
-                    yield event(
-                        "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": rest[0]}
-                    )
-                else:
-                    for e in close():
-                        yield e
-                    reason, usage, millm, stop = rest
-                    delta = _stopped(reason, stop)
-                    extra = {} if millm is None else {"millm": millm}
-                    # cumulative, input included: langchain-anthropic reads the usage here alone
-                    totals = _usage(usage["prompt_tokens"], usage["completion_tokens"])
-                    yield event("message_delta", delta=delta, usage=totals, **extra)
-                    yield event("message_stop")
-        except GreenroomError as exc:
-            yield framing.sse(self.paths.renamed(exc).anthropic_body(), "error")
+    async def whole(self, completion: Completion, admitted: Admitted) -> dict:
+        return messages_format.whole(completion, self.context(admitted))
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -557,11 +451,8 @@ def register(app: Quart, tree: Tree) -> None:
     async def create_message():
         req = await openai_api.prepare(tree, REQUEST, "on messages", translated=True)
         chat, unread, field_paths = translate(req.body)
-        answer = _Answer(req.model, field_paths)
         with field_paths.renaming():
-            return await openai_api.generation(
-                tree, req.translated(chat, unread, field_paths), openai_api.Shaped(answer.stream, answer.whole)
-            )
+            return await openai_api.generation(tree, req.translated(chat, unread, field_paths), _Answer(req.model))
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():

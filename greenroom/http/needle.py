@@ -33,6 +33,7 @@ from greenroom.errors import GreenroomError
 from greenroom.http import openai_params
 from greenroom.http.contracts import AnyOf, Anything, ListOf, Shape, Text, sent, when
 from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.events import Call
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.http.structured import FUNCTION, TOOL
@@ -41,16 +42,17 @@ _NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\
 
 
 def x_needle(
-    message: dict,
+    text: str,
+    calls: list[Call],
     completion_tokens: int,
     stats: dict | None,
     prompt_tokens: int,
     conversation: list[dict],
     warnings: list[str],
 ) -> dict:
+    """The block of an answer: its content `text` and tool `calls`, the engine's figures, the request."""
     stats = stats or {}
-    calls = message.get("tool_calls") or []
-    content = (message.get("content") or "").strip()
+    content = text.strip()
     kind = "call" if calls else ("respond" if content else "refuse")
     prefill, decode = stats.get("prefill_s", 0.0), stats.get("decode_s", 0.0)
     request_text = " ".join(m.get("content") or "" for m in conversation).lower()
@@ -86,15 +88,14 @@ def _confidence(logprob_sum: float | None, completion_tokens: int) -> float | No
     return round(math.exp(logprob_sum / max(completion_tokens, 1)), 4) if completion_tokens else 0.0
 
 
-def _ungrounded(calls: list[dict], request_text: str) -> list[str]:
+def _ungrounded(calls: list[Call], request_text: str) -> list[str]:
     out = []
     for call in calls:
-        fn = call["function"]
         try:
-            args = json.loads(fn["arguments"])
+            args = json.loads(call.arguments)
         except ValueError:
             continue
-        for path, value in _leaves(args, fn["name"]):
+        for path, value in _leaves(args, call.name):
             if str(value).lower() not in request_text:
                 out.append(path)
     return out

@@ -4,9 +4,9 @@ models. Every request goes through the field ledger before anything is loaded.""
 from __future__ import annotations
 
 import base64
-import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import attrs
 from quart import Quart, request
@@ -30,9 +30,11 @@ from greenroom.http import (
 from greenroom.http.answering import answer, drawn_seed, single, vectors
 from greenroom.http.contracts import Shape
 from greenroom.http.core.headers import CONSTRAINED_HEADER, SEED_HEADER, STEERING_HEADER, STRICT_HEADER
+from greenroom.http.openai import chat_format, needle_format
 from greenroom.http.openai_params import Streaming
+from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline.paths import FieldPaths
-from greenroom.protocol import Admitted, Failed, Generate, Score, Text
+from greenroom.protocol import Admitted, Generate, Score
 from greenroom.supervisor.tree import Tree
 
 
@@ -63,22 +65,48 @@ class Prepared:
         return attrs.evolve(self, body=chat, ignored=self.ignored + unread, paths=paths)
 
 
+class Formatter(Protocol):
+    """How a generation answers on a surface, given the request's Admitted: `stream` turns the
+    one typed event stream (http/pipeline/events.py) into the surface's frames, `whole` the
+    folded Completion into its body — each through the surface's pure formatter."""
+
+    def stream(self, events: AsyncIterator[typed.Event], admitted: Admitted) -> AsyncIterator[bytes]: ...
+
+    async def whole(self, completion: typed.Completion, admitted: Admitted): ...
+
+
 @attrs.frozen
-class Extras:
-    """What x_needle needs beside the engine's figures."""
+class _Chat:
+    """Chat and text completions' Formatter (chat_format); `body`: another form of the whole
+    answer, from the same Completion and context (Needle's)."""
 
-    conversation: list[dict]
-    warnings: list[str]
+    gen: Generate
+    chat: bool
+    include_usage: bool = False
+    as_ids: bool = False  # return_tokens_as_token_ids
+    fingerprint: str = ""
+    extras: chat_format.Extras | None = None
+    body: Callable[[typed.Completion, chat_format.Context], object] = chat_format.whole
 
+    def context(self, admitted: Admitted) -> chat_format.Context:
+        gen = self.gen
+        return chat_format.Context(
+            gen.rid,
+            gen.model,
+            gen.choices,
+            admitted.prompt_tokens,
+            self.chat,
+            logprobs.writers(gen, admitted, self.chat, self.as_ids),
+            self.include_usage,
+            self.fingerprint,
+            self.extras,
+        )
 
-@attrs.frozen
-class Shaped:
-    """How a chat completion answers on a surface: `stream` frames the chat chunks (`_chunks`, the
-    one streaming core: GreenroomError raised at a failure) as its bytes, given the Admitted;
-    `whole` turns the collected chat completion into its body."""
+    def stream(self, events, admitted: Admitted) -> AsyncIterator[bytes]:
+        return chat_format.stream(events, self.context(admitted))
 
-    stream: Callable[[AsyncIterator[dict], Admitted], AsyncIterator[bytes]]
-    whole: Callable[[dict], Awaitable[dict]]
+    async def whole(self, completion: typed.Completion, admitted: Admitted):
+        return self.body(completion, self.context(admitted))
 
 
 async def prepare(tree: Tree, shape: Shape, where: str, translated: bool = False) -> Prepared:
@@ -105,21 +133,23 @@ MILLM = contracts.merge(
 )
 
 
-async def generation(tree: Tree, req: Prepared, shaped: Shaped | None = None, extras: bool = False):
+async def generation(tree: Tree, req: Prepared, surface: Formatter | None = None, extras: bool = False):
     """Chat completions' generation path, the one every surface translated onto it runs: the
     structured-output plan, the engine request, SAE activations, the request's steering, then the
-    answer, in `shaped`'s form (None: chat completions'); `extras`: the x_needle block."""
+    answer, as `surface` formats it (None: chat completions'); `extras`: the x_needle block."""
     stream = openai_params.streaming(req.body)
     plan = structured.plan(req.body, batching=tree.config.continuous_batching)
     gen = _reporting(openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint), req.body)
     gen = await sae_activations.attach(tree, req.body, gen)
     gen, steering = await steering_api.request_steering(tree, req.body, gen)
     needle_block = (
-        Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.unread(gen.params))])
+        chat_format.Extras(
+            gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.unread(gen.params))]
+        )
         if extras
         else None
     )
-    return await _complete(tree, gen, stream, req, plan, needle_block, steering, shaped)
+    return await _complete(tree, gen, stream, req, plan, surface, needle_block, steering)
 
 
 def _reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
@@ -172,38 +202,14 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/needle/extract")
     async def needle_extract():
-        result, plan = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
-        choice = result["choices"][0]
-        doc = (
-            structured.document(plan, choice["message"]["content"])
-            if choice["finish_reason"] == "stop"
-            else structured.INVALID
-        )  # cut by max_tokens: no object came out
-        matched = doc is not structured.INVALID
-        return {
-            "object": "needle.extraction",
-            "data": doc if matched else None,
-            "matched": matched,
-            "x_needle": result["x_needle"],
-        }
+        completion, ctx, plan = await _needle_chat(tree, needle.extraction_chat, ("text", "name", "schema"))
+        return needle_format.extracted(completion, ctx, plan)
 
     @routes.view(app, "POST", "/v1/needle/complete")
     async def needle_complete():
-        result, _ = await _needle_chat(tree, needle.completion_chat, ("query", "system", "messages", "tools"))
-        choice = result["choices"][0]
-        calls = [
-            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
-            for c in choice["message"].get("tool_calls") or []
-        ]
-        return {
-            "object": "needle.completion",
-            "model": result["model"],
-            "content": choice["message"]["content"],
-            "tool_calls": calls,
-            "finish_reason": choice["finish_reason"],
-            "usage": result["usage"],
-            "x_needle": result["x_needle"],
-        }
+        fields = ("query", "system", "messages", "tools")
+        completion, ctx, _ = await _needle_chat(tree, needle.completion_chat, fields)
+        return needle_format.completed(completion, ctx)
 
     @routes.view(app, "GET", "/v1/models")
     async def list_models():
@@ -239,7 +245,9 @@ def fingerprint(info: dict) -> str:
 _NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
 
 
-async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[dict, structured.Plan]:
+async def _needle_chat(
+    tree: Tree, translate, fields: tuple[str, ...]
+) -> tuple[typed.Completion, chat_format.Context, structured.Plan]:
     """Run a /v1/needle/* request as the chat completion it translates to. Any model name
     is accepted, as in Needle: an unknown one is answered by the first model, and says so —
     unless needle_strict_model (NEEDLE_STRICT_MODEL=true): then it is a 404."""
@@ -258,15 +266,12 @@ async def _needle_chat(tree: Tree, translate, fields: tuple[str, ...]) -> tuple[
         plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
         gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
         req = Prepared(chat, model, [], strict=False, paths=paths)
-        result, _, _ = await _complete(
-            tree,
-            gen,
-            Streaming(False, False),
-            req,
-            plan,
-            Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]),
+        extras = chat_format.Extras(
+            gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]
         )
-    return result, plan
+        surface = _Chat(gen, True, extras=extras, body=lambda completion, ctx: (completion, ctx))  # the routes format it
+        (completion, ctx), _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, surface)
+    return completion, ctx, plan
 
 
 def _seed_header(body: dict, scope: str = "request") -> dict[str, str]:
@@ -296,230 +301,37 @@ async def _complete(
     stream: Streaming,
     req: Prepared,
     plan: structured.Plan | None,
-    extras: Extras | None = None,
+    surface: Formatter | None = None,
+    extras: chat_format.Extras | None = None,
     steering: dict[str, str] | None = None,
-    shaped: Shaped | None = None,
 ):
-    """Chat when `plan` is given (its constraint and tools), else a text completion;
-    `extras` adds the x_needle block; `steering`: the steering headers (steering_api);
-    `shaped`: the surface's form of the answer (None: chat or text completions')."""
-    shaped = shaped or _AS_CHAT
+    """Chat when `plan` is given (its constraint and tools), else a text completion: the engine's
+    events become the one typed stream (pipeline/events.py), which `surface` formats (None: chat
+    or text completions', `extras` adding the x_needle block); `steering`: the steering headers
+    (steering_api)."""
     scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
-    as_ids = req.body.get("return_tokens_as_token_ids") is True
     headers = {**req.headers(scoring.unread(gen.params)), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
         headers[CONSTRAINED_HEADER] = plan.header
     client, info = await tree.client_for(gen.model)
+    if surface is None:
+        as_ids = req.body.get("return_tokens_as_token_ids") is True
+        surface = _Chat(gen, plan is not None, stream.include_usage, as_ids, fingerprint(info), extras)
+
+    async def native(events, admitted: Admitted):
+        async for event in typed.native(events, gen.choices, admitted.prompt_tokens, plan):
+            # a failure in the answer names the field the client sent (a translated surface's own)
+            yield typed.Failure(req.paths.renamed(event.error)) if isinstance(event, typed.Failure) else event
+
+    async def whole(events, admitted: Admitted):
+        return await surface.whole(await typed.collect(native(events, admitted), gen.choices), admitted)
+
     return await answer(
         tree,
         client,
         gen,
         framing=framing.SSE if stream.on else None,
         headers=lambda first: {**headers, **drawn_seed(first, scope)},
-        frames=lambda events, first: shaped.stream(
-            _chunks(gen, events, first, plan, stream.include_usage, extras, as_ids), first
-        ),
-        collect=lambda events, first: _collected(shaped, gen, events, first, plan, fingerprint(info), extras, as_ids),
+        frames=lambda events, first: surface.stream(native(events, first), first),
+        collect=whole,
     )
-
-
-async def _collected(shaped: Shaped, gen: Generate, events, admitted: Admitted, *rest) -> dict:
-    return await shaped.whole(await _collect(gen, events, admitted, *rest))
-
-
-async def _collect(
-    gen: Generate,
-    events,
-    admitted: Admitted,
-    plan: structured.Plan | None,
-    system_fingerprint: str,
-    extras: Extras | None = None,
-    as_ids: bool = False,
-) -> dict:
-    texts: dict[int, list[str]] = {i: [] for i in range(gen.choices)}
-    tokens: dict[int, list] = {i: [] for i in range(gen.choices)}
-    finished: dict[int, Text] = {}
-    async for event in events:
-        if isinstance(event, Failed):
-            raise GreenroomError.from_wire(event.error)
-        texts[event.index].append(event.text)
-        tokens[event.index] += event.logprobs or ()
-        if event.finish_reason:
-            finished[event.index] = event
-    writers = logprobs.writers(gen, admitted, plan is not None, as_ids)
-    choices = []
-    for i in range(gen.choices):
-        text, reason, stop = "".join(texts[i]), finished[i].finish_reason, finished[i].stop
-        written = writers[i](tokens[i]) if writers else None
-        if plan is not None:
-            message, reason = structured.message(plan, text, reason)
-            message = {**message, "refusal": None}  # OpenAI's, required: no refusal is kept apart from content
-            choices.append({"index": i, "message": message, "logprobs": written, "finish_reason": reason})
-        else:
-            choices.append({"index": i, "text": text, "logprobs": written, "finish_reason": reason})
-        choices[-1]["stop_reason"] = stop
-    response = {
-        "id": gen.rid,
-        "object": "chat.completion" if plan is not None else "text_completion",
-        "created": int(time.time()),
-        "model": gen.model,
-        "system_fingerprint": system_fingerprint,
-        "choices": choices,
-        "usage": _usage(admitted, sum(t.completion_tokens for t in finished.values())),
-    }
-    if extras is not None:
-        response["x_needle"] = _x_needle(choices[0]["message"], finished[0], admitted, extras)
-    if finished[0].sae_activations is not None:
-        response["millm"] = sae_activations.millm(finished[0].sae_activations)
-    return response
-
-
-def _x_needle(message: dict, finished: Text, admitted: Admitted, extras: Extras) -> dict:
-    block = needle.x_needle(
-        message,
-        finished.completion_tokens,
-        finished.stats,
-        admitted.prompt_tokens,
-        extras.conversation,
-        extras.warnings,
-    )
-    if block["reasoning"]:
-        message["reasoning_content"] = block["reasoning"]
-    return block
-
-
-async def _chunks(
-    gen: Generate,
-    events,
-    admitted: Admitted,
-    plan: structured.Plan | None,
-    include_usage: bool,
-    extras: Extras | None = None,
-    as_ids: bool = False,
-) -> AsyncIterator[dict]:
-    """The engine's events as chat (or text) completion chunks: the one streaming core every
-    surface frames. A failure is raised (GreenroomError) once the text before it is out."""
-    chat = plan is not None
-    head = {
-        "id": gen.rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": gen.model,
-    }
-    completion_tokens = 0
-    unfinished = gen.choices
-    read = None  # the finishing event's SAE activations
-    shapers = {i: structured.StreamShaper(plan) for i in range(gen.choices)} if chat else {}
-    writers = logprobs.writers(gen, admitted, chat, as_ids)
-    unsent: dict[int, list] = {i: [] for i in writers}  # reported tokens: they ride on the choice's next chunk
-
-    def chunk(index: int, delta: dict | str | None, finish: str | None = None, stop: str | None = None, **extra):
-        written = None
-        if unsent.get(index):
-            written, unsent[index] = writers[index](unsent[index]), []
-        if chat:
-            choice = {"index": index, "delta": delta or {}, "logprobs": written, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": delta or "", "logprobs": written, "finish_reason": finish}
-        if finish:
-            choice["stop_reason"] = stop
-        return {**head, "choices": [choice], **extra, **usage(bool(finish) and unfinished == 0)}
-
-    def usage(last: bool) -> dict:
-        """With include_usage, OpenAI's rule: usage null on every chunk but the usage-only one
-        (clients that add chunks up count it once); without, the spec's: on the request's last
-        finishing chunk."""
-        if include_usage:
-            return {"usage": None}
-        return {"usage": _usage(admitted, completion_tokens)} if last else {}
-
-    def text_chunks(index: int, text: str, final: bool = False):
-        if not chat:
-            return [chunk(index, text)] if text else []
-        deltas = shapers[index].feed(text) + (shapers[index].finish() if final else [])
-        return [chunk(index, d) for d in deltas]
-
-    if chat:
-        for i in range(gen.choices):
-            yield chunk(i, {"role": "assistant", "content": ""})
-    async for first in events:
-        pending: dict[int, list[str]] = {}
-        for event in [first, *events.ready()]:  # what queued up while we wrote goes out as one chunk per choice
-            if isinstance(event, Failed):
-                for index, text in pending.items():
-                    for c in text_chunks(index, "".join(text)):
-                        yield c
-                raise GreenroomError.from_wire(event.error)
-            pending.setdefault(event.index, []).append(event.text)
-            if writers:
-                unsent[event.index] += event.logprobs or ()
-            if event.finish_reason:
-                for c in text_chunks(event.index, "".join(pending.pop(event.index)), final=True):
-                    yield c
-                if chat and plan.constraint is not None:  # the document streamed, checked once complete
-                    structured.check(plan, shapers[event.index].message()["content"] or "", event.finish_reason)
-                completion_tokens += event.completion_tokens
-                unfinished -= 1
-                read = read or event.sae_activations
-                reason = event.finish_reason
-                if chat and shapers[event.index].called and reason == "stop":
-                    reason = "tool_calls"
-                extra = {}
-                if extras is not None and event.index == 0:  # the finish-reason chunk carries x_needle
-                    extra["x_needle"] = _x_needle(shapers[0].message(), event, admitted, extras)
-                yield chunk(event.index, None, reason, event.stop, **extra)
-        for index, text in pending.items():
-            for c in text_chunks(index, "".join(text)):
-                yield c
-    if include_usage:  # OpenAI's usage-only chunk
-        yield {**head, "choices": [], "usage": _usage(admitted, completion_tokens)}
-    if read is not None:  # the spec: one last chunk with no choices, before [DONE]
-        yield {**head, "choices": [], "millm": sae_activations.millm(read), **usage(False)}
-
-
-async def pieces(chunks: AsyncIterator[dict]) -> AsyncIterator[tuple]:
-    """A one-choice chat stream (`_chunks`) as what the surfaces translated onto it write, in
-    order: ("text", delta), ("call", call id, name), ("arguments", fragment); then ("end",
-    finish_reason, usage, millm, the stop string that ended it). A failure is raised as `_chunks`
-    raises it."""
-    reason = usage = millm = stop = None
-    async for chunk in chunks:
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            if delta.get("content"):
-                yield "text", delta["content"]
-            for call in delta.get("tool_calls") or ():
-                if "id" in call:
-                    yield "call", call["id"], call["function"]["name"]
-                elif call["function"]["arguments"]:
-                    yield "arguments", call["function"]["arguments"]
-            reason = choice["finish_reason"] or reason
-            stop = choice.get("stop_reason", stop)
-        usage, millm = chunk.get("usage") or usage, chunk.get("millm", millm)
-    yield "end", reason, usage, millm, stop
-
-
-async def _sse(chunks: AsyncIterator[dict], _: Admitted) -> AsyncIterator[bytes]:
-    """Chat and text completion chunks as OpenAI frames them: a failure is an `error` event,
-    and [DONE] ends every stream."""
-    try:
-        async for chunk in chunks:
-            yield framing.sse(chunk)
-    except GreenroomError as exc:
-        yield framing.sse_error(exc.openai_body())
-    yield framing.SSE_DONE
-
-
-async def _as_it_is(completion: dict) -> dict:
-    return completion
-
-
-_AS_CHAT = Shaped(_sse, _as_it_is)
-
-
-def _usage(admitted: Admitted, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": admitted.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": admitted.prompt_tokens + completion_tokens,
-    }

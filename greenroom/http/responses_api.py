@@ -4,13 +4,9 @@ A request becomes the chat request it means — `instructions` a system message,
 string, or items: messages with text parts, function_call and function_call_output) the
 conversation after the stored one `previous_response_id` names, function tools and
 `tool_choice` chat's, `text.format` a response_format, `max_output_tokens` max_tokens — and runs
-through openai_api.generation (the same ledger, plan, steering and seeds). The chat completion,
-or its stream of chunks, is written back as the Response object, or as the typed events the
-SDKs read, in order: response.created, response.in_progress, per output item
-output_item.added, (message) content_part.added, output_text.delta…, output_text.done,
-content_part.done, (function call) function_call_arguments.delta…, .done, output_item.done;
-then response.completed — response.incomplete when max_output_tokens cut it — or, on a
-failure, error and response.failed. With `store` (the default, as OpenAI's) the response, its
+through openai_api.generation (the same ledger, plan, steering and seeds). Its answer, the one
+typed event stream (pipeline/events.py) or its fold, is written as the Response object or as
+the events the SDKs read by openai/responses_format.py. With `store` (the default, as OpenAI's) the response, its
 conversation and its input items are kept (store/responses.py) for GET, DELETE,
 previous_response_id and GET …/input_items (OpenAI's list, paginated); a store that cannot be
 written loses no answer: it is answered with `store: false` (and, whole, X-Greenroom-Not-Stored
@@ -19,16 +15,15 @@ saying why), and its id is then unknown to GET and previous_response_id.
 
 from __future__ import annotations
 
-import itertools
 import time
-import uuid
+from collections.abc import AsyncIterator
 
 import attrs
 import trio
 from quart import Quart, after_this_request, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http import framing, ledger, openai_api, openai_params, routes, structured
+from greenroom.http import ledger, openai_api, openai_params, routes, structured
 from greenroom.http.contracts import (
     DATA,
     AnyOf,
@@ -50,7 +45,9 @@ from greenroom.http.contracts import (
     when,
 )
 from greenroom.http.core.headers import NOT_STORED_HEADER, STRICT_HEADER
+from greenroom.http.openai import responses_format
 from greenroom.http.pipeline import paths
+from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.protocol import Admitted
@@ -429,7 +426,7 @@ def _listed(item: dict) -> dict:
     kind = item.get("type") or "message"
     sent_id = item.get("id")
     out = {
-        "id": sent_id if isinstance(sent_id, str) and sent_id else _id(_ID_PREFIXES[kind]),
+        "id": sent_id if isinstance(sent_id, str) and sent_id else responses_format.item_id(_ID_PREFIXES[kind]),
         "type": kind,
         "status": "completed",
     }
@@ -488,106 +485,21 @@ def _page(items: list[dict], order: str, limit: int, after: str | None) -> dict:
 # --- the answer ---------------------------------------------------------------------------------
 
 
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def _echoed(tool: dict) -> dict:
-    """A function tool as OpenAI echoes it: description and parameters null when not sent, strict
-    true unless sent false (OpenAI's default; calls are validated against the parameters either way)."""
-    return {
-        "type": "function",
-        "name": tool["name"],
-        "description": tool.get("description"),
-        "parameters": tool.get("parameters"),
-        "strict": tool.get("strict") is not False,
-    }
-
-
-def _message_item(text: str, item_id: str, status: str = "completed") -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [part] if text or status == "completed" else [],
-    }
-
-
-def _call_item(call_id: str, name: str, arguments: str, item_id: str, status: str = "completed") -> dict:
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    }
-
-
-def _usage(usage: dict) -> dict:
-    return {
-        "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage["total_tokens"],
-    }
-
-
 class _Answer:
-    """One request's Response: its fixed fields, the output as it grows, storing it once done."""
+    """One request's Response (responses_format writes it), stored once done."""
 
-    def __init__(self, store: ResponseStore, body: dict, model: str, conversation: list[dict], paths: FieldPaths):
-        self.id = _id("resp")
-        self.created = int(time.time())
-        self.body, self.model, self.store = body, model, store
-        self.keep = openai_params.boolean(body, "store", True)
+    def __init__(self, store: ResponseStore, body: dict, model: str, conversation: list[dict]):
+        keep = openai_params.boolean(body, "store", True)
+        self.ctx = responses_format.Context(responses_format.item_id("resp"), int(time.time()), model, body, keep)
+        self.store = store
         self.conversation = conversation  # what a continuation starts from, less this answer
         self.input_items = input_items(body)
-        self.fmt = (body.get("text") or {}).get("format") or {"type": "text"}  # translate() checked `text`
         self.not_stored: GreenroomError | None = None  # why a response asked to be stored was not
-        self.paths = paths  # where the chat request's fields came from: a refusal in the stream names ours
 
-    def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
-        body = self.body
-
-        def sent(key: str, default):
-            return default if body.get(key) is None else body[key]
-
-        response = {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "status": status,
-            "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.get("instructions"),
-            "max_output_tokens": body.get("max_output_tokens"),
-            "model": self.model,
-            "output": output,
-            "parallel_tool_calls": sent("parallel_tool_calls", True),
-            "previous_response_id": body.get("previous_response_id"),
-            "store": self.keep,
-            "temperature": sent("temperature", openai_params.TEMPERATURE.default),
-            "text": {"format": self.fmt},
-            "tool_choice": sent("tool_choice", "auto"),
-            "tools": [_echoed(tool) for tool in sent("tools", [])],
-            "top_p": sent("top_p", openai_params.TOP_P.default),
-            "truncation": "disabled",
-            "metadata": sent("metadata", {}),
-        }
-        if usage is not None:  # OpenAI's schema has usage absent, not null, until it is known
-            response["usage"] = _usage(usage)
-        return response
-
-    async def done(self, status: str, output: list[dict], usage: dict | None, millm: dict | None) -> dict:
-        """The finished Response (status completed or incomplete), stored unless store: false."""
-        response = self.response(status, output, usage)
-        if millm is not None:
-            response["millm"] = millm
-        if self.keep:
+    async def kept(self, response: dict) -> dict:
+        """The finished Response, stored unless store: false (said false where it could not be)."""
+        if self.ctx.store:
+            output = response["output"]
             text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
             calls = [
                 {"id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -602,14 +514,8 @@ class _Answer:
                 self.not_stored = exc
         return response
 
-    async def whole(self, completion: dict) -> dict:
-        choice = completion["choices"][0]
-        message = choice["message"]
-        calls = message.get("tool_calls") or []
-        output = [_message_item(message["content"], _id("msg"))] if message["content"] or not calls else []
-        output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"], _id("fc")) for c in calls]
-        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        response = await self.done(status, output, completion["usage"], completion.get("millm"))
+    async def whole(self, completion: Completion, _: Admitted) -> dict:
+        response = await self.kept(responses_format.whole(completion, self.ctx))
         if self.not_stored is not None:
             reason = f"{self.not_stored.code}: {self.not_stored.message}".encode("ascii", "backslashreplace").decode()
 
@@ -620,91 +526,8 @@ class _Answer:
 
         return response
 
-    async def stream(self, chunks, _: Admitted):
-        """The typed events, each named and numbered (sequence_number)."""
-        numbers = itertools.count()
-
-        def event(kind: str, **fields) -> bytes:
-            return framing.sse({"type": kind, **fields, "sequence_number": next(numbers)}, kind)
-
-        output: list[dict] = []
-        yield event("response.created", response=self.response("in_progress", []))
-        yield event("response.in_progress", response=self.response("in_progress", []))
-
-        def close() -> list[bytes]:
-            """The events that finish the open item, if one is."""
-            if not output or output[-1]["status"] != "in_progress":
-                return []
-            item, index = output[-1], len(output) - 1
-            item["status"] = "completed"
-            if item["type"] == "function_call":
-                done = event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-                return [done, event("response.output_item.done", output_index=index, item=item)]
-            part = item["content"][0]
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            return [
-                event("response.output_text.done", **where, text=part["text"], logprobs=[]),
-                event("response.content_part.done", **where, part=part),
-                event("response.output_item.done", output_index=index, item=item),
-            ]
-
-        try:
-            async for kind, *rest in openai_api.pieces(chunks):
-                if kind == "text":
-                    if not output or output[-1]["type"] != "message" or output[-1]["status"] != "in_progress":
-                        for e in close():
-                            yield e
-                        output.append(_message_item("", _id("msg"), "in_progress"))
-                        item = output[-1]
-                        yield event("response.output_item.added", output_index=len(output) - 1, item=item)
-                        item["content"] = [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
-                        yield event(
-                            "response.content_part.added",
-                            item_id=item["id"],
-                            output_index=len(output) - 1,
-                            content_index=0,
-                            part=item["content"][0],
-                        )
-                    output[-1]["content"][0]["text"] += rest[0]
-                    yield event(
-                        "response.output_text.delta",
-                        item_id=output[-1]["id"],
-                        output_index=len(output) - 1,
-                        content_index=0,
-                        delta=rest[0],
-                        logprobs=[],
-                    )
-                elif kind == "call":
-                    for e in close():
-                        yield e
-                    output.append(_call_item(rest[0], rest[1], "", _id("fc"), "in_progress"))
-                    yield event("response.output_item.added", output_index=len(output) - 1, item=output[-1])
-                elif kind == "arguments":
-                    output[-1]["arguments"] += rest[0]
-                    yield event(
-                        "response.function_call_arguments.delta",
-                        item_id=output[-1]["id"],
-                        output_index=len(output) - 1,
-                        delta=rest[0],
-                    )
-                else:
-                    for e in close():
-                        yield e
-                    reason, usage, millm, _ = rest
-                    status = "incomplete" if reason == "length" else "completed"
-                    response = await self.done(status, output, usage, millm)
-                    yield event(f"response.{status}", response=response)
-        except GreenroomError as exc:
-            exc = self.paths.renamed(exc)
-            yield event("error", code=exc.code, message=exc.message, param=exc.param)
-            failed = self.response("failed", output, error={"code": exc.code, "message": exc.message})
-            yield event("response.failed", response=failed)
+    def stream(self, events: AsyncIterator[Event], _: Admitted) -> AsyncIterator[bytes]:
+        return responses_format.stream(events, self.ctx, self.kept)
 
 
 def register(app: Quart, tree: Tree) -> None:
@@ -722,11 +545,9 @@ def register(app: Quart, tree: Tree) -> None:
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
         chat, messages, unread, field_paths = translate(req.body, history)
-        answer = _Answer(store, req.body, req.model, history + messages, field_paths)
+        answer = _Answer(store, req.body, req.model, history + messages)
         with field_paths.renaming():
-            return await openai_api.generation(
-                tree, req.translated(chat, unread, field_paths), openai_api.Shaped(answer.stream, answer.whole)
-            )
+            return await openai_api.generation(tree, req.translated(chat, unread, field_paths), answer)
 
     @routes.view(app, "GET", "/v1/responses/{response_id}")
     async def get_response(response_id: str):

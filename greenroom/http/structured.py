@@ -19,7 +19,7 @@ import uuid
 import attrs
 import jsonschema
 
-from greenroom.engines.tool_calls import ToolCall, ToolCallStream, load_json, parse
+from greenroom.engines.tool_calls import ToolCall, load_json, parse
 from greenroom.errors import GreenroomError
 from greenroom.http.contracts import (
     DATA,
@@ -38,8 +38,6 @@ from greenroom.http.contracts import (
 )
 from greenroom.http.core.headers import CONSTRAINED_HEADER
 from greenroom.http.schema_subset import SCHEMA, check_schema
-
-ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment
 
 # --- the fields of a chat request this module reads (contracts.py) ---------------------------
 
@@ -453,7 +451,8 @@ def check(p: Plan, text: str, finish: str) -> None:
 
 
 def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
-    """A finished choice as OpenAI's message and finish_reason, checked (`check`)."""
+    """A finished choice as OpenAI's message and finish_reason, checked (`check`): Ollama's whole
+    answer's (ollama_api._final); the OpenAI-family surfaces format pipeline/events' fold."""
     check(p, text, finish)
     if not p.parses_tools:
         return {"role": "assistant", "content": text}, finish
@@ -484,68 +483,3 @@ def _why(p: Plan, text: str) -> str:
     except ValueError as exc:
         return str(exc)
     return ""
-
-
-class StreamShaper:
-    """Per choice, turns text deltas into chat-chunk deltas: content, or tool calls
-    (id and name first, then argument fragments) when the request has tools."""
-
-    def __init__(self, p: Plan):
-        self._stream = ToolCallStream(p.tools) if p.parses_tools else None
-        self._ids: dict[int, str] = {}
-        self._content: list[str] = []
-
-    def feed(self, text: str) -> list[dict]:
-        if self._stream is None:
-            self._content.append(text)
-            return [{"content": text}] if text else []
-        return self._deltas(self._stream.feed(text))
-
-    def message(self) -> dict:
-        """What was streamed, as the message a non-streamed answer would carry."""
-        calls = (
-            [_openai_call(c, self._ids[i]) for i, c in enumerate(self._stream.calls)]
-            if self._stream is not None
-            else []
-        )
-        return _assistant("".join(self._content), calls)
-
-    def finish(self) -> list[dict]:
-        return [] if self._stream is None else self._deltas(self._stream.finish())
-
-    @property
-    def called(self) -> bool:
-        return bool(self._ids)
-
-    def _deltas(self, events: list[tuple]) -> list[dict]:
-        out = []
-        for kind, *rest in events:
-            if kind == "content":
-                out.append({"content": rest[0]})
-                self._content.append(rest[0])
-            elif kind == "call":
-                index, name = rest
-                self._ids[index] = call_id()
-                out.append(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": self._ids[index],
-                                "type": "function",
-                                "function": {"name": name, "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-            else:
-                index, arguments = rest
-                for i in range(0, len(arguments), ARGUMENT_FRAGMENT):
-                    out.append(
-                        {
-                            "tool_calls": [
-                                {"index": index, "function": {"arguments": arguments[i : i + ARGUMENT_FRAGMENT]}}
-                            ]
-                        }
-                    )
-        return [d for d in out if d]

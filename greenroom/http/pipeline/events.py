@@ -25,6 +25,8 @@ from greenroom.errors import GreenroomError
 from greenroom.http import structured
 from greenroom.protocol import Failed, Text
 
+ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment (chat, Responses, Messages)
+
 
 @attrs.frozen
 class Delta:
@@ -48,6 +50,10 @@ class CallArguments:
     choice: int
     call: int
     arguments: str
+
+    def fragments(self) -> list[str]:
+        """The arguments as a stream writes them: ARGUMENT_FRAGMENT characters at a time."""
+        return [self.arguments[i : i + ARGUMENT_FRAGMENT] for i in range(0, len(self.arguments), ARGUMENT_FRAGMENT)]
 
 
 @attrs.frozen

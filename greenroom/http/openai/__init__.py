@@ -1,0 +1,1 @@
+"""The OpenAI-family surfaces: chat and text completions, Responses, Needle."""
