@@ -266,10 +266,10 @@ async def _needle_chat(
         plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
         gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
         req = Prepared(chat, model, [], strict=False, paths=paths)
-        extras = chat_format.Extras(
-            gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings]
-        )
-        surface = _Chat(gen, True, extras=extras, body=lambda completion, ctx: (completion, ctx))  # the routes format it
+        extras = chat_format.Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings])
+        surface = _Chat(
+            gen, True, extras=extras, body=lambda completion, ctx: (completion, ctx)
+        )  # the routes format it
         (completion, ctx), _, _ = await _complete(tree, gen, Streaming(False, False), req, plan, surface)
     return completion, ctx, plan
 

@@ -19,7 +19,7 @@ import uuid
 import attrs
 import jsonschema
 
-from greenroom.engines.tool_calls import ToolCall, load_json, parse
+from greenroom.engines.tool_calls import load_json
 from greenroom.errors import GreenroomError
 from greenroom.http.contracts import (
     DATA,
@@ -428,17 +428,6 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _openai_call(call: ToolCall, id_: str) -> dict:
-    return {"id": id_, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def _assistant(content: str, calls: list[dict]) -> dict:
-    """OpenAI's assistant message: with calls, `content` is null unless there is text."""
-    if calls:
-        return {"role": "assistant", "content": content or None, "tool_calls": calls}
-    return {"role": "assistant", "content": content}
-
-
 def check(p: Plan, text: str, finish: str) -> None:
     """A complete constrained document that does not validate fails its answer: a 500, never a
     200, or a stream's error event after its text (a document max_tokens cut is not judged)."""
@@ -448,17 +437,6 @@ def check(p: Plan, text: str, finish: str) -> None:
                 "constrained_output_invalid",
                 f"the constrained output is complete but does not validate: {_why(p, text)[:300]}",
             )
-
-
-def message(p: Plan, text: str, finish: str) -> tuple[dict, str]:
-    """A finished choice as OpenAI's message and finish_reason, checked (`check`): Ollama's whole
-    answer's (ollama_api._final); the OpenAI-family surfaces format pipeline/events' fold."""
-    check(p, text, finish)
-    if not p.parses_tools:
-        return {"role": "assistant", "content": text}, finish
-    content, calls = parse(text, p.tools)
-    msg = _assistant(content, [_openai_call(c, call_id()) for c in calls])
-    return msg, "tool_calls" if calls and finish == "stop" else finish
 
 
 INVALID = object()
