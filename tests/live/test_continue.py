@@ -1,5 +1,7 @@
-"""A lone assistant message (a bare prefix; Open WebUI's Continue once num_ctx truncation dropped the
-question) is rendered as the template renders it and continued, on every engine and surface
+"""Continuing a trailing assistant message through a live server, on the transformers and
+llama.cpp engines: mid-sentence, the same tokens as the rendered prompt sent as a completion;
+a lone assistant message (a bare prefix; Open WebUI's Continue once num_ctx truncation dropped
+the question) rendered as the template renders it and continued, on every engine and surface
 (tests/unit/test_continue.py: the rendering itself)."""
 
 from __future__ import annotations
@@ -51,3 +53,30 @@ def test_ollama_continue_after_num_ctx_truncation_dropped_the_question(server):
     assert r.status_code == 200, r.text
     dropped = http_sf.parse(r.headers["X-Greenroom-Truncated"].encode(), tltype="dictionary")
     assert dropped["messages"][0] == 1 and r.json()["prompt_eval_count"] == count
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_continue_completes_a_trailing_assistant_message_mid_sentence(server, model_cache, model):
+    """Everything before the partial rendered with a generation prompt, the partial appended
+    raw: the same tokens as the rendered text sent as a plain completion (both demo models
+    share the tiny demo tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+
+    tok = AutoTokenizer.from_pretrained(demo_model_dir(default_cache_dir(model_cache), "tiny"))
+    user = [{"role": "user", "content": "Tell me about the sea."}]
+    partial = "The sea is wide and"
+    text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) + partial
+    ids = tok.encode(text, add_special_tokens=False)
+    oai = OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=120)
+    cont = (
+        oai.chat.completions.create(
+            model=model, messages=user + [{"role": "assistant", "content": partial}], max_tokens=12, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    plain = oai.completions.create(model=model, prompt=ids, max_tokens=12, temperature=0).choices[0].text
+    fresh = oai.chat.completions.create(model=model, messages=user, max_tokens=12, temperature=0)
+    assert cont == plain and cont != fresh.choices[0].message.content

@@ -206,30 +206,6 @@ def test_embeddings(oai):
     assert oai.embeddings.create(model=Q8, input="the sea").data[0].embedding == a  # deterministic
 
 
-def test_continue_completes_a_trailing_assistant_message_mid_sentence(oai, model_cache):
-    """Everything before the partial rendered with a generation prompt, the partial appended
-    raw: the same tokens as the rendered text sent as a plain completion."""
-    from transformers import AutoTokenizer
-
-    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
-
-    tok = AutoTokenizer.from_pretrained(demo_model_dir(default_cache_dir(model_cache), "tiny"))
-    user = [{"role": "user", "content": "Tell me about the sea."}]
-    partial = "The sea is wide and"
-    text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) + partial
-    ids = tok.encode(text, add_special_tokens=False)
-    cont = (
-        oai.chat.completions.create(
-            model=Q8, messages=user + [{"role": "assistant", "content": partial}], max_tokens=12, temperature=0
-        )
-        .choices[0]
-        .message.content
-    )
-    plain = oai.completions.create(model=Q8, prompt=ids, max_tokens=12, temperature=0).choices[0].text
-    fresh = oai.chat.completions.create(model=Q8, messages=user, max_tokens=12, temperature=0)
-    assert cont == plain and cont != fresh.choices[0].message.content
-
-
 def test_the_gguf_actor_comes_and_goes_with_load_and_unload(srv):
     unload(srv, Q8)
     assert f"gguf:{Q8}" not in srv.actors()
