@@ -150,15 +150,6 @@ def test_quantizations_are_served_side_by_side(oai):
     assert {Q8, Q4, SOLO} <= set(ids)
 
 
-def test_stop_sequences_through_the_shared_matcher(oai):
-    msgs = [{"role": "user", "content": "Tell me about the sea."}]
-    full = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0).choices[0].message.content
-    stop = full[10:13]
-    cut = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
-    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == stop
-    assert cut.choices[0].message.content == full[: full.index(stop)]
-
-
 def test_a_bare_repository_name(oai):
     # one quantization: the bare name serves it
     assert (
@@ -196,14 +187,6 @@ def test_an_oversized_prompt_is_a_400_with_counts_streamed_and_not(srv, oai):
     # embeddings too
     r = httpx.post(srv.url + "/v1/embeddings", json={"model": Q4, "input": long})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-
-
-def test_embeddings(oai):
-    out = oai.embeddings.create(model=Q8, input=["the sea", "a dog"])
-    a, b = (d.embedding for d in out.data)
-    assert len(a) == 128 and a != b
-    assert out.usage.prompt_tokens > 2
-    assert oai.embeddings.create(model=Q8, input="the sea").data[0].embedding == a  # deterministic
 
 
 def test_the_gguf_actor_comes_and_goes_with_load_and_unload(srv):
