@@ -14,14 +14,6 @@ from conftest import ROOT
 
 from greenroom.config import load_config
 
-DEFAULT_IDS = [m.id for m in load_config().models]
-
-
-def write(tmp_path, text: str):
-    path = tmp_path / "mine.toml"
-    path.write_text(text)
-    return path
-
 
 def test_a_bad_config_stops_serve_with_one_line(tmp_path):
     for text, said in (
@@ -30,8 +22,9 @@ def test_a_bad_config_stops_serve_with_one_line(tmp_path):
         ("port = \n", "is not valid TOML"),
         ('[[models]]\nid = "found:Q4_0"\n', "model 'found:Q4_0' has no source"),
     ):
+        (tmp_path / "mine.toml").write_text(text)
         done = subprocess.run(
-            [sys.executable, "-m", "greenroom", "serve", "--config", str(write(tmp_path, text))],
+            [sys.executable, "-m", "greenroom", "serve", "--config", str(tmp_path / "mine.toml")],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -62,7 +55,8 @@ engine = "llama.cpp"
 """
     )
     served = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]]
-    assert sorted(served) == sorted(DEFAULT_IDS + ["found:Q4_0", "mine"])  # "sourced:Q4_0" is "mine"
+    defaults = [m.id for m in load_config().models]
+    assert sorted(served) == sorted(defaults + ["found:Q4_0", "mine"])  # "sourced:Q4_0" is "mine"
     show = httpx.post(srv.url + "/api/show", json={"model": "found:Q4_0"}, timeout=30).json()
     assert show["template"] == template
     r = httpx.post(srv.url + "/tokenize", json={"model": "found:Q4_0", "messages": [{"role": "user", "content": "hi"}]})
