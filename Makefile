@@ -1,4 +1,4 @@
-# Two entry points: `make serve` and `make test`. Both create the environment first.
+# Entry points: `make serve`, `make test` and `make test-fast`. Each creates the environment first.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -17,7 +17,7 @@ LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=
                -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 PORT   ?= 8000
 
-.PHONY: install serve lint test bench clean
+.PHONY: install serve lint test test-fast bench clean
 
 install: $(STAMP)
 
@@ -55,9 +55,15 @@ lint: install
 	$(VENV)/bin/ruff check greenroom tests bench
 	$(VENV)/bin/ruff format --check greenroom tests bench
 
+# both tiers, the unit tier first: a broken pure function fails in seconds, before any server starts
 test: lint
 	$(PY) -m compileall -q greenroom tests  # greenroom's own bytecode, for the same reason
-	$(PY) -m pytest -q -p no:cacheprovider --durations=20
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests/unit tests/live
+
+# the unit tier alone (tests/unit: no process, no server, no model weights), under a minute
+test-fast: install
+	$(PY) -m compileall -q greenroom tests
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 bench: install
 	$(PY) bench/stream_overhead.py

@@ -2,7 +2,7 @@
 
 1. start: `greenroom serve` (the front end alone: no engine actor) from the spawn to the first
    answer of /health, and to its "ok", with no GGUF file in `model_dirs` and with the 20 of
-   tests/test_gguf_start.py (demo files, SmolLM2, sparse files of up to 70 GB, headers with
+   tests/live/test_gguf_start.py (demo files, SmolLM2, sparse files of up to 70 GB, headers with
    262k- and 151k-token vocabularies), rounds interleaved; then the first and a second
    /api/tags (headers cached by path, size and mtime_ns).
 2. load, in process: `llama_cpp.Llama(path, n_ctx, n_threads=1, verbose=False)` — with the

@@ -15,7 +15,7 @@ at llama.cpp's end-of-generation tokens. The weights are what llama.cpp's kernel
 approximate, not the checkpoint the file was quantized from: float32 here, quantized dot
 products there, so greedy texts agree for a while and then may part (SmolLM2's Q4_1: along
 llama.cpp's greedy answers the top-1 token is the same at 94 % of steps, and elsewhere
-llama.cpp's token is the second, within 0.21 logits; tests/test_real_model.py).
+llama.cpp's token is the second, within 0.21 logits; tests/live/test_real_model.py).
 
 torch and transformers are imported inside the functions: the front end resolves a
 converted source's directory (loader.source_path) without them.

@@ -5,7 +5,7 @@ A request's shape is a `Shape` of `Field`s: each field's JSON type, bounds, enum
 default and description. The parser that validates the request reads its limits from the
 declaration (`lo`, `hi`, `values`, `matches`, `Shape.names`, `default`), and openapi.py
 renders the same objects as JSON Schema, so a bound, an enum or a field list cannot differ
-between the two; tests/test_openapi.py fuzzes the server both ways (requests the document
+between the two; tests/live/test_openapi.py fuzzes the server both ways (requests the document
 allows are accepted, requests it forbids are refused).
 
 Why data and not msgspec or cattrs structs: a refusal's code, message and param are API

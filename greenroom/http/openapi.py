@@ -8,13 +8,13 @@ each operation built from its entry.
   honours with the capability named.
 - Responses are described here (they are written nowhere else), as closed objects
   (`additionalProperties: false`): a field the server starts sending must be described here
-  first, or tests/test_openapi.py fails.
+  first, or tests/live/test_openapi.py fails.
 - Errors: each route's surface (routes.Surface) says its envelope, OpenAI's `{"error":
   {message, type, param, code}}`, Ollama's flat `{"error", "code"}` or Anthropic's `{"type":
   "error", "error": {type, message, code, param}}` (with its statuses: backpressure is 529); the
   codes each status may carry are read from the one error table (greenroom/errors.py).
 
-`document()` is served at `GET /openapi.json`, and tests/test_openapi.py fuzzes the live
+`document()` is served at `GET /openapi.json`, and tests/live/test_openapi.py fuzzes the live
 server against it both ways. No torch and no third-party schema tooling: this module is part
 of the front end.
 """

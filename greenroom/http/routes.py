@@ -4,7 +4,7 @@ Each `Route` says its method and path (OpenAPI's form, `{name}` for a path param
 surface (whose error envelope its errors use), what it is for, and the components of its
 request and its answer. The views are registered through it (`view`: a route not in the
 table cannot be registered, and `create_app` refuses to start with a route left without a
-view); `GET /` lists it; openapi.py documents it; tests/test_auth.py walks it.
+view); `GET /` lists it; openapi.py documents it; tests/live/test_auth.py walks it.
 
 Surfaces: greenroom's own routes (/v1, the management and steering API) answer errors in
 OpenAI's envelope `{"error": {message, type, param, code}}`; Ollama's routes in Ollama's

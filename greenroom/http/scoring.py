@@ -157,7 +157,7 @@ def _scored_with(values: list[int]) -> dict:
 
 _SCORED = _scored_with([1])
 # max_tokens 1 as a condition: a branch per field (sent together they hold one value), which the
-# fuzzer's canonicaliser negates without multiplying branches (tests/test_openapi.py)
+# fuzzer's canonicaliser negates without multiplying branches (tests/live/test_openapi.py)
 _ONE_TOKEN = {"anyOf": [_present("max_tokens", {"const": 1}), _present("max_completion_tokens", {"const": 1})]}
 # top_logprobs without logprobs: true is refused by the rule after it, so logprobs stands for both
 _CHAT_SCORING = {"anyOf": [sent("allowed_token_ids"), {"allOf": [_present("logprobs", {"const": True}), _ONE_TOKEN]}]}

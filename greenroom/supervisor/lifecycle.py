@@ -6,7 +6,7 @@ Ollama's server/sched.go: nobody else changes a model's state.
 Nothing here starts a process or asks a device: how an on-demand actor starts and stops and
 how much memory a device has free are given to `Lifecycle` (the tree gives supervision's and
 memory.py's), so the state machine runs in-process with stand-ins for the actors
-(tests/test_lifecycle_machine.py). Requests and lifecycle messages go over the actor's client
+(tests/unit/test_lifecycle_machine.py). Requests and lifecycle messages go over the actor's client
 (`ActorSlot.client`), where Load and Unload queue FIFO with requests."""
 
 from __future__ import annotations

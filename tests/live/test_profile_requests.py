@@ -12,7 +12,8 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
+
+from .test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
 
 STRENGTHS = {SAE_ID: {"5": 150.0}}
 OTHER = {SAE_ID: {"9": -60.0}}

@@ -150,15 +150,6 @@ def test_quantizations_are_served_side_by_side(oai):
     assert {Q8, Q4, SOLO} <= set(ids)
 
 
-def test_stop_sequences_through_the_shared_matcher(oai):
-    msgs = [{"role": "user", "content": "Tell me about the sea."}]
-    full = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0).choices[0].message.content
-    stop = full[10:13]
-    cut = oai.chat.completions.create(model=Q8, messages=msgs, max_tokens=40, temperature=0, stop=[stop])
-    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == stop
-    assert cut.choices[0].message.content == full[: full.index(stop)]
-
-
 def test_a_bare_repository_name(oai):
     # one quantization: the bare name serves it
     assert (
@@ -196,38 +187,6 @@ def test_an_oversized_prompt_is_a_400_with_counts_streamed_and_not(srv, oai):
     # embeddings too
     r = httpx.post(srv.url + "/v1/embeddings", json={"model": Q4, "input": long})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-
-
-def test_embeddings(oai):
-    out = oai.embeddings.create(model=Q8, input=["the sea", "a dog"])
-    a, b = (d.embedding for d in out.data)
-    assert len(a) == 128 and a != b
-    assert out.usage.prompt_tokens > 2
-    assert oai.embeddings.create(model=Q8, input="the sea").data[0].embedding == a  # deterministic
-
-
-def test_continue_completes_a_trailing_assistant_message_mid_sentence(oai, model_cache):
-    """Everything before the partial rendered with a generation prompt, the partial appended
-    raw: the same tokens as the rendered text sent as a plain completion."""
-    from transformers import AutoTokenizer
-
-    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
-
-    tok = AutoTokenizer.from_pretrained(demo_model_dir(default_cache_dir(model_cache), "tiny"))
-    user = [{"role": "user", "content": "Tell me about the sea."}]
-    partial = "The sea is wide and"
-    text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) + partial
-    ids = tok.encode(text, add_special_tokens=False)
-    cont = (
-        oai.chat.completions.create(
-            model=Q8, messages=user + [{"role": "assistant", "content": partial}], max_tokens=12, temperature=0
-        )
-        .choices[0]
-        .message.content
-    )
-    plain = oai.completions.create(model=Q8, prompt=ids, max_tokens=12, temperature=0).choices[0].text
-    fresh = oai.chat.completions.create(model=Q8, messages=user, max_tokens=12, temperature=0)
-    assert cont == plain and cont != fresh.choices[0].message.content
 
 
 def test_the_gguf_actor_comes_and_goes_with_load_and_unload(srv):

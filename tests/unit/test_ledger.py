@@ -1,6 +1,6 @@
 """The field ledger (greenroom/http/ledger.py) as a function of a body and an engine's
 capabilities: honoured, reported (with locations) or refused (typed, naming the field and
-why). No server; tests/test_field_ledger.py drives the same rules through a live one."""
+why). No server; tests/live/test_field_ledger.py drives the same rules through a live one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""POST /v1/embeddings: mean-pooled last hidden layer, float and base64, usage, refusals."""
+"""POST /v1/embeddings: mean-pooled last hidden layer, float and base64, usage, refusals; on the
+transformers and llama.cpp engines alike."""
 
 import base64
 import math
@@ -35,6 +36,15 @@ def test_list_input_one_vector_each_in_order(client):
     assert [d.index for d in r.data] == [0, 1, 2]
     assert r.data[0].embedding == r.data[2].embedding != r.data[1].embedding
     assert all(math.isfinite(x) for d in r.data for x in d.embedding)
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_each_engine_embeds_each_input_deterministically(client, model):
+    out = client.embeddings.create(model=model, input=["the sea", "a dog"])
+    a, b = (d.embedding for d in out.data)
+    assert len(a) == 128 and a != b
+    assert out.usage.prompt_tokens > 2
+    assert client.embeddings.create(model=model, input="the sea").data[0].embedding == a  # deterministic
 
 
 def test_token_inputs(client):

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
+
+from .test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, greedy, put, steering
 
 U = "/api/profiles"
 STRENGTHS = {SAE_ID: {"5": 150.0}}

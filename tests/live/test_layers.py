@@ -1,5 +1,5 @@
-"""The layering rules: the front end never imports torch; engines never import the
-actor runtime or the web stack."""
+"""The layering rules: the front end never imports torch; the scheduling policy never imports
+the runtime; engines never import the actor runtime or the web stack."""
 
 import ast
 import subprocess
@@ -22,10 +22,14 @@ def test_front_end_and_supervisor_do_not_import_torch():
     assert not loaded & {"torch", "transformers", "tokenizers", "safetensors"}
 
 
+def test_the_scheduling_policy_imports_no_runtime():
+    assert not imported_after(["greenroom.actors.scheduling"]) & {"trio", "tractor", "torch", "quart"}
+
+
 def test_engines_do_not_import_the_runtime_or_web_stack():
     # read the source: a third-party package may load trio on its own (httpcore does)
     forbidden = {"trio", "tractor", "quart", "quart_trio", "hypercorn", "greenroom"}
-    for path in (ROOT / "greenroom" / "engines").glob("*.py"):
+    for path in (ROOT / "greenroom" / "engines").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
                 [a.name for a in node.names]

@@ -1,5 +1,5 @@
 """Every /v1 answer OpenAI's SDKs read, against OpenAI's published OpenAPI description — not only
-against greenroom's own document (tests/test_openapi.py): chat and text completions (streamed,
+against greenroom's own document (tests/live/test_openapi.py): chat and text completions (streamed,
 with and without include_usage, with tool calls), embeddings, models, responses (created,
 streamed, with a function tool, stored, its input items) and the error envelope.
 

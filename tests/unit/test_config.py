@@ -1,19 +1,11 @@
 """The configuration (greenroom/config.py): a user's file over configs/default.toml, or in place
 of it with `defaults = false`; every key but `models` and `cors_origins` set by its
-GREENROOM_<KEY> variable, parsed to the key's type; a file below model_dirs configured by an
-entry that names it, served once."""
+GREENROOM_<KEY> variable, parsed to the key's type (tests/live/test_config.py: as `serve` reads it)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-
 import attrs
-import httpx
 import pytest
-from conftest import ROOT
 
 from greenroom.config import Config, env_names, load_config
 
@@ -114,50 +106,3 @@ def test_other_names_and_empty_variables():
     assert config.needle_strict_model and config.request_timeout_s == 3.0 and config.port == 8000
     # GREENROOM_<KEY> wins over the other names
     assert load_config(env={"GREENROOM_API_KEY": "a", "NEEDLE_API_KEY": "b"}).api_key == "a"
-
-
-def test_a_bad_config_stops_serve_with_one_line(tmp_path):
-    for text, said in (
-        ("port = 'x'\n", "invalid value for type, expected int @ config.port"),
-        ("prot = 1\n", "extra fields found (prot)"),
-        ("port = \n", "is not valid TOML"),
-        ('[[models]]\nid = "found:Q4_0"\n', "model 'found:Q4_0' has no source"),
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "greenroom", "serve", "--config", str(write(tmp_path, text))],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
-
-
-def test_a_file_below_model_dirs_is_configured_by_its_entry_and_served_once(own_server, model_cache, tmp_path):
-    demo = model_cache / "models" / "greenroom-demo-gguf-tiny" / "greenroom-demo-tiny-Q4_0.gguf"
-    for folder in ("found", "sourced"):
-        (tmp_path / "models" / folder).mkdir(parents=True)
-        shutil.copy(demo, tmp_path / "models" / folder / "model.gguf")
-    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
-    srv = own_server(
-        f"""
-defaults = true  # over configs/default.toml, as a user's file is
-model_dirs = ["{tmp_path / "models"}"]
-
-[[models]]
-id = "found:Q4_0"           # the file found below model_dirs, with a template of its own
-chat_template = {json.dumps(template)}
-
-[[models]]
-id = "mine"
-source = "{tmp_path / "models" / "sourced" / "model.gguf"}"
-engine = "llama.cpp"
-"""
-    )
-    served = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]]
-    assert sorted(served) == sorted(DEFAULT_IDS + ["found:Q4_0", "mine"])  # "sourced:Q4_0" is "mine"
-    show = httpx.post(srv.url + "/api/show", json={"model": "found:Q4_0"}, timeout=30).json()
-    assert show["template"] == template
-    r = httpx.post(srv.url + "/tokenize", json={"model": "found:Q4_0", "messages": [{"role": "user", "content": "hi"}]})
-    said = httpx.post(srv.url + "/detokenize", json={"model": "found:Q4_0", "tokens": r.json()["tokens"]}, timeout=30)
-    assert said.json()["prompt"].endswith("[user] hi\n[assistant] "), said.text

@@ -14,8 +14,6 @@ import pytest
 import torch
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_steering_api import CONFIG as STEERING_CONFIG
-from test_steering_api import UNSTEERABLE
 
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
@@ -23,6 +21,9 @@ from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.sae import load_sae
 from greenroom.engines.steering import SteeringState
 from greenroom.engines.transformers_engine import TransformersEngine
+
+from .test_steering_api import CONFIG as STEERING_CONFIG
+from .test_steering_api import UNSTEERABLE
 
 SAE_ID = "sae_demo_tiny_l1"  # the default config's SAE: layer 1, 512 features
 CONFIG = "continuous_batching = true\n" + STEERING_CONFIG  # the steering tests' models, batching on

@@ -18,8 +18,9 @@ import httpx
 import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
-from test_intensity import ECHO, chat, text
-from test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, put, steering
+
+from .test_intensity import ECHO, chat, text
+from .test_steering_api import CONFIG, SAE_ID, UNSTEERABLE, put, steering
 
 L2 = "sae_demo_tiny_l2"
 RUNG = "X-miLLM-Circuit-Rung"

@@ -6,14 +6,14 @@ and the spec's 400 comes only where the window truly cannot — every model but 
 (SLOW_TO_PREFILL)."""
 
 import json
-from pathlib import Path
 
 import httpx
 import ollama
 import openai
 import pytest
+from conftest import ROOT
 
-TOOLS = json.loads((Path(__file__).parent / "data" / "open_webui_tools.json").read_text())
+TOOLS = json.loads((ROOT / "tests" / "data" / "open_webui_tools.json").read_text())
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello! What can you do?"},

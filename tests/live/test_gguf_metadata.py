@@ -1,30 +1,25 @@
 """GGUF metadata without loading the model: the header reader (engines/gguf_meta.py)
 against the `gguf` package's full reader, the Ollama read routes on GGUF files through the
-real `ollama` client (SmolLM2-135M, a real file, and the demo GGUF), rendering that no stored
-value can break, and generation ending on every token llama.cpp calls end-of-generation."""
+real `ollama` client (SmolLM2-135M, a real file, and the demo GGUF), and generation ending on
+every token llama.cpp calls end-of-generation (tests/unit/test_gguf_metadata.py: the reader on
+written files, and rendering that no stored value can break)."""
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import json
-import math
 import os
 from pathlib import Path
 
 import gguf
 import httpx
-import numpy as np
 import ollama
 import pytest
 from conftest import Server
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from gguf_reference import agrees
 
 from greenroom.engines import gguf_files, gguf_meta
 from greenroom.engines.capabilities import ENGINES
-from greenroom.http import model_facts
-from greenroom.supervisor.placements import Placement
 
 SMOL = "SmolLM2-135M-Instruct:Q4_1"
 Q8 = "greenroom-demo-gguf:Q8_0"
@@ -51,117 +46,19 @@ def demo_paths(model_cache) -> list[Path]:
 # --- the header reader -----------------------------------------------------------------------
 
 
-def _expected_label(reader: gguf.GGUFReader) -> str:
-    field = reader.fields.get("general.file_type")
-    return (
-        "F32"
-        if field is None
-        else gguf.LlamaFileType(field.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    )
-
-
-def _agrees(path: Path) -> None:
-    reader = gguf.GGUFReader(path)
-    meta = gguf_meta.read(path)
-    fields = {name: f for name, f in reader.fields.items() if not name.startswith("GGUF.")}
-    assert list(meta.fields) == list(fields)  # every key, in the file's order
-    for name, field in fields.items():
-        value = meta.fields[name]
-        if field.types[0] == gguf.GGUFValueType.ARRAY and len(field.data) > gguf_meta.MAX_ARRAY:
-            assert isinstance(value, gguf_meta.Skipped), name  # stepped over, its length kept
-            assert (value.type, value.count) == (field.types[-1], len(field.data))
-            assert gguf_meta.read_array(path, meta, value) == field.contents()  # and read on demand
-        else:
-            assert value == field.contents() and type(value) is type(field.contents()), name
-    assert meta.version == reader.fields["GGUF.version"].contents()
-    assert meta.tensor_count == len(reader.tensors)
-    assert meta.parameters == sum(int(t.n_elements) for t in reader.tensors)
-    assert gguf_files.quant_label(path) == _expected_label(reader)
-
-
 def test_the_header_reader_agrees_with_gguf_on_the_demo_files(model_cache):
     for path in demo_paths(model_cache):
-        _agrees(path)
+        agrees(path)
 
 
 def test_the_header_reader_agrees_with_gguf_on_smollm2():
     path = smol_path()
-    _agrees(path)
+    agrees(path)
     meta = gguf_meta.read(path)
     assert meta.fields["general.size_label"] == "135M" and meta.parameters == 134_515_008
     assert {k: meta.fields[k].count for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")} == {
         "tokenizer.ggml.tokens": 49152,
         "tokenizer.ggml.merges": 48900,
-    }
-
-
-def test_a_big_endian_file_and_every_value_type(tmp_path):
-    for endian in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
-        path = tmp_path / f"{endian.name}.gguf"
-        w = gguf.GGUFWriter(path, "llama", endianess=endian)
-        w.add_uint8("t.u8", 7)
-        w.add_int8("t.i8", -7)
-        w.add_uint16("t.u16", 65535)
-        w.add_int16("t.i16", -300)
-        w.add_uint32("t.u32", 2**32 - 1)
-        w.add_int32("t.i32", -(2**31))
-        w.add_float32("t.f32", 1e-5)
-        w.add_uint64("t.u64", 2**64 - 1)
-        w.add_int64("t.i64", -(2**63))
-        w.add_float64("t.f64", math.pi)
-        w.add_bool("t.bool", True)
-        w.add_string("t.str", "héllo")
-        w.add_array("t.small", [1, 2, 3])
-        w.add_array("t.strings", [f"tok{i}" for i in range(gguf_meta.MAX_ARRAY + 1)])
-        w.add_array("t.floats", [0.5] * (gguf_meta.MAX_ARRAY + 5))
-        w.add_tensor("a", np.zeros((3, 5), dtype=np.float32))
-        w.add_tensor("b", np.zeros(7, dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        _agrees(path)
-        assert gguf_meta.read(path).parameters == 22
-
-
-def test_nested_arrays_keep_their_shape(tmp_path):
-    path = tmp_path / "nested.gguf"
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_array("t.nested", [[1, 2], [3, 4, 5]])
-    w.add_array("t.long", [[i, i] for i in range(gguf_meta.MAX_ARRAY + 1)])
-    w.add_uint32("t.after", 7)  # read from where the stepped-over array ends
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    meta = gguf_meta.read(path)
-    assert meta.fields["t.nested"] == [[1, 2], [3, 4, 5]] and meta.fields["t.after"] == 7
-    assert gguf_meta.read_array(path, meta, meta.fields["t.long"])[-1] == [gguf_meta.MAX_ARRAY] * 2
-
-
-def test_a_split_model_is_counted_over_all_its_files(tmp_path):
-    parts = [tmp_path / f"big-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]
-    for i, path in enumerate(parts):
-        w = gguf.GGUFWriter(path, "llama")
-        w.add_uint16("split.no", i)
-        w.add_uint16("split.count", 2)
-        w.add_tensor(f"t{i}", np.zeros((10, 10 * (i + 1)), dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    placed = model_facts.Placed("big:Q8_0", Placement("big:Q8_0", str(parts[0]), "llama.cpp", "cpu"), None)
-    (row,) = model_facts.tags([placed])
-    assert row["size"] == sum(p.stat().st_size for p in parts) and row["details"]["parameter_size"] == "300"
-    assert model_facts.show(placed, False, False)["model_info"]["general.parameter_count"] == 300
-    parts[1].unlink()  # a part missing: no count rather than the first part's alone
-    (row,) = model_facts.tags([placed])
-    assert row["size"] == parts[0].stat().st_size and row["details"]["parameter_size"] == ""
-
-
-def test_file_type_labels_are_ggufs():
-    assert gguf_meta.FILE_TYPES == {
-        t.value: t.name.removeprefix("MOSTLY_").removeprefix("ALL_") for t in gguf.LlamaFileType
     }
 
 
@@ -189,25 +86,6 @@ def test_reads_are_cached_by_size_and_mtime(tmp_path, model_cache):
     assert gguf_meta.read(path) is first
     os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1_000_000))
     assert gguf_meta.read(path) is not first and gguf_meta.read(path) == first
-
-
-# --- rendering is total ------------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**80), 2**80) | st.none())
-def test_timestamps_render_from_any_number(ts):
-    text = model_facts.rfc3339(ts)
-    assert datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.floats(allow_nan=True, allow_infinity=True) | st.none())
-def test_a_running_model_renders_whatever_its_deadline(left):
-    placed = model_facts.Placed("m", Placement("m", "/no/such/model.gguf", "llama.cpp", "cpu"), None, left)
-    (row,) = model_facts.ps([placed])
-    json.dumps(row, allow_nan=False)
-    datetime.datetime.fromisoformat(row["expires_at"].replace("Z", "+00:00"))
 
 
 # --- the Ollama read routes on GGUF files ------------------------------------------------------

@@ -8,7 +8,6 @@ import shutil
 import httpx
 import pytest
 from conftest import MODEL
-from test_metrics import sample
 
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
@@ -18,6 +17,8 @@ from greenroom.engines.prefix_cache import BLOCK
 from greenroom.engines.sae import load_sae
 from greenroom.engines.steering import SteeringState
 from greenroom.engines.transformers_engine import TransformersEngine
+
+from .test_metrics import sample
 
 STORY = "The lighthouse keeper wrote in his log every night, about the sea, the ships and the gulls. "
 

@@ -1,6 +1,6 @@
 """`greenroom ps` prints the live tree from another process: the server's URLs and uptime, its
 actors, every configured model with its state (loaded or not), and the actors' last errors
-(tests/test_lifecycle.py shows one)."""
+(tests/live/test_lifecycle.py shows one)."""
 
 import json
 import re

@@ -1,0 +1,1 @@
+"""The live tier: real `greenroom serve` processes, real SDKs, real models."""

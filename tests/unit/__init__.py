@@ -1,0 +1,1 @@
+"""The unit tier: pure functions and objects, no process, no server, no model weights; seconds (`make test-fast`)."""
