@@ -6,7 +6,7 @@ import json
 
 import pytest
 import trio
-from test_events import Batches, text
+from .test_events import Batches, text
 
 from greenroom.errors import GreenroomError
 from greenroom.http import logprobs, structured
@@ -248,7 +248,7 @@ def test_text_completion_whole():
     ]
 
 
-# --- the answer path's checks, through native and its fold (moved from tests/test_structured.py) ---------
+# --- the answer path's checks, through native and its fold (moved from tests/live/test_structured.py) ---------
 
 
 def collected(pieces: list[str], finish: str, plan) -> ev.Completion:
@@ -296,7 +296,7 @@ def test_unconstrained_calls_keep_only_valid_ones_whole_and_streamed():
 
 
 def test_a_complete_document_that_does_not_validate_ends_the_stream_with_the_error_event():
-    """(moved from tests/test_structured_stream.py) The grammar keeps a decoded document valid;
+    """(moved from tests/live/test_structured_stream.py) The grammar keeps a decoded document valid;
     should one complete that does not validate, its text has gone out, then the error event
     (the spec's constrained_output_invalid) and [DONE] — no finishing chunk claims it complete."""
     schema = {"type": "object", "properties": {"capital": {"type": "boolean"}}, "required": ["capital"]}
