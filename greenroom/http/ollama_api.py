@@ -44,6 +44,7 @@ from greenroom.http.ollama_envelope import error_body, request_id
 from greenroom.http.ollama_request import Prepared, prepare
 from greenroom.http.schema_subset import SCHEMA, check_schema
 from greenroom.protocol import Failed, Fit, Generate, Text
+from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -273,11 +274,11 @@ async def _generate(tree: Tree, job: Job):
     rid = request_id()
     job.req.headers()  # strict mode refuses unread fields before anything runs
     load_started = time.monotonic_ns()
-    client, info = await tree.client_for(job.req.model, wait_unload=True)
+    client, serving = await tree.client_for(job.req.model, wait_unload=True)
     load_ns = time.monotonic_ns() - load_started
     # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
     options = job.options
-    window = ollama_params.window(options, info["context_length"])
+    window = ollama_params.window(options, serving.info.context_length)
     gen = attrs.evolve(
         job.gen,
         fit=Fit(
@@ -295,8 +296,8 @@ async def _generate(tree: Tree, job: Job):
         out[NUM_CTX_HEADER] = sf.bare(window)
         out.update(drawn_seed(first))
         if first.truncated:
-            out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
-        return {**out, **routing_headers(info, first.prompt_tokens)}
+            out[TRUNCATED_HEADER] = sf.dictionary(attrs.asdict(first.truncated))
+        return {**out, **routing_headers(serving, first.prompt_tokens)}
 
     def timing(first) -> _Timing:
         return _Timing(job.req.started_ns, load_ns, first.prompt_tokens)
@@ -317,15 +318,15 @@ async def _generate(tree: Tree, job: Job):
     )
 
 
-def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
+def routing_headers(serving: Serving, prompt_tokens: int) -> dict[str, str]:
     """Where the request ran (the NPU proxy's headers): the device that computed, spelt as the
     NPU proxy spells it (OpenVINO's CPU, GPU, NPU; a CUDA card is a GPU) whatever the engine
     calls it, why the router chose it (supervisor/routing.py), and the prompt's token count it
     classifies by."""
-    kind = info["device"].replace(".", ":").partition(":")[0].upper()
+    kind = serving.info.device.replace(".", ":").partition(":")[0].upper()
     return {
         "X-NPU-Proxy-Device": "GPU" if kind == "CUDA" else kind,
-        "X-NPU-Proxy-Route-Reason": info["route_reason"],
+        "X-NPU-Proxy-Route-Reason": serving.route_reason,
         "X-NPU-Proxy-Token-Count": str(prompt_tokens),
     }
 
@@ -337,14 +338,14 @@ class _Timing:
     prompt_tokens: int
 
     def metrics(self, finished: Text) -> dict:
-        stats = finished.stats or {}
+        stats = finished.stats
         return {
             "total_duration": time.monotonic_ns() - self.started_ns,
             "load_duration": self.load_ns,
             "prompt_eval_count": self.prompt_tokens,
-            "prompt_eval_duration": int(stats.get("prefill_s", 0.0) * 1e9),
+            "prompt_eval_duration": int(stats.prefill_s * 1e9) if stats else 0,
             "eval_count": finished.completion_tokens,
-            "eval_duration": int(stats.get("decode_s", 0.0) * 1e9),
+            "eval_duration": int(stats.decode_s * 1e9) if stats else 0,
         }
 
 

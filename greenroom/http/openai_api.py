@@ -14,6 +14,7 @@ import attrs
 from quart import Quart, request
 
 from greenroom import structured_fields as sf
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import (
@@ -235,13 +236,13 @@ def _model_card(model_id: str) -> dict:
     return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "greenroom"}
 
 
-def fingerprint(info: dict) -> str:
+def fingerprint(info: ModelInfo) -> str:
     """millm:<model>@<revision>:<dtype>/<quantization>:<engine>; unknown parts 'unrecorded'."""
 
     def part(key: str) -> str:
-        return info.get(key) or "unrecorded"
+        return getattr(info, key) or "unrecorded"
 
-    return f"millm:{info['id']}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
+    return f"millm:{info.id}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
 
 
 _NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
@@ -289,9 +290,9 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
         "X-miLLM-Steering": "none",
     }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
-    client, info = await tree.client_for(score.model)
+    client, serving = await tree.client_for(score.model)
     event = await single(client, score)
-    response = shape(score, event, req.body, fingerprint(info))
+    response = shape(score, event, req.body, fingerprint(serving.info))
     if event.sae_activations is not None:
         response["millm"] = sae_activations.millm(event.sae_activations)
     return response, 200, headers
@@ -316,7 +317,7 @@ async def _complete(
     headers = {**req.headers(scoring.unread(gen.params)), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
         headers["X-miLLM-Constrained"] = plan.header
-    client, info = await tree.client_for(gen.model)
+    client, serving = await tree.client_for(gen.model)
     return await answer(
         tree,
         client,
@@ -326,7 +327,9 @@ async def _complete(
         frames=lambda events, first: shaped.stream(
             _chunks(gen, events, first, plan, stream.include_usage, extras, as_ids), first
         ),
-        collect=lambda events, first: _collected(shaped, gen, events, first, plan, fingerprint(info), extras, as_ids),
+        collect=lambda events, first: _collected(
+            shaped, gen, events, first, plan, fingerprint(serving.info), extras, as_ids
+        ),
     )
 
 
