@@ -25,6 +25,7 @@ from .engines.base import (
     ReadoutRequest,
     SamplingParams,
     Span,
+    Strengths,
 )
 from .engines.prompt_fit import Truncated
 
@@ -64,10 +65,9 @@ class Generate:
     # return_sae_activations, validated by the front end (one row, n = 1); served on the serial path
     sae_activations: ReadoutRequest | None = None
     # this request's own steering — a profile's strengths and/or a steering_intensity dial,
-    # resolved and checked by the coordinator (sae_id → feature → strength, features as decimal
-    # strings; {} = unsteered): served on the serial path, in place of the live steering, which
-    # it never changes
-    request_strengths: dict[str, dict[str, float]] | None = None
+    # resolved and checked by the coordinator ({} = unsteered): served on the serial path, in
+    # place of the live steering, which it never changes
+    request_strengths: Strengths | None = None
     # monitoring (the operator's, per model): each choice's top-k features pre-steering come back
     # on its finishing Text. Served on the serial path
     monitor: MonitorRequest | None = None
@@ -170,24 +170,24 @@ class Cancel:
 @attrs.frozen
 class SteerUpdate:
     """A model's steering as the coordinator resolved it, pushed to the engine actor holding
-    the model: the SAEs to have attached ({"sae_id", "path"}), per SAE feature → strength
-    (features as decimal strings), enabled. Applied between decode steps; a version not
-    newer than the one applied is ignored. Answered with `Steered`."""
+    the model: the SAEs to have attached, their strengths, enabled. Applied between decode
+    steps; a version not newer than the one applied is ignored. Answered with `Steered`."""
 
     rid: str
     model: str
     version: int
     enabled: bool
-    saes: list[dict]
-    strengths: dict[str, dict[str, float]]
+    saes: dict[str, str]  # sae_id → the SAE's directory
+    strengths: Strengths
 
 
 # front end ⇄ steering coordinator. One class per kind of request (vLLM's EngineCoreRequestType,
 # as types): the front end sends `SteeringCall(rid, request)`, the coordinator answers
 # `SteeringReply(rid, answer)` or `Failed`. Request and answer travel tagged by class name under
-# "t", as every message does. Strength maps are {sae_id: {feature: strength}}, features as
-# decimal strings; their shape and the ±200 range are the front end's checks, everything that
-# depends on the SAEs attached (widths, identities) the coordinator's.
+# "t", as every message does. The strength maps of requests and documents are {sae_id: {feature:
+# strength}}, features as decimal strings, as the JSON that stores and answers them; their shape
+# and the ±200 range are the front end's checks, everything that depends on the SAEs attached
+# (widths, identities) the coordinator's. What an engine steers by is `Strengths`.
 Dial = float | str  # a request's steering_intensity: λ in [0, 2], or "off" | "min" | "max"
 
 
@@ -446,7 +446,7 @@ class ResolvedSteering:
     in X-miLLM-Steering-Intensity (None: no echo), and a circuit's rung when one genuinely
     steers it (X-miLLM-Circuit-Rung)."""
 
-    strengths: dict[str, dict[str, float]]
+    strengths: Strengths
     intensity: float | None
     rung: int | None
 
@@ -632,11 +632,10 @@ class Status:
 @attrs.frozen
 class Steered:
     """The engine's answer to a SteerUpdate: the version it now holds (older than the
-    update's when it could not apply it) and its attached SAEs (steering.AttachedSAE)."""
+    update's when it could not apply it)."""
 
     rid: str
     version: int
-    attached: list[dict]
 
 
 @attrs.frozen

@@ -103,7 +103,7 @@ def test_requests_that_read_or_steer_one_sequence_per_forward_never_batch():
         dict(constraint={"type": "json_object"}),
         dict(sae_activations={"sae_id": "s", "features": None, "top_k": 4, "positions": "all", "read_point": "pre"}),
         dict(monitor={"sae_id": "s", "top_k": 4}),
-        dict(request_strengths={"s": {"3": 2.0}}),
+        dict(request_strengths={"s": {3: 2.0}}),
         dict(request_strengths={}),  # even unsteered: a profile request is served serially
         dict(n=2),
         dict(prompts=["one", "two"]),

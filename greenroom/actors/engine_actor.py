@@ -416,24 +416,19 @@ class EngineLoop:
             from greenroom.engines.sae import load_sae
             from greenroom.engines.steering import SteeringState
 
-            wanted = {s["sae_id"]: s["path"] for s in update.saes}
             for info in steering.attached():
-                if info.sae_id not in wanted:
+                if info.sae_id not in update.saes:
                     steering.detach(info.sae_id)
             held = {info.sae_id for info in steering.attached()}
-            for sae_id, path in wanted.items():
+            for sae_id, path in update.saes.items():
                 if sae_id not in held:
                     steering.attach(sae_id, load_sae(path))
-            steering.apply(
-                SteeringState(
-                    update.version,
-                    update.enabled,
-                    {sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()},
-                )
-            )
-        attached = steering.attached()
-        self._applied[update.model] = {"version": steering.state.version, "saes": [i.sae_id for i in attached]}
-        self._outbox.put_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
+            steering.apply(SteeringState(update.version, update.enabled, update.strengths))
+        self._applied[update.model] = {
+            "version": steering.state.version,
+            "saes": [i.sae_id for i in steering.attached()],
+        }
+        self._outbox.put_from_thread(Steered(update.rid, steering.state.version))
 
     def _score(self, engine, req: Score) -> None:
         rows, names = score_rows(engine, req)
@@ -470,14 +465,7 @@ class EngineLoop:
         scope = (
             contextlib.nullcontext()
             if req.request_strengths is None
-            else engine.steering.steered(
-                engine.steering.for_request(
-                    {
-                        sae_id: {int(f): s for f, s in features.items()}
-                        for sae_id, features in req.request_strengths.items()
-                    }
-                )
-            )
+            else engine.steering.steered(engine.steering.for_request(req.request_strengths))
         )
         started = self._admitted(req, admitted)
         queue_wait = started - self._enqueued.get(req.rid, started)

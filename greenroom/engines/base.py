@@ -30,6 +30,9 @@ STRENGTH_MAX = 200.0
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 
+# What an engine steers by: per SAE id, feature index → strength (steering.SteeringState).
+Strengths = dict[str, dict[int, float]]
+
 # Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
 GREEDY_BELOW = 1e-5
 

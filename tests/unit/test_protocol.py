@@ -5,6 +5,7 @@ equal, each class of a tagged union under its own tag."""
 import msgspec
 import pytest
 
+from greenroom.actors import steering_rules as rules
 from greenroom.engines.base import (
     Activations,
     FeatureValue,
@@ -27,9 +28,12 @@ from greenroom.protocol import (
     Events,
     Generate,
     GenerationStats,
+    ResolvedSteering,
     Score,
     ScoredRow,
     Scores,
+    SteeringReply,
+    SteerUpdate,
     Text,
     from_wire,
     to_wire,
@@ -126,3 +130,16 @@ def test_activations_keep_the_response_key_order():
         "features": [{"index": 12, "value": 1.5}, {"index": 3, "value": 0.25}],
     }
     assert list(wire["monitor"]) == ["sae_id", "layer", "positions", "features"]
+
+
+def test_what_an_engine_steers_by_crosses_keyed_by_feature_index():
+    """Feature indices reach the engine actor as ints (the documents' decimal strings are turned
+    once, by the coordinator: steering_rules.indexed), their order kept."""
+    strengths = rules.indexed({"sae": {"12": 50.0, "3": -20.0}, "other": {}})
+    assert strengths == {"sae": {12: 50.0, 3: -20.0}, "other": {}}
+    update = SteerUpdate("steer-1", "m", 3, True, {"sae": "/saes/sae"}, strengths)
+    gen = Generate("r", "m", SamplingParams(), prompts=["x"], request_strengths=strengths)
+    reply = Events([SteeringReply("c", ResolvedSteering(strengths, 0.5, 2))])
+    for message in (update, gen, reply):
+        assert crossed(message) == message
+    assert list(crossed(update).strengths["sae"]) == [12, 3]
