@@ -4,7 +4,8 @@ The front end holds one long-lived stream per engine actor and multiplexes
 requests over it by request id (`rid`); the engine actor answers with at most one
 `Events` message per decode step, carrying every request that advanced.
 Messages travel as plain dicts (tractor encodes with msgpack); `to_wire` and
-`from_wire` convert, tagged by `t`.
+`from_wire` convert, tagged by `t`. Their payloads are typed too, nested attrs classes (the
+engine's values from engines/base.py), a union's class tagged by `t` within its field.
 """
 
 from __future__ import annotations
