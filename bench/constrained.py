@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
 
-from greenroom.engines.base import SamplingParams  # noqa: E402
+from greenroom.engines.base import JsonSchemaConstraint, SamplingParams  # noqa: E402
 from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
 from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size))
     t = time.perf_counter()
-    grammar = engine.compile_constraint({"type": "json_schema", "schema": SCHEMAS[args.schema]})
+    grammar = engine.compile_constraint(JsonSchemaConstraint(SCHEMAS[args.schema]))
     compile_ms = (time.perf_counter() - t) * 1000
     run(engine, 16, None), run(engine, 16, grammar)  # warm both
     free, constrained = [], []

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.constrained import PROMPT, SCHEMAS  # noqa: E402  (the same schemas and prompt as on transformers)
 from greenroom.engines import constraints  # noqa: E402
-from greenroom.engines.base import SamplingParams  # noqa: E402
+from greenroom.engines.base import JsonSchemaConstraint, SamplingParams  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
 from greenroom.engines.llama_cpp_engine import LlamaCppEngine  # noqa: E402
 from greenroom.engines.loader import resolve_source  # noqa: E402
@@ -74,7 +74,7 @@ def main() -> None:
     path = resolve_source(MODELS.get(args.model, args.model), None)
     engine = LlamaCppEngine(args.model, path, n_ctx=2048, threads=1, parallel=1)
     t = time.perf_counter()
-    grammar = engine.compile_constraint({"type": "json_schema", "schema": SCHEMAS[args.schema]})
+    grammar = engine.compile_constraint(JsonSchemaConstraint(SCHEMAS[args.schema]))
     first_ms = (time.perf_counter() - t) * 1000  # the tokenizer read from the vocabulary, then the grammar
     ids = engine.render_chat(PROMPT)
     run(engine, ids, 16, None), run(engine, ids, 16, grammar)  # warm both

@@ -4,7 +4,8 @@ The front end holds one long-lived stream per engine actor and multiplexes
 requests over it by request id (`rid`); the engine actor answers with at most one
 `Events` message per decode step, carrying every request that advanced.
 Messages travel as plain dicts (tractor encodes with msgpack); `to_wire` and
-`from_wire` convert, tagged by `t`.
+`from_wire` convert, tagged by `t`. Their payloads are typed too, nested attrs classes (the
+engine's values from engines/base.py), a union's class tagged by `t` within its field.
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import attrs
 import cattrs
 from cattrs.strategies import configure_tagged_union
 
-from .engines.base import SamplingParams
+from .engines.base import (
+    Activations,
+    Constraint,
+    ModelInfo,
+    MonitorRecord,
+    MonitorRequest,
+    Positions,
+    ReadoutRequest,
+    SamplingParams,
+    Span,
+    Strengths,
+)
+from .engines.prompt_fit import Truncated
 
 
 # front end → engine actor
@@ -49,20 +62,16 @@ class Generate:
     add_special_tokens: bool = True  # for prompts
     template_kwargs: dict | None = None  # for conversations
     tools: list[dict] | None = None  # OpenAI tool objects, rendered by the chat template
-    # constrained decoding, one matcher per choice: {"type": "json_schema", "schema"} |
-    # {"type": "json_object"} | {"type": "tool_calls", "tools", "name"?, "parallel"}
-    constraint: dict | None = None
-    # return_sae_activations, validated by the front end (one row, n = 1): {"sae_id", "features"
-    # (None: every feature), "top_k", "positions", "read_point"}; served on the serial path
-    sae_activations: dict | None = None
+    constraint: Constraint | None = None  # constrained decoding, one matcher per choice
+    # return_sae_activations, validated by the front end (one row, n = 1); served on the serial path
+    sae_activations: ReadoutRequest | None = None
     # this request's own steering — a profile's strengths and/or a steering_intensity dial,
-    # resolved and checked by the coordinator (sae_id → feature → strength, features as decimal
-    # strings; {} = unsteered): served on the serial path, in place of the live steering, which
-    # it never changes
-    request_strengths: dict[str, dict[str, float]] | None = None
-    # monitoring (the operator's, per model): {"sae_id", "top_k"}; each choice's top-k features
-    # pre-steering come back on its finishing Text. Served on the serial path
-    monitor: dict | None = None
+    # resolved and checked by the coordinator ({} = unsteered): served on the serial path, in
+    # place of the live steering, which it never changes
+    request_strengths: Strengths | None = None
+    # monitoring (the operator's, per model): each choice's top-k features pre-steering come back
+    # on its finishing Text. Served on the serial path
+    monitor: MonitorRequest | None = None
     fit: Fit | None = None  # one row: cut it to its window by Ollama's rule instead of refusing it
     # a model without a chat template renders the conversation's last message as it is (Ollama's
     # `{{ .Prompt }}`, /api/generate) instead of refusing it (no_chat_template)
@@ -105,7 +114,7 @@ class Score:
     template_kwargs: dict | None = None
     tools: list[dict] | None = None
     # return_sae_activations (one row), as on Generate: read on the unsteered scoring pass
-    sae_activations: dict | None = None
+    sae_activations: ReadoutRequest | None = None
     # echo (/v1/completions): each row's prompt comes back — its text, and with echo_logprobs (the
     # alternatives per prompt position) every prompt token's log-probability (engine.prompt_logprobs)
     echo: bool = False
@@ -162,24 +171,24 @@ class Cancel:
 @attrs.frozen
 class SteerUpdate:
     """A model's steering as the coordinator resolved it, pushed to the engine actor holding
-    the model: the SAEs to have attached ({"sae_id", "path"}), per SAE feature → strength
-    (features as decimal strings), enabled. Applied between decode steps; a version not
-    newer than the one applied is ignored. Answered with `Steered`."""
+    the model: the SAEs to have attached, their strengths, enabled. Applied between decode
+    steps; a version not newer than the one applied is ignored. Answered with `Steered`."""
 
     rid: str
     model: str
     version: int
     enabled: bool
-    saes: list[dict]
-    strengths: dict[str, dict[str, float]]
+    saes: dict[str, str]  # sae_id → the SAE's directory
+    strengths: Strengths
 
 
 # front end ⇄ steering coordinator. One class per kind of request (vLLM's EngineCoreRequestType,
 # as types): the front end sends `SteeringCall(rid, request)`, the coordinator answers
 # `SteeringReply(rid, answer)` or `Failed`. Request and answer travel tagged by class name under
-# "t", as every message does. Strength maps are {sae_id: {feature: strength}}, features as
-# decimal strings; their shape and the ±200 range are the front end's checks, everything that
-# depends on the SAEs attached (widths, identities) the coordinator's.
+# "t", as every message does. The strength maps of requests and documents are {sae_id: {feature:
+# strength}}, features as decimal strings, as the JSON that stores and answers them; their shape
+# and the ±200 range are the front end's checks, everything that depends on the SAEs attached
+# (widths, identities) the coordinator's. What an engine steers by is `Strengths`.
 Dial = float | str  # a request's steering_intensity: λ in [0, 2], or "off" | "min" | "max"
 
 
@@ -438,7 +447,7 @@ class ResolvedSteering:
     in X-miLLM-Steering-Intensity (None: no echo), and a circuit's rung when one genuinely
     steers it (X-miLLM-Circuit-Rung)."""
 
-    strengths: dict[str, dict[str, float]]
+    strengths: Strengths
     intensity: float | None
     rung: int | None
 
@@ -515,8 +524,7 @@ class Admitted:
 
     rid: str
     prompt_tokens: int  # summed over rows (each prompt counted once, whatever n)
-    # what Generate.fit cut: {"messages": oldest messages dropped, "tokens": prompt tokens dropped}
-    truncated: dict | None = None
+    truncated: Truncated | None = None  # what Generate.fit cut
     as_is: bool = False  # no chat template: the last message was rendered as it is
     # the seed drawn for a request sent without one, where its lane reproduces seeds (the answer's
     # X-Greenroom-Drawn-Seed: sent back as the seed, it reproduces the answer); None: none drawn
@@ -526,21 +534,30 @@ class Admitted:
 
 
 @attrs.frozen
+class GenerationStats:
+    """The engine actor's own figures of one choice, on its finishing Text (for x_needle and
+    Ollama's durations): the summed log-probability of its tokens (None: the engine reports
+    none), its time to first token, decoding and queueing, its compute time, and the actor's
+    peak resident memory."""
+
+    logprob_sum: float | None
+    prefill_s: float
+    decode_s: float
+    queue_wait_s: float
+    compute_s: float
+    peak_rss_mb: float
+
+
+@attrs.frozen
 class Text:
     rid: str
     index: int  # the choice
     text: str
     completion_tokens: int
     finish_reason: str | None = None
-    # on the finishing event: {"logprob_sum", "prefill_s", "decode_s", "queue_wait_s",
-    # "compute_s", "peak_rss_mb"} — the engine's own figures for x_needle
-    stats: dict | None = None
-    # on the finishing event of a request with sae_activations: {"sae_id", "layer", "read_point",
-    # "positions": [{"position", "token_id", "features": [{"index", "value"}]}]}
-    sae_activations: dict | None = None
-    # on the finishing event of a monitored choice: {"sae_id", "layer", "positions" (a count),
-    # "features": [{"index", "max", "mean"}]} (engines/steering.py, Monitor.result)
-    monitor: dict | None = None
+    stats: GenerationStats | None = None  # on the finishing event
+    sae_activations: Activations | None = None  # on the finishing event of a request with sae_activations
+    monitor: MonitorRecord | None = None  # on the finishing event of a monitored choice
     stop: str | None = None  # on the finishing event: the stop string that ended the choice, if one did
     # with SamplingParams.logprobs: the tokens since the previous event, each [id, text, log-probability,
     # [[id, text, log-probability] of the most probable at its position, …]] (engines/generation.py's Delta.token)
@@ -572,7 +589,7 @@ class Scores:
     rid: str
     rows: list[ScoredRow]
     # with the request's sae_activations: as Text's, read_point "unsteered"
-    sae_activations: dict | None = None
+    sae_activations: Activations | None = None
 
 
 @attrs.frozen
@@ -598,7 +615,7 @@ class Done:
     """A Load (with the model's info) or an Unload (info None) has completed."""
 
     rid: str
-    info: dict | None = None
+    info: ModelInfo | None = None
 
 
 @attrs.frozen
@@ -616,11 +633,10 @@ class Status:
 @attrs.frozen
 class Steered:
     """The engine's answer to a SteerUpdate: the version it now holds (older than the
-    update's when it could not apply it) and its attached SAEs (steering.AttachedSAE)."""
+    update's when it could not apply it)."""
 
     rid: str
     version: int
-    attached: list[dict]
 
 
 @attrs.frozen
@@ -754,6 +770,13 @@ _conv = cattrs.Converter()
 _conv.register_structure_hook(Dial | None, lambda value, _: value)  # checked by the front end
 configure_tagged_union(SteeringRequest, _conv, tag_name="t")
 configure_tagged_union(SteeringAnswer, _conv, tag_name="t")
+configure_tagged_union(Constraint, _conv, tag_name="t")
+# an optional field of a tagged union carries the tag too (cattrs would otherwise guess the class by its keys)
+_conv.register_unstructure_hook(Constraint | None, lambda value: value and _conv.unstructure(value, Constraint))
+_conv.register_structure_hook(Constraint | None, lambda value, _: value and _conv.structure(value, Constraint))
+_conv.register_structure_hook(
+    Positions, lambda value, _: value if isinstance(value, str) else _conv.structure(value, Span)
+)
 
 
 def to_wire(msg: Any) -> dict:

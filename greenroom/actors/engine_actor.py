@@ -45,6 +45,7 @@ from greenroom.protocol import (
     Embedded,
     Failed,
     Generate,
+    GenerationStats,
     Load,
     Loading,
     Score,
@@ -392,7 +393,7 @@ class EngineLoop:
                         "model",
                     ) from None
                 self._models[req.spec["id"]] = ModelBatching.of(self.engines[req.spec["id"]])
-            self._outbox.put_from_thread(Done(req.rid, attrs.asdict(self.engines[req.spec["id"]].info)))
+            self._outbox.put_from_thread(Done(req.rid, self.engines[req.spec["id"]].info))
             return
         engine = self.engines.pop(req.model, None)
         self._models.pop(req.model, None)
@@ -415,29 +416,24 @@ class EngineLoop:
             from greenroom.engines.sae import load_sae
             from greenroom.engines.steering import SteeringState
 
-            wanted = {s["sae_id"]: s["path"] for s in update.saes}
             for info in steering.attached():
-                if info.sae_id not in wanted:
+                if info.sae_id not in update.saes:
                     steering.detach(info.sae_id)
             held = {info.sae_id for info in steering.attached()}
-            for sae_id, path in wanted.items():
+            for sae_id, path in update.saes.items():
                 if sae_id not in held:
                     steering.attach(sae_id, load_sae(path))
-            steering.apply(
-                SteeringState(
-                    update.version,
-                    update.enabled,
-                    {sae_id: {int(f): s for f, s in features.items()} for sae_id, features in update.strengths.items()},
-                )
-            )
-        attached = steering.attached()
-        self._applied[update.model] = {"version": steering.state.version, "saes": [i.sae_id for i in attached]}
-        self._outbox.put_from_thread(Steered(update.rid, steering.state.version, [attrs.asdict(i) for i in attached]))
+            steering.apply(SteeringState(update.version, update.enabled, update.strengths))
+        self._applied[update.model] = {
+            "version": steering.state.version,
+            "saes": [i.sae_id for i in steering.attached()],
+        }
+        self._outbox.put_from_thread(Steered(update.rid, steering.state.version))
 
     def _score(self, engine, req: Score) -> None:
         rows, names = score_rows(engine, req)
         # return_sae_activations (one row): read on the scoring pass itself, whose hooks are suppressed
-        readout, read = self._readout(engine, req, rows[0], 1) if req.sae_activations is not None else (None, None)
+        readout = self._readout(engine, req, rows[0], 1) if req.sae_activations is not None else None
         self.counters.admitted += 1
         out = []
         for ids, name in zip(rows, names):
@@ -448,7 +444,7 @@ class EngineLoop:
             except EngineError as exc:
                 raise EngineError(exc.code, f"{name}: {exc.message}", exc.param) from None
         self.counters.completed += 1
-        activations = {**read, "read_point": "unsteered", "positions": readout.result(rows[0])} if read else None
+        activations = None if readout is None else attrs.evolve(readout.result(rows[0]), read_point="unsteered")
         self._outbox.put_from_thread(Scores(req.rid, out, activations))
 
     def _admitted(self, req: Generate, admitted: Admitted) -> float:
@@ -463,24 +459,13 @@ class EngineLoop:
 
         rows, params, admitted = admit(engine, req, self.default_max_tokens, engine.capabilities.seed)
         grammar = engine.compile_constraint(req.constraint) if req.constraint is not None else None
-        readout, read = (
-            self._readout(engine, req, rows[0], params[0].max_tokens)
-            if req.sae_activations is not None
-            else (None, None)
-        )
+        readout = self._readout(engine, req, rows[0], params[0].max_tokens) if req.sae_activations is not None else None
         # a profile steers this request's forwards only (engines/steering.py: the live state is
         # never changed, so there is nothing to restore, and a newer state applied meanwhile wins)
         scope = (
             contextlib.nullcontext()
             if req.request_strengths is None
-            else engine.steering.steered(
-                engine.steering.for_request(
-                    {
-                        sae_id: {int(f): s for f, s in features.items()}
-                        for sae_id, features in req.request_strengths.items()
-                    }
-                )
-            )
+            else engine.steering.steered(engine.steering.for_request(req.request_strengths))
         )
         started = self._admitted(req, admitted)
         queue_wait = started - self._enqueued.get(req.rid, started)
@@ -502,7 +487,7 @@ class EngineLoop:
                     if req.rid in self._cancelled:
                         self.counters.cancelled += 1
                         return  # leaving the loop closes the sequence and frees its cache
-                    self._deliver(choice, delta, read)
+                    self._deliver(choice, delta)
                     yield True
         self.counters.completed += 1
 
@@ -511,29 +496,26 @@ class EngineLoop:
         is not attached here (any more): monitoring never fails the request it watches."""
         if req.monitor is None or not engine.capabilities.steering:
             return None
-        return engine.steering.monitor(req.monitor["sae_id"], req.monitor["top_k"])
+        return engine.steering.monitor(req.monitor.sae_id, req.monitor.top_k)
 
-    def _readout(self, engine, req: Generate | Score, ids: list[int], max_tokens: int) -> tuple:
+    def _readout(self, engine, req: Generate | Score, ids: list[int], max_tokens: int):
         """The readout of the request's one sequence (validated against the SAEs attached now,
-        and its worst case against the cap: a refusal comes before Admitted), and what the
-        finishing event says of it."""
+        and its worst case against the cap: a refusal comes before Admitted)."""
         steering = getattr(engine, "steering", None)
         if steering is None:
             raise GreenroomError(
                 "field_not_honoured", f"model {req.model!r} has no SAE hooks on this engine", "return_sae_activations"
             )
         spec = req.sae_activations
-        readout = steering.readout(
+        return steering.readout(
             len(ids),
-            sae_id=spec["sae_id"],
-            top_k=spec["top_k"],
-            positions=spec["positions"],
-            features=spec["features"],
-            read_point=spec["read_point"],
+            sae_id=spec.sae_id,
+            top_k=spec.top_k,
+            positions=spec.positions,
+            features=spec.features,
+            read_point=spec.read_point,
             max_tokens=max_tokens,
         )
-        layer = next(info.layer for info in steering.attached() if info.sae_id == readout.sae_id)
-        return readout, {"sae_id": readout.sae_id, "layer": layer, "read_point": readout.read_point}
 
     def _join(self, reqs: list[Generate]) -> bool:
         """Batchable requests join their model's batch, prefilled now (together, or one at a
@@ -603,10 +585,9 @@ class EngineLoop:
         if not len(batch):
             del self._batches[model]
 
-    def _deliver(self, choice: _Choice, delta, read: dict | None = None) -> None:
+    def _deliver(self, choice: _Choice, delta) -> None:
         """A choice's step as a Text event (none while the text is held back), with the
-        engine's own figures on the finishing one, the activations read (`read`: which) and
-        the monitor's record."""
+        engine's own figures, the activations read and the monitor's record on the finishing one."""
         now = time.monotonic()
         choice.first_token = choice.first_token or now
         choice.logprob_sum += delta.logprob
@@ -615,16 +596,15 @@ class EngineLoop:
             choice.tokens.append([token_id, text, logprob, [list(alt) for alt in top]])
         stats = None
         if delta.finish_reason:
-            stats = {
-                "logprob_sum": choice.logprob_sum if choice.logprobs else None,
-                "prefill_s": choice.first_token - choice.start,
-                "decode_s": now - choice.first_token,
-                "queue_wait_s": choice.queue_wait,
-                "compute_s": now - choice.started,
-                "peak_rss_mb": _peak_rss_mb(),
-            }
+            stats = GenerationStats(
+                logprob_sum=choice.logprob_sum if choice.logprobs else None,
+                prefill_s=choice.first_token - choice.start,
+                decode_s=now - choice.first_token,
+                queue_wait_s=choice.queue_wait,
+                compute_s=now - choice.started,
+                peak_rss_mb=_peak_rss_mb(),
+            )
         if delta.text or delta.finish_reason:
-            activations = {**read, "positions": delta.sae_activations} if read and delta.finish_reason else None
             self._outbox.put_from_thread(
                 Text(
                     choice.rid,
@@ -633,7 +613,7 @@ class EngineLoop:
                     delta.completion_tokens,
                     delta.finish_reason,
                     stats,
-                    activations,
+                    delta.sae_activations,
                     delta.monitor,
                     delta.stop,
                     choice.tokens or None,

@@ -171,7 +171,7 @@ def request(
     base = profile_base(profile, checked_strengths(state, profile)) if name is not None else active_base(store, state)
     strengths = base.resolved(dial, limits)
     return ResolvedSteering(
-        strengths,
+        rules.indexed(strengths),
         base.lam(dial, limits) if dial is not None and base.strengths else None,
         base.rung if base.kind == "circuit" and strengths else None,
     )

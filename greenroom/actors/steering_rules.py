@@ -23,7 +23,7 @@ import math
 import attrs
 
 from greenroom import structured_fields as sf
-from greenroom.engines.base import STRENGTH_MAX
+from greenroom.engines.base import STRENGTH_MAX, Strengths
 from greenroom.errors import GreenroomError
 
 ENVELOPE = (0.0, 2.0)
@@ -107,6 +107,12 @@ def scaled(strengths: dict[str, dict[str, float]], lam: float) -> dict[str, dict
         if live:
             out[sae_id] = live
     return out
+
+
+def indexed(strengths: dict[str, dict[str, float]]) -> Strengths:
+    """A strength document's features (decimal strings, as JSON keys them) as the indices an
+    engine steers by: what crosses to the engine actors."""
+    return {sae_id: {int(f): s for f, s in features.items()} for sae_id, features in strengths.items()}
 
 
 def rung_header(rung: int) -> str:

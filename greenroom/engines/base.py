@@ -30,6 +30,9 @@ STRENGTH_MAX = 200.0
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 
+# What an engine steers by: per SAE id, feature index → strength (steering.SteeringState).
+Strengths = dict[str, dict[int, float]]
+
 # Below this a temperature underflows float32 arithmetic; its limit is greedy decoding anyway.
 GREEDY_BELOW = 1e-5
 
@@ -101,6 +104,114 @@ class ModelInfo:
     quantization: str | None = None
 
 
+# What a request asks of an engine beside its prompt, and what the engine reads back: typed
+# values that cross the process boundary as they are (protocol.py's codec nests them).
+
+
+@attrs.frozen
+class JsonSchemaConstraint:
+    """A document valid against `schema` (a JSON schema, checked by the front end)."""
+
+    schema: dict
+
+
+@attrs.frozen
+class JsonObjectConstraint:
+    """Any single JSON object."""
+
+
+@attrs.frozen
+class ToolCallsConstraint:
+    """Tool calls in the model's own syntax: of the OpenAI tool objects `tools`, of `name` alone
+    where set, one call or several (`parallel`)."""
+
+    tools: list[dict]
+    name: str | None = None
+    parallel: bool = True
+
+
+Constraint = JsonSchemaConstraint | JsonObjectConstraint | ToolCallsConstraint
+
+
+def constraint_param(constraint: Constraint) -> str:
+    """The request field a constraint came from: what its refusals name."""
+    return "tools" if isinstance(constraint, ToolCallsConstraint) else "response_format"
+
+
+@attrs.frozen
+class Span:
+    """Positions start … end - 1 (half-open), absolute over prompt then generated tokens."""
+
+    start: int
+    end: int
+
+
+Positions = str | Span  # "last" | "prompt" | "completion" | "all", or a span
+
+
+@attrs.frozen
+class ReadoutRequest:
+    """return_sae_activations as the front end validated it: SAE `sae_id`'s top_k features (of
+    `features` only where given; None: every feature) at `positions`, read at `read_point`."""
+
+    sae_id: str
+    features: list[int] | None
+    top_k: int
+    positions: Positions
+    read_point: str  # "post_steering" | "pre_steering"
+
+
+@attrs.frozen
+class FeatureValue:
+    index: int
+    value: float
+
+
+@attrs.frozen
+class PositionRead:
+    position: int
+    token_id: int | None  # None: a position past the tokens fed
+    features: list[FeatureValue]
+
+
+@attrs.frozen
+class Activations:
+    """What a readout read (steering.Readout.result): its SAE, the SAE's layer, the read point
+    ("unsteered" on a scoring pass) and each position read, in order. Field order is the
+    response's `millm.sae_activations` key order."""
+
+    sae_id: str
+    layer: int
+    read_point: str
+    positions: list[PositionRead]
+
+
+@attrs.frozen
+class MonitorRequest:
+    """The operator's monitoring of a request: SAE `sae_id`'s top_k features, pre-steering."""
+
+    sae_id: str
+    top_k: int
+
+
+@attrs.frozen
+class MonitoredFeature:
+    index: int
+    max: float
+    mean: float
+
+
+@attrs.frozen
+class MonitorRecord:
+    """What a monitor read over one sequence (steering.Monitor.result): the top-k features by
+    max, those that never fired left out; `positions` is how many were fed."""
+
+    sae_id: str
+    layer: int
+    positions: int
+    features: list[MonitoredFeature]
+
+
 class Engine(Protocol):
     info: ModelInfo
     capabilities: Capabilities
@@ -153,7 +264,7 @@ class Engine(Protocol):
         """One token's own text, a special token's written out (`<|im_start|>`): /tokenize's token_strs."""
         ...
 
-    def compile_constraint(self, spec: dict) -> object:
+    def compile_constraint(self, spec: Constraint) -> object:
         """A grammar for constrained decoding (engines without the capability never get one)."""
         ...
 

@@ -43,7 +43,7 @@ from collections import OrderedDict
 import llguidance
 import numpy as np
 
-from .base import EngineError
+from .base import Constraint, EngineError, JsonObjectConstraint, JsonSchemaConstraint, constraint_param
 from .tool_calls import CLOSE as TOOL_CALL_CLOSE
 from .tool_calls import HERMES, LLAMA3_JSON, Functions
 from .tool_calls import OPEN as TOOL_CALL_OPEN
@@ -259,22 +259,19 @@ class Constraints:
 
         return self._compile("tool_calls", key, build, Functions(functions, syntax))
 
-    def compile(self, spec: dict, syntax: str = HERMES) -> Grammar:
-        """The grammar of an engine's constraint spec: {"type": "json_schema", "schema"} |
-        {"type": "json_object"} | {"type": "tool_calls", "tools", "name"?, "parallel"}, the
-        calls in `syntax` (the model's); one that cannot compile is the request's typed
-        error, naming the field it came from."""
+    def compile(self, spec: Constraint, syntax: str = HERMES) -> Grammar:
+        """The grammar of an engine's constraint (base.Constraint), the calls in `syntax` (the
+        model's); one that cannot compile is the request's typed error, naming the field it
+        came from."""
         try:
-            if spec["type"] == "json_schema":
-                return self.json_schema(spec["schema"])
-            if spec["type"] == "json_object":
+            if isinstance(spec, JsonSchemaConstraint):
+                return self.json_schema(spec.schema)
+            if isinstance(spec, JsonObjectConstraint):
                 return self.json_object()
-            return self.tool_calls(spec["tools"], spec.get("name"), spec.get("parallel", True), syntax)
+            return self.tool_calls(spec.tools, spec.name, spec.parallel, syntax)
         except GrammarError as exc:
             raise EngineError(
-                "response_format_unsupported",
-                f"the constraint cannot be compiled: {exc}",
-                "response_format" if spec["type"] != "tool_calls" else "tools",
+                "response_format_unsupported", f"the constraint cannot be compiled: {exc}", constraint_param(spec)
             ) from None
 
     def matcher(self, grammar: Grammar) -> Matcher:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from .base import Engine, EngineError, SamplingParams
+from .base import Activations, Engine, EngineError, MonitorRecord, SamplingParams
 from .detokenize import IncrementalDetokenizer
 from .stops import StopMatcher
 from .tool_calls import CallGuard
@@ -21,8 +21,8 @@ class Delta:
     completion_tokens: int
     finish_reason: str | None = None  # "stop" (EOS, a stop string, the grammar's end, a repeated call) | "length"
     logprob: float = 0.0  # of this step's token
-    sae_activations: list | None = None  # on the last Delta of a sequence read out: Readout.result
-    monitor: dict | None = None  # on the last Delta of a monitored sequence: Monitor.result
+    sae_activations: Activations | None = None  # on the last Delta of a sequence read out: Readout.result
+    monitor: MonitorRecord | None = None  # on the last Delta of a monitored sequence: Monitor.result
     stop: str | None = None  # on the last Delta: the stop string that ended it (vLLM's stop_reason)
     # with params.logprobs: this step's token — (its id, its text, its log-probability, ((id, text,
     # log-probability) of each of the most probable at its position, …)) — None for an end of generation

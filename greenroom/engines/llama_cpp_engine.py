@@ -58,7 +58,7 @@ import llama_cpp._ctypes_extensions as _ctypes_ext
 import llama_cpp._internals as _internals
 import numpy as np
 
-from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, default_cpu_threads
+from .base import GREEDY_BELOW, Constraint, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
 from .constraints import Constraints
@@ -609,10 +609,8 @@ class LlamaCppEngine:
         self._scored: list[int] = []  # the tokens in its cache
         return self._scorer
 
-    def compile_constraint(self, spec: dict):
-        """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
-        {"type": "tool_calls", "tools", "name"?, "parallel"} (calls in the template's own
-        syntax), from the transformers engine's constraint module; compiled grammars are
+    def compile_constraint(self, spec: Constraint):
+        """A grammar for the constraint (calls in the template's own syntax), from the transformers engine's constraint module; compiled grammars are
         cached. Its tokenizer is read from the vocabulary at the first constrained request
         (~0.3 s for SmolLM2's 49k tokens), not at every load."""
         if self._constraints is None:

@@ -27,7 +27,15 @@ import numpy as np
 import openvino as ov
 import openvino_genai as ov_genai
 
-from .base import GREEDY_BELOW, EngineError, ModelInfo, SamplingParams, context_length_exceeded, default_cpu_threads
+from .base import (
+    GREEDY_BELOW,
+    Constraint,
+    EngineError,
+    ModelInfo,
+    SamplingParams,
+    context_length_exceeded,
+    default_cpu_threads,
+)
 from .capabilities import ENGINES
 from .chat import ChatTemplate
 from .loader import checkpoint_json
@@ -262,7 +270,7 @@ class OpenVINOEngine:
     def score(self, prompt_ids, temperature, allowed, report, readout=None):
         raise EngineError("field_not_honoured", "scoring is not available on OpenVINO", "logprobs")
 
-    def compile_constraint(self, spec: dict):
+    def compile_constraint(self, spec: Constraint):
         raise EngineError("field_not_honoured", "constrained decoding is not available on OpenVINO", "response_format")
 
     def matcher(self, grammar):

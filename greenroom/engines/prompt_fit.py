@@ -20,14 +20,22 @@ import attrs
 
 
 @attrs.frozen
+class Truncated:
+    """What a fit cut: the oldest messages dropped, the prompt tokens dropped from its middle."""
+
+    messages: int
+    tokens: int
+
+
+@attrs.frozen
 class Fitted:
     ids: list[int]
     messages: int = 0  # oldest messages dropped
     tokens: int = 0  # tokens dropped from the middle
 
     @property
-    def truncated(self) -> dict | None:
-        return {"messages": self.messages, "tokens": self.tokens} if self.messages or self.tokens else None
+    def truncated(self) -> Truncated | None:
+        return Truncated(self.messages, self.tokens) if self.messages or self.tokens else None
 
 
 def fit_conversation(render: Callable[[list[dict]], list[int]], messages: list[dict], target: int, keep: int) -> Fitted:

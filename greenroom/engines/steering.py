@@ -62,7 +62,18 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-from .base import SAE_ACTIVATIONS_MAX_ENTRIES, STRENGTH_MAX, EngineError
+from .base import (
+    SAE_ACTIVATIONS_MAX_ENTRIES,
+    STRENGTH_MAX,
+    Activations,
+    EngineError,
+    FeatureValue,
+    MonitoredFeature,
+    MonitorRecord,
+    PositionRead,
+    Positions,
+    Span,
+)
 from .sae import SAE
 
 READ_POINTS = ("pre_steering", "post_steering")
@@ -128,8 +139,10 @@ class Readout:
     # a request asked for it: a suppressed (scoring) pass still reads, unsteered
     reads_suppressed = True
 
-    def __init__(self, sae_id: str, prompt_tokens: int, top_k: int, positions, features, read_point: str):
-        self.sae_id, self.prompt_tokens, self.top_k = sae_id, prompt_tokens, top_k
+    def __init__(
+        self, sae_id: str, layer: int, prompt_tokens: int, top_k: int, positions: Positions, features, read_point: str
+    ):
+        self.sae_id, self.layer, self.prompt_tokens, self.top_k = sae_id, layer, prompt_tokens, top_k
         self.positions, self.read_point = positions, read_point
         self.pre = read_point == "pre_steering"
         self.features = None if features is None else torch.tensor(sorted(set(features)))
@@ -146,7 +159,7 @@ class Readout:
             return range(max(start, self.prompt_tokens), end)
         if mode == "all":
             return range(start, end)
-        return range(max(start, mode["start"]), min(end, mode["end"]))
+        return range(max(start, mode.start), min(end, mode.end))
 
     def observe(self, sae: SAE, hidden: torch.Tensor) -> None:
         if hidden.shape[0] != 1:
@@ -168,17 +181,19 @@ class Readout:
             # without a feature list, inactive features are not news: only positive values are listed
             self._read[pos] = [(i, v) for i, v in zip(idx, vals) if v > 0 or self.features is not None]
 
-    def result(self, token_ids: list[int]) -> list[dict]:
-        """The positions read, in order: {"position", "token_id", "features": [{"index", "value"}]};
-        `token_ids` is the sequence fed (prompt then generated)."""
-        return [
-            {
-                "position": pos,
-                "token_id": token_ids[pos] if pos < len(token_ids) else None,
-                "features": [{"index": i, "value": v} for i, v in feats],
-            }
-            for pos, feats in sorted(self._read.items())
-        ]
+    def result(self, token_ids: list[int]) -> Activations:
+        """What was read, the positions in order; `token_ids` is the sequence fed (prompt then generated)."""
+        return Activations(
+            self.sae_id,
+            self.layer,
+            self.read_point,
+            [
+                PositionRead(
+                    pos, token_ids[pos] if pos < len(token_ids) else None, [FeatureValue(i, v) for i, v in feats]
+                )
+                for pos, feats in sorted(self._read.items())
+            ],
+        )
 
 
 class Monitor:
@@ -206,22 +221,21 @@ class Monitor:
             self._sum = self._sum + acts.sum(dim=0)
         self.positions += hidden.shape[1]
 
-    def result(self) -> dict:
-        """{"sae_id", "layer", "positions", "features": [{"index", "max", "mean"}]}: the top-k
-        features by max, those that never fired left out."""
+    def result(self) -> MonitorRecord:
+        """The top-k features by max, those that never fired left out."""
         features = []
         if self._max is not None:
             values, index = self._max.topk(min(self.top_k, self._max.shape[0]))
             sums = self._sum[index]
             features = [
-                {"index": i, "max": v, "mean": s / self.positions}
+                MonitoredFeature(i, v, s / self.positions)
                 for i, v, s in zip(index.tolist(), values.tolist(), sums.tolist())
                 if v > 0
             ]
-        return {"sae_id": self.sae_id, "layer": self.layer, "positions": self.positions, "features": features}
+        return MonitorRecord(self.sae_id, self.layer, self.positions, features)
 
 
-def _worst_positions(positions, prompt_tokens: int, max_tokens: int) -> int:
+def _worst_positions(positions: Positions, prompt_tokens: int, max_tokens: int) -> int:
     """The most positions a readout can list: the whole completion counted, as if no stop came."""
     if positions == "last":
         return 1
@@ -231,7 +245,7 @@ def _worst_positions(positions, prompt_tokens: int, max_tokens: int) -> int:
         return max_tokens
     if positions == "all":
         return prompt_tokens + max_tokens
-    return max(0, min(positions["end"], prompt_tokens + max_tokens) - positions["start"])
+    return max(0, min(positions.end, prompt_tokens + max_tokens) - positions.start)
 
 
 class _Scoped:
@@ -403,13 +417,13 @@ class Steering:
         *,
         sae_id: str | None = None,
         top_k: int = 8,
-        positions="last",
+        positions: Positions = "last",
         features: list[int] | None = None,
         read_point: str = "post_steering",
         max_tokens: int | None = None,
     ) -> Readout:
         """A readout for one sequence whose prompt has `prompt_tokens` tokens. `positions`:
-        last | prompt | completion | all | {"start", "end"} (half-open); `features` restricts
+        last | prompt | completion | all | a Span (half-open); `features` restricts
         the candidates (then zero activations are listed too); `sae_id` may be left out while
         exactly one SAE is attached. With `max_tokens`, the worst case (positions × top_k,
         max_tokens counted in full) must be within SAE_ACTIVATIONS_MAX_ENTRIES."""
@@ -436,13 +450,7 @@ class Steering:
                 f"read_point must be one of {list(READ_POINTS)}",
                 "return_sae_activations.read_point",
             )
-        if not (
-            positions in POSITION_MODES
-            or isinstance(positions, dict)
-            and positions.keys() == {"start", "end"}
-            and all(isinstance(positions[k], int) and positions[k] >= 0 for k in positions)
-            and positions["start"] < positions["end"]
-        ):
+        if not (positions in POSITION_MODES or isinstance(positions, Span) and 0 <= positions.start < positions.end):
             raise EngineError(
                 "invalid_parameter",
                 f"positions must be one of {list(POSITION_MODES)} or {{start, end}} with 0 ≤ start < end",
@@ -469,7 +477,7 @@ class Steering:
                     "lower top_k or max_tokens",
                     "return_sae_activations",
                 )
-        return Readout(sae_id, prompt_tokens, top_k, positions, features, read_point)
+        return Readout(sae_id, entry.info.layer, prompt_tokens, top_k, positions, features, read_point)
 
     def monitor(self, sae_id: str, top_k: int) -> Monitor | None:
         """A monitor of SAE `sae_id` for one sequence; None when it is not attached (any more):

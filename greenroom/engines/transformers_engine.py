@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .base import EngineError, ModelInfo, SamplingParams, default_cpu_threads
+from .base import Constraint, ModelInfo, SamplingParams, default_cpu_threads
 from .capabilities import ENGINES
 from .chat import ChatTemplate
-from .constraints import Constraints, GrammarError
+from .constraints import Constraints
 from .fixed_shape import FixedShape
 from .fixed_shape import supported as fixed_shape_supported
 from .prefix_cache import PrefixCache
@@ -129,22 +129,9 @@ class TransformersEngine:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def compile_constraint(self, spec: dict):
-        """A grammar for {"type": "json_schema", "schema"} | {"type": "json_object"} |
-        {"type": "tool_calls", "tools", "name"?, "parallel"}; compiled grammars are cached."""
-        c = self._constraints
-        try:
-            if spec["type"] == "json_schema":
-                return c.json_schema(spec["schema"])
-            if spec["type"] == "json_object":
-                return c.json_object()
-            return c.tool_calls(spec["tools"], spec.get("name"), spec.get("parallel", True))
-        except GrammarError as exc:
-            raise EngineError(
-                "response_format_unsupported",
-                f"the constraint cannot be compiled: {exc}",
-                "response_format" if spec["type"] != "tool_calls" else "tools",
-            ) from None
+    def compile_constraint(self, spec: Constraint):
+        """A grammar for the constraint (constraints.Constraints.compile); compiled grammars are cached."""
+        return self._constraints.compile(spec)
 
     def matcher(self, grammar):
         """A fresh matcher of a compiled grammar, for one sequence."""

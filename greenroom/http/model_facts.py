@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from greenroom.engines import demo_model, gguf_files, gguf_meta
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
 from greenroom.http import ollama_params
 from greenroom.supervisor.placements import Placement
@@ -68,7 +69,7 @@ class Placed:
 
     name: str
     placement: Placement
-    info: dict | None  # ModelInfo, while loaded
+    info: ModelInfo | None  # while loaded
     expires_in: float | None = None  # seconds to its keep_alive deadline; None: never
 
     @classmethod
@@ -112,7 +113,7 @@ def facts(p: Placed) -> Facts:
         return Facts(path, *_stamp(p, path, files), details, info, template, context)
     parameters = _safetensors_parameters(path)
     if parameters is None and p.info is not None:  # no safetensors: the loaded model's count
-        parameters = _count(p.info.get("parameters"))
+        parameters = _count(p.info.parameters)
     if parameters is not None:
         info["general.parameter_count"] = parameters
     fmt = "safetensors" if any(name.endswith(".safetensors") for name, _ in files) else ""
@@ -183,7 +184,7 @@ def ps(placed: list[Placed]) -> list[dict]:
     for p in placed:
         f = facts(p)
         left = _FOREVER_S if p.expires_in is None else max(0.0, p.expires_in)
-        context = _count((p.info or {}).get("context_length")) or f.context
+        context = _count(p.info and p.info.context_length) or f.context
         rows.append(
             {
                 **_listed(f, p.name),
@@ -207,7 +208,7 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     model it was made from as details.parent_model (Ollama leaves empty fields out)."""
     f = facts(p)
     made = p.placement.defaults or {}
-    window = _count((p.info or {}).get("context_length")) or f.context or 0
+    window = _count(p.info and p.info.context_length) or f.context or 0
     parameters = ollama_params.shown(window, made.get("parameters") or {})
     template, system, licenses = template_of(p, f), made.get("system") or "", made.get("license") or []
     messages = [{"role": m["role"], "content": m.get("content") or ""} for m in made.get("messages") or ()]

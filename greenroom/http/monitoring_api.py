@@ -15,6 +15,7 @@ import attrs
 import trio
 from quart import Quart, request
 
+from greenroom.engines.base import MonitorRequest
 from greenroom.errors import GreenroomError
 from greenroom.http import contracts, framing, openai_params, routes, sae_activations
 from greenroom.protocol import Generate, Text
@@ -64,7 +65,7 @@ def monitored(tree: Tree, gen: Generate) -> Generate:
     config = tree.monitoring.config(gen.model)
     if not config.enabled or not tree.steers(gen.model):
         return gen
-    return attrs.evolve(gen, monitor={"sae_id": config.sae_id, "top_k": config.top_k})
+    return attrs.evolve(gen, monitor=MonitorRequest(config.sae_id, config.top_k))
 
 
 def recorded(tree: Tree, gen: Generate, endpoint: str, events):

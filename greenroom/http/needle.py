@@ -37,6 +37,7 @@ from greenroom.http.pipeline.events import Call
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.schema_subset import SCHEMA
 from greenroom.http.structured import FUNCTION, TOOL
+from greenroom.protocol import GenerationStats
 
 _NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.IGNORECASE)
 
@@ -45,20 +46,19 @@ def x_needle(
     text: str,
     calls: list[Call],
     completion_tokens: int,
-    stats: dict | None,
+    stats: GenerationStats,
     prompt_tokens: int,
     conversation: list[dict],
     warnings: list[str],
 ) -> dict:
     """The block of an answer: its content `text` and tool `calls`, the engine's figures, the request."""
-    stats = stats or {}
     content = text.strip()
     kind = "call" if calls else ("respond" if content else "refuse")
-    prefill, decode = stats.get("prefill_s", 0.0), stats.get("decode_s", 0.0)
+    prefill, decode = stats.prefill_s, stats.decode_s
     request_text = " ".join(m.get("content") or "" for m in conversation).lower()
     return {
         "type": kind,
-        "confidence": _confidence(stats.get("logprob_sum", -math.inf), completion_tokens),
+        "confidence": _confidence(stats.logprob_sum, completion_tokens),
         "reasoning": content if calls else "",
         "validation": {
             "ungrounded": _ungrounded(calls, request_text),
@@ -66,15 +66,15 @@ def x_needle(
         },
         "prefill_tps": round(prompt_tokens / prefill, 1) if prefill > 0 else None,
         "decode_tps": round((completion_tokens - 1) / decode, 1) if decode > 0 and completion_tokens > 1 else None,
-        "peak_ram_mb": round(stats["peak_rss_mb"], 1) if "peak_rss_mb" in stats else None,
+        "peak_ram_mb": round(stats.peak_rss_mb, 1),
         "replayed_turns": 1,
         "reinitialized": True,
-        "queue_wait_seconds": round(stats.get("queue_wait_s", 0.0), 4),
-        "compute_seconds": round(stats.get("compute_s", 0.0), 4),
+        "queue_wait_seconds": round(stats.queue_wait_s, 4),
+        "compute_seconds": round(stats.compute_s, 4),
         "warnings": warnings
         + (
             []
-            if stats.get("logprob_sum", 0.0) is not None
+            if stats.logprob_sum is not None
             else ["confidence is null: this model's engine reports no token probabilities"]
         ),
     }

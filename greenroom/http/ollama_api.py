@@ -52,6 +52,7 @@ from greenroom.http.ollama_request import Prepared, prepare
 from greenroom.http.pipeline.events import collect, native
 from greenroom.http.schema_subset import SCHEMA, check_schema
 from greenroom.protocol import Fit, Generate
+from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -248,11 +249,11 @@ async def _generate(tree: Tree, job: Job):
     rid = request_id()
     job.req.headers()  # strict mode refuses unread fields before anything runs
     load_started = time.monotonic_ns()
-    client, info = await tree.client_for(job.req.model, wait_unload=True)
+    client, serving = await tree.client_for(job.req.model, wait_unload=True)
     load_ns = time.monotonic_ns() - load_started
     # Ollama answers a prompt longer than num_ctx by cutting it (engines/prompt_fit.py), never a 400
     options = job.options
-    window = ollama_params.window(options, info["context_length"])
+    window = ollama_params.window(options, serving.info.context_length)
     gen = attrs.evolve(
         job.gen,
         fit=Fit(
@@ -272,8 +273,8 @@ async def _generate(tree: Tree, job: Job):
         out[NUM_CTX_HEADER] = sf.bare(window)
         out.update(drawn_seed(first))
         if first.truncated:
-            out[TRUNCATED_HEADER] = sf.dictionary(first.truncated)
-        return {**out, **routing_headers(info, first.prompt_tokens)}
+            out[TRUNCATED_HEADER] = sf.dictionary(attrs.asdict(first.truncated))
+        return {**out, **routing_headers(serving, first.prompt_tokens)}
 
     def neutral(events, first):  # the plan: its tools parsed (chat), its format's document checked
         return native(events, 1, first.prompt_tokens, job.plan)  # Ollama asks for one choice
@@ -297,15 +298,15 @@ async def _generate(tree: Tree, job: Job):
     )
 
 
-def routing_headers(info: dict, prompt_tokens: int) -> dict[str, str]:
+def routing_headers(serving: Serving, prompt_tokens: int) -> dict[str, str]:
     """Where the request ran (the NPU proxy's headers): the device that computed, spelt as the
     NPU proxy spells it (OpenVINO's CPU, GPU, NPU; a CUDA card is a GPU) whatever the engine
     calls it, why the router chose it (supervisor/routing.py), and the prompt's token count it
     classifies by."""
-    kind = info["device"].replace(".", ":").partition(":")[0].upper()
+    kind = serving.info.device.replace(".", ":").partition(":")[0].upper()
     return {
         DEVICE_HEADER: "GPU" if kind == "CUDA" else kind,
-        ROUTE_REASON_HEADER: info["route_reason"],
+        ROUTE_REASON_HEADER: serving.route_reason,
         TOKEN_COUNT_HEADER: str(prompt_tokens),
     }
 

@@ -12,6 +12,7 @@ import attrs
 from quart import Quart, request
 
 from greenroom import structured_fields as sf
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.http import (
@@ -233,13 +234,13 @@ def _model_card(model_id: str) -> dict:
     return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "greenroom"}
 
 
-def fingerprint(info: dict) -> str:
+def fingerprint(info: ModelInfo) -> str:
     """millm:<model>@<revision>:<dtype>/<quantization>:<engine>; unknown parts 'unrecorded'."""
 
     def part(key: str) -> str:
-        return info.get(key) or "unrecorded"
+        return getattr(info, key) or "unrecorded"
 
-    return f"millm:{info['id']}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
+    return f"millm:{info.id}@{part('revision')}:{part('dtype')}/{part('quantization')}:{part('engine')}"
 
 
 _NEEDLE_COMMON = ("model", "max_tokens", "temperature", "seed")
@@ -287,9 +288,9 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
         STEERING_HEADER: "none",
     }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
-    client, info = await tree.client_for(score.model)
+    client, serving = await tree.client_for(score.model)
     event = await single(client, score)
-    response = shape(score, event, req.body, fingerprint(info))
+    response = shape(score, event, req.body, fingerprint(serving.info))
     if event.sae_activations is not None:
         response["millm"] = sae_activations.millm(event.sae_activations)
     return response, 200, headers
@@ -313,10 +314,10 @@ async def _complete(
     headers = {**req.headers(scoring.unread(gen.params)), **_seed_header(req.body, scope), **(steering or {})}
     if plan is not None and plan.header:
         headers[CONSTRAINED_HEADER] = plan.header
-    client, info = await tree.client_for(gen.model)
+    client, serving = await tree.client_for(gen.model)
     if surface is None:
         as_ids = req.body.get("return_tokens_as_token_ids") is True
-        surface = _Chat(gen, plan is not None, stream.include_usage, as_ids, fingerprint(info), extras)
+        surface = _Chat(gen, plan is not None, stream.include_usage, as_ids, fingerprint(serving.info), extras)
 
     async def native(events, admitted: Admitted):
         async for event in typed.native(events, gen.choices, admitted.prompt_tokens, plan):

@@ -15,7 +15,7 @@ import uuid
 
 import attrs
 
-from greenroom.engines.base import SAE_ACTIVATIONS_MAX_ENTRIES, SAE_ACTIVATIONS_MAX_TOP_K, SamplingParams
+from greenroom.engines.base import SAE_ACTIVATIONS_MAX_ENTRIES, SAE_ACTIVATIONS_MAX_TOP_K, Constraint, SamplingParams
 from greenroom.errors import GreenroomError
 from greenroom.http import ledger, sae_activations
 from greenroom.http.contracts import (
@@ -702,7 +702,7 @@ def conversations(body: dict) -> list[list[dict]]:
 
 
 def chat_request(
-    body: dict, model: str, stream: Streaming, tools: list[dict] | None = None, constraint: dict | None = None
+    body: dict, model: str, stream: Streaming, tools: list[dict] | None = None, constraint: Constraint | None = None
 ) -> Generate:
     rows = conversations(body)
     n = choices_n(body, stream.on)

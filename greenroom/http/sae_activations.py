@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K
+from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K, Activations, Positions, ReadoutRequest, Span
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Generate, GetSteering, Score
 from greenroom.supervisor.tree import Tree
@@ -67,21 +67,12 @@ async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Sc
         )
     sae = await _sae(tree, gen.model, value.get("sae_id"))
     features = _features(value.get("features"), sae)
-    return attrs.evolve(
-        gen,
-        sae_activations={
-            "sae_id": sae["sae_id"],
-            "features": features,
-            "top_k": top_k,
-            "positions": positions,
-            "read_point": read_point,
-        },
-    )
+    return attrs.evolve(gen, sae_activations=ReadoutRequest(sae["sae_id"], features, top_k, positions, read_point))
 
 
-def millm(activations: dict) -> dict:
+def millm(activations: Activations) -> dict:
     """The response's `millm` object from the engine's readout."""
-    return {"sae_activations": {**activations, "note": NOTES[activations["read_point"]]}}
+    return {"sae_activations": {**attrs.asdict(activations), "note": NOTES[activations.read_point]}}
 
 
 def _refuse(param: str, why: str) -> None:
@@ -104,7 +95,7 @@ def _top_k(value) -> int:
     return value
 
 
-def _positions(value):
+def _positions(value) -> Positions:
     if value is None:
         return DEFAULT_POSITIONS
     if value in POSITIONS:
@@ -115,7 +106,7 @@ def _positions(value):
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values())
         and 0 <= value["start"] < value["end"]
     ):
-        return {"start": value["start"], "end": value["end"]}
+        return Span(value["start"], value["end"])
     raise GreenroomError(
         "invalid_parameter",
         f"'{FIELD}.positions' must be one of {', '.join(POSITIONS)} or "

@@ -19,6 +19,7 @@ import uuid
 import attrs
 import jsonschema
 
+from greenroom.engines.base import Constraint, JsonObjectConstraint, JsonSchemaConstraint, ToolCallsConstraint
 from greenroom.engines.tool_calls import load_json
 from greenroom.errors import GreenroomError
 from greenroom.http.contracts import (
@@ -214,7 +215,7 @@ def _unsupported(message: str) -> GreenroomError:
 class Plan:
     """What a chat request asks of its output."""
 
-    constraint: dict | None = None  # for the engine
+    constraint: Constraint | None = None  # for the engine
     tools: list[dict] | None = None  # rendered by the template
     tool_mode: str = "none"  # none | auto | required | named
     schema: dict | None = None  # json_schema to validate a finished document against
@@ -234,7 +235,7 @@ def plan(body: dict, batching: bool = False) -> Plan:
     fmt = body.get("response_format")
     if fmt is None or isinstance(fmt, dict) and fmt.get("type") == "text":  # its other keys: unread_in_format
         if mode in ("required", "named"):
-            return Plan({"type": "tool_calls", "tools": tools, "name": name, "parallel": parallel}, tools, mode)
+            return Plan(ToolCallsConstraint(tools, name, parallel), tools, mode)
         return Plan(None, tools, mode)
     if batching:
         raise _unsupported("response_format is refused while continuous batching is enabled on this server")
@@ -247,7 +248,7 @@ def plan(body: dict, batching: bool = False) -> Plan:
     if tools is not None and mode != "none":
         raise _unsupported('response_format cannot be combined with tools unless tool_choice is "none"')
     if fmt["type"] == "json_object":
-        return Plan({"type": "json_object"}, tools, mode, json_object=True, header="json_object")
+        return Plan(JsonObjectConstraint(), tools, mode, json_object=True, header="json_object")
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not NAME.matches(spec.get("name")):
         raise _unsupported(
@@ -260,7 +261,7 @@ def plan(body: dict, batching: bool = False) -> Plan:
         raise _unsupported("'response_format.json_schema.strict' must be a boolean")
     check_schema(schema)
     header = f'json_schema;name="{spec["name"]}"'  # the name's characters need no escaping
-    return Plan({"type": "json_schema", "schema": schema}, tools, mode, schema=schema, header=header)
+    return Plan(JsonSchemaConstraint(schema), tools, mode, schema=schema, header=header)
 
 
 def rendered_tools(body: dict) -> list[dict] | None:
@@ -431,7 +432,8 @@ def call_id() -> str:
 def check(p: Plan, text: str, finish: str) -> None:
     """A complete constrained document that does not validate fails its answer: a 500, never a
     200, or a stream's error event after its text (a document max_tokens cut is not judged)."""
-    if p.constraint is not None and finish == "stop" and p.constraint["type"] != "tool_calls" and not p.lenient:
+    documents = isinstance(p.constraint, (JsonSchemaConstraint, JsonObjectConstraint))
+    if documents and finish == "stop" and not p.lenient:
         if document(p, text) is INVALID:
             raise GreenroomError(
                 "constrained_output_invalid",

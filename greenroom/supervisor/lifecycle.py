@@ -21,6 +21,7 @@ import trio
 
 from greenroom import metrics
 from greenroom.config import Config
+from greenroom.engines.base import ModelInfo
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Loading, Unload
 from greenroom.supervisor.engine_client import EngineClient
@@ -38,6 +39,16 @@ _STAGES = {
 
 # slack past the grace period for a waited-on unload's weights to go (Ollama surface)
 UNLOAD_WAIT_MARGIN_S = 10.0
+
+
+@attrs.frozen
+class Serving:
+    """Where a request for a model goes: the model's info, the actor holding it and why the
+    router chose that placement (routing.py's reason)."""
+
+    info: ModelInfo
+    actor: str
+    route_reason: str
 
 
 class Lifecycle:
@@ -80,7 +91,7 @@ class Lifecycle:
         """What `slot`'s actor loads as it starts: its preloaded models (an on-demand actor: its model)."""
         return [m.placement for m in self.table.on(slot) if m.preload or slot.on_demand]
 
-    def started(self, slot: ActorSlot, infos: dict[str, dict]) -> list[ModelState]:
+    def started(self, slot: ActorSlot, infos: dict[str, ModelInfo]) -> list[ModelState]:
         """`slot`'s actor (re)started holding the models of `infos` (id → ModelInfo): those are
         loaded, and idle from now on; the others are unloaded until asked for. The loaded ones."""
         idle = self.config.idle_unload_s
@@ -98,9 +109,9 @@ class Lifecycle:
                 m.state, m.info = LoadState.UNLOADED, None
 
     # requests ----------------------------------------------------------------------------
-    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
-        """The engine client serving `model` (routed among its placements) and the model's
-        info, with `actor` and `route_reason` added: waiting while its actor (re)starts,
+    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, Serving]:
+        """The engine client serving `model` (routed among its placements) and where it is
+        served: waiting while its actor (re)starts,
         loading the model first when it is not loaded. While an unload runs on the actor,
         every request for it is refused with model_busy (the spec's /v1 rule: retry once it
         is done) — or, with `wait_unload` (the Ollama surface, whose clients never retry a
@@ -129,7 +140,7 @@ class Lifecycle:
             for slot in (self._candidates(m) if m.auto is not None and m.state == LoadState.UNLOADED else [m.slot])
         ]
 
-    async def _client_for(self, model: str) -> tuple[EngineClient, dict]:
+    async def _client_for(self, model: str) -> tuple[EngineClient, Serving]:
         m, reason = route(self.table.replicas_of(model))
         _refuse_while_unloading(m.slot)  # before a load: an unloading on-demand actor is still stopping
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
@@ -142,18 +153,18 @@ class Lifecycle:
             _refuse_while_unloading(m.slot)
             if m.state == LoadState.LOADED:  # the client of its actor now: an auto placement may have moved
                 client = await m.slot.wait_client(model, self.config.ready_timeout_s)
-                return client, {**m.info, "actor": m.slot.name, "route_reason": reason}
+                return client, Serving(m.info, m.slot.name, reason)
             if m.state == LoadState.UNLOADED:
                 await self._load(m)
             else:
                 await m.changed.wait()
 
     # load --------------------------------------------------------------------------------
-    async def load(self, model: str) -> dict:
+    async def load(self, model: str) -> ModelInfo:
         """Load `model`'s preferred placement (waiting if a load is under way); its ModelInfo."""
         return await self._load(self.table.state_of(model))
 
-    async def _load(self, m: ModelState) -> dict:
+    async def _load(self, m: ModelState) -> ModelInfo:
         while m.state in (LoadState.LOADING, LoadState.UNLOADING):
             await m.changed.wait()
         if m.state == LoadState.LOADED:

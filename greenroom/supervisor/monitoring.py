@@ -13,8 +13,10 @@ import collections
 import contextlib
 import time
 
+import attrs
 import trio
 
+from greenroom.engines.base import MonitorRecord
 from greenroom.errors import GreenroomError
 from greenroom.store.monitoring import MonitorConfig, MonitoringStore
 
@@ -70,7 +72,7 @@ class Monitoring:
         self._configs[config.model] = config
         return config
 
-    def record(self, model: str, request_id: str, endpoint: str, choice: int, monitored: dict) -> dict:
+    def record(self, model: str, request_id: str, endpoint: str, choice: int, monitored: MonitorRecord) -> dict:
         """Keep one choice's record (the engine's Monitor.result) and hand it to the subscribers."""
         self._last_id += 1
         record = {
@@ -80,7 +82,7 @@ class Monitoring:
             "request_id": request_id,
             "endpoint": endpoint,
             "choice": choice,
-            **monitored,
+            **attrs.asdict(monitored),
         }
         self._ring.append(record)
         for subscriber in self._subscribers:

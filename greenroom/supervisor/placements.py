@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.capabilities import Capabilities, common
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
@@ -71,7 +72,7 @@ class ModelState:
     # while loading: the long stage the engine reports it in ("converting": protocol.Loading), shown
     # as the model's state; None otherwise
     stage: str | None = None
-    info: dict | None = None  # ModelInfo, while loaded
+    info: ModelInfo | None = None  # while loaded
     changed: trio.Event = attrs.Factory(trio.Event)
     expires_at: float | None = None  # keep_alive: unload at this trio time
     timer: bool = False  # a keep-alive timer task is watching expires_at

@@ -9,6 +9,7 @@ import uuid
 
 import attrs
 
+from greenroom.actors import steering_rules as rules
 from greenroom.engines.capabilities import ENGINES, capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
@@ -105,8 +106,8 @@ class SteeringRelay:
             m.id,
             state.version,
             state.enabled,
-            [{"sae_id": s["sae_id"], "path": s["path"]} for s in state.saes],
-            state.strengths,
+            {s["sae_id"]: s["path"] for s in state.saes},
+            rules.indexed(state.strengths),
         )
         async with m.slot.client.submit(update) as events:
             reply = await events.__anext__()

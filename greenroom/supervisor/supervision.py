@@ -23,6 +23,7 @@ from greenroom.actors.service_actors import service_session
 from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config
 from greenroom.cpus import CpuPool
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.loader import one_gil_thread
 from greenroom.errors import GreenroomError
 from greenroom.supervisor.engine_client import EngineClient
@@ -240,7 +241,7 @@ class Supervisor:
                         raise RuntimeError(f"load failed: {first['error']}")
                     slot.client = EngineClient(slot.name, stream)
                     # a (re)started actor holds its preloaded models only
-                    held = self.lifecycle.started(slot, {info["id"]: info for info in first["models"]})
+                    held = self.lifecycle.started(slot, {info["id"]: ModelInfo(**info) for info in first["models"]})
                     slot.state = SlotState.READY
                     slot.ready.set()
                     metrics.ACTOR_EVENTS.labels(slot.name, "started").inc()

@@ -15,13 +15,14 @@ import trio
 from greenroom import __version__
 from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
 from greenroom.engines import gguf_files
+from greenroom.engines.base import ModelInfo
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
 from greenroom.hosts.tls import token_from_env
 from greenroom.protocol import SteeringAnswer, SteeringRequest, SteeringState
 from greenroom.supervisor import memory
 from greenroom.supervisor.engine_client import EngineClient
-from greenroom.supervisor.lifecycle import Lifecycle
+from greenroom.supervisor.lifecycle import Lifecycle, Serving
 from greenroom.supervisor.monitoring import Monitoring
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, device_of
 from greenroom.supervisor.slots import DOWN, ActorSlot, SlotState
@@ -335,10 +336,10 @@ class Tree:
         }
 
     # lifecycle (lifecycle.py) -----------------------------------------------------------
-    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, dict]:
+    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, Serving]:
         return await self.lifecycle.client_for(model, wait_unload)
 
-    async def load(self, model: str) -> dict:
+    async def load(self, model: str) -> ModelInfo:
         return await self.lifecycle.load(model)
 
     async def unload(self, model: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 from conftest import SMOLLM2_GGUF, Server
 from openai import BadRequestError, OpenAI
 
+from greenroom.engines.base import ToolCallsConstraint
 from greenroom.engines.capabilities import ENGINES
 from greenroom.engines.tool_calls import HERMES, LLAMA3_JSON
 
@@ -406,9 +407,7 @@ def test_the_template_family_decides_the_call_syntax(model_cache, llama3_templat
         engine = load_engine({**spec, "id": "m", "source": source, "chat_template": template})
         try:
             assert engine.tool_syntax == syntax
-            grammar = engine.compile_constraint(
-                {"type": "tool_calls", "tools": TOOLS, "name": "add", "parallel": False}
-            )
+            grammar = engine.compile_constraint(ToolCallsConstraint(TOOLS, "add", parallel=False))
             ids = engine.render_chat(ASK, tools=TOOLS)
             deltas = list(generate(engine, ids, SamplingParams(max_tokens=80, temperature=0), grammar))
             assert "".join(d.text for d in deltas).startswith(start) and deltas[-1].finish_reason == "stop"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import httpx
 import pytest
 import torch
@@ -50,6 +51,8 @@ def _run(engine, ids, **observers) -> list[int]:
 
 
 def _maxima(entries: list[dict]) -> dict[int, float]:
+    """Each feature's largest value over the positions read (a response's JSON, or the engine's
+    readout as that JSON)."""
     out: dict[int, float] = {}
     for entry in entries:
         for f in entry["features"]:
@@ -62,7 +65,7 @@ def test_engine_monitor_reads_before_steering_and_nothing_under_suppression(engi
     ids = engine.tokenize("Once upon a time, in a small village by the sea")
     monitor = steering.monitor("sae", top_k=8)
     _run(engine, ids, monitor=monitor)
-    top = monitor.result()["features"][0]["index"]
+    top = monitor.result().features[0].index
     steering.apply(SteeringState(steering.state.version + 1, True, {"sae": {top: 200.0}}))
     try:
         monitor, pre = (
@@ -75,14 +78,16 @@ def test_engine_monitor_reads_before_steering_and_nothing_under_suppression(engi
     finally:
         steering.apply(SteeringState(steering.state.version + 1, True, {}))
     record = monitor.result()
-    assert (record["sae_id"], record["layer"], record["positions"]) == ("sae", 1, len(fed) - 1)
-    assert 0 < len(record["features"]) <= 8
-    read = _maxima(pre.result(fed))
-    for f in record["features"]:  # the monitor's max is the pre-steering readout's, feature by feature
-        assert f["max"] == pytest.approx(read[f["index"]], rel=1e-5)
-        assert 0 < f["mean"] <= f["max"]
-    monitored = {f["index"]: f["max"] for f in record["features"]}.get(top, 0.0)
-    assert _maxima(post.result(fed))[top] > monitored + 10  # after steering it jumps; the monitor never saw that
+    assert (record.sae_id, record.layer, record.positions) == ("sae", 1, len(fed) - 1)
+    assert 0 < len(record.features) <= 8
+    read = _maxima(attrs.asdict(pre.result(fed))["positions"])
+    for f in record.features:  # the monitor's max is the pre-steering readout's, feature by feature
+        assert f.max == pytest.approx(read[f.index], rel=1e-5)
+        assert 0 < f.mean <= f.max
+    monitored = {f.index: f.max for f in record.features}.get(top, 0.0)
+    assert (
+        _maxima(attrs.asdict(post.result(fed))["positions"])[top] > monitored + 10
+    )  # after steering it jumps; the monitor never saw that
     assert steering.monitor("gone", top_k=8) is None  # an SAE not attached: no monitor, no error
 
     monitor = steering.monitor("sae", top_k=8)
@@ -91,7 +96,7 @@ def test_engine_monitor_reads_before_steering_and_nothing_under_suppression(engi
         engine.embed([ids])
         with torch.inference_mode():
             engine.model(input_ids=torch.tensor([ids]), logits_to_keep=1)  # a plain forward here is read
-    assert monitor.result()["positions"] == len(ids)
+    assert monitor.result().positions == len(ids)
 
 
 # --- the server ---------------------------------------------------------------------------------

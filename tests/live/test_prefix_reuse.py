@@ -91,7 +91,7 @@ def test_readouts_prefill_every_position(model_cache):
     list(generate(engine, ids, SamplingParams(max_tokens=2, temperature=0)))
     readout = engine.steering.readout(len(ids), positions="prompt", top_k=2)
     list(generate(engine, ids, SamplingParams(max_tokens=2, temperature=0), readout=readout))
-    assert len(readout.result(ids)) == len(ids)
+    assert len(readout.result(ids).positions) == len(ids)
     assert engine.prefix_cache.stats()["hits"] == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from greenroom.engines.base import EngineError, SamplingParams
+from greenroom.engines.base import EngineError, PositionRead, SamplingParams, Span
 from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
 from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.generation import generate
@@ -61,18 +61,18 @@ def logits(engine, ids) -> torch.Tensor:
         return engine.model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1].clone()
 
 
-def read(engine, ids, **kw) -> list[dict]:
+def read(engine, ids, **kw) -> list[PositionRead]:
     """The readout over the prompt only (one prefill forward)."""
     readout = engine.steering.readout(len(ids), **kw)
     gen = engine.generate_ids(ids, GREEDY, readout=readout)
     next(gen)
     gen.close()
-    return readout.result(ids)
+    return readout.result(ids).positions
 
 
-def value(entries: list[dict], feature: int) -> float:
+def value(entries: list[PositionRead], feature: int) -> float:
     (entry,) = entries
-    return {f["index"]: f["value"] for f in entry["features"]}[feature]
+    return {f.index: f.value for f in entry.features}[feature]
 
 
 def text(engine, ids) -> str:
@@ -189,8 +189,8 @@ def test_steering_a_feature_up_raises_it_and_changes_the_logits_down_lowers_it(e
     name = attach(0)
     ids = engine.tokenize(PROMPT)
     base_logits = logits(engine, ids)
-    (top,) = read(engine, ids, sae_id=name, top_k=1)[0]["features"]
-    i = top["index"]
+    (top,) = read(engine, ids, sae_id=name, top_k=1)[0].features
+    i = top.index
     base = value(read(engine, ids, sae_id=name, features=[i]), i)
     assert base > 0
 
@@ -216,7 +216,7 @@ def test_pre_and_post_steering_readouts_differ_only_while_steering(engine, attac
     steer(engine, {name: {7: 80}})
     pre_on = read(engine, ids, sae_id=name, positions="all", read_point="pre_steering", features=[7])
     post_on = read(engine, ids, sae_id=name, positions="all", read_point="post_steering", features=[7])
-    assert all(b["features"][0]["value"] > a["features"][0]["value"] for a, b in zip(pre_on, post_on))
+    assert all(b.features[0].value > a.features[0].value for a, b in zip(pre_on, post_on))
 
 
 def test_readout_positions(engine, attach):
@@ -231,16 +231,16 @@ def test_readout_positions(engine, attach):
             fed.append(token)
             if len(fed) == n + 3:
                 break
-        entries = readout.result(fed)
-        assert all(e["token_id"] == fed[e["position"]] and len(e["features"]) <= 3 for e in entries)
-        return [e["position"] for e in entries]
+        entries = readout.result(fed).positions
+        assert all(e.token_id == fed[e.position] and len(e.features) <= 3 for e in entries)
+        return [e.position for e in entries]
 
     # three tokens sampled, two fed back: the last sampled token has no activation
     assert positions("all") == list(range(n + 2))
     assert positions("prompt") == list(range(n))
     assert positions("completion") == [n, n + 1]
     assert positions("last") == [n + 1]
-    assert positions({"start": 2, "end": n + 1}) == list(range(2, n + 1))
+    assert positions(Span(2, n + 1)) == list(range(2, n + 1))
 
 
 def test_readout_and_steering_refusals(engine, attach):
@@ -256,7 +256,7 @@ def test_readout_and_steering_refusals(engine, attach):
         engine.steering.readout(4, sae_id=first, features=[3, 512])
     assert exc.value.code == "invalid_feature_index"
     with pytest.raises(EngineError, match="positions"):
-        engine.steering.readout(4, sae_id=first, positions={"start": 3, "end": 3})
+        engine.steering.readout(4, sae_id=first, positions=Span(3, 3))
     held = engine.steering.state
     with pytest.raises(EngineError) as exc:
         engine.steering.apply(SteeringState(held.version + 1, True, {first: {1: 10}, second: {512: 10}}))

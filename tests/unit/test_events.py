@@ -6,6 +6,7 @@ import json
 import pytest
 import trio
 
+from greenroom.engines.base import Activations
 from greenroom.errors import GreenroomError
 from greenroom.http import structured
 from greenroom.http.pipeline import events as ev
@@ -102,7 +103,7 @@ def test_two_choices_usage_sums_both_and_precedes_the_last_finished():
 
 
 def test_activations_follow_the_last_finished():
-    read = {"sae_id": "s", "layer": 1, "positions": []}
+    read = Activations("s", 1, "post_steering", [])
     out = run([[text("x", finish="stop", sae_activations=read)]])
     assert out[-1] == ev.Activations(read)
 

@@ -4,20 +4,27 @@ in, the surface's frames or body out — no server."""
 
 import json
 
+import attrs
 import pytest
 import trio
-from .test_events import Batches, text
 
+from greenroom.engines.base import Activations
 from greenroom.errors import GreenroomError
 from greenroom.http import logprobs, structured
 from greenroom.http.anthropic import messages_format
 from greenroom.http.openai import chat_format, needle_format, responses_format
 from greenroom.http.pipeline import events as ev
+from greenroom.protocol import GenerationStats
+
+from .test_events import Batches, text
 
 ARGS = '{"city": "Paris, France, Europe", "unit": "celsius"}'  # three fragments of ARGUMENT_FRAGMENT
 FRAGMENTS = [ARGS[i : i + ev.ARGUMENT_FRAGMENT] for i in range(0, len(ARGS), ev.ARGUMENT_FRAGMENT)]
 TOKEN = (7, "Hi", -0.25, [[7, "Hi", -0.25], [8, "Ho", -1.5]])
-READ = {"sae_id": "s", "layer": 1, "read_point": "post_steering", "positions": []}
+READ = Activations("s", 1, "post_steering", [])
+STATS = GenerationStats(
+    logprob_sum=-2.0, prefill_s=0.5, decode_s=1.0, queue_wait_s=0.0, compute_s=1.5, peak_rss_mb=100.0
+)
 FAILED = GreenroomError("non_finite_logits", "the logits were not finite")
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
@@ -48,7 +55,7 @@ def chunks(events, **context) -> list[dict]:
     return [data if name is None else (name, data) for name, data in frames(chat_format.stream, events, ctx)]
 
 
-def finished(choice=0, reason="stop", stop=None, tokens=3, stats=None):
+def finished(choice=0, reason="stop", stop=None, tokens=3, stats=STATS):
     return ev.Finished(choice, reason, stop, tokens, stats)
 
 
@@ -163,7 +170,7 @@ def test_chat_stream_failure_mid_stream_is_the_error_event_after_the_text_then_d
 
 def test_chat_stream_x_needle_rides_on_choice_0s_finishing_chunk():
     extras = chat_format.Extras([{"role": "user", "content": "Weather in Paris?"}], ["ignored field: user"])
-    stats = {"logprob_sum": -1.0, "prefill_s": 0.5, "decode_s": 1.0}
+    stats = attrs.evolve(STATS, logprob_sum=-1.0)
     events = called("get_weather", '{"city": "Paris"}', tokens=3)
     out = chunks([*events[:-1], finished(0, "tool_calls", stats=stats)], extras=extras)
     block = out[-2]["x_needle"]

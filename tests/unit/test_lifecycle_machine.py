@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from greenroom.config import Config
+from greenroom.engines.base import ModelInfo
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
     Cancel,
@@ -32,7 +33,7 @@ from greenroom.protocol import (
     to_wire,
 )
 from greenroom.supervisor.engine_client import EngineClient
-from greenroom.supervisor.lifecycle import Lifecycle
+from greenroom.supervisor.lifecycle import Lifecycle, Serving
 from greenroom.supervisor.memory import free_memory
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement
 from greenroom.supervisor.slots import ActorSlot, SlotState, StartFailed
@@ -41,8 +42,8 @@ GRACE_S = 5.0
 GIB = 2**30
 
 
-def info(model: str) -> dict:
-    return {"id": model, "device": "cpu"}
+def info(model: str) -> ModelInfo:
+    return ModelInfo(model, "transformers", 2048, "float32", "cpu", 1)
 
 
 class FakeActor:
@@ -213,7 +214,7 @@ def test_a_request_loads_the_model(tmp_path):
             assert mc.state("m") == LoadState.LOADING
         client, got = await mc.lifecycle.client_for("m")
         assert client is mc.actor.client and mc.state("m") == LoadState.LOADED
-        assert got == {**info("m"), "actor": "cpu", "route_reason": "single_engine_runtime"}
+        assert got == Serving(info("m"), "cpu", "single_engine_runtime")
         assert mc.actor.loaded == {"m"} and mc.pushed == ["m"]
 
     run(scenario, tmp_path)
@@ -410,7 +411,7 @@ def test_idle_unload_counts_from_the_last_request(tmp_path):
 def test_an_on_demand_actor_starts_with_its_model_and_stops_with_it(tmp_path):
     async def scenario(mc: Machine):
         client, got = await mc.lifecycle.client_for("g")
-        assert mc.spawns == 1 and mc.gguf.client is client and got["actor"] == "gguf:g"
+        assert mc.spawns == 1 and mc.gguf.client is client and got.actor == "gguf:g"
         assert mc.state("g") == LoadState.LOADED
         await mc.lifecycle.client_for("g")
         assert mc.spawns == 1
@@ -445,13 +446,13 @@ def test_an_auto_placement_loads_where_it_fits_and_moves_when_that_host_is_lost(
         (tmp_path / "checkpoint").mkdir()
         (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"\0" * 4096)
         client, got = await mc.lifecycle.client_for("a")
-        assert client is mc.actor.client and got["actor"] == "cpu" and mc.actor.loaded == {"a"}
+        assert client is mc.actor.client and got.actor == "cpu" and mc.actor.loaded == {"a"}
         placed = mc.table.state_of("a").placement
         assert placed.device == "cpu" and placed.cache_dir == str(tmp_path)
         await mc.lifecycle.unload("a")
         mc.actor.free_bytes = 1024  # this host is full now: the next load goes to the worker host
         client, got = await mc.lifecycle.client_for("a")
-        assert client is mc.remote.client and got["actor"] == "hostb/gpu0" and mc.remote.loaded == {"a"}
+        assert client is mc.remote.client and got.actor == "hostb/gpu0" and mc.remote.loaded == {"a"}
         placed = mc.table.state_of("a").placement
         assert placed.device == "cuda:0" and placed.cache_dir is None  # the worker host's own cache
         assert mc.pushed == ["a", "a"] and mc.actor.loads == 1
@@ -464,7 +465,7 @@ def test_an_auto_placement_loads_where_it_fits_and_moves_when_that_host_is_lost(
         assert mc.state("a") == LoadState.UNLOADED
         mc.actor.free_bytes = 64 * GIB
         client, got = await mc.lifecycle.client_for("a")
-        assert client is mc.actor.client and got["actor"] == "cpu"
+        assert client is mc.actor.client and got.actor == "cpu"
         assert mc.table.state_of("a").placement.cache_dir == str(tmp_path)
 
     run(scenario, tmp_path)

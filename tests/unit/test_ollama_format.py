@@ -9,9 +9,12 @@ import trio
 from greenroom.errors import GreenroomError
 from greenroom.http.ollama import format as fmt
 from greenroom.http.pipeline import events as ev
+from greenroom.protocol import GenerationStats
 
 AT = "2026-01-02T03:04:05.000006Z"
-STATS = {"prefill_s": 0.5, "decode_s": 0.25}
+STATS = GenerationStats(
+    logprob_sum=None, prefill_s=0.5, decode_s=0.25, queue_wait_s=0.0, compute_s=0.75, peak_rss_mb=100.0
+)
 TOK = (1, "Hi", -0.5, [(1, "Hi", -0.5), (2, "Yo", -1.5)])  # a reported token, with its top alternatives
 TOK_OUT = {
     "token": "Hi",

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import attrs
 
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, SchedulingPolicy
-from greenroom.engines.base import SamplingParams
+from greenroom.engines.base import JsonObjectConstraint, MonitorRequest, ReadoutRequest, SamplingParams
 from greenroom.protocol import Embed, Generate, Load, Score, Unload
 
 ON = SchedulingPolicy(continuous_batching=True)
@@ -97,10 +97,10 @@ def test_an_engine_that_does_not_batch_and_an_unknown_model_take_the_serial_path
 
 def test_requests_that_read_or_steer_one_sequence_per_forward_never_batch():
     one_of_each = [
-        dict(constraint={"type": "json_object"}),
-        dict(sae_activations={"sae_id": "s", "features": None, "top_k": 4, "positions": "all", "read_point": "pre"}),
-        dict(monitor={"sae_id": "s", "top_k": 4}),
-        dict(request_strengths={"s": {"3": 2.0}}),
+        dict(constraint=JsonObjectConstraint()),
+        dict(sae_activations=ReadoutRequest("s", None, 4, "all", "pre_steering")),
+        dict(monitor=MonitorRequest("s", 4)),
+        dict(request_strengths={"s": {3: 2.0}}),
         dict(request_strengths={}),  # even unsteered: a profile request is served serially
         dict(n=2),
         dict(prompts=["one", "two"]),

@@ -145,16 +145,16 @@ def _call(name: str, arguments: str) -> dict:
 
 
 def _done(ctx: Context, prompt_tokens: int, finished: Finished) -> dict:
-    stats = finished.stats or {}
+    stats = finished.stats
     return {
         "done": True,
         "done_reason": "stop" if finished.reason == "tool_calls" else finished.reason,
         "total_duration": ctx.clock() - ctx.started_ns,
         "load_duration": ctx.load_ns,
         "prompt_eval_count": prompt_tokens,
-        "prompt_eval_duration": int(stats.get("prefill_s", 0.0) * 1e9),
+        "prompt_eval_duration": int(stats.prefill_s * 1e9) if stats else 0,
         "eval_count": finished.completion_tokens,
-        "eval_duration": int(stats.get("decode_s", 0.0) * 1e9),
+        "eval_duration": int(stats.decode_s * 1e9) if stats else 0,
     }
 
 

@@ -20,10 +20,11 @@ from collections.abc import AsyncIterator
 
 import attrs
 
+from greenroom.engines.base import Activations as Read
 from greenroom.engines.tool_calls import ToolCallStream
 from greenroom.errors import GreenroomError
 from greenroom.http import structured
-from greenroom.protocol import Failed, Text
+from greenroom.protocol import Failed, GenerationStats, Text
 
 ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment (chat, Responses, Messages)
 
@@ -77,14 +78,14 @@ class Finished:
     reason: str  # the engine's (stop, length, …), or tool_calls: the answer stopped after making calls
     stop: str | None  # the stop string that ended the choice, if one did
     completion_tokens: int
-    stats: dict | None  # the engine's own figures (protocol.Text.stats)
+    stats: GenerationStats | None  # the engine's own figures
 
 
 @attrs.frozen
 class Activations:
     """The SAE activations a request asked for (protocol.Text.sae_activations): after the last `Finished`."""
 
-    read: dict
+    read: Read
 
 
 @attrs.frozen
@@ -133,7 +134,7 @@ class Choice:
 class Completion:
     choices: list[Choice]
     usage: Usage | None = None
-    activations: dict | None = None
+    activations: Read | None = None
 
     def add(self, event: Event) -> None:
         """Fold one event in; a `Failure` is raised."""
