@@ -1,8 +1,8 @@
 """In-process decode throughput of N sequences, four ways: one after another (the serial
 engine path), transformers' continuous batching manager (`generate_batch`), a static batch
 (`generate` on N left-padded prompts, every sequence the same length: the ceiling), and
-greenroom's decode-step batch (`engines/batching.py`, every sequence joining at once) —
-the last two of greenroom's also on the fixed-shape path (`engines/fixed_shape.py`, compiled
+greenroom's decode-step batch (`engines/transformers/batching.py`, every sequence joining at once) —
+the last two of greenroom's also on the fixed-shape path (`engines/transformers/fixed_shape.py`, compiled
 on CUDA, eager here on the CPU). The measurement that chose greenroom's own batch over
 transformers' manager.
 
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from greenroom.engines.base import SamplingParams  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -2,7 +2,7 @@
 json_schema constraint versus unconstrained, in-process (the mask is applied inside the
 engine's decode loop, so this is what a served request pays per token). Prints the ratio.
 `--schema numbers` measures a document of numbers (each bounded to what clients hold,
-engines/constraints.py) instead of one long string.
+engines/text/constraints.py) instead of one long string.
 
     .venv/bin/python bench/constrained.py [--size tiny|100m] [--tokens N] [--runs R] [--schema story|numbers]
 """
@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
 
 from greenroom.engines.base import JsonSchemaConstraint, SamplingParams  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 SCHEMAS = {
     # one long string field: the random demo model keeps writing it, so every run reaches max_tokens

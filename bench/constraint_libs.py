@@ -1,5 +1,5 @@
 """Constraint libraries compared on the demo model: llguidance (greenroom's choice, through
-greenroom.engines.constraints) and xgrammar (measured only, never a dependency).
+greenroom.engines.text.constraints) and xgrammar (measured only, never a dependency).
 
 For each library: import time (fresh process), tokenizer set-up, grammar compile time
 (median of fresh compiles, caches off) for three grammars, per-token cost of a real
@@ -37,8 +37,8 @@ import jsonschema  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 SEPARATORS = (", ", ": ")  # what greenroom's llguidance grammars write; xgrammar is set the same
 
@@ -201,7 +201,7 @@ class Llguidance:
     name = "llguidance"
 
     def __init__(self, engine):
-        from greenroom.engines.constraints import Constraints
+        from greenroom.engines.text.constraints import Constraints
 
         start = time.perf_counter()
         self.c = Constraints(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, cache_size=0)

@@ -135,7 +135,7 @@ def bench_load(files: list[tuple[str, Path]], n_ctx: int, parallel: int, reps: i
     import llama_cpp
     import llama_cpp._internals as _internals
 
-    from greenroom.engines import llama_cpp_engine as lce
+    from greenroom.engines.llama_cpp import llama_cpp_engine as lce
 
     parts: dict[str, float] = {}
 
@@ -268,8 +268,8 @@ def main() -> None:
     try:
         if "start" not in args.skip:
             bench_start(work, args.rounds)
-        from greenroom.engines.demo_gguf import ensure_demo_gguf
-        from greenroom.engines.demo_model import default_cache_dir
+        from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+        from greenroom.engines.demo.demo_model import default_cache_dir
 
         files = [
             ("smollm2-135m:Q4_1", smol_path()),

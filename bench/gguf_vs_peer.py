@@ -46,9 +46,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as greenroom's actors run
 from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
 from greenroom.engines.base import SamplingParams, default_cpu_threads  # noqa: E402
-from greenroom.engines.demo_gguf import ensure_demo_gguf  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir  # noqa: E402
-from greenroom.engines.llama_cpp_engine import LlamaCppEngine  # noqa: E402
+from greenroom.engines.demo.demo_gguf import ensure_demo_gguf  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir  # noqa: E402
+from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 MODEL = "bench-gguf"

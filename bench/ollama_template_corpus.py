@@ -1,5 +1,5 @@
 """How many of Ollama's own templates greenroom renders exactly as Ollama does: every
-`template/*.gotmpl` of an ollama/ollama checkout, rendered (http/ollama_templates.py) on the
+`template/*.gotmpl` of an ollama/ollama checkout, rendered (http/ollama/ollama_templates.py) on the
 conversations of Ollama's TestTemplate (template/template_test.go) and compared with the
 outputs Ollama's tests expect (`template/testdata/<name>.gotmpl/<case>`), byte for byte.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from greenroom.http import go_template, ollama_templates  # noqa: E402
+from greenroom.http.ollama import go_template, ollama_templates  # noqa: E402
 
 USER = {"role": "user", "content": "Hello, how are you?"}
 ASSISTANT = {"role": "assistant", "content": "I'm doing great. How can I help you today?"}

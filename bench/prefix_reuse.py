@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench.server import start_server  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 
 STORY = "The lighthouse keeper wrote in his log every night, about the sea, the ships and the gulls. "
 

@@ -30,14 +30,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (gre
 import torch  # noqa: E402
 
 from greenroom.engines.base import SamplingParams  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
-from greenroom.engines.demo_sae import ensure_demo_sae  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.demo.demo_sae import ensure_demo_sae  # noqa: E402
 from greenroom.engines.generation import Decoder  # noqa: E402
 from greenroom.engines.loader import resolve_source  # noqa: E402
 from greenroom.engines.random_sae import ensure_random_sae  # noqa: E402
 from greenroom.engines.sae import load_sae  # noqa: E402
 from greenroom.engines.steering import SteeringState  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the ships that pass in the night."
 
@@ -77,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     cache = default_cache_dir()
     if args.gguf:
-        from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+        from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
 
         engine = LlamaCppEngine("bench", resolve_source(args.gguf, None), n_ctx=2048, threads=1, parallel=1)
         name = args.gguf

@@ -25,9 +25,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (gre
 from bench.server import start_server  # noqa: E402
 from greenroom.config import detect_engine_actors  # noqa: E402
 from greenroom.engines.base import SamplingParams  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
 from greenroom.engines.generation import generate  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 from bench.lean_client import streams  # noqa: E402
 from bench.server import start_server  # noqa: E402
 from greenroom.actors.scheduling import FIXED_SAMPLING  # noqa: E402
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
-from greenroom.engines.transformers_engine import TransformersEngine  # noqa: E402
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model  # noqa: E402
+from greenroom.engines.transformers.transformers_engine import TransformersEngine  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:

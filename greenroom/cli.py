@@ -220,7 +220,7 @@ def _convert(args) -> int:
         return subprocess.call(
             [optimum, "export", "openvino", "--model", str(src), "--task", "text-generation-with-past", str(out)]
         )
-    from greenroom.engines.demo_openvino import export_llama
+    from greenroom.engines.demo.demo_openvino import export_llama
 
     print("optimum-cli is not installed: exporting with greenroom's Llama exporter (LlamaForCausalLM only)")
     try:
@@ -233,13 +233,13 @@ def _convert(args) -> int:
 
 
 def _convert_gguf(gguf_file, out) -> int:
-    """The transformers engine's converter (engines/gguf_convert.py), written beside OUT and
+    """The transformers engine's converter (engines/llama_cpp/gguf_convert.py), written beside OUT and
     renamed into place, so a failed conversion leaves nothing behind."""
     import shutil
     import tempfile
     from pathlib import Path
 
-    from greenroom.engines.gguf_convert import convert_gguf
+    from greenroom.engines.llama_cpp.gguf_convert import convert_gguf
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -259,10 +259,10 @@ def _convert_gguf(gguf_file, out) -> int:
 
 
 def _demo_model(args) -> int:
-    from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
-    from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
-    from greenroom.engines.demo_openvino import ensure_demo_openvino
-    from greenroom.engines.demo_sae import demo_sae_layers, ensure_demo_sae
+    from greenroom.engines.demo.demo_gguf import QUANTS, ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import SIZES, default_cache_dir, ensure_demo_model
+    from greenroom.engines.demo.demo_openvino import ensure_demo_openvino
+    from greenroom.engines.demo.demo_sae import demo_sae_layers, ensure_demo_sae
 
     cache = default_cache_dir(args.cache_dir)
     print(ensure_demo_model(cache, args.size))

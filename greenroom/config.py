@@ -68,21 +68,21 @@ class Config:
     expose_extras: bool = True  # the x_needle block on chat completions (--no-extras)
     api_key: str | None = None  # every route but /health and / then needs "Authorization: Bearer <key>"
     # browser origins allowed besides Ollama's defaults (localhost, 127.0.0.1, app://, …), `*` wildcards;
-    # OLLAMA_ORIGINS and GREENROOM_ORIGINS add more (http/cors.py)
+    # OLLAMA_ORIGINS and GREENROOM_ORIGINS add more (http/core/cors.py)
     cors_origins: list[str] = attrs.Factory(list)
     request_timeout_s: float | None = None  # past it, a request not yet answering is a 504 (and cancelled)
     idle_unload_s: float = 0.0  # unload a model idle this long (0: never); Ollama's keep_alive overrides it
     graceful_unload_timeout_s: float = 30.0  # GRACEFUL_UNLOAD_TIMEOUT: running requests' grace before an unload
     # SIGTERM/SIGINT: how long running requests may finish (new ones get 503) before what is left
-    # ends with server_shutting_down (http/shutdown.py); within docker stop's 10 s with the teardown
+    # ends with server_shutting_down (http/core/shutdown.py); within docker stop's 10 s with the teardown
     graceful_shutdown_timeout_s: float = 5.0
     continuous_batching: bool = False  # batch requests with the fixed sampling parameters (engine_actor.py)
     # streamed chunks a second the front end sends in all before it holds each stream's tokens to
-    # fewer, larger chunks (http/pacing.py); 0: one chunk per engine event, whatever the load
+    # fewer, larger chunks (http/core/pacing.py); 0: one chunk per engine event, whatever the load
     stream_chunks_per_s: float = 2000.0
-    # transformers: KV tokens of prompts kept per model for automatic prefix reuse (engines/prefix_cache.py); 0: off
+    # transformers: KV tokens of prompts kept per model for automatic prefix reuse (engines/transformers/prefix_cache.py); 0: off
     prefix_cache_tokens: int = 8192
-    # transformers: decode in fixed shapes (engines/fixed_shape.py), compiled on CUDA: "auto" (on CUDA), "on", "off";
+    # transformers: decode in fixed shapes (engines/transformers/fixed_shape.py), compiled on CUDA: "auto" (on CUDA), "on", "off";
     # a continuous batch holds fixed_shape_slots sequences, each of up to fixed_shape_length tokens (longer: eager)
     fixed_shape: str = "auto"
     fixed_shape_slots: int = 64
@@ -91,7 +91,7 @@ class Config:
     # GREENROOM_WORKER_TOKEN (set on both hosts); unset: no worker can join
     workers_listen: str | None = None
     worker_timeout_s: float = 5.0  # a worker link silent this long is a lost host
-    # steering_intensity (actors/steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
+    # steering_intensity (steering_rules.py): CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and
     # the server's maximum dial, all within [0, 2]
     cluster_intensity_min: float = 0.5
     circuit_intensity_min: float = 0.0
@@ -152,7 +152,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         if model.source is None:
             _check_found(model, entry, config.model_dirs)
         model.chat_template = _template_text(model)
-    from greenroom.actors.steering_rules import Limits  # checks them: a bad limit stops the start
+    from greenroom.steering_rules import Limits  # checks them: a bad limit stops the start
 
     Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
     _check_workers(config)

@@ -38,13 +38,13 @@ TABLE: dict[str, ErrorKind] = {
     "embedding_request_too_large": ErrorKind(413, INVALID, ollama_only=True),
     # API key (GREENROOM_API_KEY / NEEDLE_API_KEY)
     "invalid_api_key": ErrorKind(401, INVALID),
-    # a browser page on an origin the server does not allow (http/cors.py), as Ollama refuses it
+    # a browser page on an origin the server does not allow (http/core/cors.py), as Ollama refuses it
     "origin_not_allowed": ErrorKind(403, INVALID),
     # routing and models
     "model_not_found": ErrorKind(404, INVALID),
     "AMBIGUOUS_MODEL_NAME": ErrorKind(400, INVALID),  # a bare GGUF repository name with several quantizations
     # a method and path no route answers (a wrong method too, as OpenAI and Ollama answer it):
-    # OpenAI's own code on its surface; not_found on Ollama's and Anthropic's (http/app.py)
+    # OpenAI's own code on its surface; not_found on Ollama's and Anthropic's (http/core/app.py)
     "unknown_url": ErrorKind(404, INVALID),
     "not_found": ErrorKind(404, NOT_FOUND),
     "model_not_loaded": ErrorKind(503, SERVER),
@@ -55,7 +55,7 @@ TABLE: dict[str, ErrorKind] = {
     "queue_full": ErrorKind(503, SERVER),
     "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it
     "request_timeout": ErrorKind(504, SERVER),
-    # Ollama's model management (http/ollama_models.py): pulls from the Hugging Face Hub, names
+    # Ollama's model management (http/ollama/ollama_models.py): pulls from the Hugging Face Hub, names
     "hub_token_conflict": ErrorKind(400, INVALID, ollama_only=True),  # a Hub token in both places
     "hub_auth_required": ErrorKind(401, INVALID, ollama_only=True),  # private or gated: no token sent
     "hub_access_denied": ErrorKind(403, INVALID, ollama_only=True),  # the Hub refused the token sent
@@ -68,7 +68,7 @@ TABLE: dict[str, ErrorKind] = {
     "digest_mismatch": ErrorKind(400, INVALID, ollama_only=True),  # a blob's bytes are not its sha256
     "blob_not_found": ErrorKind(400, INVALID, ollama_only=True),  # /api/create's `files` names a blob not uploaded
     "invalid_blob": ErrorKind(400, INVALID, ollama_only=True),  # … one that is not a GGUF model file
-    # fields the request path cannot honour or would ignore (http/ledger.py)
+    # fields the request path cannot honour or would ignore (http/core/ledger.py)
     "field_not_honoured": ErrorKind(400, INVALID),
     "unused_fields_refused": ErrorKind(400, INVALID),
     # scoring and structured output
@@ -77,7 +77,7 @@ TABLE: dict[str, ErrorKind] = {
     "non_finite_logits": ErrorKind(500, SERVER),
     "response_format_unsupported": ErrorKind(400, INVALID),
     "constrained_output_invalid": ErrorKind(500, SERVER),
-    # steering (management API, http/steering_api.py)
+    # steering (management API, http/manage/steering_api.py)
     "invalid_feature_index": ErrorKind(400, INVALID),  # a feature past the SAE's width (the spec's code)
     "sae_not_attached": ErrorKind(400, INVALID),  # an sae_id no SAE attached to the model has
     "invalid_sae": ErrorKind(400, INVALID),  # not a loadable SAE, or not one this model can take

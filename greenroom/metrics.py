@@ -45,7 +45,7 @@ ACTOR_EVENTS = Counter(
 )
 
 
-# automatic prefix reuse per model (engines/prefix_cache.py), as its engine actor's status reports it
+# automatic prefix reuse per model (engines/transformers/prefix_cache.py), as its engine actor's status reports it
 PREFIX_CACHE = {
     figure: Gauge(f"greenroom_prefix_cache_{figure}", doc, ("actor", "model"), registry=REGISTRY)
     for figure, doc in {

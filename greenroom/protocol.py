@@ -34,7 +34,7 @@ from .engines.prompt_fit import Truncated
 # front end → engine actor
 @attrs.frozen
 class Fit:
-    """Ollama's rule for a prompt longer than its window (http/ollama_api.py; engines/
+    """Ollama's rule for a prompt longer than its window (http/ollama/ollama_api.py; engines/
     prompt_fit.py does it): the oldest messages go first — never a system one nor the last
     — then the prompt's middle, its first `keep` tokens kept, until the prompt leaves room
     for min(`answer`, window / 2) tokens; the answer is then cut at the window."""

@@ -175,8 +175,8 @@ PRIVATE_TOKEN = "hf_private_token_0123456789"
 
 def demo_repos(model_cache: Path) -> dict[str, Repo]:
     """The repositories above, made by the project's own generators."""
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 
     cache = default_cache_dir(model_cache)
     checkpoint = ensure_demo_model(cache, "tiny")
@@ -194,7 +194,7 @@ def server_cache(tmp: Path, model_cache: Path) -> Path:
     """A cache root of a test's own (its registry, steering state and pulled files stay out of
     the session's), holding the session's generated demo models through links instead of
     building them again."""
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_model import default_cache_dir
 
     root = tmp / "cache"
     models = default_cache_dir(root)

@@ -1,4 +1,4 @@
-"""The check both tiers run on a GGUF file: the header reader (engines/gguf_meta.py) agrees with
+"""The check both tiers run on a GGUF file: the header reader (engines/llama_cpp/gguf_meta.py) agrees with
 the `gguf` package's full reader."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gguf
 
-from greenroom.engines import gguf_files, gguf_meta
+from greenroom.engines.llama_cpp import gguf_files, gguf_meta
 
 
 def expected_label(reader: gguf.GGUFReader) -> str:

@@ -215,7 +215,7 @@ class EngineLoop:
                 for m, e in list(self.engines.items())
                 if e.capabilities.steering
             },
-            # each model's prefix-reuse store (transformers: engines/prefix_cache.py), for /metrics
+            # each model's prefix-reuse store (transformers: engines/transformers/prefix_cache.py), for /metrics
             "prefix_cache": {
                 m: e.prefix_cache.stats()
                 for m, e in list(self.engines.items())

@@ -23,8 +23,8 @@ from pathlib import Path
 import attrs
 import trio
 
+from greenroom import steering_rules as rules
 from greenroom.actors import steering_bases as bases
-from greenroom.actors import steering_rules as rules
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
@@ -465,8 +465,8 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
     """The record of SAE `source` ("demo:<size>[:<layer>]", "random:<d_in>:<layer>" or a
     directory) for the model placed at `placement` (as it crosses here: Placement.to_spec), after
     loading it and checking that the model can take it."""
-    from greenroom.engines.demo_model import default_cache_dir
-    from greenroom.engines.demo_sae import ensure_demo_sae
+    from greenroom.engines.demo.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_sae import ensure_demo_sae
     from greenroom.engines.random_sae import PREFIX as RANDOM_SAE
     from greenroom.engines.random_sae import ensure_random_sae
     from greenroom.engines.sae import SAEFormatError, load_sae  # torch: only once an SAE is attached
@@ -495,7 +495,7 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
         )
     width_in, blocks = _residual_shape(placement)
     if placement.get("engine") == "llama.cpp":
-        from greenroom.engines.llama_steering import unsteerable
+        from greenroom.engines.llama_cpp.llama_steering import unsteerable
 
         why = unsteerable(sae)
         if why is not None:
@@ -527,7 +527,7 @@ def _residual_shape(placement: dict) -> tuple[int | None, int | None]:
     """The residual stream's width and the block count of the model placed at `placement`, from
     its checkpoint's config.json or its GGUF header; None for what cannot be read yet (a model
     not built or converted yet: the engine actor checks when it attaches)."""
-    from greenroom.engines import gguf_meta
+    from greenroom.engines.llama_cpp import gguf_meta
     from greenroom.engines.loader import checkpoint_json, source_path
 
     path = source_path(placement["source"], placement["cache_dir"])

@@ -26,7 +26,7 @@ import time
 
 import attrs
 
-from greenroom.actors import steering_rules as rules
+from greenroom import steering_rules as rules
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Dial, ImportCircuit, ResolvedSteering
 from greenroom.store.steering import ModelSteering, SteeringStore
@@ -194,7 +194,7 @@ def attached(state: ModelSteering, sae_id: str, param: str) -> dict:
 
 
 def checked(state: ModelSteering, strengths: dict, param: str | None = None) -> dict[str, dict[str, float]]:
-    """`strengths` (their values checked by the front end, http/steering_api.py) checked against
+    """`strengths` (their values checked by the front end, http/manage/steering_api.py) checked against
     the attached SAEs' widths; zeros are dropped (a zero steers nothing), so clearing a feature
     and never setting it read the same. `param`: what a refusal names instead of the request's
     strengths (a stored profile's are not sent)."""

@@ -40,9 +40,9 @@ ENGINES: dict[str, Capabilities] = {
         token_logprobs=True,
     ),
     # llama.cpp: its repeat penalty honours ours; tools are rendered by the file's template (or
-    # described in the system message, engines/chat.py) and parsed, with every tool_choice (required
+    # described in the system message, engines/text/chat.py) and parsed, with every tool_choice (required
     # and named decoded under a grammar in the template's call syntax); response_format masks
-    # llama.cpp's logits with the constraint module transformers uses (engines/constraints.py);
+    # llama.cpp's logits with the constraint module transformers uses (engines/text/constraints.py);
     # scoring (and echo) reads llama.cpp's own logits (llama_get_logits) in a context of its own;
     # seeds reproduce byte for byte whatever ran before or beside (measured: llama_cpp_engine.py's
     # docstring), so n > 1 choices are seeded apart; the file's template takes no variables;
@@ -70,7 +70,7 @@ ENGINES: dict[str, Capabilities] = {
 
 
 # Why an engine without a capability cannot honour it: every refusal names its reason, on /v1
-# (http/ledger.py) and on the Ollama surface (http/ollama_params.py) alike.
+# (http/core/ledger.py) and on the Ollama surface (http/ollama/ollama_params.py) alike.
 WHY_NOT: dict[str, str] = {
     "seed": "this engine's seeds are not measured to reproduce",
     "n": "this engine serves one choice per request",

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import attrs
 
 from .base import Activations, Engine, EngineError, MonitorRecord, SamplingParams
-from .detokenize import IncrementalDetokenizer
-from .stops import StopMatcher
-from .tool_calls import CallGuard
+from .text.detokenize import IncrementalDetokenizer
+from .text.stops import StopMatcher
+from .text.tool_calls import CallGuard
 
 
 @attrs.frozen

@@ -21,24 +21,24 @@ def source_path(source: str, cache_dir: str | None) -> Path:
     that file inside the installed package `name` (the source itself when it is not
     installed), `gguf-converted:<source>` → the cached transformers checkpoint converted from
     that source's GGUF file; else the path itself. Builds nothing, imports no package."""
-    from .demo_model import default_cache_dir
+    from .demo.demo_model import default_cache_dir
 
     if source.startswith(PACKAGE):
         return _package_file(source) or Path(source)
     if source.startswith(CONVERTED):
-        from .gguf_convert import converted_dir
+        from .llama_cpp.gguf_convert import converted_dir
 
         return converted_dir(default_cache_dir(cache_dir), source_path(source[len(CONVERTED) :], cache_dir))
     if source.startswith("demo:"):
-        from .demo_model import demo_model_dir
+        from .demo.demo_model import demo_model_dir
 
         return demo_model_dir(default_cache_dir(cache_dir), source[len("demo:") :])
     if source.startswith("demo-gguf:"):
-        from .demo_gguf import demo_gguf_path
+        from .demo.demo_gguf import demo_gguf_path
 
         return demo_gguf_path(default_cache_dir(cache_dir), source[len("demo-gguf:") :])
     if source.startswith("demo-openvino:"):
-        from .demo_openvino import demo_openvino_dir
+        from .demo.demo_openvino import demo_openvino_dir
 
         return demo_openvino_dir(default_cache_dir(cache_dir), source[len("demo-openvino:") :])
     return Path(source).expanduser()
@@ -60,8 +60,8 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
     on first use. A source that is not there is EngineError model_load_failed. `stage(name)` is
     told a long stage as it starts: "converting"."""
     if source.startswith(CONVERTED):
-        from .demo_model import default_cache_dir
-        from .gguf_convert import ensure_converted
+        from .demo.demo_model import default_cache_dir
+        from .llama_cpp.gguf_convert import ensure_converted
 
         gguf_file = resolve_source(source[len(CONVERTED) :], cache_dir)
         converting = (lambda: stage("converting")) if stage is not None else None
@@ -77,17 +77,17 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
             "model_load_failed", f"model source {source!r} does not exist: no package {name!r} is installed", "model"
         )
     if source.startswith("demo:"):
-        from .demo_model import default_cache_dir, ensure_demo_model
+        from .demo.demo_model import default_cache_dir, ensure_demo_model
 
         return ensure_demo_model(default_cache_dir(cache_dir), source[len("demo:") :])
     if source.startswith("demo-gguf:"):
-        from .demo_gguf import ensure_demo_gguf
-        from .demo_model import default_cache_dir
+        from .demo.demo_gguf import ensure_demo_gguf
+        from .demo.demo_model import default_cache_dir
 
         return ensure_demo_gguf(default_cache_dir(cache_dir), source[len("demo-gguf:") :])
     if source.startswith("demo-openvino:"):
-        from .demo_model import default_cache_dir
-        from .demo_openvino import ensure_demo_openvino
+        from .demo.demo_model import default_cache_dir
+        from .demo.demo_openvino import ensure_demo_openvino
 
         return ensure_demo_openvino(default_cache_dir(cache_dir), source[len("demo-openvino:") :])
     path = source_path(source, cache_dir)
@@ -129,7 +129,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
 
-        from .transformers_engine import TransformersEngine
+        from .transformers.transformers_engine import TransformersEngine
 
         hf_logging.disable_progress_bar()  # a server's log is no terminal
 
@@ -142,7 +142,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             **{key: spec[key] for key in TRANSFORMERS_KEYS if spec.get(key) is not None},
         )
     if spec["engine"] == "llama.cpp":
-        from .llama_cpp_engine import LlamaCppEngine
+        from .llama_cpp.llama_cpp_engine import LlamaCppEngine
 
         return LlamaCppEngine(
             spec["id"],
@@ -153,8 +153,8 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             chat_template=spec.get("chat_template"),
         )
     if spec["engine"] == "openvino":
-        from .demo_model import default_cache_dir
-        from .openvino_engine import OpenVINOEngine
+        from .demo.demo_model import default_cache_dir
+        from .openvino.openvino_engine import OpenVINOEngine
 
         # compiled NPU blobs beside the models, under the same cache root
         return OpenVINOEngine(

@@ -1,13 +1,13 @@
 """Uploaded files, stored by the sha256 of their bytes: what Ollama's CLI sends to
 `POST /api/blobs/sha256:<hex>` before `ollama create` names them in `files`
-(http/ollama_blobs.py, http/ollama_models.py).
+(http/ollama/ollama_blobs.py, http/ollama/ollama_models.py).
 
 A blob is `<cache>/models/blobs/sha256-<hex>`, as Ollama names its own. An upload is written
 to a temporary file beside it (`sha256-<hex>-<random>-partial`), hashed as it is written,
 flushed to disk, and renamed into place only when its digest is the one it was sent under: a
 blob present is always whole and always what its name says. Two uploads of one digest at once
 write two temporary files and rename the same bytes onto one name, one after the other. A
-blob goes when the last created model that serves it is deleted (http/ollama_models.py), and
+blob goes when the last created model that serves it is deleted (http/ollama/ollama_models.py), and
 at startup what no model is made from goes (`prune`).
 No quart or trio here: the routes call these from worker threads.
 """
@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 from greenroom.errors import GreenroomError
 
 # Ollama's: `sha256:` (a manifest's spelling) or `sha256-` (a file name's), 64 hex digits

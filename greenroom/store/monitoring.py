@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 from greenroom.store.database import Database
 
 DEFAULT_TOP_K = 8

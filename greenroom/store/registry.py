@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 from greenroom.store.database import Database
 
 log = logging.getLogger("greenroom.store.registry")

@@ -17,7 +17,7 @@ import time
 
 import attrs
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 from greenroom.store.database import Database
 
 SCHEMA = """

@@ -36,7 +36,7 @@ class Placement:
     fixed_shape: str | None = None  # transformers: the fixed-shape decode step, auto | on | off
     fixed_shape_slots: int | None = None  # … its batch's slots
     fixed_shape_length: int | None = None  # … and tokens per slot
-    # a model made by /api/create: its system, template, parameters, messages (http/ollama_defaults.py),
+    # a model made by /api/create: its system, template, parameters, messages (http/ollama/ollama_defaults.py),
     # and what /api/show says of it besides: license, parent_model
     defaults: dict | None = None
 

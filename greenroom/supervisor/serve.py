@@ -14,10 +14,10 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.errors import GreenroomError
-from greenroom.http import routes, status_line
-from greenroom.http.app import create_app
-from greenroom.http.connection import DrainBody
-from greenroom.http.shutdown import Shutdown
+from greenroom.http.core import routes, status_line
+from greenroom.http.core.app import create_app
+from greenroom.http.core.connection import DrainBody
+from greenroom.http.core.shutdown import Shutdown
 from greenroom.store.registry import Registry
 from greenroom.supervisor.tree import Tree
 

@@ -9,7 +9,7 @@ import uuid
 
 import attrs
 
-from greenroom.actors import steering_rules as rules
+from greenroom import steering_rules as rules
 from greenroom.engines.capabilities import ENGINES, capabilities_of
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (

@@ -14,9 +14,9 @@ import trio
 
 from greenroom import __version__
 from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
-from greenroom.engines import gguf_files
 from greenroom.engines.base import ModelInfo
 from greenroom.engines.capabilities import Capabilities
+from greenroom.engines.llama_cpp import gguf_files
 from greenroom.errors import GreenroomError
 from greenroom.hosts.tls import token_from_env
 from greenroom.protocol import SteeringAnswer, SteeringRequest, SteeringState
@@ -114,7 +114,7 @@ class Tree:
         is spawned when it loads (llama.cpp). Loaded on demand unless `preload` (which only
         an actor's start honours). `replica`: one more placement of a placed model, on
         another actor; requests are routed among them (routing.py). `defaults`: a created
-        model's (http/ollama_defaults.py)."""
+        model's (http/ollama/ollama_defaults.py)."""
         if (model_id in self.replicas) != replica:
             raise GreenroomError(
                 "invalid_parameter",

@@ -8,9 +8,9 @@ import openai
 import pytest
 from conftest import MODEL
 
-from greenroom.engines.demo_model import default_cache_dir
-from greenroom.http import routes
-from greenroom.http.routes import Surface
+from greenroom.engines.demo.demo_model import default_cache_dir
+from greenroom.http.core import routes
+from greenroom.http.core.routes import Surface
 
 KEY = "s3cret-key"
 BODIES = {

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from conftest import MODEL, UNENDING, Server, staggered_batch
 
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ def test_disconnect_stops_generation(server):
             seen += line.startswith("data: ")
             if seen == 6:
                 break  # leaving the block closes the connection
-    # chunks carry what came meanwhile (actors/outbox.py, http/pacing.py), so what the client had
+    # chunks carry what came meanwhile (actors/outbox.py, http/core/pacing.py), so what the client had
     # is not a token count: what counts is how far the engine went after it left
     left = server.actors()["cpu"]["counters"]["tokens_generated"]
     counters = server.after_cancel("cpu", before)

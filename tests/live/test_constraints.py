@@ -13,13 +13,13 @@ import torch
 from transformers import DynamicCache
 
 from greenroom.engines.base import EngineError, SamplingParams
-from greenroom.engines.constraints import INTEGER_MAX, ConstraintError, Constraints, GrammarError
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.generation import Decoder
-from greenroom.engines.sampling import new_generator, sample
-from greenroom.engines.tool_calls import CallGuard, functions, load_json
-from greenroom.engines.transformers_engine import TransformersEngine
-from greenroom.http.schema_subset import FORMATS, check_schema
+from greenroom.engines.text.constraints import INTEGER_MAX, ConstraintError, Constraints, GrammarError
+from greenroom.engines.text.tool_calls import CallGuard, functions, load_json
+from greenroom.engines.transformers.sampling import new_generator, sample
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
+from greenroom.http.core.schema_subset import FORMATS, check_schema
 
 SEEDS = range(20)
 

@@ -62,7 +62,7 @@ def test_continue_completes_a_trailing_assistant_message_mid_sentence(server, mo
     share the tiny demo tokenizer)."""
     from transformers import AutoTokenizer
 
-    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+    from greenroom.engines.demo.demo_model import default_cache_dir, demo_model_dir
 
     tok = AutoTokenizer.from_pretrained(demo_model_dir(default_cache_dir(model_cache), "tiny"))
     user = [{"role": "user", "content": "Tell me about the sea."}]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+from greenroom.engines.demo.demo_model import default_cache_dir, demo_model_dir
 from greenroom.engines.generation import generate
 from greenroom.engines.loader import load_engine
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf, write_all
-from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
+from greenroom.engines.demo.demo_gguf import QUANTS, ensure_demo_gguf, write_all
+from greenroom.engines.demo.demo_model import default_cache_dir, demo_model_dir
 from greenroom.engines.generation import generate
-from greenroom.engines.gguf_files import discover, quant_label
+from greenroom.engines.llama_cpp.gguf_files import discover, quant_label
 from greenroom.engines.loader import load_engine
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from greenroom.engines.demo_model import (
+from greenroom.engines.demo.demo_model import (
     DEMO_MODEL_NAME,
     GENERATOR_VERSION,
     SIZES,

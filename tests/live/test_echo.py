@@ -46,7 +46,7 @@ class HFReference:
     def __init__(self):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+        from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 
         path = ensure_demo_model(default_cache_dir())
         self.model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -92,8 +92,8 @@ class LlamaReference:
 
 @pytest.fixture(scope="module")
 def refs(model_cache):
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
     from greenroom.engines.loader import source_path
 
     return {

@@ -3,9 +3,9 @@
 import pytest
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.generation import generate
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 
 @pytest.fixture(scope="module")

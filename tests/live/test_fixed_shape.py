@@ -1,4 +1,4 @@
-"""The fixed-shape decode step (engines/fixed_shape.py), forced on for the CPU (`fixed_shape = "on"`;
+"""The fixed-shape decode step (engines/transformers/fixed_shape.py), forced on for the CPU (`fixed_shape = "on"`;
 "auto" selects it on CUDA only, compiled): the same greedy tokens as the eager path, serial and
 batched, steered or not, and the steering is a buffer's contents, never a different graph."""
 
@@ -7,12 +7,12 @@ import pytest
 from conftest import MODEL, staggered_batch
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.generation import generate
 from greenroom.engines.sae import load_sae
 from greenroom.engines.steering import SteeringState
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 
 def engines(size: str, **fixed) -> tuple[TransformersEngine, TransformersEngine]:

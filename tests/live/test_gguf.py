@@ -17,8 +17,8 @@ SOLO = "solo-repo:F16"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model_cache):
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
 
     dirs = tmp_path_factory.mktemp("ggufs")
     (dirs / "solo-repo").mkdir()
@@ -101,8 +101,8 @@ def test_chat_template_kwargs_are_reported_not_refused(oai):
 def test_the_fingerprint_has_a_revision_only_where_one_is_recorded(oai):
     """The demo files': their generator's versions (their marker); a file of a model directory with
     nothing recording one: unrecorded — never its general.name, which names the model."""
-    from greenroom.engines.demo_gguf import CONVERTER_VERSION
-    from greenroom.engines.demo_model import GENERATOR_VERSION
+    from greenroom.engines.demo.demo_gguf import CONVERTER_VERSION
+    from greenroom.engines.demo.demo_model import GENERATOR_VERSION
 
     demo = oai.completions.create(model=Q8, prompt="Hi", max_tokens=1).system_fingerprint
     assert demo == f"millm:{Q8}@demo-tiny-v{GENERATOR_VERSION}-c{CONVERTER_VERSION}:Q8_0/Q8_0:llama.cpp"

@@ -1,5 +1,5 @@
 """Structured output and tool calling on GGUF models: llama.cpp's logits masked at every step by
-the constraint module the transformers engine uses (engines/constraints.py), tool calls in the
+the constraint module the transformers engine uses (engines/text/constraints.py), tool calls in the
 syntax of the model's own template family, through the real openai and ollama SDKs — the demo
 GGUF (Hermes template, random weights), SmolLM2 (a template that renders no tools: the tools
 described, Hermes syntax) and the demo GGUF under a Llama 3.2 template (Llama 3.x JSON calls)."""
@@ -17,7 +17,7 @@ from openai import BadRequestError, OpenAI
 
 from greenroom.engines.base import ToolCallsConstraint
 from greenroom.engines.capabilities import ENGINES
-from greenroom.engines.tool_calls import HERMES, LLAMA3_JSON
+from greenroom.engines.text.tool_calls import HERMES, LLAMA3_JSON
 
 Q8 = "greenroom-demo-gguf:Q8_0"
 SMOL = "smollm2-135m-instruct:Q4_1"
@@ -435,7 +435,7 @@ def test_an_unknown_function_or_bad_parameters_are_typed(oai):
 
 
 def test_the_reader_takes_a_syntax_and_reads_both_without_one():
-    from greenroom.engines.tool_calls import parse
+    from greenroom.engines.text.tool_calls import parse
 
     hermes = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     llama3 = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
@@ -449,7 +449,7 @@ def test_the_reader_takes_a_syntax_and_reads_both_without_one():
 
 
 def test_the_call_guard_holds_a_json_call_until_it_is_whole_and_valid():
-    from greenroom.engines.tool_calls import CallGuard, Functions
+    from greenroom.engines.text.tool_calls import CallGuard, Functions
 
     functions = Functions({"add": PARAMS["add"]}, LLAMA3_JSON)
     guard = CallGuard(functions)  # the syntax comes with the grammar's functions
@@ -465,7 +465,7 @@ def test_the_call_guard_holds_a_json_call_until_it_is_whole_and_valid():
 
 
 def test_the_template_source_names_its_family(llama3_template):
-    from greenroom.engines.chat import tool_syntax
+    from greenroom.engines.text.chat import tool_syntax
 
     assert tool_syntax(llama3_template.read_text()) == LLAMA3_JSON
     assert tool_syntax(llama3_template.read_text(), renders_tools=False) == HERMES  # described: Hermes
@@ -478,8 +478,8 @@ def test_a_prefill_is_cut_on_the_grid():
     """Every prompt position is computed in the same ubatch whatever a slot had cached: the
     prefill's chunks are the grid's cells, and a cached prefix is reused in whole cells, leaving
     a token to prefill."""
-    from greenroom.engines.llama_cpp_engine import PREFILL_GRID as G
-    from greenroom.engines.llama_cpp_engine import _chunks, _reusable
+    from greenroom.engines.llama_cpp.llama_cpp_engine import PREFILL_GRID as G
+    from greenroom.engines.llama_cpp.llama_cpp_engine import _chunks, _reusable
 
     assert _chunks(0, 2 * G + 1) == [(0, G), (G, 2 * G), (2 * G, 2 * G + 1)]
     assert _chunks(G, 2 * G) == [(G, 2 * G)] and _chunks(0, 1) == [(0, 1)]
@@ -493,7 +493,7 @@ def test_a_prefill_is_cut_on_the_grid():
 def test_the_dist_seed():
     import llama_cpp
 
-    from greenroom.engines.llama_cpp_engine import dist_seed
+    from greenroom.engines.llama_cpp.llama_cpp_engine import dist_seed
 
     assert dist_seed(None) == llama_cpp.LLAMA_DEFAULT_SEED  # unseeded: llama.cpp draws one
     assert dist_seed(0) == 0 and dist_seed(7) == 7

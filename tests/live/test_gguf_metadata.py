@@ -1,4 +1,4 @@
-"""GGUF metadata without loading the model: the header reader (engines/gguf_meta.py)
+"""GGUF metadata without loading the model: the header reader (engines/llama_cpp/gguf_meta.py)
 against the `gguf` package's full reader, the Ollama read routes on GGUF files through the
 real `ollama` client (SmolLM2-135M, a real file, and the demo GGUF), and generation ending on
 every token llama.cpp calls end-of-generation (tests/unit/test_gguf_metadata.py: the reader on
@@ -18,8 +18,8 @@ import pytest
 from conftest import Server
 from gguf_reference import agrees
 
-from greenroom.engines import gguf_files, gguf_meta
 from greenroom.engines.capabilities import ENGINES
+from greenroom.engines.llama_cpp import gguf_files, gguf_meta
 
 SMOL = "SmolLM2-135M-Instruct:Q4_1"
 Q8 = "greenroom-demo-gguf:Q8_0"
@@ -37,8 +37,8 @@ def smol_path() -> Path:
 
 
 def demo_paths(model_cache) -> list[Path]:
-    from greenroom.engines.demo_gguf import QUANTS, ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import QUANTS, ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
 
     return [ensure_demo_gguf(default_cache_dir(model_cache), q) for q in QUANTS]
 
@@ -98,7 +98,7 @@ def _eog_variant(source: Path, out: Path) -> tuple[list[int], int, str]:
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
     from greenroom.engines.base import SamplingParams
-    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+    from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
 
     reader = gguf.GGUFReader(source)
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
@@ -214,8 +214,8 @@ def test_list_reads_gguf_files(oc, model_cache):
 def test_a_model_not_converted_yet_is_listed_from_its_gguf_file(oc, srv, later, model_cache):
     """Before its first load converts it, what the GGUF file says (was: size 0, 0001-01-01);
     after, the converted checkpoint."""
-    from greenroom.engines.demo_model import default_cache_dir
-    from greenroom.engines.gguf_convert import converted_dir
+    from greenroom.engines.demo.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp.gguf_convert import converted_dir
 
     before = {m.model: m for m in oc.list().models}[LATER]
     assert before.size == later.stat().st_size
@@ -245,7 +245,7 @@ def test_show_reads_a_gguf_file(oc, srv):
     assert f"\nFROM {path}\n" in shown.modelfile
     template = reader.fields["tokenizer.chat_template"].contents()
     assert shown.template == template and f'TEMPLATE """{template}"""' in shown.modelfile
-    # its template renders no tools: they are described in its system message (engines/chat.py)
+    # its template renders no tools: they are described in its system message (engines/text/chat.py)
     assert shown.capabilities == ["completion", "tools"]
     assert shown.details.format == "gguf" and shown.details.parameter_size == "135M"
     info = shown.modelinfo

@@ -36,8 +36,8 @@ def srv(server):
 
 @pytest.fixture(scope="module")
 def files(model_cache):
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
     from greenroom.engines.loader import source_path
 
     return {
@@ -268,7 +268,7 @@ def _generations(path, interleave: bool) -> list:
     with `interleave`, scoring and echo passes (prompts sharing their prefixes) run between the
     steps, as the engine actor runs a Score between decode steps."""
     from greenroom.engines.base import SamplingParams
-    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+    from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
 
     engine = LlamaCppEngine("m", path, n_ctx=1024, parallel=3)
     greedy = SamplingParams(max_tokens=40, temperature=0)

@@ -225,7 +225,7 @@ def test_gemma3_a_sequence_is_the_same_alone_beside_others_and_after_a_cached_pr
     many sequences a decode step held (repacked weights compute 4 rows otherwise than fewer)."""
     from greenroom.engines.base import SamplingParams
     from greenroom.engines.generation import generate
-    from greenroom.engines.llama_cpp_engine import PREFILL_GRID, LlamaCppEngine
+    from greenroom.engines.llama_cpp.llama_cpp_engine import PREFILL_GRID, LlamaCppEngine
 
     engine = LlamaCppEngine("gemma", gemma3, n_ctx=512, threads=1, parallel=4)
     try:
@@ -270,8 +270,8 @@ def test_a_reused_prefix_computes_as_the_whole_prompt(tmp_path, monkeypatch, mod
     import json
 
     from greenroom.engines.base import SamplingParams
-    from greenroom.engines.demo_model import default_cache_dir
-    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+    from greenroom.engines.demo.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
     from greenroom.engines.loader import source_path
 
     path = source_path(SMOLLM2_GGUF, str(model_cache))

@@ -3,7 +3,7 @@
 GB behind a real demo header, and headers shaped like a quantized Gemma 3 / Qwen file (a
 262k- or 151k-token vocabulary, `general.file_type` written last as llama-quantize does) —
 answers as soon as the same server with none does, lists all 20 with their quantization
-labels, and reads each header once (engines/gguf_meta.py caches it by path, size and
+labels, and reads each header once (engines/llama_cpp/gguf_meta.py caches it by path, size and
 mtime_ns). `build_model_dir` is bench/gguf_start_load.py's too."""
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def smol_path() -> Path:
 def build_model_dir(root: Path, demo_cache: str | Path | None) -> dict[str, str]:
     """20 GGUF files below `root`; returns each model's name → its quantization label.
     `demo_cache`: the cache root the demo GGUF files are built in (once)."""
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
 
     root.mkdir(parents=True, exist_ok=True)
     expected = {}
@@ -282,10 +282,10 @@ def test_the_engine_labels_a_file_from_llama_cpps_metadata_as_discovery_does(mod
     import llama_cpp
     import llama_cpp._internals as internals
 
-    import greenroom.engines.llama_cpp_engine  # noqa: F401  (llama.cpp's log to greenroom's)
-    from greenroom.engines import gguf_files
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    import greenroom.engines.llama_cpp.llama_cpp_engine  # noqa: F401  (llama.cpp's log to greenroom's)
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp import gguf_files
 
     for path in [smol_path()] + [ensure_demo_gguf(default_cache_dir(model_cache), q) for q in ("F16", "Q8_0", "Q4_0")]:
         params = llama_cpp.llama_model_default_params()
@@ -308,9 +308,9 @@ def test_the_decode_plan_is_measured_once_per_file_and_kept(tmp_path, monkeypatc
     import json
 
     from greenroom.engines.base import SamplingParams
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
-    from greenroom.engines.llama_cpp_engine import LlamaCppEngine
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
+    from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
 
     path = ensure_demo_gguf(default_cache_dir(model_cache), "Q8_0")
     monkeypatch.setenv("GREENROOM_CACHE", str(tmp_path))

@@ -1,4 +1,4 @@
-"""SAE steering and readouts on a GGUF model (engines/llama_steering.py) against a live server:
+"""SAE steering and readouts on a GGUF model (engines/llama_cpp/llama_steering.py) against a live server:
 the demo model as the transformers checkpoint and as its F16 GGUF file (which answers greedy
 exactly as the checkpoint: test_demo_gguf.py), each with the demo SAEs of layers 1 and 2 — so
 every request is sent to both and must come back the same: live strengths, a detach and attach,

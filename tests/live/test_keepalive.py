@@ -1,7 +1,7 @@
 """Pooled (keep-alive) connections: a response that leaves its request body unread (404,
 401, a GET whose body no view reads) never strands the next request on the connection, while
 generations run; a body too big or too slow to drain gets its answer with Connection: close.
-greenroom/http/connection.py says why the next request used to hang."""
+greenroom/http/core/connection.py says why the next request used to hang."""
 
 import contextlib
 import json
@@ -17,7 +17,7 @@ import pytest
 from conftest import MODEL, UNENDING
 from hypercorn.config import Config as HypercornConfig
 
-from greenroom.http.connection import DRAIN_TIMEOUT_S
+from greenroom.http.core.connection import DRAIN_TIMEOUT_S
 
 ANSWER_S = 5  # an answer on loopback takes milliseconds, even under load: past this it hangs
 LONG = {

@@ -18,7 +18,7 @@ def imported_after(modules: list[str]) -> set[str]:
 
 
 def test_front_end_and_supervisor_do_not_import_torch():
-    loaded = imported_after(["greenroom.http.app", "greenroom.supervisor.serve", "greenroom.cli"])
+    loaded = imported_after(["greenroom.http.core.app", "greenroom.supervisor.serve", "greenroom.cli"])
     assert not loaded & {"torch", "transformers", "tokenizers", "safetensors"}
 
 

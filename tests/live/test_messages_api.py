@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens, http/messages_api.py) with
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens, http/anthropic/messages_api.py) with
 the anthropic SDK, on a transformers and a GGUF model: created, streamed with the SDK's helpers
 (Anthropic's event sequence), a tool_use/tool_result round trip with tool_choice tool and any,
 the token count, and typed exceptions in Anthropic's envelope — 400s, 404, and overloaded (529)

@@ -262,8 +262,8 @@ def test_a_first_load_that_converts_a_gguf_file_says_so(own_server, model_cache,
     import re
     import shutil
 
-    from greenroom.engines.demo_gguf import ensure_demo_gguf
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_gguf import ensure_demo_gguf
+    from greenroom.engines.demo.demo_model import default_cache_dir
 
     gguf = tmp_path / "fresh.gguf"
     shutil.copy(ensure_demo_gguf(default_cache_dir(model_cache), "F16"), gguf)

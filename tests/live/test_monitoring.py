@@ -17,11 +17,11 @@ from conftest import MODEL, Server
 from fake_hub import server_cache
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.sae import load_sae
 from greenroom.engines.steering import SteeringState
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 from .test_steering_api import CONFIG as STEERING_CONFIG
 from .test_steering_api import UNSTEERABLE

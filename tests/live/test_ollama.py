@@ -464,9 +464,9 @@ def test_each_format_is_listed_and_shown_from_its_files(oc, server, model_cache)
     """transformers (safetensors), GGUF and a not-yet-loaded OpenVINO directory: sizes, mtimes,
     formats, family lists and parameter sizes read from the files, none of them loaded for it."""
     from greenroom.engines.capabilities import ENGINES
-    from greenroom.engines.demo_gguf import demo_gguf_path
-    from greenroom.engines.demo_model import default_cache_dir, demo_model_dir
-    from greenroom.engines.demo_openvino import demo_openvino_dir
+    from greenroom.engines.demo.demo_gguf import demo_gguf_path
+    from greenroom.engines.demo.demo_model import default_cache_dir, demo_model_dir
+    from greenroom.engines.demo.demo_openvino import demo_openvino_dir
 
     cache = default_cache_dir(model_cache)
     checkpoint, gguf_file, ir = demo_model_dir(cache), demo_gguf_path(cache, "Q8_0"), demo_openvino_dir(cache)

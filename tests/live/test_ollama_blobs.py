@@ -24,8 +24,8 @@ import psutil
 import pytest
 from conftest import MODEL, SMOLLM2_GGUF, Server
 
-from greenroom.engines.demo_gguf import demo_gguf_path
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_gguf import demo_gguf_path
+from greenroom.engines.demo.demo_model import default_cache_dir
 from greenroom.engines.loader import source_path
 
 LIMIT = 100 * 2**20
@@ -123,7 +123,7 @@ def test_an_uploads_body_is_paced_to_what_its_view_takes():
     from quart import request
     from quart_trio import QuartTrio
 
-    from greenroom.http.connection import PACE_BYTES, DrainBody, Paced
+    from greenroom.http.core.connection import PACE_BYTES, DrainBody, Paced
 
     app, taken, message, total = QuartTrio("paced"), [0], b"\0" * 2**16, 48 * 2**20
     sent, peak, statuses = [0], [0], []

@@ -357,7 +357,7 @@ def test_create_from_a_local_gguf_file_then_run(server, tmp_path, cache):
     """Bringing one's own GGUF file: SmolLM2's, from its installed package. The CLI uploads it
     (verified as it streams), creates from its digest, and `run` answers; created again by an
     older CLI (HEAD first), the blob is found and stored once."""
-    from greenroom.engines.demo_model import default_cache_dir
+    from greenroom.engines.demo.demo_model import default_cache_dir
     from greenroom.engines.loader import source_path
 
     gguf = Path(source_path(SMOLLM2_GGUF, None))
@@ -415,8 +415,8 @@ def test_a_modelfile_from_a_local_file_names_it_by_digest(tmp_path):
 def test_a_demo_model_not_built_yet_is_listed_from_what_it_is_made_from(tmp_path, model_cache):
     """A demo checkpoint not built: its definition (was: 0 B, modified Never); a demo GGUF or
     OpenVINO model not built: the demo checkpoint it is made from, once that is built."""
-    from greenroom.engines import demo_model
-    from greenroom.http import model_facts
+    from greenroom.engines.demo import demo_model
+    from greenroom.http.ollama import model_facts
     from greenroom.supervisor.placements import Placement
 
     def listed(source: str, engine: str, cache) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from conftest import MODEL, Server
 from fake_hub import CONFIG, PUBLIC
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 
 GREEDY = {"num_predict": 8, "temperature": 0}
 

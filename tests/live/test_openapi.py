@@ -1,4 +1,4 @@
-"""The live server against its own OpenAPI document (greenroom/http/openapi.py), both ways.
+"""The live server against its own OpenAPI document (greenroom/http/core/openapi.py), both ways.
 
 schemathesis generates requests from the document (its examples, a deterministic coverage
 pass over every keyword's boundaries, valid and invalid — but on the routes whose body is a
@@ -36,21 +36,13 @@ from schemathesis.specs.openapi.checks import (
 
 from greenroom.engines.capabilities import capabilities_of
 from greenroom.errors import TABLE
-from greenroom.http import (
-    keep_alive,
-    messages_api,
-    ollama_api,
-    ollama_embed,
-    ollama_models,
-    openai_api,
-    openai_params,
-    responses_api,
-    routes,
-    tokenize_api,
-)
-from greenroom.http.contracts import INT64, Shape
-from greenroom.http.openapi import document, status_on
-from greenroom.http.routes import Surface
+from greenroom.http.anthropic import messages_api
+from greenroom.http.core import routes
+from greenroom.http.core.contracts import INT64, Shape
+from greenroom.http.core.openapi import document, status_on
+from greenroom.http.core.routes import Surface
+from greenroom.http.ollama import keep_alive, ollama_api, ollama_embed, ollama_models
+from greenroom.http.openai import openai_api, openai_params, responses_api, tokenize_api
 
 PATHS: dict[str, set[str]] = {}
 for _route in routes.TABLE:

@@ -12,11 +12,11 @@ import pytest
 from conftest import UNENDING
 
 from greenroom.engines.base import EngineError, SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.demo_openvino import EMBEDDING_SUBDIR, ensure_demo_openvino, export_llama
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_openvino import EMBEDDING_SUBDIR, ensure_demo_openvino, export_llama
 from greenroom.engines.generation import generate
 from greenroom.engines.loader import load_engine
-from greenroom.engines.openvino_engine import openvino_device
+from greenroom.engines.openvino.openvino_engine import openvino_device
 
 PROMPT = "Once upon a time"
 MAX_PROMPT_LEN, MIN_RESPONSE_LEN = 64, 64
@@ -87,7 +87,7 @@ def test_info(cpu, npu):
 def test_same_ids_as_the_transformers_engine(cpu):
     """The exported graph is the checkpoint's forward pass: tokeniser, chat template (with the
     continue rule) and greedy decoding agree with transformers token for token."""
-    from greenroom.engines.transformers_engine import TransformersEngine
+    from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
     hf = TransformersEngine("greenroom-demo", ensure_demo_model(default_cache_dir()))
     chat = [

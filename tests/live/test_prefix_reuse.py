@@ -1,4 +1,4 @@
-"""Automatic prefix reuse on the transformers engine (engines/prefix_cache.py): a prompt that
+"""Automatic prefix reuse on the transformers engine (engines/transformers/prefix_cache.py): a prompt that
 starts with a prefix an earlier prompt computed prefills only the rest, with the same tokens as
 a full prefill; steering is part of the key; the store is bounded and shown in /metrics."""
 
@@ -10,13 +10,13 @@ import pytest
 from conftest import MODEL
 
 from greenroom.engines.base import SamplingParams
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
-from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.generation import generate
-from greenroom.engines.prefix_cache import BLOCK
 from greenroom.engines.sae import load_sae
 from greenroom.engines.steering import SteeringState
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.transformers.prefix_cache import BLOCK
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 from .test_metrics import sample
 

@@ -1,4 +1,4 @@
-"""Steering profiles (http/steering_api.py, the steering coordinator's profile ops) against a
+"""Steering profiles (http/manage/steering_api.py, the steering coordinator's profile ops) against a
 live server with a cache of its own: create, read, update, delete; activation, which steers
 greedy output exactly as the same strengths set through PUT /api/steering; export → delete →
 import; the typed refusals; profiles surviving a server restart."""

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (/v1/responses, http/responses_api.py) with the openai SDK, on a
+"""OpenAI's Responses API (/v1/responses, http/openai/responses_api.py) with the openai SDK, on a
 transformers and a GGUF model: created, streamed (the typed events in order), parsed into a
 pydantic model, a function-tool round trip, stored and continued with previous_response_id
 across a restart; the steering of one request identical through chat completions, responses

@@ -164,7 +164,7 @@ def test_an_npu_placement_preferred_with_a_transformers_fallback(own_server):
 
 def test_the_device_header_has_one_spelling_whatever_the_engine_calls_it():
     from greenroom.engines.base import ModelInfo
-    from greenroom.http.ollama_api import routing_headers
+    from greenroom.http.ollama.ollama_api import routing_headers
     from greenroom.supervisor.lifecycle import Serving
 
     for device, shown in (("cpu", "CPU"), ("CPU", "CPU"), ("cuda:1", "GPU"), ("npu:0", "NPU"), ("NPU.0", "NPU")):

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from greenroom.engines.base import EngineError, PositionRead, SamplingParams, Span
-from greenroom.engines.demo_model import SIZES, default_cache_dir, ensure_demo_model
-from greenroom.engines.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.demo.demo_model import SIZES, default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.generation import generate
 from greenroom.engines.sae import CFG_FILE, WEIGHTS_FILE, SAEFormatError, load_sae, save_sae
 from greenroom.engines.steering import SteeringState
-from greenroom.engines.transformers_engine import TransformersEngine
+from greenroom.engines.transformers.transformers_engine import TransformersEngine
 
 PROMPT = "Once upon a time, in a small village by the sea"
 GREEDY = SamplingParams(max_tokens=8, temperature=0)

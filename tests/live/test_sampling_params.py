@@ -154,7 +154,7 @@ def test_context_exceeded_refused_before_the_stream_starts(server):
 def test_trailing_assistant_message_is_continued(client, server):
     from transformers import AutoTokenizer
 
-    from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+    from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 
     tok = AutoTokenizer.from_pretrained(ensure_demo_model(default_cache_dir()))
     partial = "The lighthouse keeper walked"

@@ -11,7 +11,7 @@ from conftest import MODEL
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from greenroom.engines.demo_model import default_cache_dir, ensure_demo_model
+from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 
 PROMPT = "[kind] noul\n[question] is it true?\n[decision]:"
 

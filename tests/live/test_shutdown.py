@@ -1,4 +1,4 @@
-"""SIGTERM on a server with streams open on every surface (http/shutdown.py): new requests get 503
+"""SIGTERM on a server with streams open on every surface (http/core/shutdown.py): new requests get 503
 server_shutting_down at once, what fits in the drain completes, what is left ends with its
 surface's failure form — OpenAI's `error` event and [DONE], Anthropic's `error` event, the
 Responses API's `error` and `response.failed`, Ollama's error line — and the process exits soon

@@ -1,4 +1,4 @@
-"""The steering management API (http/steering_api.py) against live servers: SAEs attached,
+"""The steering management API (http/manage/steering_api.py) against live servers: SAEs attached,
 listed and detached; live strengths that change greedy output and, cleared, restore it; the
 typed refusals; the state surviving a server restart and an engine actor's crash (the
 coordinator's state is pushed to the restarted actor)."""
@@ -111,7 +111,7 @@ def test_an_sae_in_a_folder_named_sae_is_named_once(srv, model_cache, tmp_path):
     """…/sae/layer-2 is sae_layer-2, never sae_sae_layer-2."""
     import shutil
 
-    from greenroom.engines.demo_sae import ensure_demo_sae
+    from greenroom.engines.demo.demo_sae import ensure_demo_sae
 
     folder = tmp_path / "sae" / "layer-2"
     shutil.copytree(ensure_demo_sae(model_cache / "models", "tiny", 2), folder)

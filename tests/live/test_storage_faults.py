@@ -18,7 +18,7 @@ import pytest
 from conftest import MODEL, Server
 from fake_hub import server_cache
 
-from greenroom.engines.demo_model import default_cache_dir
+from greenroom.engines.demo.demo_model import default_cache_dir
 
 CONFIG = f"""
 npu_actors = []

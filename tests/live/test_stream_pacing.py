@@ -1,4 +1,4 @@
-"""Stream pacing (http/pacing.py): past `stream_chunks_per_s` chunks a second in all, each
+"""Stream pacing (http/core/pacing.py): past `stream_chunks_per_s` chunks a second in all, each
 stream's tokens go out as fewer, larger chunks — the same text, the same usage, on every
 streaming surface."""
 

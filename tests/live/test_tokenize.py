@@ -1,4 +1,4 @@
-"""vLLM's /tokenize and /detokenize (http/tokenize_api.py) on every engine of the session's
+"""vLLM's /tokenize and /detokenize (http/openai/tokenize_api.py) on every engine of the session's
 server: a prompt as /v1/completions tokenises it, messages as chat completions render them (the
 prompt_tokens a chat completion reports), ids back to text; typed refusals."""
 

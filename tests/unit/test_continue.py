@@ -1,4 +1,4 @@
-"""Continuing a trailing assistant message (engines/chat.py), for every engine: rendered
+"""Continuing a trailing assistant message (engines/text/chat.py), for every engine: rendered
 with the generation prompt, the partial appended raw — and a thought block a reasoning
 template opens is neither opened twice nor left open before an answer; a lone assistant message is
 rendered as the template renders it (tests/live/test_continue.py: continued on every surface)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import jinja2
 import pytest
 
-from greenroom.engines.chat import render_conversation
+from greenroom.engines.text.chat import render_conversation
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

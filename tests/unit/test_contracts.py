@@ -1,4 +1,4 @@
-"""Request contracts (greenroom/http/contracts.py): a field's ledger rule is part of its
+"""Request contracts (greenroom/http/core/contracts.py): a field's ledger rule is part of its
 declaration, so the field ledger's checks and the OpenAPI document read one object.
 
 The derivation was proven identical to the hand-kept tables it replaced (ledger.py's CHAT…
@@ -16,19 +16,10 @@ import pytest
 
 from greenroom.engines.capabilities import ENGINES, WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
-from greenroom.http import (
-    contracts,
-    ledger,
-    messages_api,
-    ollama_api,
-    ollama_embed,
-    ollama_models,
-    openai_api,
-    openai_params,
-    openapi,
-    responses_api,
-    tokenize_api,
-)
+from greenroom.http.anthropic import messages_api
+from greenroom.http.core import contracts, ledger, openapi
+from greenroom.http.ollama import ollama_api, ollama_embed, ollama_models
+from greenroom.http.openai import openai_api, openai_params, responses_api, tokenize_api
 
 NONE = Capabilities()
 ALL = ENGINES["transformers"]

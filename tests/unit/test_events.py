@@ -8,8 +8,8 @@ import trio
 
 from greenroom.engines.base import Activations
 from greenroom.errors import GreenroomError
-from greenroom.http import structured
 from greenroom.http.pipeline import events as ev
+from greenroom.http.pipeline import structured
 from greenroom.protocol import Failed, Text
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -10,10 +10,10 @@ import trio
 
 from greenroom.engines.base import Activations
 from greenroom.errors import GreenroomError
-from greenroom.http import logprobs, structured
 from greenroom.http.anthropic import messages_format
 from greenroom.http.openai import chat_format, needle_format, responses_format
 from greenroom.http.pipeline import events as ev
+from greenroom.http.pipeline import logprobs, structured
 from greenroom.protocol import GenerationStats
 
 from .test_events import Batches, text

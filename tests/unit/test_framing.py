@@ -1,4 +1,4 @@
-"""The wire framing of streamed answers (greenroom/http/framing.py): server-sent events and
+"""The wire framing of streamed answers (greenroom/http/core/framing.py): server-sent events and
 NDJSON lines byte for byte, and a streamed body that releases its request however it ends."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import trio
 
-from greenroom.http.framing import NDJSON, SSE, SSE_DONE, ndjson, sse, sse_error, streamed
+from greenroom.http.core.framing import NDJSON, SSE, SSE_DONE, ndjson, sse, sse_error, streamed
 
 
 @pytest.mark.parametrize(

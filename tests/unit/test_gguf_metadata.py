@@ -1,4 +1,4 @@
-"""GGUF metadata without loading the model: the header reader (engines/gguf_meta.py) against
+"""GGUF metadata without loading the model: the header reader (engines/llama_cpp/gguf_meta.py) against
 the `gguf` package's full reader on written files of every value type, split models counted
 whole, and rendering that no stored value can break (tests/live/test_gguf_metadata.py: the
 reader on the demo files and SmolLM2's, and the Ollama read routes)."""
@@ -15,8 +15,8 @@ from gguf_reference import agrees
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from greenroom.engines import gguf_meta
-from greenroom.http import model_facts
+from greenroom.engines.llama_cpp import gguf_meta
+from greenroom.http.ollama import model_facts
 from greenroom.supervisor.placements import Placement
 
 

@@ -1,5 +1,5 @@
-"""The Go template interpreter (http/go_template.py) and Ollama's way of running a template on
-a conversation (http/ollama_templates.py), without a server: Go's semantics case by case, the
+"""The Go template interpreter (http/ollama/go_template.py) and Ollama's way of running a template on
+a conversation (http/ollama/ollama_templates.py), without a server: Go's semantics case by case, the
 errors Go raises and the constructs greenroom refuses by name, and templates of Ollama's own
 corpus rendered as Ollama renders them. Every expected string here is what Go's text/template
 printed for the same template and data (Go 1.19, running Ollama's Execute for the corpus);
@@ -10,8 +10,8 @@ import datetime
 import pytest
 
 from greenroom.errors import GreenroomError
-from greenroom.http import go_template as go
-from greenroom.http import ollama_templates as ot
+from greenroom.http.ollama import go_template as go
+from greenroom.http.ollama import ollama_templates as ot
 
 # the data of SEMANTICS and GO_ERRORS, as Go's json.Unmarshal gives it (numbers are float64)
 DATA = {

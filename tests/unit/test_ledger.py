@@ -1,4 +1,4 @@
-"""The field ledger (greenroom/http/ledger.py) as a function of a body and an engine's
+"""The field ledger (greenroom/http/core/ledger.py) as a function of a body and an engine's
 capabilities: honoured, reported (with locations) or refused (typed, naming the field and
 why). No server; tests/live/test_field_ledger.py drives the same rules through a live one."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from greenroom.engines.capabilities import ENGINES, WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
-from greenroom.http import ledger, openai_api, openai_params
+from greenroom.http.core import ledger
+from greenroom.http.openai import openai_api, openai_params
 
 ALL = ENGINES["transformers"]
 NONE = Capabilities()
@@ -121,7 +122,7 @@ def test_a_bad_strict_header_is_a_typed_400():
 
 def test_a_reported_field_that_asks_for_nothing_is_not_reported():
     """The `ollama` CLI sends `system`, `template` and `options` on every /api/show, empty."""
-    from greenroom.http import ollama_api
+    from greenroom.http.ollama import ollama_api
 
     cli = {"model": "", "system": "", "template": "", "verbose": False, "options": None, "name": "m"}
     assert ledger.check(ollama_api.SHOW_REQUEST, cli, NONE, "on /api/show") == []

@@ -1,4 +1,4 @@
-"""Ollama's `options` (greenroom/http/ollama_params.py) as a function of the sent object and an
+"""Ollama's `options` (greenroom/http/ollama/ollama_params.py) as a function of the sent object and an
 engine's capabilities: the defaults merged, each option mapped onto SamplingParams, the window,
 the reported locations, and a typed 400 naming the option for every bad value. No server;
 tests/live/test_ollama.py drives the same options through a live one."""
@@ -10,7 +10,7 @@ import pytest
 from greenroom.engines.base import SEED_MAX
 from greenroom.engines.capabilities import ENGINES, Capabilities
 from greenroom.errors import GreenroomError
-from greenroom.http.ollama_params import resolve, shown, window
+from greenroom.http.ollama.ollama_params import resolve, shown, window
 
 ALL = ENGINES["transformers"]
 # Ollama's merged defaults (the spec's table) as greenroom maps them

@@ -5,7 +5,7 @@ equal, each class of a tagged union under its own tag."""
 import msgspec
 import pytest
 
-from greenroom.actors import steering_rules as rules
+from greenroom import steering_rules as rules
 from greenroom.engines.base import (
     Activations,
     FeatureValue,
@@ -121,7 +121,7 @@ def test_a_score_with_a_readout_crosses_equal():
 
 
 def test_activations_keep_the_response_key_order():
-    """The response's `millm.sae_activations` is the class's fields in order (http/sae_activations.millm)."""
+    """The response's `millm.sae_activations` is the class's fields in order (http/pipeline/sae_activations.millm)."""
     wire = to_wire(Text("r", 0, "", 1, "stop", STATS, ACTIVATIONS, MONITORED))
     assert list(wire["sae_activations"]) == ["sae_id", "layer", "read_point", "positions"]
     assert wire["sae_activations"]["positions"][0] == {

@@ -1,4 +1,4 @@
-"""The route table (greenroom/http/routes.py): every route documented for people, and the
+"""The route table (greenroom/http/core/routes.py): every route documented for people, and the
 surface whose error envelope a path gets. No server needed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import pytest
 from conftest import ROOT
 
-from greenroom.http import routes
-from greenroom.http.routes import Surface
+from greenroom.http.core import routes
+from greenroom.http.core.routes import Surface
 
 
 def _markdown() -> list[str]:

@@ -1,5 +1,5 @@
 """The JSON Schema subset the front end checks before anything is compiled
-(greenroom/http/schema_subset.py): each refusal typed, naming every offending keyword by its
+(greenroom/http/core/schema_subset.py): each refusal typed, naming every offending keyword by its
 pointer; names and data are not schemas; the size, depth and width limits
 (tests/live/test_constraints.py: the accepted subset compiling on the demo model)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from greenroom.errors import GreenroomError
-from greenroom.http.schema_subset import MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
+from greenroom.http.core.schema_subset import MAX_DEPTH, MAX_PROPERTIES, MAX_SCHEMA_BYTES, check_schema
 
 
 def refusal(schema) -> str:

@@ -1,4 +1,4 @@
-"""The steering rules (greenroom/actors/steering_rules.py) as pure functions: the dial of a
+"""The steering rules (greenroom/steering_rules.py) as pure functions: the dial of a
 cluster and of a circuit, scaling and its clamp, the limits, the range check (spec:
 "Intensity coupling"). No server, no store."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from greenroom.actors import steering_rules as rules
-from greenroom.actors.steering_rules import Limits
+from greenroom import steering_rules as rules
 from greenroom.errors import GreenroomError
+from greenroom.steering_rules import Limits
 
 LIMITS = Limits()  # cluster_min 0.5, circuit_min 0, max 2
 

@@ -1,7 +1,7 @@
 """The shared stop-sequence matcher and incremental detokeniser, piece by piece."""
 
-from greenroom.engines.detokenize import IncrementalDetokenizer
-from greenroom.engines.stops import StopMatcher
+from greenroom.engines.text.detokenize import IncrementalDetokenizer
+from greenroom.engines.text.stops import StopMatcher
 
 
 def feed_all(stops, pieces):

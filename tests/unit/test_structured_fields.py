@@ -6,9 +6,9 @@ from __future__ import annotations
 import http_sf
 import pytest
 
+from greenroom import steering_rules
 from greenroom import structured_fields as sf
-from greenroom.actors import steering_rules
-from greenroom.http import ledger
+from greenroom.http.core import ledger
 
 
 def parse(value: str, kind: str):

@@ -1,11 +1,11 @@
 """Tool-call parsing, whole and streamed, and the decoder's guard (pure text:
-greenroom/engines/tool_calls.py)."""
+greenroom/engines/text/tool_calls.py)."""
 
 import json
 
 import pytest
 
-from greenroom.engines.tool_calls import MAX_SAFE_INTEGER, CallGuard, ToolCall, ToolCallStream, load_json, parse
+from greenroom.engines.text.tool_calls import MAX_SAFE_INTEGER, CallGuard, ToolCall, ToolCallStream, load_json, parse
 
 HERMES = (
     'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lagos"}}\n</tool_call>\n'

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from greenroom.errors import GreenroomError
-from greenroom.http import messages_api, needle, responses_api
+from greenroom.http.anthropic import messages_api
+from greenroom.http.openai import needle, responses_api
 from greenroom.http.pipeline.paths import FieldPaths
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 
 import attrs
 
-from greenroom.http import framing, sae_activations
+from greenroom.http.core import framing
 from greenroom.http.pipeline import events as ev
+from greenroom.http.pipeline import sae_activations
 
 
 @attrs.frozen

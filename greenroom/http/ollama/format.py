@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Callable
 import attrs
 
 from greenroom.errors import GreenroomError
-from greenroom.http import framing
-from greenroom.http.ollama_envelope import error_body
+from greenroom.http.core import framing
+from greenroom.http.ollama.ollama_envelope import error_body
 from greenroom.http.pipeline.events import (
     CallArguments,
     CallStarted,

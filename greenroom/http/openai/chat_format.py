@@ -20,7 +20,9 @@ from collections.abc import AsyncIterator
 
 import attrs
 
-from greenroom.http import framing, logprobs, needle, sae_activations
+from greenroom.http.core import framing
+from greenroom.http.openai import needle
+from greenroom.http.pipeline import logprobs, sae_activations
 from greenroom.http.pipeline.events import (
     Activations,
     CallArguments,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from greenroom.http import structured
 from greenroom.http.openai import chat_format
+from greenroom.http.pipeline import structured
 from greenroom.http.pipeline.events import Completion
 
 

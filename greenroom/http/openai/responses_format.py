@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 
-from greenroom.http import framing, openai_params, sae_activations
+from greenroom.http.core import framing
+from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import events as ev
+from greenroom.http.pipeline import sae_activations
 
 
 @attrs.frozen

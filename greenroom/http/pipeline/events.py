@@ -2,7 +2,7 @@
 
 The engine's events (protocol.Text deltas, a Failed) become, once, surface-neutral events:
 `Delta` text, `CallStarted` / `CallArguments` for tool calls (the one tool-call shaper,
-engines/tool_calls.ToolCallStream, runs here and nowhere else), `Tokens` for reported
+engines/text/tool_calls.ToolCallStream, runs here and nowhere else), `Tokens` for reported
 log-probabilities, `Usage`, `Finished` per choice, `Activations` (SAE features read), and
 `Failure`. Each surface's formatter turns them into its own frames; `collect` folds them into
 the `Completion` a non-streamed answer formats, so a whole answer is exactly the sum of the
@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 import attrs
 
 from greenroom.engines.base import Activations as Read
-from greenroom.engines.tool_calls import ToolCallStream
+from greenroom.engines.text.tool_calls import ToolCallStream
 from greenroom.errors import GreenroomError
-from greenroom.http import structured
+from greenroom.http.pipeline import structured
 from greenroom.protocol import Failed, GenerationStats, Text
 
 ARGUMENT_FRAGMENT = 24  # characters per streamed arguments fragment (chat, Responses, Messages)

@@ -1,0 +1,1 @@
+"""The generated demo models and SAEs (nothing downloaded)."""

@@ -1,0 +1,1 @@
+"""The llama.cpp engine and the GGUF tooling around it."""

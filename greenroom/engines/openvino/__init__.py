@@ -1,0 +1,1 @@
+"""The OpenVINO GenAI engine."""

@@ -1,0 +1,1 @@
+"""Text around generation, the same for every engine: chat templates, tool-call syntax, constraints, stops, detokenising."""

@@ -1,0 +1,191 @@
+"""The field ledger: every request field is honoured, reported or refused — one
+mechanism, driven by the engine's declared capabilities (engines/capabilities.py).
+
+Each endpoint's request Shape (contracts.py) declares the fields it knows, each with its
+ledger rule (`contracts.Rule`, written beside the field's type and description). A field is
+- used (the default): read and honoured;
+- reported (`contracts.reported`): accepted but not read; named in X-miLLM-Ignored-Fields
+  (unknown fields too) — one with listed no-op values only when its value asks for something
+  (not null, not a no-op: the `ollama` CLI sends an empty `system` and `template` on every
+  /api/show);
+- refused (`contracts.refused`, or `contracts.needs` a capability) with 400
+  field_not_honoured, unless its value means "no change" (an explicit null, or the field's
+  listed no-op value) or the engine has the capability that honours it.
+Nested objects the request path reads (messages, content parts, response_format,
+stream_options) are walked, so an unread key is reported with its location, e.g.
+"messages[2].name" or "response_format.schema". The surfaces translated onto chat completions
+(Responses, Anthropic's Messages) have their top-level fields here; their translations
+(responses_api.py, messages_api.py) report the nested keys they do not read, and the chat body
+they make goes through `constrained_choice`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from greenroom import structured_fields as sf
+from greenroom.engines.capabilities import Capabilities
+from greenroom.errors import GreenroomError
+from greenroom.http.core.contracts import Shape
+from greenroom.http.core.headers import IGNORED_FIELDS_HEADER, STRICT_HEADER
+from greenroom.http.pipeline import structured
+
+log = logging.getLogger("greenroom.http")
+
+IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
+
+
+# Images, audio and files, on every surface (chat's content parts, the Responses API's, Anthropic's
+# blocks, Ollama's `images`): one code and one reason. The spec's field_not_honoured is "an
+# output-changing field this endpoint or engine cannot honour" — not a malformed request.
+TEXT_ONLY = "greenroom serves text-only models"
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "file", "input_image", "input_file", "image", "document"})
+
+
+def is_media(kind) -> bool:
+    """A content part's `type` names an image, audio or file (any JSON value may arrive there)."""
+    return isinstance(kind, str) and kind in MEDIA_PARTS
+
+
+def media_refused(where: str) -> GreenroomError:
+    """The refusal of an image, audio or file at `where` (the content part's location)."""
+    return GreenroomError("field_not_honoured", f"'{where}' cannot be honoured: {TEXT_ONLY}", where)
+
+
+_MESSAGE_KEYS = {"role", "content", "tool_calls"}
+_RESULT_KEYS = _MESSAGE_KEYS | {"tool_call_id"}  # a tool message's: the call it answers (openai_params.messages)
+_PART_KEYS = {"type", "text"}
+_STREAM_OPTION_KEYS = {"include_usage"}
+
+
+def check(shape: Shape, body: dict, caps: Capabilities, where: str, translated: bool = False) -> list[str]:
+    """Refuse what cannot be honoured; return the locations of every field not read. Each field's
+    rule is its declaration's (`shape`'s); a field it does not declare is reported.
+    `translated`: a surface translated onto chat completions — its top-level fields only (its
+    translation reports its nested keys; `constrained_choice` checks the chat body it makes)."""
+    ignored: list[str] = []
+    for field, value in body.items():
+        rule = shape.fields[field].rule if field in shape.fields else None
+        if rule is None or (rule.report and not (rule.needs and getattr(caps, rule.needs))):
+            if rule is None or not (rule.noop and (value is None or _is_noop(value, rule.noop))):
+                ignored.append(field)
+            continue
+        if (
+            rule.refuse
+            and value is not None
+            and not _is_noop(value, rule.noop)
+            and not (rule.needs and getattr(caps, rule.needs))
+        ):
+            reason = f": {rule.why}" if rule.why else ""
+            raise GreenroomError("field_not_honoured", f"'{field}' cannot be honoured {where}{reason}", field)
+    if translated:
+        return ignored
+    constrained_choice(body, caps, where)
+    return ignored + _nested(body)
+
+
+def constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
+    """tool_choice "required" or a named function is enforced by constrained decoding: an
+    engine with tools but without it (OpenVINO, for now) serves "auto" and "none" only."""
+    for field in ("tool_choice", "function_call"):
+        choice = body.get(field)
+        if (
+            choice not in (None, "none", "auto")
+            and body.get("tools" if field == "tool_choice" else "functions")
+            and caps.tools
+            and not caps.response_format
+        ):
+            raise GreenroomError(
+                "field_not_honoured",
+                f"'{field}' {json.dumps(choice)[:80]} cannot be honoured "
+                f"{where}: a required or named call is enforced by constrained decoding, which "
+                'this engine does not have yet; send "auto" or "none"',
+                field,
+            )
+
+
+def _is_noop(value, noop: tuple) -> bool:
+    # by type too: logprobs 0 asks for scoring, only logprobs false is "no change"
+    return any(type(value) is type(n) and value == n for n in noop)
+
+
+def _nested(body: dict) -> list[str]:
+    out = []
+    out += _unread_in_messages(body.get("messages"), "messages")
+    extra = body.get("extra_messages")
+    if isinstance(extra, list):
+        for i, conversation in enumerate(extra):
+            out += _unread_in_messages(conversation, f"extra_messages[{i}]")
+    out += structured.unread_in_format(body.get("response_format"), "response_format")
+    options = body.get("stream_options")
+    if isinstance(options, dict):
+        if body.get("stream") is True:
+            out += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTION_KEYS]
+        else:  # only a stream reads them
+            out.append("stream_options")
+    return out
+
+
+def _unread_in_messages(messages, where: str) -> list[str]:
+    out = []
+    if not isinstance(messages, list):
+        return out
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        read = _RESULT_KEYS if m.get("role") == "tool" else _MESSAGE_KEYS
+        out += [f"{where}[{i}].{k}" for k in m if k not in read]
+        if isinstance(m.get("content"), list):
+            for j, part in enumerate(m["content"]):
+                if isinstance(part, dict):
+                    out += [f"{where}[{i}].content[{j}].{k}" for k in part if k not in _PART_KEYS]
+    return out
+
+
+def strict_mode(value: str | None) -> bool:
+    """X-miLLM-Strict: true/1 → refuse unused fields; false/0/absent → report them."""
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise GreenroomError(
+        "invalid_parameter", f"{STRICT_HEADER} must be true, 1, false or 0, got {value!r}", STRICT_HEADER
+    )
+
+
+def settle(ignored: list[str], strict: bool) -> str | None:
+    """Refuse under strict mode, else log once and return the X-miLLM-Ignored-Fields value."""
+    if not ignored:
+        return None
+    if strict:
+        raise GreenroomError(
+            "unused_fields_refused",
+            f"{STRICT_HEADER} is set and these fields would be ignored: " + ", ".join(ignored),
+            ignored[0],
+        )
+    log.warning("request_fields_unused locations=%s", ignored)
+    return ignored_fields_header(ignored)
+
+
+def report_headers(ignored: list[str], strict: bool) -> dict[str, str]:
+    """The response headers of a request's unread fields (or its refusal under strict mode)."""
+    header = settle(ignored, strict)
+    return {IGNORED_FIELDS_HEADER: header} if header else {}
+
+
+def ignored_fields_header(locations: list[str]) -> str:
+    """An RFC 8941 list of strings, at most IGNORED_FIELDS_HEADER_MAX_BYTES; when the
+    locations do not fit, as many as fit and a last entry "+N more"."""
+    items = [sf.string(loc) for loc in locations]
+    whole = ", ".join(items)
+    if len(whole) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
+        return whole
+    for keep in range(len(items) - 1, -1, -1):
+        value = ", ".join(items[:keep] + [sf.string(f"+{len(items) - keep} more")])
+        if len(value) <= IGNORED_FIELDS_HEADER_MAX_BYTES:
+            return value
+    raise AssertionError("unreachable: '+N more' alone always fits")

@@ -1,0 +1,1 @@
+"""greenroom's own management API: models, steering, clusters, monitoring."""
