@@ -141,6 +141,12 @@ class GreenroomError(Exception):
         self.message = message
         self.param = param
 
+    @classmethod
+    def wrong(cls, value, message: str, param: str) -> GreenroomError:
+        """A required field's refusal: missing_parameter when it was left out (or null), else
+        invalid_parameter."""
+        return cls("missing_parameter" if value is None else "invalid_parameter", message, param)
+
     @property
     def status(self) -> int:
         return TABLE[self.code].status

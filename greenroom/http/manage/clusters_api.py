@@ -160,8 +160,8 @@ def register(app: Quart, tree: Tree) -> None:
         model = tree.resolve(openai_params.model_name(body))
         sae_id = body.get("sae_id")
         if not SAE_ID.matches(sae_id):
-            raise GreenroomError(
-                "missing_parameter" if sae_id is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                sae_id,
                 "'sae_id' must name the attached SAE the members belong to",
                 "sae_id",
             )
@@ -191,8 +191,8 @@ def register(app: Quart, tree: Tree) -> None:
         model = tree.resolve(openai_params.model_name(body))
         rung = body.get("rung")
         if isinstance(rung, bool) or not isinstance(rung, int) or rung not in CIRCUIT.fields["rung"].values:
-            raise GreenroomError(
-                "missing_parameter" if rung is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                rung,
                 f"'rung' must be the circuit's evidence rung, one of {sorted(rules.RUNGS)}",
                 "rung",
             )
@@ -321,8 +321,8 @@ def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
     """[{feature, strength, label?}] → ({feature: strength}, {feature: label}), features as
     decimal strings like every strength map."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_MEMBERS:  # _listed
-        raise GreenroomError(
-            "missing_parameter" if value is None else "invalid_parameter",
+        raise GreenroomError.wrong(
+            value,
             f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}",
             where,
         )
@@ -358,8 +358,8 @@ def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
 
 def _layers(value) -> list[dict]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_LAYERS:  # CIRCUIT's layers
-        raise GreenroomError(
-            "missing_parameter" if value is None else "invalid_parameter",
+        raise GreenroomError.wrong(
+            value,
             f"'layers' must list 1–{MAX_LAYERS} layers {{layer, sae_id?, members}}",
             "layers",
         )

@@ -112,8 +112,8 @@ def register(app: Quart, tree: Tree) -> None:
         tree.require_steering(model, "monitored")
         enabled = body.get("enabled")
         if not isinstance(enabled, bool):
-            raise GreenroomError(
-                "missing_parameter" if enabled is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                enabled,
                 "'enabled' must be true or false",
                 "enabled",
             )

@@ -190,8 +190,8 @@ def register(app: Quart, tree: Tree) -> None:
         model = tree.resolve(openai_params.model_name(body))
         sae = body.get("sae")
         if not isinstance(sae, str) or not sae:
-            raise GreenroomError(
-                "missing_parameter" if sae is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                sae,
                 "'sae' must be a directory holding an SAELens SAE, demo:<size>[:<layer>] or random:<d_in>:<layer>",
                 "sae",
             )
@@ -293,8 +293,8 @@ def register(app: Quart, tree: Tree) -> None:
             )
         profile, saes = body.get("profile"), body.get("saes")
         if not isinstance(profile, dict):
-            raise GreenroomError(
-                "missing_parameter" if profile is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                profile,
                 "'profile' must be an object {name, model, description, strengths}",
                 "profile",
             )
@@ -309,8 +309,8 @@ def register(app: Quart, tree: Tree) -> None:
             and all(_typed(field, sae[k]) for k, field in SAE_IDENTITY.fields.items())
             for sae in saes
         ):
-            raise GreenroomError(
-                "missing_parameter" if saes is None else "invalid_parameter",
+            raise GreenroomError.wrong(
+                saes,
                 f"'saes' must list the SAEs the profile refers to, each {{{', '.join(SAE_IDENTITY.fields)}}}",
                 "saes",
             )

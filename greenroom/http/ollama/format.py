@@ -22,17 +22,7 @@ import attrs
 from greenroom.errors import GreenroomError
 from greenroom.http.core import framing
 from greenroom.http.ollama.ollama_envelope import error_body
-from greenroom.http.pipeline.events import (
-    CallArguments,
-    CallStarted,
-    Completion,
-    Delta,
-    Event,
-    Failure,
-    Finished,
-    Tokens,
-    Usage,
-)
+from greenroom.http.pipeline import events as ev
 
 log = logging.getLogger("greenroom.http.ollama")
 
@@ -56,7 +46,7 @@ class Context:
     now: Callable[[], str] = created_at
 
 
-async def lines(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[bytes]:
+async def lines(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator[bytes]:
     """A streamed answer's NDJSON lines; never a stream cut without a last line (a
     GreenroomError or another exception raised on the way is the error envelope's line)."""
     stream = _Stream(ctx)
@@ -74,7 +64,7 @@ async def lines(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[byt
         )
 
 
-def whole(completion: Completion, ctx: Context) -> dict:
+def whole(completion: ev.Completion, ctx: Context) -> dict:
     """A whole answer: the `done: true` object, with every reported token's `logprobs` when
     they were asked for."""
     (choice,) = completion.choices  # Ollama asks for one
@@ -97,22 +87,22 @@ class _Stream:
         self.names: dict[int, str] = {}
         self.prompt_tokens = 0
 
-    def line(self, event: Event) -> dict | None:
+    def line(self, event: ev.Event) -> dict | None:
         """The line `event` writes, if it writes one."""
-        if isinstance(event, Tokens):
+        if isinstance(event, ev.Tokens):
             self.tokens += event.tokens
-        elif isinstance(event, Delta):
+        elif isinstance(event, ev.Delta):
             return self._line(event.text)
-        elif isinstance(event, CallStarted):
+        elif isinstance(event, ev.CallStarted):
             self.names[event.call] = event.name
-        elif isinstance(event, CallArguments):  # the call is complete: name and arguments in one line
+        elif isinstance(event, ev.CallArguments):  # the call is complete: name and arguments in one line
             return self._line("", [_call(self.names[event.call], event.arguments)])
-        elif isinstance(event, Usage):
+        elif isinstance(event, ev.Usage):
             self.prompt_tokens = event.prompt_tokens
-        elif isinstance(event, Finished):
+        elif isinstance(event, ev.Finished):
             empty = {"message": _message("")} if self.ctx.chat else {"response": ""}
             return {**_head(self.ctx), **empty, **_done(self.ctx, self.prompt_tokens, event), **self._reported()}
-        elif isinstance(event, Failure):
+        elif isinstance(event, ev.Failure):
             return error_body(event.error, self.ctx.rid)
         return None  # Activations: Ollama has no place for them
 
@@ -144,7 +134,7 @@ def _call(name: str, arguments: str) -> dict:
     return {"function": {"name": name, "arguments": json.loads(arguments)}}
 
 
-def _done(ctx: Context, prompt_tokens: int, finished: Finished) -> dict:
+def _done(ctx: Context, prompt_tokens: int, finished: ev.Finished) -> dict:
     stats = finished.stats
     return {
         "done": True,

@@ -157,9 +157,7 @@ COMPLETE = Shape(
 def _required_str(body: dict, name: str) -> str:
     value = body.get(name)
     if not _FILLED.matches(value):
-        raise GreenroomError(
-            "missing_parameter" if value is None else "invalid_parameter", f"'{name}' must be a non-empty string", name
-        )
+        raise GreenroomError.wrong(value, f"'{name}' must be a non-empty string", name)
     return value
 
 
@@ -170,8 +168,8 @@ def extraction_chat(body: dict) -> tuple[dict, FieldPaths]:
     text, name = _required_str(body, "text"), _required_str(body, "name")
     schema = body.get("schema")
     if not isinstance(schema, dict):
-        raise GreenroomError(
-            "missing_parameter" if schema is None else "invalid_parameter",
+        raise GreenroomError.wrong(
+            schema,
             "'schema' must be a JSON schema object",
             "schema",
         )
