@@ -173,6 +173,10 @@ class GreenroomError(Exception):
             },
         }
 
+    def ollama_body(self, rid: str) -> dict:
+        """Ollama's flat envelope, naming the request (its X-Request-ID); greenroom's code beside it."""
+        return {"error": f"{self.message} (request id: {rid})", "code": self.code}
+
     def to_wire(self) -> dict:
         return {"code": self.code, "message": self.message, "param": self.param}
 

@@ -18,10 +18,11 @@ from greenroom.http.anthropic import messages_api
 from greenroom.http.core import cors, openapi, routes
 from greenroom.http.core.headers import REQUEST_ID_HEADER
 from greenroom.http.core.pacing import Pacer
+from greenroom.http.core.request_ids import request_id
 from greenroom.http.core.routes import Surface
 from greenroom.http.core.shutdown import Shutdown
 from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
-from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_envelope, ollama_models
+from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import openai_api, responses_api, tokenize_api
 from greenroom.store import blobs
 from greenroom.supervisor.tree import Tree
@@ -45,9 +46,9 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if err.code in RETRYABLE else {}
         surface = _surface()
         if surface is Surface.OLLAMA:  # Ollama's flat envelope on its /api surface
-            return jsonify(ollama_envelope.error_body(err)), err.status, headers
+            return jsonify(err.ollama_body(request_id())), err.status, headers
         if surface is Surface.ANTHROPIC:  # its envelope names the request, as its request-id header does
-            body = {**err.anthropic_body(), "request_id": ollama_envelope.request_id()}
+            body = {**err.anthropic_body(), "request_id": request_id()}
             return jsonify(body), anthropic_status(err.code), headers
         return jsonify(err.openai_body()), err.status, headers
 
@@ -81,9 +82,9 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
 
     @app.after_request
     async def request_id_and_count(response):
-        response.headers[REQUEST_ID_HEADER] = ollama_envelope.request_id()
+        response.headers[REQUEST_ID_HEADER] = request_id()
         if _surface() is Surface.ANTHROPIC:  # where Anthropic's SDKs read it
-            response.headers["request-id"] = ollama_envelope.request_id()
+            response.headers["request-id"] = request_id()
         origin = request.headers.get("Origin")
         if origin is not None and origins.allows(origin):
             response.headers.update(cors.response_headers(origin))

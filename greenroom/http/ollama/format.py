@@ -21,7 +21,6 @@ import attrs
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core import framing
-from greenroom.http.ollama.ollama_envelope import error_body
 from greenroom.http.pipeline import events as ev
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -56,11 +55,11 @@ async def lines(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator[
             if out is not None:
                 yield framing.ndjson(out)
     except GreenroomError as exc:
-        yield framing.ndjson(error_body(exc, ctx.rid))
+        yield framing.ndjson(exc.ollama_body(ctx.rid))
     except Exception as exc:
         log.exception("Ollama stream %s failed", ctx.rid)
         yield framing.ndjson(
-            error_body(GreenroomError("internal_error", f"internal error: {type(exc).__name__}"), ctx.rid)
+            GreenroomError("internal_error", f"internal error: {type(exc).__name__}").ollama_body(ctx.rid)
         )
 
 
@@ -103,7 +102,7 @@ class _Stream:
             empty = {"message": _message("")} if self.ctx.chat else {"response": ""}
             return {**_head(self.ctx), **empty, **_done(self.ctx, self.prompt_tokens, event), **self._reported()}
         elif isinstance(event, ev.Failure):
-            return error_body(event.error, self.ctx.rid)
+            return event.error.ollama_body(self.ctx.rid)
         return None  # Activations: Ollama has no place for them
 
     def _line(self, text: str, calls: list | None = None) -> dict:

@@ -1,8 +1,8 @@
 """The Ollama /api surface's generation — /api/generate and /api/chat (NDJSON streams,
 streamed by default) — and its read routes (tags, ps, show, version), so the `ollama` client
 works unchanged. Its other parts have modules of their own: the answers' lines and objects
-(ollama/format.py, from the neutral event stream: pipeline/events.py), the envelope
-(ollama_envelope.py), the request's common parts (ollama_request.py), options
+(ollama/format.py, from the neutral event stream: pipeline/events.py), the flat error
+envelope (GreenroomError.ollama_body), the request's common parts (ollama_request.py), options
 (ollama_params.py), `keep_alive` (keep_alive.py), `template` (ollama_templates.py),
 embeddings (ollama_embed.py), metadata (model_facts.py), model management
 (ollama_models.py).
@@ -34,11 +34,11 @@ from greenroom.http.core.headers import (
     TOKEN_COUNT_HEADER,
     TRUNCATED_HEADER,
 )
+from greenroom.http.core.request_ids import request_id
 from greenroom.http.core.schema_subset import SCHEMA, check_schema
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import model_facts, ollama_params, ollama_templates
 from greenroom.http.ollama.keep_alive import parse as parse_keep_alive
-from greenroom.http.ollama.ollama_envelope import request_id
 from greenroom.http.ollama.ollama_request import Prepared, prepare
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import structured

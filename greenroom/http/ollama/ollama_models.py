@@ -33,8 +33,8 @@ from greenroom.engines.llama_cpp import gguf_files, gguf_meta
 from greenroom.errors import GreenroomError
 from greenroom.http.core import contracts, framing, ledger, routes
 from greenroom.http.core.headers import IGNORED_FIELDS_HEADER, STRICT_HEADER
+from greenroom.http.core.request_ids import request_id
 from greenroom.http.ollama import model_facts, ollama_api, ollama_blobs, ollama_params, ollama_templates
-from greenroom.http.ollama.ollama_envelope import error_body, request_id
 from greenroom.http.ollama.ollama_request import model_named, served
 from greenroom.http.openai import openai_params
 from greenroom.store import blobs, catalogue, hub
@@ -196,7 +196,7 @@ def _ndjson(frames, headers: dict) -> Response:
             async for frame in frames:
                 yield framing.ndjson(frame)
         except GreenroomError as exc:
-            yield framing.ndjson(error_body(exc, rid))
+            yield framing.ndjson(exc.ollama_body(rid))
 
     return framing.streamed(lines(), framing.NDJSON, headers)
 

@@ -1,0 +1,23 @@
+"""Every request's id: the client's X-Request-ID when it is a sane token, else one made here.
+Every response carries it (app.py), and the error envelopes that name a request use it."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from quart import g, request
+
+from greenroom.http.core.headers import REQUEST_ID_HEADER
+
+_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def request_id() -> str:
+    """This request's id, made once per request."""
+    rid = g.get("greenroom_request_id")
+    if rid is None:
+        sent = request.headers.get(REQUEST_ID_HEADER)
+        rid = sent if sent is not None and _REQUEST_ID_OK.fullmatch(sent) else f"req-{uuid.uuid4().hex[:24]}"
+        g.greenroom_request_id = rid
+    return rid
