@@ -11,10 +11,10 @@ import trio
 from greenroom.engines.base import Activations
 from greenroom.errors import GreenroomError
 from greenroom.http.anthropic import messages_format
-from greenroom.http.openai import chat_format, needle_format, responses_format
+from greenroom.http.openai import chat_format, logprobs, needle_format, responses_format, scoring
 from greenroom.http.pipeline import events as ev
-from greenroom.http.pipeline import logprobs, structured
-from greenroom.protocol import GenerationStats
+from greenroom.http.pipeline import structured
+from greenroom.protocol import GenerationStats, Score, ScoredRow, Scores
 
 from .test_events import Batches, text
 
@@ -510,3 +510,31 @@ def test_needle_completed_calls_with_their_arguments_as_objects():
     assert body["finish_reason"] == "tool_calls" and body["model"] == "m"
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert body["x_needle"]["type"] == "call" and body["x_needle"]["validation"]["ungrounded"] == ["add.a"]
+
+
+def test_an_echoed_prompt_and_its_scored_token_in_a_text_completion_logprobs_object():
+    # the prompt's first token has no alternatives (nothing predicts it); each listed token is among
+    # its own alternatives; the scored token's offset follows the prompt's text
+    row = ScoredRow(
+        token=[9, "!", [33]],
+        logprob=-0.5,
+        top=[[9, "!", [33], -0.5], [3, "?", [63], -1.5]],
+        prompt_tokens=2,
+        prompt_chars=6,
+        prompt_text="Hi you",
+        prompt=[[1, "Hi", None, None], [2, " you", -2.0, [[4, " me", -1.0], [5, " me", -3.0]]]],
+    )
+    score = Score("cmpl-1", "m", 0.0, None, 2, prompts=["Hi you"], echo=True, echo_logprobs=2)
+    answer = scoring.completion_response(score, Scores("cmpl-1", [row]), {"logprobs": 2, "echo": True}, "fp")
+    assert answer["choices"][0] == {
+        "index": 0,
+        "text": "Hi you!",
+        "logprobs": {
+            "tokens": ["Hi", " you", "!"],
+            "token_logprobs": [None, -2.0, -0.5],
+            "top_logprobs": [None, {" me": -1.0, " you": -2.0}, {"!": -0.5, "?": -1.5}],
+            "text_offset": [0, 2, 6],
+        },
+        "finish_reason": "length",
+    }
+    assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}

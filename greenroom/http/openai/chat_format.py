@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 import attrs
 
 from greenroom.http.core import framing
-from greenroom.http.openai import needle
-from greenroom.http.pipeline import logprobs, sae_activations
+from greenroom.http.openai import logprobs, needle
+from greenroom.http.pipeline import sae_activations
 from greenroom.http.pipeline.events import (
     Activations,
     CallArguments,

@@ -19,10 +19,10 @@ from greenroom.http.core import contracts, framing, ledger, routes
 from greenroom.http.core.contracts import Shape
 from greenroom.http.core.headers import CONSTRAINED_HEADER, SEED_HEADER, STEERING_HEADER, STRICT_HEADER
 from greenroom.http.manage import steering_api
-from greenroom.http.openai import chat_format, needle, needle_format, openai_params
+from greenroom.http.openai import chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.openai.openai_params import Streaming
 from greenroom.http.pipeline import events as typed
-from greenroom.http.pipeline import logprobs, sae_activations, scoring, structured
+from greenroom.http.pipeline import sae_activations, structured
 from greenroom.http.pipeline.answering import answer, drawn_seed, single, vectors
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.protocol import Admitted, Generate, Score

@@ -2,7 +2,8 @@
 top_logprobs) and text completions' legacy object (tokens, token_logprobs, top_logprobs as
 dicts, text_offset) — for a generation's tokens (the engine's Text events carry each as [id,
 text, log-probability, [[id, text, log-probability], …]]), streamed and not, and for scoring's
-answers (scoring.py writes its entries with `entry` and `append`).
+answers (scoring.py writes an echoed prompt's tokens with a `Writer`, the scored token with
+`entry` and `append`).
 
 A generated token's log-probability is the model's log-softmax at temperature 1 — before
 temperature, top_p, top_k and the penalties, after a constraint's mask — as vLLM reports by
@@ -63,13 +64,20 @@ class Writer:
         out = empty()
         for token_id, text, logprob, top in tokens:
             token = key(token_id, text, as_ids)
-            alternatives: dict[str, float] = {}
-            for i, t, lp in top:  # two ids with one text share the entry of the more probable
-                alternatives.setdefault(key(i, t, as_ids), lp)
-            alternatives.setdefault(token, logprob)  # OpenAI: the sampled token too, up to logprobs + 1 entries
+            alternatives: dict[str, float] | None = None
+            if top is not None:  # None: an echoed prompt's first token, which nothing predicts
+                alternatives = {}
+                for i, t, lp in top:  # two ids with one text share the entry of the more probable
+                    alternatives.setdefault(key(i, t, as_ids), lp)
+                alternatives.setdefault(token, logprob)  # OpenAI: the sampled token too, up to logprobs + 1 entries
             append(out, token, logprob, alternatives, self._offset)
             self._offset += len(text)
         return out
+
+    @property
+    def offset(self) -> int:
+        """Where the next token's text starts."""
+        return self._offset
 
 
 def writers(gen: Generate, admitted: Admitted, chat: bool, as_ids: bool) -> dict[int, Writer]:

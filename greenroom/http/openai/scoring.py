@@ -18,9 +18,9 @@ import attrs
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core.contracts import INT64, NULL, AnyOf, Boolean, Choice, ListOf, Number, Shape, needs, sent, when
-from greenroom.http.openai import openai_params
+from greenroom.http.openai import logprobs, openai_params
 from greenroom.http.openai.openai_params import new_rid
-from greenroom.http.pipeline import logprobs, structured
+from greenroom.http.pipeline import structured
 from greenroom.protocol import Score, Scores
 
 MAX_LOGPROBS = 20
@@ -373,18 +373,8 @@ def completion_response(score: Score, result: Scores, body: dict, fingerprint: s
         answer = row.token[1] if row.token is not None else ""
         written = None
         if with_logprobs:
-            written = logprobs.empty()
-            offset = 0
-            for token_id, text, logprob, alternatives in row.prompt or ():  # echo: the prompt's tokens
-                key = logprobs.key(token_id, text, as_ids)
-                top = None
-                if alternatives is not None:  # the token itself is always listed (OpenAI: up to logprobs + 1)
-                    top = {}
-                    for alt in alternatives:
-                        top.setdefault(logprobs.key(*alt[:2], as_ids), alt[2])
-                    top.setdefault(key, logprob)
-                logprobs.append(written, key, logprob, top, offset)
-                offset += len(text)
+            echoed = logprobs.Writer(False, as_ids, 0)
+            written = echoed(row.prompt or ())  # echo: the prompt's tokens, as a generation's are written
             if row.token is not None:  # the token after the prompt, exactly as without echo
                 top = {}
                 for alt in row.top:  # two ids with one text share the entry of the more probable
@@ -394,7 +384,7 @@ def completion_response(score: Score, result: Scores, body: dict, fingerprint: s
                     _key(row.token, as_ids),
                     row.logprob,
                     top,
-                    offset if row.prompt is not None else row.prompt_chars,
+                    echoed.offset if row.prompt is not None else row.prompt_chars,
                 )
         text = row.prompt_text + answer if score.echo else answer
         choices.append({"index": i, "text": text, "logprobs": written, "finish_reason": "length"})
