@@ -22,25 +22,8 @@ from quart import Quart
 
 from greenroom.errors import GreenroomError
 from greenroom.http.anthropic import messages_format
-from greenroom.http.core import ledger, routes
-from greenroom.http.core.contracts import (
-    DATA,
-    AnyOf,
-    Boolean,
-    Choice,
-    Field,
-    ListOf,
-    Named,
-    Shape,
-    Text,
-    at,
-    merge,
-    needs,
-    refused,
-    reported,
-    sent,
-    when,
-)
+from greenroom.http.core import contracts, ledger, routes
+from greenroom.http.core.contracts import AnyOf, Boolean, Choice, Field, ListOf, Named, Shape, Text
 from greenroom.http.core.schema_subset import SCHEMA
 from greenroom.http.openai import openai_api, openai_params, tokenize_api
 from greenroom.http.pipeline import paths, structured
@@ -51,7 +34,7 @@ from greenroom.supervisor.tree import Tree
 
 # --- the request (contracts.py) ---------------------------------------------------------------
 
-_CACHE = {"cache_control": reported(description="Not read (no prompt cache): reported")}
+_CACHE = {"cache_control": contracts.reported(description="Not read (no prompt cache): reported")}
 TEXT_BLOCK = Shape(
     fields={"type": Choice(values=("text",)), "text": Text(), **_CACHE},
     required=("type", "text"),
@@ -61,7 +44,7 @@ TOOL_USE_BLOCK = Shape(
         "type": Choice(values=("tool_use",)),
         "id": Text(),
         "name": Text(),
-        "input": Shape(fields={}, extra=DATA, null=False),
+        "input": Shape(fields={}, extra=contracts.DATA, null=False),
         **_CACHE,
     },
     required=("type", "id", "name", "input"),
@@ -73,7 +56,7 @@ TOOL_RESULT_BLOCK = Shape(
         "type": Choice(values=("tool_result",)),
         "tool_use_id": Text(description="The earlier tool_use block it answers (refused if none has this id)"),
         "content": TEXT,
-        "is_error": reported(description="Not read: reported"),
+        "is_error": contracts.reported(description="Not read: reported"),
         **_CACHE,
     },
     required=("type", "tool_use_id"),
@@ -95,23 +78,20 @@ MESSAGE = Named(
         description="A user's text and tool_result blocks, or an assistant's text and tool_use blocks (text joined)",
     ),
 )
-TOOL = Named(
-    name="AnthropicTool",
-    field=Shape(
-        fields={
-            "type": Choice(values=("custom",)),
-            "name": structured.NAME,
-            "description": Text(),
-            "input_schema": attrs.evolve(
-                structured.FUNCTION.field.fields["parameters"],
-                description="A JSON schema (calls are validated against it); with tool_choice any or tool, in "
-                "greenroom's subset (JSONSchema: it is compiled into the grammar)",
-            ),
-            **_CACHE,
-        },
-        required=("name", "input_schema"),
-        description="Client tools only: greenroom runs no tools of its own (server tools are refused)",
-    ),
+TOOL = structured.flat_tool(
+    "AnthropicTool",
+    "custom",
+    {
+        "description": Text(),
+        "input_schema": attrs.evolve(
+            structured.FUNCTION.field.fields["parameters"],
+            description="A JSON schema (calls are validated against it); with tool_choice any or tool, in "
+            "greenroom's subset (JSONSchema: it is compiled into the grammar)",
+        ),
+        **_CACHE,
+    },
+    required=("name", "input_schema"),
+    description="Client tools only: greenroom runs no tools of its own (server tools are refused)",
 )
 TOOL_CHOICE = AnyOf(
     options=(
@@ -130,7 +110,7 @@ TOOL_CHOICE = AnyOf(
 
 def _output_config(schema: Field, description: str) -> Shape:
     return Shape(
-        rule=needs("response_format", {}),
+        rule=contracts.needs("response_format", {}),
         fields={
             "format": Shape(
                 fields={"type": Choice(values=("json_schema",)), "schema": schema},
@@ -153,13 +133,13 @@ _COMMON = Shape(
         "model": openai_params.MODEL,
         "messages": ListOf(items=MESSAGE, min_items=1),
         "system": attrs.evolve(TEXT, description="A system message first; text blocks joined"),
-        "tools": ListOf(items=TOOL, rule=needs("tools", [])),
-        "tool_choice": attrs.evolve(TOOL_CHOICE, rule=needs("tools")),
+        "tools": ListOf(items=TOOL, rule=contracts.needs("tools", [])),
+        "tool_choice": attrs.evolve(TOOL_CHOICE, rule=contracts.needs("tools")),
         "output_config": _FORMAT,
-        "thinking": refused({"type": "disabled"}, why="this model does not think"),
-        "mcp_servers": refused([], why=_NO_SERVER_TOOLS),
-        "container": refused(why=_NO_SERVER_TOOLS),
-        "context_management": refused(why=openai_params.NOT_YET),
+        "thinking": contracts.refused({"type": "disabled"}, why="this model does not think"),
+        "mcp_servers": contracts.refused([], why=_NO_SERVER_TOOLS),
+        "container": contracts.refused(why=_NO_SERVER_TOOLS),
+        "context_management": contracts.refused(why=openai_params.NOT_YET),
     },
     required=("model", "messages"),
 )
@@ -177,42 +157,27 @@ _COUNTED = attrs.evolve(
 
 
 _NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
-_FORCED = at({"enum": ["any", "tool"]}, "tool_choice", "type")
-_FORMATTED = at({"type": "object"}, "output_config", "format")
-_UNTOOLED = {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice", "type")]}
-_RULES = (when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),)
+_FORCED = contracts.at({"enum": ["any", "tool"]}, "tool_choice", "type")
+_FORMATTED = contracts.at({"type": "object"}, "output_config", "format")
+_UNTOOLED = {"anyOf": [_NO_TOOLS, contracts.at({"const": "none"}, "tool_choice", "type")]}
+_RULES = (contracts.when(_FORCED, {"not": _NO_TOOLS}, "tool_choice any or tool needs tools"),)
 # a generation's only: a token count enforces nothing
 _ENFORCED = (
-    when(
+    contracts.when(
         _FORCED,
         {"properties": {"tools": {"items": {"properties": {"input_schema": SCHEMA}}}}},
         "calls enforced by decoding: the tools' input_schema in greenroom's subset",
     ),
-    when(_FORMATTED, _UNTOOLED, "output_config.format cannot be combined with tools unless tool_choice is none"),
+    contracts.when(
+        _FORMATTED, _UNTOOLED, "output_config.format cannot be combined with tools unless tool_choice is none"
+    ),
 )
-_LONE = {"properties": {"role": {"const": "assistant"}}, "required": ["role"]}
-_UNCALLED = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"not": at({"const": "tool_use"}, "type")}}]}
-_RULES += (
-    {
-        "not": {
-            "allOf": [
-                {
-                    "properties": {
-                        "messages": {
-                            "maxItems": 1,
-                            "items": {**_LONE, "properties": {**_LONE["properties"], "content": _UNCALLED}},
-                        }
-                    }
-                },
-                {"not": sent("system")},
-            ]
-        },
-        "description": "A lone assistant message (nothing before the partial answer it continues) needs a system "
-        "prompt before it",
-    },
-)
-COUNT_REQUEST = merge(_COUNTED, rules=_RULES, ledger=True)
-REQUEST = merge(
+_UNCALLED = {
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"not": contracts.at({"const": "tool_use"}, "type")}}]
+}
+_RULES += (openai_params.lone_assistant("messages", {"content": _UNCALLED}, ("system",), "a system prompt before it"),)
+COUNT_REQUEST = contracts.merge(_COUNTED, rules=_RULES, ledger=True)
+REQUEST = contracts.merge(
     _COMMON,
     Shape(
         fields={
@@ -222,8 +187,8 @@ REQUEST = merge(
             "top_p": openai_params.TOP_P,
             "top_k": openai_params.TOP_K,
             "stream": Boolean(default=False),
-            "metadata": reported(),  # user_id
-            "service_tier": reported(),
+            "metadata": contracts.reported(),  # user_id
+            "service_tier": contracts.reported(),
         },
         required=("max_tokens",),
     ),
@@ -231,7 +196,7 @@ REQUEST = merge(
     rules=(
         *_RULES,
         *_ENFORCED,
-        when(
+        contracts.when(
             _FORMATTED,
             {"properties": {"stop_sequences": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}},
             "output_config.format cannot be cut by stop_sequences",
@@ -363,11 +328,9 @@ def _tool_choice(choice) -> tuple[object, bool | None]:
 
 
 def _response_format(body: dict, unread: list[str]):
-    config = body.get("output_config")
+    config = openai_params.mapping(body, "output_config")
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise GreenroomError("invalid_parameter", "'output_config' must be an object", "output_config")
     unread += [f"output_config.{k}" for k in config if k not in _FORMAT.names]
     if config.get("effort") is not None:
         raise GreenroomError(

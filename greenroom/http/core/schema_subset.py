@@ -26,21 +26,8 @@ import re
 import attrs
 
 from greenroom.errors import GreenroomError
-from greenroom.http.core.contracts import (
-    DATA,
-    INT64,
-    NUMBER,
-    AnyOf,
-    Boolean,
-    Choice,
-    ListOf,
-    MapOf,
-    Named,
-    Number,
-    Schema,
-    Shape,
-    Text,
-)
+from greenroom.http.core import contracts
+from greenroom.http.core.contracts import AnyOf, Boolean, Choice, ListOf, MapOf, Named, Number, Schema, Shape, Text
 
 MAX_SCHEMA_BYTES = 65_536  # of the schema as compact JSON (UTF-8)
 MAX_DEPTH = 32  # schemas nested in schemas, the root being depth 1
@@ -304,7 +291,7 @@ class _Walker:
 
 def _wide(value, at: str):
     """The pointers of the integers past 64 bits anywhere in `value`, keywords and data alike."""
-    if _is_int(value) and not INT64[0] <= value <= INT64[1]:
+    if _is_int(value) and not contracts.INT64[0] <= value <= contracts.INT64[1]:
         yield at
     elif isinstance(value, dict):
         for key, sub in value.items():
@@ -358,7 +345,7 @@ assert set(_KEYWORDS) == set(SUPPORTED) | set(ANNOTATIONS)
 def _keywords(sub) -> dict:
     """The keywords the walker takes, each with the values its check accepts (`sub`: a nested
     schema); what JSON Schema cannot say is in SCHEMA's description."""
-    count = Number(lo=0, hi=INT64[1], integer=True)
+    count = Number(lo=0, hi=contracts.INT64[1], integer=True)
     keywords = {
         "type": AnyOf(
             options=(
@@ -372,10 +359,10 @@ def _keywords(sub) -> dict:
         "items": sub,
         "minItems": count,
         "maxItems": count,
-        "enum": ListOf(items=DATA, min_items=1),
-        "const": DATA,
-        "minimum": NUMBER,
-        "maximum": NUMBER,
+        "enum": ListOf(items=contracts.DATA, min_items=1),
+        "const": contracts.DATA,
+        "minimum": contracts.NUMBER,
+        "maximum": contracts.NUMBER,
         "minLength": count,
         "maxLength": count,
         "pattern": Text(),
@@ -385,8 +372,8 @@ def _keywords(sub) -> dict:
         "format": Choice(values=FORMATS),
         "title": Text(),
         "description": Text(),
-        "default": DATA,
-        "examples": ListOf(items=DATA),
+        "default": contracts.DATA,
+        "examples": ListOf(items=contracts.DATA),
         "$schema": Text(),
         "$id": Text(),
         "$comment": Text(),
@@ -399,7 +386,7 @@ def _keywords(sub) -> dict:
 
 
 _ROOT_ONLY = ("$defs", "$id")
-_EXTENSIONS = {"^x-": DATA}  # patternProperties: the x-… annotations
+_EXTENSIONS = {"^x-": contracts.DATA}  # patternProperties: the x-… annotations
 
 
 def _nested(keywords: dict) -> Shape:

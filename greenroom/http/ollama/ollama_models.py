@@ -620,10 +620,8 @@ def _create_defaults(body: dict, caps: Capabilities, own_template: str) -> dict:
     --modelfile` carries back) is no template of the new model's: it keeps the base's."""
     system, template = openai_params.string(body, "system"), openai_params.string(body, "template")
     template = ollama_templates.check(template or "", own_template)
-    parameters = body.get("parameters")
+    parameters = openai_params.mapping(body, "parameters")
     if parameters is not None:
-        if not isinstance(parameters, dict):
-            raise GreenroomError("invalid_parameter", "'parameters' must be an object", "parameters")
         unknown = sorted(set(parameters) - set(ollama_params.OPTIONS))
         if unknown:
             raise GreenroomError(

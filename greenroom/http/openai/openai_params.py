@@ -165,6 +165,29 @@ def conversation(message: Field, min_items: int = 1) -> Schema:
     )
 
 
+def lone_assistant(field: str, message: dict, before: tuple[str, ...], needed: str) -> dict:
+    """The rule of a translated surface whose conversation (`field`) may be one assistant message
+    (`message`: what else such an item holds) after a system prompt it takes as fields of its own
+    (`before`): without one of them it is refused, as chat refuses a lone assistant message."""
+    return {
+        "not": {
+            "allOf": [
+                {
+                    "properties": {
+                        field: {
+                            "type": "array",
+                            "maxItems": 1,
+                            "items": {"properties": {"role": {"const": "assistant"}, **message}, "required": ["role"]},
+                        }
+                    }
+                },
+                {"not": {"anyOf": [sent(name) for name in before]}},
+            ]
+        },
+        "description": f"A lone assistant message (nothing before the partial answer it continues) needs {needed}",
+    }
+
+
 MESSAGES = conversation(MESSAGE)
 # return_sae_activations, as sae_activations.py checks it (its names and limits read from there)
 SAE_ACTIVATIONS = Named(
@@ -449,6 +472,14 @@ def string(body: dict, name: str) -> str | None:
     return value
 
 
+def mapping(body: dict, name: str) -> dict | None:
+    """An object field (None when left out or null)."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise GreenroomError("invalid_parameter", f"'{name}' must be an object", name)
+    return value
+
+
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
@@ -506,10 +537,7 @@ class Streaming:
 
 def streaming(body: dict) -> Streaming:
     on = boolean(body, "stream", False)
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise GreenroomError("invalid_parameter", "'stream_options' must be an object", "stream_options")
-    include = (options or {}).get("include_usage")
+    include = (mapping(body, "stream_options") or {}).get("include_usage")
     if include is not None and not isinstance(include, bool):
         raise GreenroomError(
             "invalid_parameter", "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"
@@ -645,12 +673,8 @@ def tool_calls(calls, where: str) -> list[dict]:
 
 
 def template_kwargs(body: dict) -> dict | None:
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is None:
-        return None
-    if not isinstance(kwargs, dict):
-        raise GreenroomError("invalid_parameter", "'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    for key in kwargs:
+    kwargs = mapping(body, "chat_template_kwargs")
+    for key in kwargs or ():
         if key in RESERVED_TEMPLATE_KWARGS:
             raise GreenroomError(
                 "invalid_parameter",

@@ -23,27 +23,8 @@ import trio
 from quart import Quart, after_this_request, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http.core import ledger, routes
-from greenroom.http.core.contracts import (
-    DATA,
-    AnyOf,
-    Anything,
-    Boolean,
-    Choice,
-    ListOf,
-    MapOf,
-    Named,
-    Number,
-    Shape,
-    Text,
-    at,
-    merge,
-    needs,
-    refused,
-    reported,
-    sent,
-    when,
-)
+from greenroom.http.core import contracts, ledger, routes
+from greenroom.http.core.contracts import AnyOf, Anything, Boolean, Choice, ListOf, MapOf, Named, Number, Shape, Text
 from greenroom.http.core.headers import NOT_STORED_HEADER, STRICT_HEADER
 from greenroom.http.core.schema_subset import SCHEMA
 from greenroom.http.openai import openai_api, openai_params, responses_format
@@ -105,20 +86,17 @@ CALL_OUTPUT_ITEM = Shape(
 )
 INPUT_ITEM = Named(name="ResponseInputItem", field=AnyOf(options=(MESSAGE_ITEM, CALL_ITEM, CALL_OUTPUT_ITEM)))
 _FUNCTION = structured.FUNCTION.field.fields
-FUNCTION_TOOL = Named(
-    name="ResponseFunctionTool",
-    field=Shape(
-        fields={
-            "type": Choice(values=("function",)),
-            "name": structured.NAME,
-            "description": _FUNCTION["description"],
-            "parameters": _FUNCTION["parameters"],
-            "strict": Boolean(description="Accepted; calls are validated against the parameters either way"),
-        },
-        required=("type", "name"),
-        extra=DATA,
-        description="Function tools only: greenroom runs no tools of its own (built-in tools are refused)",
-    ),
+FUNCTION_TOOL = structured.flat_tool(
+    "ResponseFunctionTool",
+    "function",
+    {
+        "description": _FUNCTION["description"],
+        "parameters": _FUNCTION["parameters"],
+        "strict": Boolean(description="Accepted; calls are validated against the parameters either way"),
+    },
+    required=("type", "name"),
+    extra=contracts.DATA,
+    description="Function tools only: greenroom runs no tools of its own (built-in tools are refused)",
 )
 _FORMAT = Named(
     name="ResponseTextFormat",
@@ -144,8 +122,8 @@ _FORMAT = Named(
 
 
 _NO_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}
-_FORCED = at({"not": {"enum": ["none", "auto", None]}}, "tool_choice")
-REQUEST = merge(
+_FORCED = contracts.at({"not": {"enum": ["none", "auto", None]}}, "tool_choice")
+REQUEST = contracts.merge(
     Shape(
         fields={
             "model": openai_params.MODEL,
@@ -161,8 +139,10 @@ REQUEST = merge(
             "store": Boolean(default=True, description="Keep the response for GET and previous_response_id"),
             "previous_response_id": Text(min_length=1, description="A stored response: its conversation continues"),
             "metadata": MapOf(values=Text(max_length=512), keys=Text(max_length=64), description="Stored, echoed"),
-            "text": Shape(fields={"format": _FORMAT}, rule=needs("response_format", {}, {"format": {"type": "text"}})),
-            "tools": ListOf(items=FUNCTION_TOOL, rule=needs("tools", [])),
+            "text": Shape(
+                fields={"format": _FORMAT}, rule=contracts.needs("response_format", {}, {"format": {"type": "text"}})
+            ),
+            "tools": ListOf(items=FUNCTION_TOOL, rule=contracts.needs("tools", [])),
             "tool_choice": AnyOf(
                 options=(
                     Choice(values=("none", "auto", "required")),
@@ -172,59 +152,49 @@ REQUEST = merge(
                     ),
                 ),
                 description="As chat's: required or a named function is enforced by decoding",
-                rule=needs("tools"),
+                rule=contracts.needs("tools"),
             ),
             "parallel_tool_calls": Boolean(
-                description="false: at most one call when tool_choice forces calls", rule=needs("tools")
+                description="false: at most one call when tool_choice forces calls", rule=contracts.needs("tools")
             ),
             **dict.fromkeys(
-                ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"), reported()
+                ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier"),
+                contracts.reported(),
             ),
-            "stream_options": reported(),  # include_obfuscation: no obfuscation is sent
-            "reasoning": refused({}, why="this model does not reason"),
-            "background": refused(False, why="a response is answered within its request: there is no background queue"),
-            "truncation": refused(
+            "stream_options": contracts.reported(),  # include_obfuscation: no obfuscation is sent
+            "reasoning": contracts.refused({}, why="this model does not reason"),
+            "background": contracts.refused(
+                False, why="a response is answered within its request: there is no background queue"
+            ),
+            "truncation": contracts.refused(
                 "disabled", why="a prompt past the context window is refused (context_length_exceeded), never cut"
             ),
-            "include": refused([], why="no reasoning, search results or log-probabilities are produced to include"),
-            "top_logprobs": refused(0, why=openai_params.NOT_YET),
-            "max_tool_calls": refused(why=openai_params.NOT_YET),
-            "conversation": refused(why="continue a stored response with previous_response_id"),
-            "prompt": refused(why="stored prompt templates are not served"),
-            "context_management": refused(why=openai_params.NOT_YET),
+            "include": contracts.refused(
+                [], why="no reasoning, search results or log-probabilities are produced to include"
+            ),
+            "top_logprobs": contracts.refused(0, why=openai_params.NOT_YET),
+            "max_tool_calls": contracts.refused(why=openai_params.NOT_YET),
+            "conversation": contracts.refused(why="continue a stored response with previous_response_id"),
+            "prompt": contracts.refused(why="stored prompt templates are not served"),
+            "context_management": contracts.refused(why=openai_params.NOT_YET),
         },
         required=("model", "input"),
     ),
     openai_api.MILLM,
     rules=(
-        when(
-            at({"enum": ["json_object", "json_schema"]}, "text", "format", "type"),
-            {"anyOf": [_NO_TOOLS, at({"const": "none"}, "tool_choice")]},
+        contracts.when(
+            contracts.at({"enum": ["json_object", "json_schema"]}, "text", "format", "type"),
+            {"anyOf": [_NO_TOOLS, contracts.at({"const": "none"}, "tool_choice")]},
             "text.format json cannot be combined with tools unless tool_choice is none",
         ),
-        when(_FORCED, {"not": _NO_TOOLS}, "tool_choice required or a named function needs tools"),
-        {
-            "not": {
-                "allOf": [
-                    {
-                        "properties": {
-                            "input": {
-                                "type": "array",
-                                "maxItems": 1,
-                                "items": {
-                                    "properties": {"role": {"const": "assistant"}, "type": {"enum": ["message", None]}},
-                                    "required": ["role"],
-                                },
-                            }
-                        }
-                    },
-                    {"not": {"anyOf": [sent("instructions"), sent("previous_response_id")]}},
-                ]
-            },
-            "description": "A lone assistant message (nothing before the partial answer it continues) needs "
+        contracts.when(_FORCED, {"not": _NO_TOOLS}, "tool_choice required or a named function needs tools"),
+        openai_params.lone_assistant(
+            "input",
+            {"type": {"enum": ["message", None]}},
+            ("instructions", "previous_response_id"),
             "instructions or previous_response_id",
-        },
-        when(
+        ),
+        contracts.when(
             _FORCED,
             {"properties": {"tools": {"items": {"properties": {"parameters": SCHEMA}}}}},
             "calls enforced by decoding: the functions' parameters in greenroom's subset",
@@ -344,11 +314,9 @@ def _tool_choice(choice):
 
 
 def _response_format(body: dict, unread: list[str]):
-    text = body.get("text")
+    text = openai_params.mapping(body, "text")
     if text is None:
         return None
-    if not isinstance(text, dict):
-        raise GreenroomError("invalid_parameter", "'text' must be an object", "text")
     unread += [f"text.{k}" for k in text if k != "format"]
     fmt = text.get("format")
     unread += structured.unread_in_format(fmt, "text.format", _FORMAT.field.options)

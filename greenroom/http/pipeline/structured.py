@@ -62,6 +62,15 @@ FUNCTION = Named(
         extra=DATA,
     ),
 )
+
+
+def flat_tool(component: str, kind: str, fields: dict, **shape) -> Named:
+    """A function tool as Responses and Anthropic write it, flat: its `type` (`kind`), chat's
+    function name, then `fields` (its description and parameters under the surface's names, and
+    the surface's own); `shape`: the rest of its Shape (required, extra, description)."""
+    return Named(name=component, field=Shape(fields={"type": Choice(values=(kind,)), "name": NAME, **fields}, **shape))
+
+
 TOOL = Named(
     name="Tool",
     field=Shape(
