@@ -33,9 +33,8 @@ from greenroom.http.manage.steering_api import (
     MODEL,
     PROFILE_NAME,
     SAE_ID,
-    check_description,
-    check_name,
     delete,
+    name_and_description,
     read_body,
     state_json,
     write,
@@ -155,23 +154,16 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/clusters/import")
     async def import_cluster():
-        body = await read_body(CLUSTER)
-        _format(body, CLUSTER_FORMAT)
-        model = tree.resolve(openai_params.model_name(body))
+        body, model = await _document(tree, CLUSTER, CLUSTER_FORMAT)
         sae_id = body.get("sae_id")
         if not SAE_ID.matches(sae_id):
-            raise GreenroomError.wrong(
-                sae_id,
-                "'sae_id' must name the attached SAE the members belong to",
-                "sae_id",
-            )
+            raise GreenroomError.wrong(sae_id, "'sae_id' must name the attached SAE the members belong to", "sae_id")
         members, labels = _members(body.get("members"), "members")
         return (
             await tree.steering(
                 ImportCluster(
                     model,
-                    check_name(body.get("name")),
-                    check_description(body.get("description")) or "",
+                    *name_and_description(body),
                     sae_id,
                     members,
                     labels,
@@ -186,20 +178,16 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/api/circuits/import")
     async def import_circuit():
-        body = await read_body(CIRCUIT)
-        _format(body, CIRCUIT_FORMAT)
-        model = tree.resolve(openai_params.model_name(body))
+        body, model = await _document(tree, CIRCUIT, CIRCUIT_FORMAT)
         rung = body.get("rung")
         if isinstance(rung, bool) or not isinstance(rung, int) or rung not in CIRCUIT.fields["rung"].values:
             raise GreenroomError.wrong(
-                rung,
-                f"'rung' must be the circuit's evidence rung, one of {sorted(rules.RUNGS)}",
-                "rung",
+                rung, f"'rung' must be the circuit's evidence rung, one of {sorted(rules.RUNGS)}", "rung"
             )
         fallback = body.get("slice_fallback")
         if fallback is not None and not PROFILE_NAME.matches(fallback):
             raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
-        name, description = check_name(body.get("name")), check_description(body.get("description")) or ""
+        name, description = name_and_description(body)
         layers = _layers(body.get("layers"))
         return (
             await tree.steering(ImportCircuit(model, name, description, rung, layers, *_dialled(body), fallback))
@@ -299,9 +287,12 @@ def document(kind: str, summary: dict) -> dict:
     return out
 
 
-def _format(body: dict, expected: str) -> None:
+async def _document(tree: Tree, shape: Shape, expected: str) -> tuple[dict, str]:
+    """An imported document (a closed `shape`) of the `expected` format, and the model it names."""
+    body = await read_body(shape)
     if body.get("format") != expected:
         raise GreenroomError("invalid_parameter", f"'format' must be {expected!r}", "format")
+    return body, tree.resolve(openai_params.model_name(body))
 
 
 def _dialled(body: dict) -> tuple[list[float] | None, float]:
@@ -322,9 +313,7 @@ def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
     decimal strings like every strength map."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_MEMBERS:  # _listed
         raise GreenroomError.wrong(
-            value,
-            f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}",
-            where,
+            value, f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}", where
         )
     strengths, labels = {}, {}
     for i, member in enumerate(value):
@@ -359,9 +348,7 @@ def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
 def _layers(value) -> list[dict]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_LAYERS:  # CIRCUIT's layers
         raise GreenroomError.wrong(
-            value,
-            f"'layers' must list 1–{MAX_LAYERS} layers {{layer, sae_id?, members}}",
-            "layers",
+            value, f"'layers' must list 1–{MAX_LAYERS} layers {{layer, sae_id?, members}}", "layers"
         )
     out, seen = [], set()
     for i, layer in enumerate(value):

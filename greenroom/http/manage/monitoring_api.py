@@ -18,6 +18,7 @@ from quart import Quart, request
 from greenroom.engines.base import MonitorRequest
 from greenroom.errors import GreenroomError
 from greenroom.http.core import contracts, framing, routes
+from greenroom.http.manage.steering_api import read_body
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import sae_activations
 from greenroom.protocol import Generate, Text
@@ -104,19 +105,12 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "PUT", "/api/monitoring")
     async def configure():
-        body = openai_params.parse_json(await request.get_data())
-        unknown = sorted(set(body) - CONFIGURE.names)
-        if unknown:
-            raise GreenroomError("invalid_parameter", f"unknown field(s): {', '.join(unknown)}", unknown[0])
+        body = await read_body(CONFIGURE)
         model = tree.resolve(openai_params.model_name(body))
         tree.require_steering(model, "monitored")
         enabled = body.get("enabled")
         if not isinstance(enabled, bool):
-            raise GreenroomError.wrong(
-                enabled,
-                "'enabled' must be true or false",
-                "enabled",
-            )
+            raise GreenroomError.wrong(enabled, "'enabled' must be true or false", "enabled")
         top_k = body.get("top_k")
         if top_k is not None and not CONFIGURE.fields["top_k"].holds(top_k):
             raise GreenroomError("invalid_parameter", f"'top_k' must be an integer from 1 to {TOP_K_MAX}", "top_k")

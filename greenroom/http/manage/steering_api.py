@@ -245,8 +245,7 @@ def register(app: Quart, tree: Tree) -> None:
             await tree.steering(
                 CreateProfile(
                     model,
-                    check_name(body.get("name")),
-                    check_description(body.get("description")) or "",
+                    *name_and_description(body),
                     _strengths(body.get("strengths")) or {},
                 )
             )
@@ -294,9 +293,7 @@ def register(app: Quart, tree: Tree) -> None:
         profile, saes = body.get("profile"), body.get("saes")
         if not isinstance(profile, dict):
             raise GreenroomError.wrong(
-                profile,
-                "'profile' must be an object {name, model, description, strengths}",
-                "profile",
+                profile, "'profile' must be an object {name, model, description, strengths}", "profile"
             )
         unknown = sorted(set(profile) - PROFILE.names)
         if unknown:
@@ -326,8 +323,7 @@ def register(app: Quart, tree: Tree) -> None:
             await tree.steering(
                 ImportProfile(
                     model,
-                    check_name(profile.get("name")),
-                    check_description(profile.get("description")) or "",
+                    *name_and_description(profile),
                     strengths,
                     saes,
                 )
@@ -427,6 +423,11 @@ def _sae_id(body: dict, required: bool) -> str | None:
     if not SAE_ID.matches(sae_id):
         raise GreenroomError("invalid_parameter", "'sae_id' must be 1–64 letters, digits, '_', '.' or '-'", "sae_id")
     return sae_id
+
+
+def name_and_description(body: dict) -> tuple[str, str]:
+    """A stored object's name and its description ("" when left out), each checked."""
+    return check_name(body.get("name")), check_description(body.get("description")) or ""
 
 
 def check_name(name) -> str:

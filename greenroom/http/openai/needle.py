@@ -168,11 +168,7 @@ def extraction_chat(body: dict) -> tuple[dict, FieldPaths]:
     text, name = _required_str(body, "text"), _required_str(body, "name")
     schema = body.get("schema")
     if not isinstance(schema, dict):
-        raise GreenroomError.wrong(
-            schema,
-            "'schema' must be a JSON schema object",
-            "schema",
-        )
+        raise GreenroomError.wrong(schema, "'schema' must be a JSON schema object", "schema")
     chat = {
         "messages": [
             {
