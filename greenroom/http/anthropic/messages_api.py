@@ -6,8 +6,8 @@ message, each message's text blocks its content, an assistant's tool_use blocks 
 a user's tool_result blocks tool messages (paired with their calls by tool_use_id), tools (name, description, input_schema) chat's
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
 (disable_parallel_tool_use: parallel_tool_calls false), stop_sequences stop,
-output_config.format a json_schema response_format — and runs through openai_api.generation.
-Its answer, the one typed event stream (pipeline/events.py) or its fold, is written as
+output_config.format a json_schema response_format — and runs the one generation path
+(pipeline/generation.py). Its answer, the one typed event stream (pipeline/events.py) or its fold, is written as
 Anthropic's Message or its events by anthropic/messages_format.py. Errors use Anthropic's
 envelope and statuses (errors.anthropic_body; app.py).
 """
@@ -25,8 +25,8 @@ from greenroom.http.anthropic import messages_format
 from greenroom.http.core import contracts, ledger, routes
 from greenroom.http.core.contracts import AnyOf, Boolean, Choice, Field, ListOf, Named, Shape, Text
 from greenroom.http.core.schema_subset import SCHEMA
-from greenroom.http.openai import openai_api, openai_params, tokenize_api
-from greenroom.http.pipeline import paths, structured
+from greenroom.http.openai import openai_params, tokenize_api
+from greenroom.http.pipeline import generation, paths, structured
 from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.protocol import Admitted, Tokenize
@@ -192,7 +192,7 @@ REQUEST = contracts.merge(
         },
         required=("max_tokens",),
     ),
-    openai_api.MILLM,
+    generation.MILLM,
     rules=(
         *_RULES,
         *_ENFORCED,
@@ -384,7 +384,7 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], Fie
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise GreenroomError("invalid_parameter", "'stop_sequences' must be an array of strings", "stop_sequences")
         chat |= {"stop": stop or None} | {
-            k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", *openai_api.MILLM.names)
+            k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", *generation.MILLM.names)
         }
     names |= paths.tools(len(chat["tools"] or ()), _TOOL_FIELDS)
     return {k: v for k, v in chat.items() if v is not None}, unread, FieldPaths(names)
@@ -413,14 +413,15 @@ class _Answer:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
-        req = await openai_api.prepare(tree, REQUEST, "on messages", translated=True)
+        req = await generation.prepare(tree, REQUEST, "on messages", translated=True)
         chat, unread, field_paths = translate(req.body)
         with field_paths.renaming():
-            return await openai_api.generation(tree, req.translated(chat, unread, field_paths), _Answer(req.model))
+            answer = _Answer(req.model)
+            return await generation.chat(tree, req.translated(chat, unread, field_paths), lambda *_: answer)
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
-        req = await openai_api.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
+        req = await generation.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
         chat, unread, field_paths = translate(req.body, generating=False)
         req = req.translated(chat, unread, field_paths)
         headers = req.headers()

@@ -8,9 +8,9 @@ embeddings (ollama_embed.py), metadata (model_facts.py), model management
 (ollama_models.py).
 
 Requests go the way /v1 requests do: the field ledger, values validated, one protocol
-message to the engine actor, the route waits for Admitted before it answers anything
-(answering.py). A stream that fails after it started ends with the flat error envelope as
-its last line and no `done: true` line.
+message to the engine actor, and the one generation path (pipeline/generation.py): the route
+waits for Admitted before it answers anything. A stream that fails after it started ends with
+the flat error envelope as its last line and no `done: true` line.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from quart import Quart
 
 from greenroom import structured_fields as sf
 from greenroom.errors import GreenroomError
-from greenroom.http.core import contracts, framing, ledger, routes
+from greenroom.http.core import contracts, ledger, routes
 from greenroom.http.core.contracts import NULL, when
+from greenroom.http.core.framing import NDJSON
 from greenroom.http.core.headers import (
     DEVICE_HEADER,
     NUM_CTX_HEADER,
@@ -41,10 +42,8 @@ from greenroom.http.ollama import model_facts, ollama_params, ollama_templates
 from greenroom.http.ollama.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama.ollama_request import Prepared, prepare
 from greenroom.http.openai import openai_params
-from greenroom.http.pipeline import structured
-from greenroom.http.pipeline.answering import answer, drawn_seed
-from greenroom.http.pipeline.events import collect, native
-from greenroom.protocol import Fit, Generate
+from greenroom.http.pipeline import generation, structured
+from greenroom.protocol import Admitted, Fit, Generate
 from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
 
@@ -264,31 +263,33 @@ async def _generate(tree: Tree, job: Job):
         # without a chat template the prompt went as it is ({{ .Prompt }}): `system` was not read
         out = job.req.headers(["system"] if first.as_is and job.req.body.get("system") else [])
         out[NUM_CTX_HEADER] = sf.bare(window)
-        out.update(drawn_seed(first))
+        out.update(generation.drawn_seed(first))
         if first.truncated:
             out[TRUNCATED_HEADER] = sf.dictionary(attrs.asdict(first.truncated))
         return {**out, **routing_headers(serving, first.prompt_tokens)}
-
-    def neutral(events, first):  # the plan: its tools parsed (chat), its format's document checked
-        return native(events, 1, first.prompt_tokens, job.plan)  # Ollama asks for one choice
-
-    async def whole(events, first) -> dict:
-        return ollama_format.whole(await collect(neutral(events, first), 1), context)
 
     def kept_alive() -> None:  # the keep_alive applies once the answer is complete
         if job.keep_alive is not None:
             tree.keep_alive(job.req.model, job.keep_alive)
 
-    return await answer(
-        tree,
-        client,
-        gen,
-        framing=framing.NDJSON if job.stream else None,
-        headers=headers,
-        frames=lambda events, first: ollama_format.lines(neutral(events, first), context),
-        collect=whole,
-        done=kept_alive,
+    framing = NDJSON if job.stream else None
+    # the plan: its tools parsed (chat), its format's document checked
+    return await generation.run(
+        tree, client, gen, _Lines(context), framing=framing, headers=headers, plan=job.plan, done=kept_alive
     )
+
+
+@attrs.frozen
+class _Lines:
+    """Ollama's Formatter: NDJSON lines, or the done object (ollama/format.py)."""
+
+    context: ollama_format.Context
+
+    def stream(self, events, _: Admitted):
+        return ollama_format.lines(events, self.context)
+
+    async def whole(self, completion, _: Admitted) -> dict:
+        return ollama_format.whole(completion, self.context)
 
 
 def routing_headers(serving: Serving, prompt_tokens: int) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""What every Ollama request does first, as /v1 requests do (openai_api.prepare): parse,
+"""What every Ollama request does first, as /v1 requests do (pipeline/generation.prepare): parse,
 find the model (Ollama's names: `<id>:latest` is `<id>`), merge a created model's
 defaults, and run the field ledger — refusals before any engine is asked anything; unread
 fields reported in X-miLLM-Ignored-Fields."""

@@ -4,8 +4,8 @@ A request becomes the chat request it means — `instructions` a system message,
 string, or items: messages with text parts, function_call and function_call_output) the
 conversation after the stored one `previous_response_id` names, function tools and
 `tool_choice` chat's, `text.format` a response_format, `max_output_tokens` max_tokens — and runs
-through openai_api.generation (the same ledger, plan, steering and seeds). Its answer, the one
-typed event stream (pipeline/events.py) or its fold, is written as the Response object or as
+the one generation path (pipeline/generation.py: the same ledger, plan, steering and seeds). Its
+answer, the one typed event stream (pipeline/events.py) or its fold, is written as the Response object or as
 the events the SDKs read by openai/responses_format.py. With `store` (the default, as OpenAI's) the response, its
 conversation and its input items are kept (store/responses.py) for GET, DELETE,
 previous_response_id and GET …/input_items (OpenAI's list, paginated); a store that cannot be
@@ -27,8 +27,8 @@ from greenroom.http.core import contracts, ledger, routes
 from greenroom.http.core.contracts import AnyOf, Anything, Boolean, Choice, ListOf, MapOf, Named, Number, Shape, Text
 from greenroom.http.core.headers import NOT_STORED_HEADER, STRICT_HEADER
 from greenroom.http.core.schema_subset import SCHEMA
-from greenroom.http.openai import openai_api, openai_params, responses_format
-from greenroom.http.pipeline import paths, structured
+from greenroom.http.openai import openai_params, responses_format
+from greenroom.http.pipeline import generation, paths, structured
 from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.protocol import Admitted
@@ -180,7 +180,7 @@ REQUEST = contracts.merge(
         },
         required=("model", "input"),
     ),
-    openai_api.MILLM,
+    generation.MILLM,
     rules=(
         contracts.when(
             contracts.at({"enum": ["json_object", "json_schema"]}, "text", "format", "type"),
@@ -373,7 +373,7 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
         ),
         "tool_choice": _tool_choice(body.get("tool_choice")),
         "response_format": _response_format(body, unread),
-        **{k: body.get(k) for k in ("temperature", "top_p", "stream", "parallel_tool_calls", *openai_api.MILLM.names)},
+        **{k: body.get(k) for k in ("temperature", "top_p", "stream", "parallel_tool_calls", *generation.MILLM.names)},
     }
     names |= paths.tools(len(chat["tools"] or ()), _FUNCTION_FIELDS)
     return {k: v for k, v in chat.items() if v is not None}, messages, unread, FieldPaths(names)
@@ -509,13 +509,13 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/responses")
     async def create_response():
-        req = await openai_api.prepare(tree, REQUEST, "on responses", translated=True)
+        req = await generation.prepare(tree, REQUEST, "on responses", translated=True)
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
         chat, messages, unread, field_paths = translate(req.body, history)
         answer = _Answer(store, req.body, req.model, history + messages)
         with field_paths.renaming():
-            return await openai_api.generation(tree, req.translated(chat, unread, field_paths), answer)
+            return await generation.chat(tree, req.translated(chat, unread, field_paths), lambda *_: answer)
 
     @routes.view(app, "GET", "/v1/responses/{response_id}")
     async def get_response(response_id: str):

@@ -21,7 +21,7 @@ from greenroom.http.core.contracts import INT64, NULL, AnyOf, Boolean, Choice, L
 from greenroom.http.openai import logprobs, openai_params
 from greenroom.http.openai.openai_params import new_rid
 from greenroom.http.pipeline import structured
-from greenroom.protocol import Score, Scores
+from greenroom.protocol import Generate, Score, Scores
 
 MAX_LOGPROBS = 20
 MIN_TEMPERATURE = 0.001  # a scoring temperature is 0 (no scaling) or at least this: smaller ones overflow the logits
@@ -80,6 +80,13 @@ def generation_logprobs(body: dict, chat: bool) -> int | None:
     if _no_logprobs(body):
         return None
     return _completion_logprobs(body)
+
+
+def reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
+    """A generation that asks for logprobs: the engine reports each token, and the most probable
+    `top` at its position."""
+    top = generation_logprobs(body, chat)
+    return gen if top is None else attrs.evolve(gen, params=attrs.evolve(gen.params, logprobs=top))
 
 
 def unread(params) -> tuple[str, ...]:

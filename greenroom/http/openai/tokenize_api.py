@@ -14,8 +14,8 @@ from quart import Quart
 from greenroom.errors import GreenroomError
 from greenroom.http.core import ledger, routes
 from greenroom.http.core.contracts import Boolean, ListOf, Number, Shape, Text, refused, sent
-from greenroom.http.openai import openai_api, openai_params
-from greenroom.http.pipeline import structured
+from greenroom.http.openai import openai_params
+from greenroom.http.pipeline import generation, structured
 from greenroom.http.pipeline.answering import single
 from greenroom.protocol import Tokenize, Tokenized
 from greenroom.supervisor.tree import Tree
@@ -58,7 +58,7 @@ async def tokenized(tree: Tree, message: Tokenize) -> Tokenized:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/tokenize")
     async def tokenize():
-        req = await openai_api.prepare(tree, TOKENIZE, "on tokenize")
+        req = await generation.prepare(tree, TOKENIZE, "on tokenize")
         body = req.body
         strings = openai_params.boolean(body, "return_token_strs", False)
         if (body.get("prompt") is None) == (body.get("messages") is None):
@@ -102,7 +102,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/detokenize")
     async def detokenize():
-        req = await openai_api.prepare(tree, DETOKENIZE, "on detokenize")
+        req = await generation.prepare(tree, DETOKENIZE, "on detokenize")
         tokens = req.body.get("tokens")
         if tokens is None:
             raise GreenroomError("missing_parameter", "'tokens' is a required property", "tokens")
