@@ -115,8 +115,8 @@ OUTPUTS = {
     # the steering lock: /v1/models lists the locked model alone
     "# only greenroom-demo, while locked": [r'^\{"data":\[\{[^\[\]]*"id":"greenroom-demo"[^\[\]]*\}\],'],
     # the engine-level readout: one entry per prompt position, each with its features
-    '# [{"position", "token_id", "features": [{"index", "value"}]}, …]': [
-        r"\[\{'position': 0, 'token_id': \d+, 'features': \[\{'index': \d+, 'value': "
+    "# [PositionRead(position, token_id, features=[FeatureValue(index, value), …]), …]": [
+        r"\[PositionRead\(position=0, token_id=\d+, features=\[FeatureValue\(index=\d+, value="
     ],
 }
 

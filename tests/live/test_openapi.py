@@ -364,8 +364,10 @@ def _unique(document: dict, field: str, key: str) -> None:
 
 
 def _sound_tools(body: dict) -> None:
-    """Tool names unique, and a named tool_choice (or function_call) one of them."""
-    for field, choice in (("tools", "tool_choice"), ("functions", "function_call")):
+    """Tool names unique, and a named tool_choice or function_call one of them (either names a
+    tool of `tools`, or of the deprecated `functions`: the server reads the one choice against
+    whichever list came)."""
+    for field in ("tools", "functions"):
         tools = body.get(field)
         if not isinstance(tools, list):
             continue
@@ -373,11 +375,12 @@ def _sound_tools(body: dict) -> None:
         for i, fn in enumerate(functions):
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 fn["name"] = f"{fn['name'][:60]}_{i}"
-        named = body.get(choice)
         names = [fn["name"] for fn in functions if isinstance(fn, dict) and isinstance(fn.get("name"), str)]
-        if isinstance(named, dict) and names:
-            target = named.get("function") if isinstance(named.get("function"), dict) else named
-            target["name"] = names[0]
+        for choice in ("tool_choice", "function_call"):
+            named = body.get(choice)
+            if isinstance(named, dict) and names:
+                target = named.get("function") if isinstance(named.get("function"), dict) else named
+                target["name"] = names[0]
 
 
 def _answered(body: dict) -> None:

@@ -1,7 +1,9 @@
 """greenroom/actors/runtime.py's edges, on a real tractor tree in this process: the engine
 actor's fast send, and what reaches an actor's port that is not an actor."""
 
+import os
 import socket
+from pathlib import Path
 
 import trio
 
@@ -29,7 +31,11 @@ def _garbage(port: int, data: bytes) -> None:
         s.sendall(data)
 
 
-def test_send_now_frames_as_tractor_does_and_a_bad_peer_leaves_the_tree_up():
+def test_send_now_frames_as_tractor_does_and_a_bad_peer_leaves_the_tree_up(monkeypatch):
+    # the child imports this module by its name, `live.test_runtime`: its package's folder on its path
+    tests = str(Path(__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+
     async def main():
         async with runtime.open_root("test-root", "critical"):
             async with runtime.spawn("sender", __name__, "critical") as child:
