@@ -4,6 +4,8 @@ request field before any model is loaded; nothing here imports an engine."""
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 
@@ -91,7 +93,8 @@ def capabilities_of(engine: str) -> Capabilities:
     return ENGINES[engine]
 
 
-def common(engines: list[str]) -> Capabilities:
+@functools.cache
+def common(engines: tuple[str, ...]) -> Capabilities:
     """What every one of these engines honours: a model placed on several engines is
     routed to any of them, so a field is honoured only where all of them honour it."""
     caps = [ENGINES[e] for e in engines]

@@ -145,7 +145,7 @@ class ModelTable:
 
     def capabilities(self, model: str) -> tuple[str, Capabilities]:
         """The engine(s) `model` is placed on (`a/b` for several) and what all of them honour."""
-        engines = list(dict.fromkeys(m.placement.engine for m in self.replicas_of(model)))
+        engines = tuple(dict.fromkeys(m.placement.engine for m in self.replicas_of(model)))
         return "/".join(engines), common(engines)
 
 

@@ -56,7 +56,7 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _millm(activations: dict | None) -> dict:
+def _millm(activations: ev.Read | None) -> dict:
     return {} if activations is None else {"millm": sae_activations.millm(activations)}
 
 

@@ -49,8 +49,12 @@ def _echoed(tool: dict) -> dict:
     }
 
 
+def _part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def message_item(text: str, item: str, status: str = "completed") -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    part = _part(text)
     return {
         "id": item,
         "type": "message",
@@ -117,7 +121,7 @@ def response(
 
 
 def finished(
-    ctx: Context, finish_reason: str | None, output: list[dict], usage: ev.Usage | None, activations: dict | None
+    ctx: Context, finish_reason: str | None, output: list[dict], usage: ev.Usage | None, activations: ev.Read | None
 ) -> dict:
     """The finished Response: completed, or incomplete where max_output_tokens cut it."""
     out = response(ctx, "incomplete" if finish_reason == "length" else "completed", output, usage)
@@ -184,7 +188,7 @@ async def stream(
                 output.append(message_item("", item_id("msg"), "in_progress"))
                 item = output[-1]
                 yield event("response.output_item.added", output_index=len(output) - 1, item=item)
-                item["content"] = [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]
+                item["content"] = [_part("")]
                 yield event(
                     "response.content_part.added",
                     item_id=item["id"],

@@ -191,6 +191,8 @@ async def run(
     gen = monitoring_api.monitored(tree, gen)
 
     def native(events, admitted: Admitted):
+        if not paths.names:  # a surface's own request: no layer per event to rename nothing
+            return typed.native(events, gen.choices, admitted.prompt_tokens, plan)
         return named(events, gen.choices, admitted.prompt_tokens, plan, paths)
 
     stack = contextlib.AsyncExitStack()
