@@ -25,7 +25,10 @@ body is incomplete (Quart sends the start only once the view has returned, so th
 longer wanted), so h11 can recycle the connection; and it shields the response's last `send`,
 so hypercorn's bookkeeping runs to its end. A body too big or too slow to drain within the
 bounds is not waited for: the response then says `Connection: close`, and hypercorn closes the
-connection after sending it.
+connection after sending it. Hypercorn's queue to the app holds ten messages and its reader
+waits while it is full; it puts `http.disconnect` there before it closes, so while the last
+`send` runs, `_discard` takes what still comes (else a paced body that nobody takes fills the
+queue, and neither the close nor the response's end ever comes: the client's write times out).
 
 A streamed body (an upload, `streamed(method, path)`) is paced: Quart's reader appends every
 message it receives to one buffer whatever the view has taken of it, so a client faster than
@@ -133,8 +136,21 @@ class _Exchange:
             message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             with trio.CancelScope(shield=True):  # hypercorn recycles or closes the connection in here
-                return await self._send(message)
+                if self.complete:
+                    return await self._send(message)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._discard)
+                    await self._send(message)
+                    nursery.cancel_scope.cancel()
+                return
         await self._send(message)
+
+    async def _discard(self) -> None:
+        """Take what is still coming until hypercorn's `http.disconnect`: its queue to the app
+        is bounded and, for a paced body, nobody else takes from it, so a full queue would block
+        the `http.disconnect` hypercorn puts before it closes, and the close with it."""
+        while not self.complete:
+            self._note(await self._receive())
 
     async def _drain(self) -> bool:
         """Read and discard the rest of the body, within the bounds; whether it all came.
