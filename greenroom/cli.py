@@ -177,6 +177,16 @@ def _ps(args) -> int:
     print(f"\n{'MODEL':<{width}} {'STATE':<11} {'ENGINE':<12} ACTOR")
     for m in models:
         print(f"{m['id']:<{width}} {m['state']:<11} {m['engine']:<12} {m['actor']}")
+    limits, gib = server["limits"], 2**30
+    budget = limits["memory_budget_bytes"]
+    print(
+        f"\nswap: max_loaded_models {limits['max_loaded_models'] or 'unlimited'}, memory_budget "
+        f"{f'{budget / gib:.1f} GiB' if budget else 'available memory'}, evict_pinned "
+        f"{str(limits['evict_pinned']).lower()}, gguf_parallel {limits['gguf_parallel']}, max_queue {limits['max_queue']}"
+    )
+    for d in server["devices"]:
+        where = f"{d['host']}/{d['device']}" if d["host"] else d["device"]
+        print(f"{where}: {len(d['models'])} loaded, {d['bytes'] / gib:.2f} GiB ({', '.join(d['models'])})")
     errors = [a for a in actors if a.get("last_error")]
     if errors:
         print("\nLAST ERRORS")

@@ -57,6 +57,12 @@ class Config:
     gguf_n_ctx: int = 4096  # llama.cpp context window, capped at the model's trained context
     gguf_threads: int = 0  # llama.cpp decode threads; 0: all cores but one
     gguf_parallel: int = 4  # llama.cpp sequences decoded together per model (each its own n_ctx of cache)
+    # model swap (supervisor/eviction.py): a load that does not fit its device unloads idle models there,
+    # least recently used first. The most models loaded per device at once (0: no limit, memory decides);
+    max_loaded_models: int = 0
+    # what everything loaded on the CPU may take ("12GiB", "800MB", bytes; None: available memory decides)
+    memory_budget: str | None = None
+    evict_pinned: bool = True  # a keep_alive -1 model may be unloaded for room, last (Ollama's rule)
     # an engine actor computing on one thread gets a CPU of its own, when one is free (cpus.py)
     pin_cpus: bool = True
     cache_dir: str | None = None  # cache root (models/ below it); default $GREENROOM_CACHE or ~/.cache/greenroom
@@ -115,6 +121,9 @@ _ENV_ALIASES = {
     "expose_extras": ("NEEDLE_EXPOSE_EXTRAS",),
     "request_timeout_s": ("GREENROOM_REQUEST_TIMEOUT", "NEEDLE_REQUEST_TIMEOUT"),
     "needle_strict_model": ("NEEDLE_STRICT_MODEL",),
+    "max_loaded_models": ("OLLAMA_MAX_LOADED_MODELS",),
+    "gguf_parallel": ("OLLAMA_NUM_PARALLEL",),
+    "max_queue": ("OLLAMA_MAX_QUEUE",),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -146,6 +155,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         raise ValueError("; ".join(cattrs.transform_error(exc, path="config"))) from None
     if config.fixed_shape not in ("auto", "on", "off"):
         raise ValueError(f"fixed_shape is auto, on or off, not {config.fixed_shape!r}")
+    if config.max_loaded_models < 0:
+        raise ValueError(f"max_loaded_models is a count (0: no limit), not {config.max_loaded_models}")
+    budget_bytes(config)  # a bad size stops the start
     if config.max_blob_bytes < 1:
         raise ValueError(f"max_blob_bytes is a size in bytes (at least 1), not {config.max_blob_bytes}")
     for entry, model in zip(raw.get("models", []), config.models):
@@ -157,6 +169,28 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     Limits(config.cluster_intensity_min, config.circuit_intensity_min, config.intensity_max)
     _check_workers(config)
     return config
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def budget_bytes(config: Config) -> int | None:
+    """memory_budget in bytes: a number with an optional unit (800MB, 12GiB, 1.5gb); None: unset."""
+    if config.memory_budget is None:
+        return None
+    text = config.memory_budget.strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    unit = text[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        value = -1.0
+    if not value > 0:
+        raise ValueError(
+            f"memory_budget is a size such as 12GiB, 800MB or a count of bytes, not {config.memory_budget!r}"
+        )
+    return int(value)
 
 
 def _read(path: Path) -> dict:

@@ -35,7 +35,16 @@ QUEUE_DEPTH = Gauge(
     "greenroom_queue_depth", "Requests queued or running in an engine actor", ("actor",), registry=REGISTRY
 )
 MODEL_EVENTS = Counter(
-    "greenroom_model_events", "Model loads and unloads after start-up", ("model", "event"), registry=REGISTRY
+    "greenroom_model_events",
+    "Model loads and unloads after start-up; evicted: unloaded to make room for another (a swap)",
+    ("model", "event"),
+    registry=REGISTRY,
+)
+SWAP_WAITS = Counter(
+    "greenroom_swap_waits",
+    "Loads that waited for a model with requests running to finish before unloading it for room",
+    ("device",),
+    registry=REGISTRY,
 )
 ACTOR_EVENTS = Counter(
     "greenroom_actor_events",

@@ -102,6 +102,7 @@ class ModelInfo:
     parameters: int
     revision: str | None = None
     quantization: str | None = None
+    footprint_bytes: int | None = None  # what the loaded model takes on its device (weights, KV cache, buffers)
 
 
 # What a request asks of an engine beside its prompt, and what the engine reads back: typed

@@ -1,7 +1,9 @@
 """The model lifecycle: every transition of a placed model's state (placements.ModelState) —
 load, unload with its grace period, keep_alive and idle expiry, the refusal (or the wait) of
-requests while an unload runs, and the on-demand actor a GGUF model loads in. One owner, as in
-Ollama's server/sched.go: nobody else changes a model's state.
+requests while an unload runs, the on-demand actor a GGUF model loads in, and the swap: a load
+that does not fit its device unloads models there to make room (eviction.py decides which; one
+load at a time per device, in request order, so two models that do not fit together take turns
+rather than thrash). One owner, as in Ollama's server/sched.go: nobody else changes a model's state.
 
 Nothing here starts a process or asks a device: how an on-demand actor starts and stops and
 how much memory a device has free are given to `Lifecycle` (the tree gives supervision's and
@@ -20,12 +22,13 @@ import attrs
 import trio
 
 from greenroom import metrics
-from greenroom.config import Config
+from greenroom.config import Config, budget_bytes
 from greenroom.engines.base import ModelInfo
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Failed, Load, Loading, Unload
+from greenroom.supervisor import eviction
 from greenroom.supervisor.engine_client import EngineClient
-from greenroom.supervisor.memory import check_fit, check_quantization
+from greenroom.supervisor.memory import check_fit, check_quantization, checkpoint_bytes
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, placed_on
 from greenroom.supervisor.routing import route
 from greenroom.supervisor.slots import ActorSlot, StartFailed
@@ -39,6 +42,10 @@ _STAGES = {
 
 # slack past the grace period for a waited-on unload's weights to go (Ollama surface)
 UNLOAD_WAIT_MARGIN_S = 10.0
+# a model handed to a request this recently is busy though the request is not in flight yet
+# (between `client_for` and its submit: a steering resolution, a prompt render): not evicted under it
+HANDOFF_S = 1.0
+IDLE_POLL_S = 0.05  # how often a swap waiting for a busy model looks again
 
 
 @attrs.frozen
@@ -78,6 +85,8 @@ class Lifecycle:
         self._spawn, self._stop, self._memory, self._loaded = spawn, stop, memory, loaded
         self._candidates = candidates
         self._nursery: trio.Nursery | None = None  # the keep-alive timers'
+        self._budget = budget_bytes(config)
+        self._rooms: dict[tuple[str | None, str], trio.Lock] = {}  # (host, device) → its loads, one at a time
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Hold the keep-alive timers until cancelled (no deadline is armed before this runs)."""
@@ -146,13 +155,19 @@ class Lifecycle:
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
             self.keep_alive(model, self.config.idle_unload_s)
         unplaced = m.auto is not None and m.state in (LoadState.UNLOADED, LoadState.LOADING)
+        if m.draining is not None:
+            await m.draining.wait()
         if unplaced or (m.slot.on_demand and m.state == LoadState.UNLOADED):
             await self._load(m)  # an auto placement's actor is the one this load chooses
         await m.slot.wait_client(model, self.config.ready_timeout_s)
         while True:
+            if m.draining is not None:  # making room for another model: queued behind that swap
+                await m.draining.wait()
+                continue
             _refuse_while_unloading(m.slot)
             if m.state == LoadState.LOADED:  # the client of its actor now: an auto placement may have moved
                 client = await m.slot.wait_client(model, self.config.ready_timeout_s)
+                m.last_used = trio.current_time()
                 return client, Serving(m.info, m.slot.name, reason)
             if m.state == LoadState.UNLOADED:
                 await self._load(m)
@@ -174,43 +189,169 @@ class Lifecycle:
         try:
             if m.auto is not None:
                 await self._place(m)
-            # (re)starting: its actor is waited for, which answers the memory query
-            client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
-            if m.auto is None and m.slot.host is None:  # a worker host's files are not on this disk
-                check_quantization(m.placement)  # before any weight moves
-                check_fit(m.placement, m.slot.name, await self._memory(m.slot))
-            if m.slot.on_demand:  # its actor loads it as it starts (`started`)
-                try:
-                    await self._spawn(m.slot)
-                except StartFailed as exc:
-                    raise GreenroomError(
-                        "model_load_failed", f"model {m.id!r} could not be loaded: {exc}", "model"
-                    ) from None
-            else:
-                async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement.to_spec())) as events:
-                    done = await events.__anext__()
-                    while isinstance(done, Loading):
-                        started = _stage(m, done.stage)
-                        done = await events.__anext__()
-                if m.stage is not None:
-                    log.info(
-                        "model %s: %s %s in %.1f s",
-                        m.id,
-                        m.stage,
-                        "failed" if isinstance(done, Failed) else "done",
-                        time.monotonic() - started,
-                    )
-                if isinstance(done, Failed):
-                    raise GreenroomError.from_wire(done.error)
-                m.state, m.info = LoadState.LOADED, done.info
-                await self._loaded(m)
+            async with self._room_lock(m):  # held until the load ends: the next one sees what it took
+                # (re)starting: its actor is waited for, which answers the memory query
+                client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
+                if m.auto is None and m.slot.host is None:  # a worker host's files are not on this disk
+                    check_quantization(m.placement)  # before any weight moves
+                    await self._make_room(m)
+                m.holds_room = True
+                await self._load_on_actor(m, client)
             metrics.MODEL_EVENTS.labels(m.id, "loaded").inc()
             return m.info
         finally:
+            m.holds_room = False
             if m.state == LoadState.LOADING:
                 m.state = LoadState.UNLOADED
             m.stage = None
             m.changed.set()
+
+    async def _load_on_actor(self, m: ModelState, client: EngineClient | None) -> None:
+        """Load `m` on its actor: an on-demand actor started for it, or a Load sent to the actor's `client`."""
+        if m.slot.on_demand:  # its actor loads it as it starts (`started`)
+            try:
+                await self._spawn(m.slot)
+            except StartFailed as exc:
+                raise GreenroomError(
+                    "model_load_failed", f"model {m.id!r} could not be loaded: {exc}", "model"
+                ) from None
+        else:
+            async with client.submit(Load(f"load-{uuid.uuid4().hex[:12]}", m.placement.to_spec())) as events:
+                done = await events.__anext__()
+                while isinstance(done, Loading):
+                    started = _stage(m, done.stage)
+                    done = await events.__anext__()
+            if m.stage is not None:
+                log.info(
+                    "model %s: %s %s in %.1f s",
+                    m.id,
+                    m.stage,
+                    "failed" if isinstance(done, Failed) else "done",
+                    time.monotonic() - started,
+                )
+            if isinstance(done, Failed):
+                raise GreenroomError.from_wire(done.error)
+            m.state, m.info = LoadState.LOADED, done.info
+            await self._loaded(m)
+
+    # room: the swap ---------------------------------------------------------------------
+    def limits(self) -> dict:
+        """The swap's settings, as `greenroom ps` shows them."""
+        c = self.config
+        return {
+            "max_loaded_models": c.max_loaded_models,
+            "memory_budget_bytes": self._budget,
+            "evict_pinned": c.evict_pinned,
+            "gguf_parallel": c.gguf_parallel,
+            "max_queue": c.max_queue,
+        }
+
+    def devices(self) -> list[dict]:
+        """Each device's loaded models and what they take (reported after loading, else estimated)."""
+        held: dict[tuple[str | None, str], list[ModelState]] = {}
+        for ms in self.table.replicas.values():
+            for m in ms:
+                if m.state in (LoadState.LOADED, LoadState.UNLOADING) or m.holds_room:
+                    held.setdefault((m.slot.host, m.placement.device), []).append(m)
+        return [
+            {
+                "host": host,
+                "device": device,
+                "models": [m.id for m in ms],
+                "bytes": sum(self._resident(m).footprint for m in ms),
+            }
+            for (host, device), ms in held.items()
+        ]
+
+    def _room_lock(self, m: ModelState) -> trio.Lock:
+        return self._rooms.setdefault((m.slot.host, m.placement.device), trio.Lock())
+
+    def _residents(self, m: ModelState) -> list[ModelState]:
+        """The models holding memory on `m`'s device, besides `m`."""
+        key = (m.slot.host, m.placement.device)
+        return [
+            o
+            for ms in self.table.replicas.values()
+            for o in ms
+            if o is not m
+            and (o.slot.host, o.placement.device) == key
+            and (o.state in (LoadState.LOADED, LoadState.UNLOADING) or o.holds_room)
+        ]
+
+    def _busy(self, m: ModelState) -> bool:
+        """Requests run or are about to run on `m`: it is waited for, never cut."""
+        serving = m.slot.client is not None and m.slot.client.serving(m.id)
+        return serving or trio.current_time() - m.last_used < HANDOFF_S
+
+    def _resident(self, m: ModelState) -> eviction.Resident:
+        footprint = m.info.footprint_bytes if m.info is not None and m.info.footprint_bytes else None
+        return eviction.Resident(
+            m.id,
+            footprint if footprint is not None else checkpoint_bytes(m.placement) or 0,
+            self._busy(m),
+            m.pinned,
+            m.last_used,
+            loading=m.state != LoadState.LOADED,
+        )
+
+    async def _make_room(self, m: ModelState) -> None:
+        """Under the device's lock: unload what eviction.plan says must go for `m` to fit —
+        idle models at once; busy ones once their requests end, no new request being routed to
+        them meanwhile (each waits for the swap, then loads its model in turn), for at most the
+        request timeout (else the ready timeout), then 503 model_busy. Refusals keep the
+        spec's shapes: 503 insufficient_memory with the figures when nothing that may go makes
+        room."""
+        need = checkpoint_bytes(m.placement)
+        bound = self.config.request_timeout_s or self.config.ready_timeout_s
+        with trio.move_on_after(bound):
+            while True:
+                residents = self._residents(m)
+                if going := [o for o in residents if o.state == LoadState.UNLOADING]:
+                    await going[0].changed.wait()  # its memory is on its way back: plan after it
+                    continue
+                memory = await self._memory(m.slot)
+                device = eviction.Device(
+                    f"{m.slot.name} ({memory['device'] if memory else m.placement.device})",
+                    memory["free_bytes"] if memory else None,
+                    memory["total_bytes"] if memory else None,
+                    self._budget if m.placement.device == "cpu" else None,
+                    self.config.max_loaded_models,
+                )
+                plan = eviction.plan(
+                    m.id, need, device, [self._resident(o) for o in residents], self.config.evict_pinned
+                )
+                if isinstance(plan, eviction.Fits):
+                    return
+                if isinstance(plan, eviction.Refuse):
+                    raise GreenroomError("insufficient_memory", plan.message, "model")
+                victims = [o for o in residents if o.id in plan.victims]
+                await self._evict(victims, m.placement.device)
+                return  # the plan counted what they free: a load that fails now is model_load_failed
+        raise GreenroomError(
+            "model_busy",
+            f"model {m.id!r} needs room on {m.placement.device}, and the models that must make it were still "
+            f"answering requests after {bound:g} s; retry",
+            "model",
+        ) from None
+
+    async def _evict(self, victims: list[ModelState], device: str) -> None:
+        """Unload `victims` for room, once none has a request running."""
+        for v in victims:
+            v.draining = trio.Event()
+        try:
+            if any(self._busy(v) for v in victims):
+                metrics.SWAP_WAITS.labels(device).inc()
+                while any(self._busy(v) for v in victims):
+                    await trio.sleep(IDLE_POLL_S)
+            with trio.CancelScope(shield=True):  # the wait may run out; an unload begun is not cut
+                for v in victims:
+                    log.info("model %s: unloaded to make room on %s", v.id, device)
+                    await self._unload(v)
+                    metrics.MODEL_EVENTS.labels(v.id, "evicted").inc()
+        finally:
+            for v in victims:
+                v.draining.set()
+                v.draining = None
 
     async def _place(self, m: ModelState) -> None:
         """Put an auto placement on the first of its candidate actors (this host's first
@@ -300,6 +441,7 @@ class Lifecycle:
             self._set_deadline(m, seconds)
 
     def _set_deadline(self, m: ModelState, seconds: float | None) -> None:
+        m.pinned = seconds is not None and seconds < 0
         if seconds is None or seconds < 0 or self._nursery is None:
             m.expires_at = None
             m.moved.set()

@@ -78,6 +78,11 @@ class ModelState:
     timer: bool = False  # a keep-alive timer task is watching expires_at
     keep_alive_s: float = 0.0  # the idle time expires_at was last set from
     moved: trio.Event = attrs.Factory(trio.Event)  # wakes the timer when expires_at changes
+    last_used: float = float("-inf")  # trio time a request last asked for it: the least recent makes room first
+    pinned: bool = False  # its last keep_alive was negative: never unloaded when idle (eviction.py)
+    # chosen to make room while requests ran on it: set once it is unloaded; requests for it wait till then
+    draining: trio.Event | None = None
+    holds_room: bool = False  # loading, past the room check: its memory counts as taken (eviction.py)
     # actor = "auto": the placement as configured, on this host; each load moves it to the actor
     # chosen then, on any host (Lifecycle._place); None: placed on `slot` for good
     auto: Placement | None = None

@@ -333,6 +333,8 @@ class Tree:
             "listening": self.listening,
             "started_at": self.started_at,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "limits": self.lifecycle.limits(),
+            "devices": self.lifecycle.devices(),
         }
 
     # lifecycle (lifecycle.py) -----------------------------------------------------------

@@ -30,6 +30,12 @@ def test_ps_shows_the_server_its_actors_and_every_model(server):
     served = httpx.get(server.url + "/api/models", timeout=10).json()["models"]
     assert states == {m["id"]: m["state"] for m in served}  # loaded or not: every configured model
     assert states["greenroom-demo"] == "loaded" and states["smollm2-135m-instruct"] in ("unloaded", "loaded")
+    swap = done.stdout.strip().split("\n\n")[3].splitlines()  # the swap's limits, then each device's models
+    assert swap[0] == (
+        "swap: max_loaded_models unlimited, memory_budget available memory, evict_pinned true, gguf_parallel 4, "
+        "max_queue 32"
+    )
+    assert any(line.startswith("cpu: ") and "greenroom-demo" in line for line in swap[1:]), swap
 
 
 def test_version():

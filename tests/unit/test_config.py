@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from greenroom.config import Config, env_names, load_config
+from greenroom.config import Config, budget_bytes, env_names, load_config
 
 DEFAULT_IDS = [m.id for m in load_config().models]
 
@@ -68,6 +68,8 @@ SPECIAL = {
     "expose_extras": ("off", False),
     "continuous_batching": ("yes", True),
     "needle_strict_model": ("true", True),
+    "memory_budget": ("800MB", "800MB"),
+    "evict_pinned": ("no", False),
 }
 
 
@@ -79,6 +81,22 @@ def test_every_key_but_two_has_its_variable(field, monkeypatch):
     env = {f"GREENROOM_{field.name.upper()}": text}
     assert getattr(load_config(env=env), field.name) == value != field.default
     assert {f.name for f in attrs.fields(Config) if not env_names(f.name)} == {"models", "cors_origins"}
+
+
+def test_ollamas_scheduler_variables_set_the_limits_and_a_budget_reads_its_unit():
+    env = {"OLLAMA_MAX_LOADED_MODELS": "2", "OLLAMA_NUM_PARALLEL": "3", "OLLAMA_MAX_QUEUE": "7"}
+    config = load_config(env={**env, "GREENROOM_MEMORY_BUDGET": "1.5GiB"})
+    assert (config.max_loaded_models, config.gguf_parallel, config.max_queue) == (2, 3, 7)
+    assert budget_bytes(config) == 3 * 2**29
+    assert budget_bytes(load_config(env={"GREENROOM_MEMORY_BUDGET": "800MB"})) == 800 * 10**6
+    assert budget_bytes(load_config(env={"GREENROOM_MEMORY_BUDGET": "123456"})) == 123456
+    assert load_config(env={"GREENROOM_MAX_LOADED_MODELS": "1", **env}).max_loaded_models == 1  # greenroom's first
+
+
+@pytest.mark.parametrize("budget", ["lots", "-1GiB", "0", "12 parsecs", "GiB"])
+def test_a_budget_that_is_not_a_size_stops_the_start(budget):
+    with pytest.raises(ValueError, match="memory_budget is a size"):
+        load_config(env={"GREENROOM_MEMORY_BUDGET": budget})
 
 
 @pytest.mark.parametrize(

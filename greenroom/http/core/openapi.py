@@ -657,8 +657,36 @@ def _response_schemas() -> dict:
                         "listening": _described(_array(_string()), "The URLs the front end listens on"),
                         "started_at": _described(_number(), "Seconds since the epoch"),
                         "uptime_s": _number(),
+                        "limits": _closed(
+                            {
+                                "max_loaded_models": _described(
+                                    _COUNT, "The most models loaded per device (0: no limit)"
+                                ),
+                                "memory_budget_bytes": _nullable(_COUNT),
+                                "evict_pinned": _BOOLEAN,
+                                "gguf_parallel": _COUNT,
+                                "max_queue": _COUNT,
+                            },
+                            ("max_loaded_models", "memory_budget_bytes", "evict_pinned", "gguf_parallel", "max_queue"),
+                        ),
+                        "devices": _described(
+                            _array(
+                                _closed(
+                                    {
+                                        "host": _nullable(_string()),
+                                        "device": _string(),
+                                        "models": _array(_string()),
+                                        "bytes": _described(
+                                            _COUNT, "What they take: reported after loading, else estimated"
+                                        ),
+                                    },
+                                    ("host", "device", "models", "bytes"),
+                                )
+                            ),
+                            "The models holding memory on each device",
+                        ),
                     },
-                    ("version", "pid", "listening", "started_at", "uptime_s"),
+                    ("version", "pid", "listening", "started_at", "uptime_s", "limits", "devices"),
                 ),
             },
             ("actors", "server"),
