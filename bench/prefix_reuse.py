@@ -89,7 +89,7 @@ def main() -> None:
                 for i in range(args.mixed)
             )
             stats = http.get(urls["reuse"] + "/api/actors").json()["actors"]
-            cache = next(a for a in stats if a["name"] not in ("supervisor", "scheduler", "steering"))["counters"]
+            cache = next(a for a in stats if a["name"] not in ("supervisor", "steering"))["counters"]
     finally:
         for proc, _ in servers.values():
             proc.send_signal(signal.SIGTERM)

@@ -9,7 +9,7 @@ stream ran 485 tok/s with the actor's threads on one core against 290–440 floa
 actor whose engine computes on one thread holding the GIL between short ops (transformers on
 one CPU thread: engines/loader.one_gil_thread) is pinned, all its threads, to a CPU of its own
 when one is free. The first CPU of the server's own set is never given: the front end runs
-there. Left to the scheduler: an actor computing on more threads (its OpenMP threads would
+there. Left to the kernel's scheduler: an actor computing on more threads (its OpenMP threads would
 share its cores with the loop); a llama.cpp actor, whose step is one call without the GIL that
 the loop's turns overlap from the other core (pinned, 4 streams of SmolLM2 ran 0.94 of
 llama-server against 0.97 floating); an actor of another host; one that finds no CPU free.

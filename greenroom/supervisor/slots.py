@@ -37,7 +37,7 @@ class StartFailed(Exception):
 @attrs.define(eq=False)
 class ActorSlot:
     name: str
-    role: str  # "engine" | "scheduler" | "steering"
+    role: str  # "engine" | "steering"
     host: str | None = None  # the worker host it runs on (supervisor/workers.py); None: this one
     state: SlotState = SlotState.STARTING
     pid: int | None = None

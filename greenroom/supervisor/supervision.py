@@ -19,7 +19,6 @@ import trio
 from greenroom import metrics
 from greenroom.actors import runtime
 from greenroom.actors.engine_actor import engine_session
-from greenroom.actors.service_actors import service_session
 from greenroom.actors.steering_actor import steering_session
 from greenroom.config import Config
 from greenroom.cpus import CpuPool
@@ -211,7 +210,7 @@ class Supervisor:
                 "continuous_batching": self.config.continuous_batching,
                 "cpu": self._own_cpu(slot, specs),
             }
-        elif slot.role == "steering":
+        else:  # the steering coordinator
             fn, kwargs = (
                 steering_session,
                 {
@@ -223,8 +222,6 @@ class Supervisor:
                     },
                 },
             )
-        else:
-            fn, kwargs = service_session, {"role": slot.role}
         module = fn.__module__
         spawner = (
             runtime.spawn(slot.name, module, loglevel=runtime.tractor_loglevel(self.config.log_level))

@@ -40,10 +40,7 @@ class Tree:
         self.listening: list[str] = []  # the front end's URLs, once it listens (serve.py)
         names = detect_engine_actors() if config.engine_actors == "auto" else list(config.engine_actors)
         names += detect_npu_actors() if config.npu_actors == "auto" else list(config.npu_actors)
-        self.slots: dict[str, ActorSlot] = {
-            "scheduler": ActorSlot("scheduler", "scheduler"),
-            "steering": ActorSlot("steering", "steering"),
-        }
+        self.slots: dict[str, ActorSlot] = {"steering": ActorSlot("steering", "steering")}
         for name in names:
             self.slots[name] = ActorSlot(name, "engine")
         self._engine_actors = names

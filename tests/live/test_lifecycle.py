@@ -48,12 +48,12 @@ def test_kill_engine_mid_stream_errors_restarts_and_serves_again(own_server):
 def test_signal_on_root_leaves_no_process_behind(own_server, sig):
     srv = own_server()
     pids = [a["pid"] for a in srv.actors().values()]
-    assert len(set(pids)) == 5  # supervisor, scheduler, steering, cpu, npu0
+    assert len(set(pids)) == 4  # supervisor, steering, cpu, npu0
     # and a GGUF model's actor, spawned on demand
     r = httpx.post(srv.url + "/api/models/load", json={"model": "greenroom-demo-gguf:Q4_0"}, timeout=60)
     assert r.status_code == 200
     pids = [a["pid"] for a in srv.actors().values()]
-    assert len(set(pids)) == 6
+    assert len(set(pids)) == 5
     assert srv.stop(sig, timeout_s=20) is not None
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):

@@ -174,7 +174,8 @@ def test_health_index_and_actors(server):
         **next(e for e in index["endpoints"] if e["path"] == "/v1/chat/completions")
     }.items()
     actors = server.actors()
-    assert {"supervisor", "scheduler", "steering", "cpu"} <= set(actors)
+    assert {"supervisor", "steering", "cpu"} <= set(actors) and "scheduler" not in actors  # no scheduler process
+    assert {a["role"] for a in actors.values()} <= {"supervisor", "steering", "engine"}
     assert actors["cpu"]["pid"] != actors["supervisor"]["pid"] == server.proc.pid
     assert actors["cpu"]["state"] == "ready" and actors["cpu"]["rss_bytes"] > 0
 

@@ -21,7 +21,7 @@ def test_ps_shows_the_server_its_actors_and_every_model(server):
     head, actors, models = done.stdout.strip().split("\n\n")[:3]
     assert re.match(rf"greenroom \S+ \(pid {server.proc.pid}\) on {re.escape(server.url)}, up \d", head), head
     rows = {line.split()[0]: line.split() for line in actors.splitlines()[1:]}
-    assert {"supervisor", "scheduler", "steering", "cpu"} <= set(rows)
+    assert {"supervisor", "steering", "cpu"} <= set(rows) and "scheduler" not in rows  # no scheduler process
     assert rows["cpu"][1] == rows["supervisor"][1]  # both on this host
     assert rows["cpu"][2] != rows["supervisor"][2]
     assert int(rows["supervisor"][2]) == server.proc.pid
