@@ -192,7 +192,7 @@ class Lifecycle:
             async with self._room_lock(m):  # held until the load ends: the next one sees what it took
                 # (re)starting: its actor is waited for, which answers the memory query
                 client = None if m.slot.on_demand else await m.slot.wait_client(m.id, self.config.ready_timeout_s)
-                if m.auto is None and m.slot.host is None:  # a worker host's files are not on this disk
+                if m.slot.host is None:  # a worker host's files are not on this disk
                     check_quantization(m.placement)  # before any weight moves
                     await self._make_room(m)
                 m.holds_room = True
@@ -266,15 +266,14 @@ class Lifecycle:
     def _room_lock(self, m: ModelState) -> trio.Lock:
         return self._rooms.setdefault((m.slot.host, m.placement.device), trio.Lock())
 
-    def _residents(self, m: ModelState) -> list[ModelState]:
-        """The models holding memory on `m`'s device, besides `m`."""
-        key = (m.slot.host, m.placement.device)
+    def _residents(self, m: ModelState, slot: ActorSlot, device: str) -> list[ModelState]:
+        """The models holding memory on `slot`'s host's `device`, besides `m`."""
         return [
             o
             for ms in self.table.replicas.values()
             for o in ms
             if o is not m
-            and (o.slot.host, o.placement.device) == key
+            and (o.slot.host, o.placement.device) == (slot.host, device)
             and (o.state in (LoadState.LOADED, LoadState.UNLOADING) or o.holds_room)
         ]
 
@@ -301,31 +300,19 @@ class Lifecycle:
         request timeout (else the ready timeout), then 503 model_busy. Refusals keep the
         spec's shapes: 503 insufficient_memory with the figures when nothing that may go makes
         room."""
-        need = checkpoint_bytes(m.placement)
         bound = self.config.request_timeout_s or self.config.ready_timeout_s
         with trio.move_on_after(bound):
             while True:
-                residents = self._residents(m)
+                residents = self._residents(m, m.slot, m.placement.device)
                 if going := [o for o in residents if o.state == LoadState.UNLOADING]:
                     await going[0].changed.wait()  # its memory is on its way back: plan after it
                     continue
-                memory = await self._memory(m.slot)
-                device = eviction.Device(
-                    f"{m.slot.name} ({memory['device'] if memory else m.placement.device})",
-                    memory["free_bytes"] if memory else None,
-                    memory["total_bytes"] if memory else None,
-                    self._budget if m.placement.device == "cpu" else None,
-                    self.config.max_loaded_models,
-                )
-                plan = eviction.plan(
-                    m.id, need, device, [self._resident(o) for o in residents], self.config.evict_pinned
-                )
-                if isinstance(plan, eviction.Fits):
-                    return
+                plan = await self._plan(m, m.slot, m.placement, residents)
                 if isinstance(plan, eviction.Refuse):
                     raise GreenroomError("insufficient_memory", plan.message, "model")
-                victims = [o for o in residents if o.id in plan.victims]
-                await self._evict(victims, m.placement.device)
+                if isinstance(plan, eviction.Evict):
+                    victims = [o for o in residents if o.id in plan.victims]
+                    await self._evict(victims, m.placement.device)
                 return  # the plan counted what they free: a load that fails now is model_load_failed
         raise GreenroomError(
             "model_busy",
@@ -333,6 +320,22 @@ class Lifecycle:
             f"answering requests after {bound:g} s; retry",
             "model",
         ) from None
+
+    async def _plan(
+        self, m: ModelState, slot: ActorSlot, placement: Placement, residents: list[ModelState]
+    ) -> eviction.Plan:
+        """What loading `m` as `placement` on `slot` takes, beside `residents` (eviction.plan)."""
+        memory = await self._memory(slot)
+        device = eviction.Device(
+            f"{slot.name} ({memory['device'] if memory else placement.device})",
+            memory["free_bytes"] if memory else None,
+            memory["total_bytes"] if memory else None,
+            self._budget if placement.device == "cpu" else None,
+            self.config.max_loaded_models,
+        )
+        return eviction.plan(
+            m.id, checkpoint_bytes(placement), device, [self._resident(o) for o in residents], self.config.evict_pinned
+        )
 
     async def _evict(self, victims: list[ModelState], device: str) -> None:
         """Unload `victims` for room, once none has a request running."""
@@ -356,17 +359,21 @@ class Lifecycle:
     async def _place(self, m: ModelState) -> None:
         """Put an auto placement on the first of its candidate actors (this host's first
         engine actor, then the worker hosts' up now) that is up and whose device has room for
-        it, measured there as a named actor's load is; else refuse with the first one's reason."""
+        it — on this host, with what may go unloaded (its load then makes the room) — measured
+        there as a named actor's load is; else refuse with the first one's reason."""
         refusals = []
         for slot in self._candidates(m):
             placed = placed_on(m.auto, slot)
             try:
                 await slot.wait_client(m.id, self.config.ready_timeout_s)
                 _refuse_while_unloading(slot)
-                if slot.host is None:  # a worker host's engine checks what it can load
+                if slot.host is None:  # a worker host's engine checks what it can load; the load makes room
                     check_quantization(placed)
-                # its size as this host sees the checkpoint; a worker host builds a demo model itself
-                check_fit(attrs.evolve(m.auto, device=placed.device), slot.name, await self._memory(slot))
+                    plan = await self._plan(m, slot, placed, self._residents(m, slot, placed.device))
+                    if isinstance(plan, eviction.Refuse):
+                        raise GreenroomError("insufficient_memory", plan.message, "model")
+                else:  # its size as this host sees the checkpoint; a worker host builds a demo model itself
+                    check_fit(attrs.evolve(m.auto, device=placed.device), slot.name, await self._memory(slot))
             except GreenroomError as exc:
                 refusals.append(exc)
                 continue

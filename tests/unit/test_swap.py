@@ -158,3 +158,16 @@ def test_two_models_that_do_not_fit_together_take_turns_without_thrashing(one_gi
         assert mc.actor.loads <= 4  # each swap serves every request queued for its model
 
     run(scenario, one_gib_models, memory_budget="1.5GiB")
+
+
+def test_an_auto_placement_makes_room_on_this_host_too(tmp_path):
+    async def scenario(mc: Machine):
+        await use(mc, "m")
+        await mc.lifecycle.client_for("a")  # placed on this host's `cpu`, where m makes room
+        assert (mc.state("m"), mc.state("a"), mc.table.state_of("a").slot) == (
+            LoadState.UNLOADED,
+            LoadState.LOADED,
+            mc.cpu,
+        )
+
+    run(scenario, tmp_path, max_loaded_models=1)
