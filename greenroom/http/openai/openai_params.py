@@ -23,7 +23,6 @@ from greenroom.http.core.contracts import (
     INT64,
     NULL,
     AnyOf,
-    Anything,
     Boolean,
     Choice,
     Field,
@@ -97,7 +96,8 @@ COMPLETION_MAX_TOKENS = max_tokens(
 N = Number(lo=1, hi=MAX_CHOICES, integer=True, default=1)
 TOKEN_IDS = ListOf(items=Number(lo=0, hi=INT32_MAX, integer=True), min_items=1)
 TEXT_PART = Named(
-    name="TextPart", field=Shape(fields={"type": Choice(values=("text",)), "text": Text()}, required=("type", "text"))
+    name="TextPart",
+    field=Shape(fields={"type": Choice(values=("text",)), "text": Text()}, required=("type", "text"), ledger=True),
 )
 TOOL_CALL = Named(
     name="MessageToolCall",
@@ -128,17 +128,19 @@ MESSAGE = Named(
         fields={
             "role": Choice(values=ROLES),
             "content": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
-            "name": Anything(description="Not read: reported"),
+            "name": reported(),
             "tool_calls": ListOf(
                 items=TOOL_CALL, description="An assistant's earlier calls, rendered by the chat template"
             ),
             "tool_call_id": Text(
                 description="A tool message's: the id of the earlier call it answers (refused if no earlier call has "
-                "it); results are rendered in their calls' order, and the id is handed to the chat template"
+                "it); results are rendered in their calls' order, and the id is handed to the chat template",
+                rule=Rule(when=("role", "tool")),
             ),
         },
         required=("role",),
-        description="A trailing assistant message is continued, not answered",
+        description="A trailing assistant message is continued, not answered.",
+        ledger=True,
     ),
 )
 
@@ -252,7 +254,9 @@ def _sampling(tokens: Number) -> dict:
                 "include_usage": Boolean(
                     description="With stream: true, a last chunk with `choices: []` and the usage follows"
                 )
-            }
+            },
+            description="Read with stream: true only (else reported whole)",
+            ledger=True,
         ),
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
