@@ -284,9 +284,17 @@ class Shape(Field):
             out["allOf"] = resolve(list(self.rules), components)
         return out
 
+    def described(self, name: str) -> str:
+        """Field `name`'s description, and in a Shape the ledger checks its rule: what the document
+        (and docs/openai.md's parameter table) says of it."""
+        field = self.fields[name]
+        rule = field.rule.describe() if self.ledger else ""
+        inner = field.field.description if isinstance(field, Named) else ""  # a named shape's own
+        return _joined(field.description or inner, rule, sep=". ")
+
     def _property(self, name: str, field: Field, components: dict) -> dict:
         if self.ledger and field.rule != USE:
-            field = attrs.evolve(field, description=_joined(field.description, field.rule.describe(), sep=". "))
+            field = attrs.evolve(field, description=self.described(name))
         out = field.render(components)
         return out if name in self.required or not field.null else nullable(out)
 

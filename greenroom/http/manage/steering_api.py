@@ -157,7 +157,9 @@ CHAT = Shape(
             min_length=1,
             description="A steering profile (/api/profiles) steering this request only, on the "
             "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid for the "
-            "attached SAEs; no SAE attached: unsteered",
+            "attached SAEs; no SAE attached: unsteered. Served on transformers and GGUF models; refused on text "
+            "completions, scoring requests and OpenVINO models. See [Per-request profile](steering.md#per-request-profile) "
+            "and [Per-request intensity](steering.md#per-request-intensity-steering_intensity)",
             rule=needs("profile"),
         ),
         "steering_intensity": AnyOf(
