@@ -452,11 +452,120 @@ class ResolvedSteering:
     rung: int | None
 
 
+# The coordinator's documents: a profile, a cluster's or circuit's summary, a listing. The store
+# keeps its own records (JSON in SQLite, feature ids as decimal strings); these are what crosses
+# to the front end, feature ids as ints, and http/manage/steering_api.document writes their JSON.
+
+
+@attrs.frozen
+class SAEIdentity:
+    """An SAE a profile was made with, as it was attached (an import compares them)."""
+
+    sae_id: str
+    source: str
+    layer: int
+    hook_point: str
+    width: int
+    d_in: int
+    architecture: str
+
+
+@attrs.frozen
+class ClusterSettings:
+    """A cluster's own part of its profile: the SAE its members belong to and the dial."""
+
+    sae_id: str
+    intensity: float
+    intensity_range: list[float] | None
+    labels: dict[int, str]  # feature → label
+
+
+@attrs.frozen
+class Profile:
+    name: str
+    model: str
+    description: str
+    strengths: dict[str, dict[int, float]]  # SAE id → feature → strength
+    saes: list[SAEIdentity]
+    created_at: int
+    updated_at: int
+    cluster: ClusterSettings | None  # None: a plain profile
+
+
+@attrs.frozen
+class Profiles:
+    profiles: list[Profile]
+
+
+@attrs.frozen
+class Member:
+    """A feature of a cluster or a circuit layer."""
+
+    feature: int
+    strength: float
+    label: str | None = None  # None: unlabelled (left out of the JSON)
+
+
+@attrs.frozen
+class ClusterSummary:
+    name: str
+    model: str
+    description: str
+    sae_id: str
+    members: list[Member]
+    intensity: float
+    intensity_range: list[float] | None
+    active: bool
+    created_at: int
+    updated_at: int
+
+
+@attrs.frozen
+class Clusters:
+    clusters: list[ClusterSummary]
+
+
+@attrs.frozen
+class CircuitLayer:
+    layer: int
+    sae_id: str | None  # None: the SAE attached at the layer, once one is
+    members: list[Member]
+
+
+@attrs.frozen
+class CircuitSummary:
+    """A circuit; one whose stored definition no longer parses has `unparseable` (the reason)
+    and none of the definition's fields."""
+
+    name: str
+    model: str
+    active: bool
+    intensity: float
+    created_at: int
+    updated_at: int
+    unparseable: str | None = None
+    description: str | None = None
+    rung: int | None = None
+    language: str | None = None
+    layers: list[CircuitLayer] | None = None
+    intensity_range: list[float] | None = None
+    slice_fallback: str | None = None
+
+
+@attrs.frozen
+class Circuits:
+    circuits: list[CircuitSummary]
+
+
+SteeringDocument = Profile | Profiles | ClusterSummary | Clusters | CircuitSummary | Circuits
+Summary = ClusterSummary | CircuitSummary
+
+
 @attrs.frozen
 class Dialled:
     """A moved dial: the cluster's or circuit's summary, and the model's new state if it was active."""
 
-    summary: dict
+    summary: Summary
     state: SteeringState | None
 
 
@@ -477,7 +586,7 @@ class ActiveCircuit:
     it genuinely steers."""
 
     model: str
-    circuit: dict | None
+    circuit: CircuitSummary | None
     serving_mode: str | None
     reason: str | None
     steering: dict | None
@@ -486,13 +595,6 @@ class ActiveCircuit:
 @attrs.frozen
 class SteeringLock:
     model: str | None  # None: unlocked
-
-
-@attrs.frozen
-class SteeringDocument:
-    """A profile, a cluster's or circuit's summary or a listing: the JSON the route answers."""
-
-    body: dict
 
 
 SteeringAnswer = SteeringState | ResolvedSteering | Dialled | Deleted | ActiveCircuit | SteeringLock | SteeringDocument
@@ -771,6 +873,7 @@ _conv.register_structure_hook(Dial | None, lambda value, _: value)  # checked by
 configure_tagged_union(SteeringRequest, _conv, tag_name="t")
 configure_tagged_union(SteeringAnswer, _conv, tag_name="t")
 configure_tagged_union(Constraint, _conv, tag_name="t")
+configure_tagged_union(Summary, _conv, tag_name="t")
 # an optional field of a tagged union carries the tag too (cattrs would otherwise guess the class by its keys)
 _conv.register_unstructure_hook(Constraint | None, lambda value: value and _conv.unstructure(value, Constraint))
 _conv.register_structure_hook(Constraint | None, lambda value, _: value and _conv.structure(value, Constraint))

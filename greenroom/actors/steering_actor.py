@@ -33,6 +33,10 @@ from greenroom.protocol import (
     ActiveCircuit,
     AttachDefaultSAE,
     AttachSAE,
+    Circuits,
+    CircuitSummary,
+    Clusters,
+    ClusterSummary,
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
@@ -57,6 +61,8 @@ from greenroom.protocol import (
     ListClusters,
     ListProfiles,
     LockSteering,
+    Profile,
+    Profiles,
     ResolvedSteering,
     ResolveRequestSteering,
     SetSteering,
@@ -64,7 +70,6 @@ from greenroom.protocol import (
     StatusQuery,
     SteeringAnswer,
     SteeringCall,
-    SteeringDocument,
     SteeringLock,
     SteeringReply,
     SteeringRequest,
@@ -173,17 +178,17 @@ class Coordinator:
         return bases.request(self.store, self.store.get(req.model), req.profile, req.intensity, self.limits)
 
     # profiles: the model a profile steers is the one it was created (or imported) for
-    def list_profiles(self, req: ListProfiles) -> SteeringDocument:
-        return SteeringDocument({"profiles": self.store.profiles()})
+    def list_profiles(self, req: ListProfiles) -> Profiles:
+        return Profiles([bases.profile_document(p) for p in self.store.profiles()])
 
-    def get_profile(self, req: GetProfile) -> SteeringDocument:
-        return SteeringDocument(self._profile(req.name))
+    def get_profile(self, req: GetProfile) -> Profile:
+        return bases.profile_document(self._profile(req.name))
 
-    def create_profile(self, req: CreateProfile) -> SteeringDocument:
+    def create_profile(self, req: CreateProfile) -> Profile:
         state = self._state_for_new(req.name, req.model)
-        return SteeringDocument(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
+        return bases.profile_document(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
 
-    def import_profile(self, req: ImportProfile) -> SteeringDocument:
+    def import_profile(self, req: ImportProfile) -> Profile:
         state = self._state_for_new(req.name, req.model)
         for i, sae in enumerate(req.saes):  # the SAEs it was made with must be attached
             held = bases.attached(state, sae["sae_id"], f"saes[{i}]")
@@ -195,17 +200,19 @@ class Coordinator:
                     f"the document's: its {', '.join(differs)} differ",
                     f"saes[{i}]",
                 )
-        return SteeringDocument(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
+        return bases.profile_document(_put_profile(self.store, state, _new_profile(req, state), req.strengths))
 
-    def update_profile(self, req: UpdateProfile) -> SteeringDocument:
+    def update_profile(self, req: UpdateProfile) -> Profile:
         profile = self._profile(req.name)
         if req.description is not None:
             profile["description"] = req.description
         if req.strengths is None:  # kept as stored, even if an SAE it names was detached since
             profile["updated_at"] = int(time.time())
             self.store.put_profile(profile)
-            return SteeringDocument(profile)
-        return SteeringDocument(_put_profile(self.store, self.store.get(profile["model"]), profile, req.strengths))
+            return bases.profile_document(profile)
+        return bases.profile_document(
+            _put_profile(self.store, self.store.get(profile["model"]), profile, req.strengths)
+        )
 
     def delete_profile(self, req: DeleteProfile) -> Deleted:
         profile = self._profile(req.name)
@@ -223,15 +230,13 @@ class Coordinator:
         )
 
     # clusters: profiles with an intensity range and a persistent dial
-    def list_clusters(self, req: ListClusters) -> SteeringDocument:
-        return SteeringDocument(
-            {"clusters": [bases.cluster_summary(p, self.store) for p in self.store.profiles() if p.get("cluster")]}
-        )
+    def list_clusters(self, req: ListClusters) -> Clusters:
+        return Clusters([bases.cluster_summary(p, self.store) for p in self.store.profiles() if p.get("cluster")])
 
-    def get_cluster(self, req: GetCluster) -> SteeringDocument:
-        return SteeringDocument(bases.cluster_summary(self._profile(req.name, cluster=True), self.store))
+    def get_cluster(self, req: GetCluster) -> ClusterSummary:
+        return bases.cluster_summary(self._profile(req.name, cluster=True), self.store)
 
-    def import_cluster(self, req: ImportCluster) -> SteeringDocument:
+    def import_cluster(self, req: ImportCluster) -> ClusterSummary:
         state = self._state_for_new(req.name, req.model)
         bases.attached(state, req.sae_id, "sae_id")
         _dial(req.intensity, rules.cluster_bounds(req.intensity_range, self.limits)[1], "intensity")
@@ -245,7 +250,7 @@ class Coordinator:
             },
         }
         profile = _put_profile(self.store, state, profile, {req.sae_id: req.members}, "members")
-        return SteeringDocument(bases.cluster_summary(profile, self.store))
+        return bases.cluster_summary(profile, self.store)
 
     def dial_cluster(self, req: DialCluster) -> Dialled:
         """The persistent dial: [0, the cap]; an active cluster re-applies at once."""
@@ -265,16 +270,16 @@ class Coordinator:
         return self._deleted(profile["model"], "profile", req.name)
 
     # circuits
-    def list_circuits(self, req: ListCircuits) -> SteeringDocument:
-        return SteeringDocument({"circuits": [bases.circuit_summary(c, self.store) for c in self.store.circuits()]})
+    def list_circuits(self, req: ListCircuits) -> Circuits:
+        return Circuits([bases.circuit_summary(c, self.store) for c in self.store.circuits()])
 
-    def get_circuit(self, req: GetCircuit) -> SteeringDocument:
-        return SteeringDocument(bases.circuit_summary(self._circuit(req.name), self.store))
+    def get_circuit(self, req: GetCircuit) -> CircuitSummary:
+        return bases.circuit_summary(self._circuit(req.name), self.store)
 
-    def import_circuit(self, req: ImportCircuit) -> SteeringDocument:
+    def import_circuit(self, req: ImportCircuit) -> CircuitSummary:
         circuit = bases.new_circuit(self.store, self.store.get(req.model), req)
         self.store.put_circuit(circuit)
-        return SteeringDocument(bases.circuit_summary(circuit, self.store))
+        return bases.circuit_summary(circuit, self.store)
 
     def activate_circuit(self, req: ActivateCircuit) -> SteeringState:
         return self._activated(self.store.get(self._circuit(req.name)["model"]), "circuit", req.name)

@@ -28,7 +28,18 @@ import attrs
 
 from greenroom import steering_rules as rules
 from greenroom.errors import GreenroomError
-from greenroom.protocol import Dial, ImportCircuit, ResolvedSteering
+from greenroom.protocol import (
+    CircuitLayer,
+    CircuitSummary,
+    ClusterSettings,
+    ClusterSummary,
+    Dial,
+    ImportCircuit,
+    Member,
+    Profile,
+    ResolvedSteering,
+    SAEIdentity,
+)
 from greenroom.store.steering import ModelSteering, SteeringStore
 
 LOCK = "steering_lock"  # the settings key of the model locked for steering
@@ -241,57 +252,70 @@ def checked_strengths(state: ModelSteering, profile: dict) -> dict[str, dict[str
 # -- clusters and circuits --------------------------------------------------------------------
 
 
-def cluster_summary(profile: dict, store: SteeringStore) -> dict:
+def profile_document(profile: dict) -> Profile:
+    """A stored profile (feature ids as the store writes them, decimal strings) as the document."""
     cluster = profile["cluster"]
-    strengths = profile["strengths"].get(cluster["sae_id"], {})
-    return {
-        "name": profile["name"],
-        "model": profile["model"],
-        "description": profile["description"],
-        "sae_id": cluster["sae_id"],
-        "members": [{"feature": int(f), "strength": s, **_label(cluster["labels"], f)} for f, s in strengths.items()],
-        "intensity": cluster["intensity"],
-        "intensity_range": cluster["intensity_range"],
-        "active": store.get(profile["model"]).active == {"kind": "profile", "name": profile["name"]},
-        "created_at": profile["created_at"],
-        "updated_at": profile["updated_at"],
-    }
+    return Profile(
+        profile["name"],
+        profile["model"],
+        profile["description"],
+        rules.indexed(profile["strengths"]),
+        [SAEIdentity(**sae) for sae in profile["saes"]],
+        profile["created_at"],
+        profile["updated_at"],
+        cluster
+        and ClusterSettings(
+            cluster["sae_id"],
+            cluster["intensity"],
+            cluster["intensity_range"],
+            {int(f): label for f, label in cluster["labels"].items()},
+        ),
+    )
 
 
-def circuit_summary(circuit: dict, store: SteeringStore) -> dict:
-    out = {
-        "name": circuit["name"],
-        "model": circuit["model"],
-        "active": store.get(circuit["model"]).active == {"kind": "circuit", "name": circuit["name"]},
-        "intensity": circuit["intensity"],
-        "created_at": circuit["created_at"],
-        "updated_at": circuit["updated_at"],
-    }
+def cluster_summary(profile: dict, store: SteeringStore) -> ClusterSummary:
+    cluster = profile["cluster"]
+    return ClusterSummary(
+        profile["name"],
+        profile["model"],
+        profile["description"],
+        cluster["sae_id"],
+        _members(profile["strengths"].get(cluster["sae_id"], {}), cluster["labels"]),
+        cluster["intensity"],
+        cluster["intensity_range"],
+        store.get(profile["model"]).active == {"kind": "profile", "name": profile["name"]},
+        profile["created_at"],
+        profile["updated_at"],
+    )
+
+
+def circuit_summary(circuit: dict, store: SteeringStore) -> CircuitSummary:
+    own = (
+        circuit["name"],
+        circuit["model"],
+        store.get(circuit["model"]).active == {"kind": "circuit", "name": circuit["name"]},
+        circuit["intensity"],
+        circuit["created_at"],
+        circuit["updated_at"],
+    )
     if "unparseable" in circuit:
-        return {**out, "unparseable": circuit["unparseable"]}
-    return {
-        **out,
-        "description": circuit["description"],
-        "rung": circuit["rung"],
-        "language": rules.RUNGS[circuit["rung"]],
-        "layers": [
-            {
-                "layer": layer["layer"],
-                "sae_id": layer["sae_id"],
-                "members": [
-                    {"feature": int(f), "strength": s, **_label(layer["labels"], f)}
-                    for f, s in layer["members"].items()
-                ],
-            }
+        return CircuitSummary(*own, unparseable=circuit["unparseable"])
+    return CircuitSummary(
+        *own,
+        description=circuit["description"],
+        rung=circuit["rung"],
+        language=rules.RUNGS[circuit["rung"]],
+        layers=[
+            CircuitLayer(layer["layer"], layer["sae_id"], _members(layer["members"], layer["labels"]))
             for layer in circuit["layers"]
         ],
-        "intensity_range": circuit["intensity_range"],
-        "slice_fallback": circuit["slice_fallback"],
-    }
+        intensity_range=circuit["intensity_range"],
+        slice_fallback=circuit["slice_fallback"],
+    )
 
 
-def _label(labels: dict, feature: str) -> dict:
-    return {"label": labels[feature]} if feature in labels else {}
+def _members(strengths: dict[str, float], labels: dict[str, str]) -> list[Member]:
+    return [Member(int(f), s, labels.get(f)) for f, s in strengths.items()]
 
 
 def new_circuit(store: SteeringStore, state: ModelSteering, doc: ImportCircuit) -> dict:

@@ -4,11 +4,12 @@ why). No server; tests/live/test_field_ledger.py drives the same rules through a
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from greenroom.engines.capabilities import ENGINES, WHY_NOT, Capabilities
 from greenroom.errors import GreenroomError
-from greenroom.http.core import ledger
+from greenroom.http.core import contracts, ledger
 from greenroom.http.openai import openai_api, openai_params
 
 ALL = ENGINES["transformers"]
@@ -130,3 +131,60 @@ def test_a_reported_field_that_asks_for_nothing_is_not_reported():
     sent = {**cli, "system": "Be brief.", "options": {"seed": 1}}
     assert ledger.check(ollama_api.SHOW_REQUEST, sent, NONE, "on /api/show") == ["system", "options"]
     assert ledger.check(openai_api.CHAT, {"user": None, "foo": None}, ALL, WHERE) == ["user", "foo"]  # no no-op listed
+
+
+# (body, reported locations): the nested keys are read off the declarations (the message,
+# content part and stream_options Shapes), each location as it was with the hand-kept key sets
+NESTED = [
+    ({"messages": [{"role": "user", "content": "x", "name": None}]}, ["messages[0].name"]),
+    ({"messages": [{"role": "tool", "content": "4", "tool_call_id": "c"}]}, []),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, ["messages[0].tool_call_id"]),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "x": 1}]}]}, []),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, "b", {"x": 1}]}]},
+        ["messages[0].content[2].x"],
+    ),
+    ({"messages": ["m", {"role": "user", "content": "x", "w": 1}]}, ["messages[1].w"]),
+    (
+        {"extra_messages": [[{"role": "user", "content": [{"type": "text", "text": "a", "c": 1}]}]]},
+        ["extra_messages[0][0].content[0].c"],
+    ),
+    ({"stream": True, "stream_options": {"include_usage": True, "x": 1}}, ["stream_options.x"]),
+    ({"stream": False, "stream_options": {"include_usage": True}}, ["stream_options"]),
+    ({"stream_options": "x"}, []),
+    ({"response_format": {"type": "json_object", "x": 1}}, ["response_format.x"]),
+]
+
+
+@pytest.mark.parametrize("body,locations", NESTED)
+def test_nested_keys_are_reported_as_their_declarations_say(body, locations):
+    assert ledger.check(openai_api.CHAT, body, ALL, WHERE) == locations
+
+
+def test_a_key_added_to_a_nested_declaration_is_read_and_documented_there():
+    message = openai_params.MESSAGE.field
+    weighted = attrs.evolve(message, fields={**message.fields, "weight": contracts.Number(description="How much")})
+    chat = attrs.evolve(
+        openai_api.CHAT,
+        fields={**openai_api.CHAT.fields, "messages": contracts.ListOf(items=weighted)},
+    )
+    body = {"messages": [{"role": "user", "content": "x", "weight": 2, "name": "n"}]}
+    assert ledger.check(openai_api.CHAT, body, ALL, WHERE) == ["messages[0].weight", "messages[0].name"]
+    assert ledger.check(chat, body, ALL, WHERE) == ["messages[0].name"]
+    rendered = message.render({})
+    assert rendered["description"].endswith(contracts.UNKNOWN)
+    assert rendered["properties"]["tool_call_id"]["description"].endswith(
+        'Read where role is "tool"; elsewhere reported in X-miLLM-Ignored-Fields'
+    )
+    assert rendered["properties"]["name"]["description"] == "Not read: reported in X-miLLM-Ignored-Fields"
+
+
+def test_ollama_messages_report_what_their_declaration_does_not_read():
+    """Ollama's message declares images (refused unless empty), not tool_call_id (not read)."""
+    from greenroom.http.ollama import ollama_api
+
+    body = {"messages": [{"role": "tool", "content": "4", "images": [], "tool_call_id": "c", "thinking": ""}]}
+    assert ledger.check(ollama_api.CHAT_REQUEST, body, ALL, WHERE) == [
+        "messages[0].tool_call_id",
+        "messages[0].thinking",
+    ]

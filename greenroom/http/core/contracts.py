@@ -48,10 +48,17 @@ class Rule:
     report: bool = False  # accepted, never read
     noop: tuple = ()  # values that mean "no change" (null always does)
     why: str = ""
+    when: tuple = ()  # (key, value): read only in an object whose `key` holds `value`, elsewhere reported
+
+    def reads(self, obj: dict) -> bool:
+        """Whether the field is read in `obj` (the object holding it)."""
+        return not self.report and (not self.when or obj.get(self.when[0]) == self.when[1])
 
     def describe(self) -> str:
         """The rule in the document's words ("" for a field that is read)."""
         noop = "null" + "".join(f" or {json.dumps(v)}" for v in self.noop)
+        if self.when:
+            return f"Read where {self.when[0]} is {json.dumps(self.when[1])}; elsewhere reported in {IGNORED_FIELDS_HEADER}"
         if self.needs is None:
             if self.refuse:
                 return f"Refused with 400 field_not_honoured unless {noop}: {self.why}"
@@ -239,7 +246,9 @@ class Shape(Field):
     patterns: dict[str, Field] = attrs.field(factory=dict)  # a name's regular expression -> what it holds
     extra: Field | None = None  # what an open shape's other fields may hold (None: anything)
     rules: tuple = ()  # JSON Schema over several fields (Fields inside rendered), each beside the check it mirrors
-    ledger: bool = False  # a request the field ledger checks: its fields' rules hold, other fields are reported
+    # a request the field ledger checks, or an object inside one it walks: its fields' rules hold,
+    # other fields are reported (with their location, e.g. messages[2].name)
+    ledger: bool = False
 
     @property
     def names(self) -> frozenset[str]:
@@ -251,8 +260,9 @@ class Shape(Field):
         return frozenset(name for name, f in self.fields.items() if not f.rule.report)
 
     def unread(self, value: dict) -> list[str]:
-        """The keys of `value` not read: not declared, or declared as reported."""
-        return [key for key in value if key not in self.read]
+        """The keys of `value` not read: not declared, declared as reported, or read only
+        elsewhere (`Rule.when`)."""
+        return [key for key in value if key not in self.fields or not self.fields[key].rule.reads(value)]
 
     def _description(self) -> str:
         return _joined(self.description, UNKNOWN * self.ledger)
@@ -274,9 +284,17 @@ class Shape(Field):
             out["allOf"] = resolve(list(self.rules), components)
         return out
 
+    def described(self, name: str) -> str:
+        """Field `name`'s description, and in a Shape the ledger checks its rule: what the document
+        (and docs/openai.md's parameter table) says of it."""
+        field = self.fields[name]
+        rule = field.rule.describe() if self.ledger else ""
+        inner = field.field.description if isinstance(field, Named) else ""  # a named shape's own
+        return _joined(field.description or inner, rule, sep=". ")
+
     def _property(self, name: str, field: Field, components: dict) -> dict:
         if self.ledger and field.rule != USE:
-            field = attrs.evolve(field, description=_joined(field.description, field.rule.describe(), sep=". "))
+            field = attrs.evolve(field, description=self.described(name))
         out = field.render(components)
         return out if name in self.required or not field.null else nullable(out)
 
@@ -321,6 +339,26 @@ class Schema(Field):
 
     def _schema(self, components: dict) -> dict:
         return resolve(self.schema, components)
+
+
+def element(field: Field | None) -> Field | None:
+    """What a list `field` holds (through a name, a Schema's `items`, or a list option of AnyOf)."""
+    if isinstance(field, Named):
+        return element(field.field)
+    if isinstance(field, ListOf):
+        return field.items
+    if isinstance(field, Schema) and isinstance(field.schema.get("items"), Field):
+        return field.schema["items"]
+    if isinstance(field, AnyOf):
+        return next((e for e in map(element, field.options) if e is not None), None)
+    return None
+
+
+def shape(field: Field | None) -> Shape | None:
+    """The object `field` declares (through a name), if it declares one."""
+    if isinstance(field, Named):
+        return shape(field.field)
+    return field if isinstance(field, Shape) else None
 
 
 def resolve(value, components: dict):

@@ -11,8 +11,9 @@ ledger rule (`contracts.Rule`, written beside the field's type and description).
 - refused (`contracts.refused`, or `contracts.needs` a capability) with 400
   field_not_honoured, unless its value means "no change" (an explicit null, or the field's
   listed no-op value) or the engine has the capability that honours it.
-Nested objects the request path reads (messages, content parts, response_format,
-stream_options) are walked, so an unread key is reported with its location, e.g.
+Nested objects the request path reads are walked down their declarations (the message,
+content part and stream_options Shapes marked `ledger=True`, each key's rule its own; the
+response format's by its type), so an unread key is reported with its location, e.g.
 "messages[2].name" or "response_format.schema". The surfaces translated onto chat completions
 (Responses, Anthropic's Messages) have their top-level fields here; their translations
 (responses_api.py, messages_api.py) report the nested keys they do not read, and the chat body
@@ -27,6 +28,7 @@ import logging
 from greenroom import structured_fields as sf
 from greenroom.engines.capabilities import Capabilities
 from greenroom.errors import GreenroomError
+from greenroom.http.core import contracts
 from greenroom.http.core.contracts import Shape
 from greenroom.http.core.headers import IGNORED_FIELDS_HEADER, STRICT_HEADER
 from greenroom.http.pipeline import structured
@@ -53,12 +55,6 @@ def media_refused(where: str) -> GreenroomError:
     return GreenroomError("field_not_honoured", f"'{where}' cannot be honoured: {TEXT_ONLY}", where)
 
 
-_MESSAGE_KEYS = {"role", "content", "tool_calls"}
-_RESULT_KEYS = _MESSAGE_KEYS | {"tool_call_id"}  # a tool message's: the call it answers (openai_params.messages)
-_PART_KEYS = {"type", "text"}
-_STREAM_OPTION_KEYS = {"include_usage"}
-
-
 def check(shape: Shape, body: dict, caps: Capabilities, where: str, translated: bool = False) -> list[str]:
     """Refuse what cannot be honoured; return the locations of every field not read. Each field's
     rule is its declaration's (`shape`'s); a field it does not declare is reported.
@@ -82,7 +78,7 @@ def check(shape: Shape, body: dict, caps: Capabilities, where: str, translated: 
     if translated:
         return ignored
     constrained_choice(body, caps, where)
-    return ignored + _nested(body)
+    return ignored + _nested(shape, body)
 
 
 def constrained_choice(body: dict, caps: Capabilities, where: str) -> None:
@@ -110,36 +106,35 @@ def _is_noop(value, noop: tuple) -> bool:
     return any(type(value) is type(n) and value == n for n in noop)
 
 
-def _nested(body: dict) -> list[str]:
-    out = []
-    out += _unread_in_messages(body.get("messages"), "messages")
-    extra = body.get("extra_messages")
-    if isinstance(extra, list):
-        for i, conversation in enumerate(extra):
-            out += _unread_in_messages(conversation, f"extra_messages[{i}]")
+def _nested(shape: Shape, body: dict) -> list[str]:
+    out = _unread(shape.fields.get("messages"), body.get("messages"), "messages")
+    out += _unread(shape.fields.get("extra_messages"), body.get("extra_messages"), "extra_messages")
     out += structured.unread_in_format(body.get("response_format"), "response_format")
     options = body.get("stream_options")
-    if isinstance(options, dict):
+    if "stream_options" in shape.fields and isinstance(options, dict):
         if body.get("stream") is True:
-            out += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTION_KEYS]
+            out += _unread(shape.fields["stream_options"], options, "stream_options")
         else:  # only a stream reads them
             out.append("stream_options")
     return out
 
 
-def _unread_in_messages(messages, where: str) -> list[str]:
-    out = []
-    if not isinstance(messages, list):
-        return out
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            continue
-        read = _RESULT_KEYS if m.get("role") == "tool" else _MESSAGE_KEYS
-        out += [f"{where}[{i}].{k}" for k in m if k not in read]
-        if isinstance(m.get("content"), list):
-            for j, part in enumerate(m["content"]):
-                if isinstance(part, dict):
-                    out += [f"{where}[{i}].content[{j}].{k}" for k in part if k not in _PART_KEYS]
+def _unread(field, value, where: str) -> list[str]:
+    """The locations under `where` of the keys `field`'s declaration does not read: lists are
+    walked item by item, and objects declared `ledger=True` key by key (`Shape.unread`), down
+    through the keys they read. Other objects (a tool call's, whose other keys go to the chat
+    template) are not walked."""
+    item = contracts.element(field)
+    if item is not None and isinstance(value, list):
+        return [loc for i, v in enumerate(value) for loc in _unread(item, v, f"{where}[{i}]")]
+    obj = contracts.shape(field)
+    if obj is None or not obj.ledger or not isinstance(value, dict):
+        return []
+    unread = obj.unread(value)
+    out = [f"{where}.{k}" for k in unread]
+    for k, v in value.items():
+        if k not in unread:
+            out += _unread(obj.fields[k], v, f"{where}.{k}")
     return out
 
 

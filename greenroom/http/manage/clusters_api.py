@@ -34,6 +34,7 @@ from greenroom.http.manage.steering_api import (
     PROFILE_NAME,
     SAE_ID,
     delete,
+    document_json,
     name_and_description,
     read_body,
     state_json,
@@ -150,7 +151,7 @@ INTENSITY = Shape(fields={"intensity": DIAL}, required=("intensity",), closed=Tr
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/api/clusters")
     async def clusters():
-        return (await tree.steering(ListClusters())).body
+        return document_json(await tree.steering(ListClusters()))
 
     @routes.view(app, "POST", "/api/clusters/import")
     async def import_cluster():
@@ -159,22 +160,15 @@ def register(app: Quart, tree: Tree) -> None:
         if not SAE_ID.matches(sae_id):
             raise GreenroomError.wrong(sae_id, "'sae_id' must name the attached SAE the members belong to", "sae_id")
         members, labels = _members(body.get("members"), "members")
-        return (
+        return document_json(
             await tree.steering(
-                ImportCluster(
-                    model,
-                    *name_and_description(body),
-                    sae_id,
-                    members,
-                    labels,
-                    *_dialled(body),
-                )
+                ImportCluster(model, *name_and_description(body), sae_id, members, labels, *_dialled(body))
             )
-        ).body
+        )
 
     @routes.view(app, "GET", "/api/circuits")
     async def circuits():
-        return (await tree.steering(ListCircuits())).body
+        return document_json(await tree.steering(ListCircuits()))
 
     @routes.view(app, "POST", "/api/circuits/import")
     async def import_circuit():
@@ -189,9 +183,9 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
         name, description = name_and_description(body)
         layers = _layers(body.get("layers"))
-        return (
+        return document_json(
             await tree.steering(ImportCircuit(model, name, description, rung, layers, *_dialled(body), fallback))
-        ).body
+        )
 
     @routes.view(app, "GET", "/api/circuits/active")
     async def active_circuit():
@@ -200,7 +194,7 @@ def register(app: Quart, tree: Tree) -> None:
         with the reason."""
         name = request.args.get("model")
         models = [tree.resolve(name)] if name else tree.steerable()
-        return {"models": [attrs.asdict(await tree.steering(GetActiveCircuit(model))) for model in models]}
+        return {"models": [document_json(await tree.steering(GetActiveCircuit(model))) for model in models]}
 
     for kind in KINDS:
         _named_routes(app, tree, kind)
@@ -229,11 +223,11 @@ def _named_routes(app: Quart, tree: Tree, kind: Kind) -> None:
     serving), and activation (its dialled strengths as the model's live steering)."""
     root = f"/api/{kind.name}s/{{name}}"
 
-    async def summary(name: str) -> dict:
-        return (await tree.steering(kind.get(name))).body
+    async def summary(name: str):
+        return await tree.steering(kind.get(name))
 
     async def read(name: str):
-        return await summary(name)
+        return document_json(await summary(name))
 
     async def deleted(name: str):
         return await delete(tree, kind.delete(name))
@@ -242,19 +236,19 @@ def _named_routes(app: Quart, tree: Tree, kind: Kind) -> None:
         body = await read_body(INTENSITY)
         if body.get("intensity") is None:
             raise GreenroomError("missing_parameter", "you must provide intensity", "intensity")
-        model = (await summary(name))["model"]
+        model = (await summary(name)).model
         dialled = await tree.steering(kind.dial(model, name, _number(body, "intensity")))
         state = dialled.state  # the base is active: the live steering moved with it
         return {
-            kind.name: dialled.summary,
+            kind.name: document_json(dialled.summary),
             "state": None if state is None else state_json(state, await tree.push_model_steering(model, state)),
         }
 
     async def activated(name: str):
-        return await write(tree, kind.activate((await summary(name))["model"], name))
+        return await write(tree, kind.activate((await summary(name)).model, name))
 
     async def export(name: str):
-        return document(kind.name, await summary(name))
+        return document(kind.name, document_json(await summary(name)))
 
     for method, path, view in (
         ("GET", root, read),

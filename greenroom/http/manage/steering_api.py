@@ -32,7 +32,9 @@ from greenroom.http.core.headers import CIRCUIT_RUNG_HEADER, STEERING_INTENSITY_
 from greenroom.http.openai import openai_params
 from greenroom.protocol import (
     ActivateProfile,
+    ActiveCircuit,
     AttachSAE,
+    CircuitSummary,
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
@@ -44,9 +46,11 @@ from greenroom.protocol import (
     ImportProfile,
     ListProfiles,
     LockSteering,
+    Member,
     ModelRequest,
     ResolveRequestSteering,
     SetSteering,
+    SteeringDocument,
     SteeringState,
     UnlockSteering,
     UpdateProfile,
@@ -153,7 +157,9 @@ CHAT = Shape(
             min_length=1,
             description="A steering profile (/api/profiles) steering this request only, on the "
             "serial path; the live steering is unchanged. 404 profile_not_found; 400 when invalid for the "
-            "attached SAEs; no SAE attached: unsteered",
+            "attached SAEs; no SAE attached: unsteered. Served on transformers and GGUF models; refused on text "
+            "completions, scoring requests and OpenVINO models. See [Per-request profile](steering.md#per-request-profile) "
+            "and [Per-request intensity](steering.md#per-request-intensity-steering_intensity)",
             rule=needs("profile"),
         ),
         "steering_intensity": AnyOf(
@@ -235,32 +241,28 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/profiles")
     async def profiles():
-        return (await tree.steering(ListProfiles())).body
+        return document_json(await tree.steering(ListProfiles()))
 
     @routes.view(app, "POST", "/api/profiles")
     async def create_profile():
         body = await read_body(PROFILE)
         model = tree.resolve(openai_params.model_name(body))
-        return (
+        return document_json(
             await tree.steering(
-                CreateProfile(
-                    model,
-                    *name_and_description(body),
-                    _strengths(body.get("strengths")) or {},
-                )
+                CreateProfile(model, *name_and_description(body), _strengths(body.get("strengths")) or {})
             )
-        ).body
+        )
 
     @routes.view(app, "GET", "/api/profiles/{name}")
     async def profile(name: str):
-        return (await tree.steering(GetProfile(name))).body
+        return document_json(await tree.steering(GetProfile(name)))
 
     @routes.view(app, "PUT", "/api/profiles/{name}")
     async def update_profile(name: str):
         body = await read_body(UPDATE)
         description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
-        model = (await tree.steering(GetProfile(name))).body["model"]
-        return (await tree.steering(UpdateProfile(model, name, description, strengths))).body
+        model = (await tree.steering(GetProfile(name))).model
+        return document_json(await tree.steering(UpdateProfile(model, name, description, strengths)))
 
     @routes.view(app, "DELETE", "/api/profiles/{name}")
     async def delete_profile(name: str):
@@ -269,12 +271,12 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/api/profiles/{name}/activate")
     async def activate_profile(name: str):
         """The profile's strengths become the model's live steering, as PUT /api/steering writes them."""
-        model = (await tree.steering(GetProfile(name))).body["model"]
+        model = (await tree.steering(GetProfile(name))).model
         return await write(tree, ActivateProfile(model, name))
 
     @routes.view(app, "GET", "/api/profiles/{name}/export")
     async def export_profile(name: str):
-        profile = (await tree.steering(GetProfile(name))).body
+        profile = document_json(await tree.steering(GetProfile(name)))
         return {
             "format": EXPORT_FORMAT,
             "profile": {k: profile[k] for k in ("name", "model", "description", "strengths")},
@@ -319,16 +321,7 @@ def register(app: Quart, tree: Tree) -> None:
                 raise GreenroomError(
                     "invalid_parameter", f"SAE {sae_id!r} has strengths but is not in 'saes'", f"strengths.{sae_id}"
                 )
-        return (
-            await tree.steering(
-                ImportProfile(
-                    model,
-                    *name_and_description(profile),
-                    strengths,
-                    saes,
-                )
-            )
-        ).body
+        return document_json(await tree.steering(ImportProfile(model, *name_and_description(profile), strengths, saes)))
 
 
 async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Generate, dict[str, str]]:
@@ -399,6 +392,32 @@ async def _answer(tree: Tree, model: str) -> dict:
 def state_json(state: SteeringState, live: bool) -> dict:
     """A model's state as every route answers it, with `live`."""
     return {**attrs.asdict(state), "live": live}
+
+
+def document_json(doc: SteeringDocument | ActiveCircuit) -> dict:
+    """The coordinator's document as the routes answer it (the one place it becomes JSON): its
+    fields in order, feature ids as the spec writes them (map keys as decimal strings, a
+    member's `feature` a number), a member's missing label and an unparseable circuit's
+    definition left out."""
+    return _json(doc)
+
+
+_DEFINITION = frozenset(f.name for f in attrs.fields(CircuitSummary)[7:])  # what an unparseable one lacks
+
+
+def _json(value):
+    if attrs.has(type(value)):
+        out = {f.name: _json(getattr(value, f.name)) for f in attrs.fields(type(value))}
+        if isinstance(value, Member) and value.label is None:
+            del out["label"]
+        if isinstance(value, CircuitSummary):
+            out = {k: v for k, v in out.items() if k not in (_DEFINITION if value.unparseable else {"unparseable"})}
+        return out
+    if isinstance(value, dict):
+        return {str(k): _json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
 
 
 def _typed(field, value) -> bool:

@@ -93,6 +93,7 @@ MESSAGE = contracts.Named(
             "tool_calls": contracts.ListOf(items=openai_params.TOOL_CALL, description="An assistant's earlier calls"),
         },
         required=("role",),
+        ledger=True,
     ),
 )
 _FORMAT_FIELD = contracts.AnyOf(

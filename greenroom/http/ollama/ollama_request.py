@@ -5,7 +5,6 @@ fields reported in X-miLLM-Ignored-Fields."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import attrs
@@ -71,5 +70,4 @@ async def prepare(tree: Tree, shape: Shape, where: str, defaults: str | None = N
         body = ollama_defaults.apply(body, placement, chat=defaults == "chat")
     engine, caps = tree.capabilities(model)
     unread = ledger.check(shape, body, caps, f"{where} with the {engine} engine")
-    unread = [u for u in unread if not re.fullmatch(r"messages\[\d+\]\.images", u)]  # refused when not empty
     return Prepared(body, model, sent_model, caps, unread, strict, started)

@@ -23,7 +23,6 @@ from greenroom.http.core.contracts import (
     INT64,
     NULL,
     AnyOf,
-    Anything,
     Boolean,
     Choice,
     Field,
@@ -41,6 +40,7 @@ from greenroom.http.core.contracts import (
     sent,
     when,
 )
+from greenroom.http.core.headers import DRAWN_SEED_HEADER, SEED_HEADER
 from greenroom.http.pipeline import sae_activations
 from greenroom.protocol import Embed, Generate
 
@@ -74,30 +74,65 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 # --- the fields, declared once (contracts.py) ---------------------------------------------
 
 MODEL = Text(min_length=1, examples=(DEMO_MODEL,))
-TEMPERATURE = Number(lo=0.0, hi=2.0, default=1.0, description="0 is greedy")
-TOP_P = Number(lo=0.0, hi=1.0, default=1.0)
-TOP_K = Number(
-    lo=-1, hi=INT32_MAX, integer=True, description="vLLM's extension: the k most probable tokens; 0 or -1 is off"
+TEMPERATURE = Number(
+    lo=0.0,
+    hi=2.0,
+    default=1.0,
+    description="0–2; 0 is greedy (so is anything below 1e-5, which float32 cannot divide by)",
 )
-SEED = Number(lo=0, hi=UINT32_MAX, integer=True, rule=needs("seed"))
-PENALTY = Number(lo=-2.0, hi=2.0, default=0.0, rule=needs("penalties", 0, 0.0))
+TOP_P = Number(
+    lo=0.0, hi=1.0, default=1.0, description="0–1; the most probable token is always kept, so `top_p: 0` is greedy"
+)
+TOP_K = Number(
+    lo=-1,
+    hi=INT32_MAX,
+    integer=True,
+    description="vLLM's extension: sample among the k most probable tokens; 0 or −1 is off",
+)
+SEED = Number(
+    lo=0,
+    hi=UINT32_MAX,
+    integer=True,
+    description="0 to 2³²−1 (anything else, `true` included, → 400). Same seed + body + model → byte-identical text "
+    f'and finish_reason. Echoed as `{SEED_HEADER}: 7;scope="request"`; absent when no seed was sent. Choice *j* > 0 '
+    "of an `n` request gets its own seed derived from it; each prompt of a list is seeded with the seed itself. "
+    "Beyond the spec: a request sent without one runs with a seed drawn for it, named in "
+    f'`{DRAWN_SEED_HEADER}: 2920794996;scope="request"` — sent back as `seed`, it reproduces the answer (not drawn '
+    "in the transformers continuous batch, whose rows share one generator: [Seeds](ollama.md#seeds))",
+    rule=needs("seed"),
+)
+PENALTY = Number(
+    lo=-2.0,
+    hi=2.0,
+    default=0.0,
+    description="−2 to 2, mapped to one repetition penalty `max(0.1, 1 + (presence + frequency) / 2)` applied to every "
+    "token already in the prompt or the answer (HF's rule) — not OpenAI's count-based penalties",
+    rule=needs("penalties", 0, 0.0),
+)
 
 
 def max_tokens(least: int, description: str) -> Number:
-    return Number(lo=least, hi=INT32_MAX, integer=True, description=description)
+    return Number(
+        lo=least,
+        hi=INT32_MAX,
+        integer=True,
+        description=f"{description}. max_tokens and max_completion_tokens are the same thing; both sent with "
+        "different values → 400 naming both. Validated against the context window before anything runs: 400 "
+        "`context_length_exceeded` giving the limit and what was asked (also before a stream starts). Absent → the "
+        "server default (512), bounded by the window",
+    )
 
 
 # chat completions take at least 1 token (OpenAI's minimum); text completions 0 (the prompt's usage alone)
-CHAT_MAX_TOKENS = max_tokens(
-    1, "Absent: the server default, bounded by the context window (a constrained answer: the whole window)"
-)
+CHAT_MAX_TOKENS = max_tokens(1, "At least 1 (OpenAI's minimum); a constrained answer may take the whole window")
 COMPLETION_MAX_TOKENS = max_tokens(
-    0, "Absent: the server default, bounded by the context window; 0: no token is generated"
+    0, 'At least 0: 0 generates nothing (`finish_reason: "length"` and the prompt\'s `usage`, a token count)'
 )
 N = Number(lo=1, hi=MAX_CHOICES, integer=True, default=1)
 TOKEN_IDS = ListOf(items=Number(lo=0, hi=INT32_MAX, integer=True), min_items=1)
 TEXT_PART = Named(
-    name="TextPart", field=Shape(fields={"type": Choice(values=("text",)), "text": Text()}, required=("type", "text"))
+    name="TextPart",
+    field=Shape(fields={"type": Choice(values=("text",)), "text": Text()}, required=("type", "text"), ledger=True),
 )
 TOOL_CALL = Named(
     name="MessageToolCall",
@@ -128,17 +163,19 @@ MESSAGE = Named(
         fields={
             "role": Choice(values=ROLES),
             "content": AnyOf(options=(Text(), ListOf(items=TEXT_PART))),
-            "name": Anything(description="Not read: reported"),
+            "name": reported(),
             "tool_calls": ListOf(
                 items=TOOL_CALL, description="An assistant's earlier calls, rendered by the chat template"
             ),
             "tool_call_id": Text(
                 description="A tool message's: the id of the earlier call it answers (refused if no earlier call has "
-                "it); results are rendered in their calls' order, and the id is handed to the chat template"
+                "it); results are rendered in their calls' order, and the id is handed to the chat template",
+                rule=Rule(when=("role", "tool")),
             ),
         },
         required=("role",),
-        description="A trailing assistant message is continued, not answered",
+        description="A trailing assistant message is continued, not answered.",
+        ledger=True,
     ),
 )
 
@@ -228,7 +265,8 @@ SAE_ACTIVATIONS = Named(
         },
         closed=True,
         description=(
-            "miLLM extension (transformers models only, refused on GGUF before any load): this request's activations of "
+            "miLLM extension, served on transformers and GGUF models (refused on OpenVINO models before any load; see "
+            "[Per-request SAE activations](steering.md#per-request-sae-activations)): this request's activations of "
             "an attached SAE, returned under millm. Refused with 400 with n > 1, extra_messages or several prompts, and "
             f"when positions × top_k could exceed {SAE_ACTIVATIONS_MAX_ENTRIES} (max_tokens counted in full for "
             "completion and all). Served on the serial path. On a scoring request it reads the unsteered scoring pass "
@@ -245,14 +283,23 @@ NOT_YET = "not yet implemented"
 
 def _sampling(tokens: Number) -> dict:
     return {
-        "model": MODEL,
-        "stream": Boolean(default=False),
+        "model": attrs.evolve(MODEL, description="Must name a configured model (404 `model_not_found`)"),
+        "stream": Boolean(
+            default=False,
+            description="`true`: the answer as server-sent events, one chunk per step and `data: [DONE]` last; a "
+            "failure after the first chunk is an `error` event carrying the error envelope",
+        ),
         "stream_options": Shape(
             fields={
                 "include_usage": Boolean(
-                    description="With stream: true, a last chunk with `choices: []` and the usage follows"
+                    description="Without it the request's last finishing chunk carries `usage` (the spec's rule); "
+                    "with `include_usage: true`, OpenAI's: every chunk carries `usage: null` but the extra usage-only "
+                    "chunk (`choices: []`) at the end, so a client that adds chunks up (LangChain's "
+                    "`stream_usage=True`, pydantic-ai) counts the usage once"
                 )
-            }
+            },
+            description="Read with stream: true only (else reported whole)",
+            ledger=True,
         ),
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
@@ -262,7 +309,12 @@ def _sampling(tokens: Number) -> dict:
             tokens, description="max_tokens by its newer name (sent with max_tokens, the same value)"
         ),
         "seed": SEED,
-        "stop": AnyOf(options=(Text(), ListOf(items=Text()))),
+        "stop": AnyOf(
+            options=(Text(), ListOf(items=Text())),
+            description="A string or a list; matched on the text, also across token boundaries, streamed or not; the "
+            "string that ended a choice is its `stop_reason` (vLLM's field: null when none did), on the finishing "
+            "chunk when streamed",
+        ),
         "frequency_penalty": PENALTY,
         "presence_penalty": PENALTY,
         # OpenAI's and vLLM's, no parser reads them
@@ -292,10 +344,23 @@ _STREAMED = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
 CHAT = Shape(
     fields={
         **_sampling(CHAT_MAX_TOKENS),
-        "messages": MESSAGES,
+        "messages": attrs.evolve(
+            MESSAGES,
+            description="Roles system, developer (treated as system), user, assistant, tool, function; content a "
+            "string, text parts (an `image_url`, `input_audio` or `file` part: 400 `field_not_honoured`, greenroom "
+            'serves text-only models), or null (rendered as `""`, as llama.cpp does: an assistant turn that only '
+            "called tools breaks no template that joins content). A **trailing assistant message is continued**, not "
+            "answered: the conversation before it is rendered with the generation prompt and the partial answer "
+            "appended raw; a lone one (a bare prefix, or what Open WebUI's Continue sends once `num_ctx` truncation "
+            "dropped the question) is rendered as the template renders that message — SmolLM2's default system "
+            "message first — and continued where its content starts, as vLLM's `continue_final_message` does, on "
+            "every engine and surface. A model with no chat template answers 400 `no_chat_template` (give it one with "
+            "`chat_template` in its `[[models]]` entry, or use `/v1/completions`). " + MESSAGES.description,
+        ),
         "n": attrs.evolve(
             N,
-            description=f"Choices per conversation (n × conversations ≤ {MAX_CHOICES}); refused with stream: true",
+            description=f"1–{MAX_CHOICES} choices per conversation (n × conversations ≤ {MAX_CHOICES}); refused with "
+            "`stream: true` (400 `field_not_honoured`)",
             rule=needs("n", 1),
         ),
         "chat_template_kwargs": MapOf(
@@ -308,9 +373,8 @@ CHAT = Shape(
             items=MESSAGES,
             min_items=1,
             max_items=MAX_CHOICES - 1,
-            description="More "
-            "conversations answered in the same request: their choices follow those of messages, "
-            "in order",
+            description="More conversations answered in the same request: their choices follow those of messages, in "
+            "order; scored or generated, constrained per row; a seed's scope is then `batch-shape`",
         ),
         "return_sae_activations": SAE_ACTIVATIONS,
         # vLLM's chat echo prepends the last message: not served
@@ -341,10 +405,13 @@ COMPLETION = Shape(
                 TOKEN_IDS,
                 ListOf(items=TOKEN_IDS, min_items=1, max_items=MAX_CHOICES),
             ),
-            description="A string, a list of strings (one choice each), a token array or a list of token "
+            description="A string, a list of strings (one choice each, in order), a token array or a list of token "
             "arrays; no chat template",
         ),
-        "add_special_tokens": Boolean(default=True, description="false: the prompt is tokenised as written (no BOS)"),
+        "add_special_tokens": Boolean(
+            default=True,
+            description="`false`: the prompt is tokenised exactly as written (no BOS), in scoring mode too",
+        ),
         "return_sae_activations": SAE_ACTIVATIONS,
         "n": refused(1, why="send a list of prompts for several choices"),
         "top_logprobs": refused(why="use logprobs"),

@@ -116,12 +116,17 @@ _GENERATED = (
     "with max_tokens above 1 or left out, each generated token's log-probability (the model's at temperature 1, "
     "after a constraint's mask) comes back with the answer, streamed with each chunk's tokens"
 )
+_SEE = (
+    " (see [Log-probabilities of generated tokens](openai.md#log-probabilities-of-generated-tokens) and "
+    "[Scoring](openai.md#scoring-next-token-log-probabilities))"
+)
 _ALTERNATIVES = Number(lo=0, hi=MAX_LOGPROBS, integer=True)
 _COMMON = {
     "allowed_token_ids": ListOf(
         items=Number(lo=INT64[0], hi=INT64[1], integer=True),
         min_items=1,
-        description=_SCORING_ONLY + ", normalised over these tokens",
+        description=_SCORING_ONLY
+        + ", normalised over these tokens (see [Scoring](openai.md#scoring-next-token-log-probabilities))",
         rule=needs("scoring"),
     ),
     "return_tokens_as_token_ids": Boolean(
@@ -173,7 +178,7 @@ CHAT = Shape(
     fields={
         "logprobs": Boolean(
             default=False,
-            description=f"true: {_GENERATED}; with max_tokens 1, {_SCORING_ONLY}",
+            description=f"true: {_GENERATED}; with max_tokens 1, {_SCORING_ONLY}{_SEE}",
             rule=needs("token_logprobs", False),
         ),
         "top_logprobs": attrs.evolve(
@@ -205,7 +210,7 @@ COMPLETION = Shape(
             options=(_ALTERNATIVES, Choice(values=(False,))),
             description=(
                 f"An integer, the most probable tokens listed at each position (and the token itself): {_GENERATED}; "
-                f"with max_tokens 1, {_SCORING_ONLY}"
+                f"with max_tokens 1, {_SCORING_ONLY}{_SEE}"
             ),
             rule=needs("token_logprobs", False),
         ),
@@ -215,7 +220,8 @@ COMPLETION = Shape(
                 "true: the prompt comes back — text prefixed to the answer and, with logprobs, every prompt token's "
                 "log-probability after the tokens before it (the first's null, as OpenAI's legacy completions and vLLM "
                 "give it). Served as prompt scoring: max_tokens 0 (the prompt alone) or 1 (and the most probable next "
-                "token, scored as without echo); without logprobs or allowed_token_ids, max_tokens 0 only"
+                "token, scored as without echo); without logprobs or allowed_token_ids, max_tokens 0 only. What "
+                "lm-eval's loglikelihood tasks send: see [Echo](openai.md#echo-the-prompts-log-probabilities)"
             ),
             rule=needs("scoring", False),  # prompt scoring: the prompt's log-probabilities
         ),

@@ -128,7 +128,7 @@ RESPONSE_FORMAT = Named(
         "complete (streamed: the text as it is decoded, a failed validation the stream's error event; keys of its "
         "own the type does not read are reported, like every unread field); refused (400 "
         'response_format_unsupported) with stop, with tools unless tool_choice is "none", and while the server '
-        "runs continuous batching",
+        "runs continuous batching. Chat only: see [Structured output](openai.md#structured-output)",
     ),
 )
 
@@ -151,7 +151,9 @@ CHAT = Shape(
         "response_format": attrs.evolve(RESPONSE_FORMAT, rule=needs("response_format", {"type": "text"})),
         "tools": ListOf(
             items=TOOL,
-            description="Rendered by the chat template; calls in the answer are parsed into message.tool_calls",
+            description="Rendered by the chat template; calls in the answer are parsed into message.tool_calls; "
+            "`required` and named choices are enforced by decoding (OpenAI-compatible servers such as miLLM refuse "
+            "tools). Chat only: see [Tool calling](openai.md#tool-calling)",
             rule=needs("tools", []),
         ),
         "functions": ListOf(items=FUNCTION, description="Deprecated form of tools (not both)", rule=needs("tools", [])),
