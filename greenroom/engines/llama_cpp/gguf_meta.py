@@ -1,7 +1,8 @@
 """A GGUF file's header — its key/values and tensor infos — read without the weights:
-for model names (gguf_files.py), the llama.cpp engine's quantization label, the
-Ollama metadata routes and the KV cache a load will allocate (supervisor/memory.py). `gguf.GGUFReader` maps every array into numpy (2.2 s for
-SmolLM2-135M's file, measured); this reads the header through mmap and struct (12 ms) and
+for model names (gguf_files.py), the llama.cpp engine's quantization label, the Ollama
+metadata routes and the KV cache a load will allocate (supervisor/memory.py).
+`gguf.GGUFReader` maps every array into numpy (2.2 s for SmolLM2-135M's file,
+measured); this reads the header through mmap and struct (12 ms) and
 steps over long arrays (the vocabulary, its merges and scores), keeping their length and
 where they start. Imports nothing heavy: the front end imports it."""
 
