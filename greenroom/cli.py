@@ -174,9 +174,10 @@ def _ps(args) -> int:
         )
     # every configured model, loaded or not: the state a request for it finds
     width = max(12, *(len(m["id"]) for m in models)) if models else 12
-    print(f"\n{'MODEL':<{width}} {'STATE':<11} {'ENGINE':<12} ACTOR")
+    print(f"\n{'MODEL':<{width}} {'STATE':<11} {'ENGINE':<12} {'SIZE MB':>8} ACTOR")
     for m in models:
-        print(f"{m['id']:<{width}} {m['state']:<11} {m['engine']:<12} {m['actor']}")
+        size = f"{m['footprint_bytes'] / 2**20:.0f}" if m.get("footprint_bytes") else "-"  # loaded: its footprint
+        print(f"{m['id']:<{width}} {m['state']:<11} {m['engine']:<12} {size:>8} {m['actor']}")
     limits, gib = server["limits"], 2**30
     budget = limits["memory_budget_bytes"]
     print(

@@ -97,9 +97,23 @@ async def engine_session(
 
 
 def _load_engines(models: list[dict]) -> dict:
-    from greenroom.engines.loader import load_engine  # torch is imported here, in the child
+    return {m["id"]: load_measured(m) for m in models}
 
-    return {m["id"]: load_engine(m) for m in models}
+
+def load_measured(spec: dict, stage=None):
+    """loader.load_engine, with the engine's ModelInfo.footprint_bytes the larger of its own
+    figure and what the load took on its device: the card's reserved memory (torch's caching
+    allocator) or, on the CPU, the process's RSS, before and after. The engine's module is
+    imported first: the libraries it imports stay when the model goes."""
+    from greenroom.engines.loader import engine_class, load_engine  # torch is imported here, in the child
+
+    engine_class(spec["engine"])
+    device = spec.get("device", "cpu")
+    before = _device_bytes(device)
+    engine = load_engine(spec, stage)
+    taken = _device_bytes(device) - before
+    engine.info = attrs.evolve(engine.info, footprint_bytes=max(engine.info.footprint_bytes or 0, taken) or None)
+    return engine
 
 
 @attrs.define(eq=False)
@@ -379,11 +393,9 @@ class EngineLoop:
     def _lifecycle(self, req: Load | Unload) -> None:
         """FIFO with requests: an Unload runs once everything queued before it is done."""
         if isinstance(req, Load):
-            from greenroom.engines.loader import load_engine
-
             if req.spec["id"] not in self.engines:
                 try:
-                    self.engines[req.spec["id"]] = load_engine(
+                    self.engines[req.spec["id"]] = load_measured(
                         req.spec, lambda stage: self._outbox.put_from_thread(Loading(req.rid, stage))
                     )
                 except Exception as exc:  # a missing source, a file the engine cannot read: the load's error
@@ -702,6 +714,15 @@ def _device_memory(device: str) -> dict:
         vm = psutil.virtual_memory()
         free, total = vm.available, vm.total
     return {"device": device, "free_bytes": int(free), "total_bytes": int(total)}
+
+
+def _device_bytes(device: str) -> int:
+    """What this process holds on `device`: torch's reserved memory on a card, else its RSS."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.memory_reserved(torch.device(device))
+    return _rss_bytes()
 
 
 def _rss_bytes() -> int:

@@ -102,7 +102,9 @@ class ModelInfo:
     parameters: int
     revision: str | None = None
     quantization: str | None = None
-    footprint_bytes: int | None = None  # what the loaded model takes on its device (weights, KV cache, buffers)
+    # what the loaded model takes on its device — weights, KV cache, buffers: the larger of the
+    # engine's own figure and what the load took there (engine_actor.py); None: not known
+    footprint_bytes: int | None = None
 
 
 # What a request asks of an engine beside its prompt, and what the engine reads back: typed

@@ -118,6 +118,23 @@ def one_gil_thread(spec: dict) -> bool:
     return spec["engine"] == "transformers" and spec.get("device", "cpu") == "cpu" and default_cpu_threads() == 1
 
 
+# each engine's class, by the module it is in: imported when first asked for (torch, llama_cpp, openvino)
+_CLASSES = {
+    "transformers": (".transformers.transformers_engine", "TransformersEngine"),
+    "llama.cpp": (".llama_cpp.llama_cpp_engine", "LlamaCppEngine"),
+    "openvino": (".openvino.openvino_engine", "OpenVINOEngine"),
+}
+
+
+def engine_class(engine: str) -> type:
+    """The class of `engine`, its module (and the libraries it imports) imported now: the engine
+    actor imports it before it measures what a load takes."""
+    if engine not in _CLASSES:
+        raise ValueError(f"unknown engine {engine!r}")
+    module, name = _CLASSES[engine]
+    return getattr(importlib.import_module(module, __package__), name)
+
+
 def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engine:
     """`spec`: a placement as it crosses to the engine actor (the front end's Placement.to_spec):
     {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
@@ -126,14 +143,13 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
     "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len".
     `stage`: told a long stage of the load as it starts (resolve_source)."""
     path = resolve_source(spec["source"], spec.get("cache_dir"), stage)
+    engine = engine_class(spec["engine"])
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
 
-        from .transformers.transformers_engine import TransformersEngine
-
         hf_logging.disable_progress_bar()  # a server's log is no terminal
 
-        return TransformersEngine(
+        return engine(
             spec["id"],
             path,
             device=spec.get("device", "cpu"),
@@ -142,9 +158,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             **{key: spec[key] for key in TRANSFORMERS_KEYS if spec.get(key) is not None},
         )
     if spec["engine"] == "llama.cpp":
-        from .llama_cpp.llama_cpp_engine import LlamaCppEngine
-
-        return LlamaCppEngine(
+        return engine(
             spec["id"],
             path,
             n_ctx=spec.get("n_ctx"),
@@ -152,20 +166,17 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             parallel=spec.get("parallel", 4),
             chat_template=spec.get("chat_template"),
         )
-    if spec["engine"] == "openvino":
-        from .demo.demo_model import default_cache_dir
-        from .openvino.openvino_engine import OpenVINOEngine
+    from .demo.demo_model import default_cache_dir
 
-        # compiled NPU blobs beside the models, under the same cache root
-        return OpenVINOEngine(
-            spec["id"],
-            path,
-            device=spec.get("device", "cpu"),
-            dtype=spec.get("dtype"),
-            threads=spec.get("threads"),
-            max_prompt_len=spec.get("max_prompt_len"),
-            min_response_len=spec.get("min_response_len"),
-            chat_template=spec.get("chat_template"),
-            compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache",
-        )
-    raise ValueError(f"unknown engine {spec['engine']!r}")
+    # openvino: compiled NPU blobs beside the models, under the same cache root
+    return engine(
+        spec["id"],
+        path,
+        device=spec.get("device", "cpu"),
+        dtype=spec.get("dtype"),
+        threads=spec.get("threads"),
+        max_prompt_len=spec.get("max_prompt_len"),
+        min_response_len=spec.get("min_response_len"),
+        chat_template=spec.get("chat_template"),
+        compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache",
+    )

@@ -1,5 +1,5 @@
 """Whether a model can load, decided before any weight moves: its quantization is one this
-server can load, and its weights fit the memory its actor's device has free."""
+server can load, and its weights and cache fit the memory its actor's device has free."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib.util
 
 import psutil
 
+from greenroom.engines.llama_cpp import gguf_meta
 from greenroom.engines.loader import checkpoint_json
 from greenroom.errors import GreenroomError
 from greenroom.supervisor.placements import Placement
@@ -59,12 +60,21 @@ def check_fit(p: Placement, actor: str, memory: dict | None) -> None:
 
 
 def checkpoint_bytes(p: Placement) -> int | None:
-    """About what a checkpoint takes once loaded: its weight files' size, halved when a
-    float32 checkpoint is loaded in bfloat16 (on CUDA). None when it is not on disk yet (a
-    demo model is built at its first load)."""
+    """About what a checkpoint takes once loaded: a GGUF file's size and its generation
+    context — `parallel` sequences of `n_ctx` KV cells and a ubatch's logits, read from its
+    header (gguf_meta.load_bytes; what the llama.cpp engine reports after loading, within
+    a header's size) —, else its weight files' size, halved when a float32 checkpoint is loaded
+    in bfloat16 (on CUDA). None when it is not on disk yet (a demo model is built at its
+    first load)."""
     path = p.path()
     if path.suffix == ".gguf" or p.engine == "llama.cpp":  # an uploaded GGUF file has no suffix
-        return path.stat().st_size if path.exists() else None
+        if not path.is_file():
+            return None
+        size = path.stat().st_size
+        try:
+            return gguf_meta.load_bytes(gguf_meta.read(path), size, p.n_ctx, p.parallel or 1)
+        except gguf_meta.GGUFError:  # not a GGUF file: the load will say so
+            return size
     files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
     if not files:
         return None

@@ -296,6 +296,8 @@ class Tree:
                         "engine": m.placement.engine,
                         "device": m.placement.device,
                         "state": m.shown if up else "loading",
+                        # what it takes on its device, as its actor reported after loading it
+                        "footprint_bytes": m.info.footprint_bytes if m.info is not None else None,
                     }
                 )
             if rows:

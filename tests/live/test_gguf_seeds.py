@@ -24,15 +24,19 @@ QUESTION = [{"role": "user", "content": "Explain photosynthesis in one sentence.
 WORDS = ("a dog", "the sea", "Paris", "a robot", "winter", "a cat who sings", "the moon", "bread")
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory, model_cache, gemma3):
-    config = (
+def real_ggufs(gemma3) -> str:
+    """The config of SmolLM2 Q4_1, the demo Q8_0 and Gemma 3, 4 sequences each (test_gguf_footprint.py too)."""
+    return (
         "gguf_parallel = 4\n"
         f'[[models]]\nid = "{SMOL}"\nsource = "{SMOLLM2_GGUF}"\nengine = "llama.cpp"\nn_ctx = 2048\n'
         f'[[models]]\nid = "{Q8}"\nsource = "demo-gguf:Q8_0"\nengine = "llama.cpp"\nn_ctx = 2048\n'
         f'[[models]]\nid = "{GEMMA3}"\nsource = "{gemma3}"\nengine = "llama.cpp"\nn_ctx = 1024\n'
     )
-    server = Server(tmp_path_factory.mktemp("gguf-seeds"), model_cache, config)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model_cache, gemma3):
+    server = Server(tmp_path_factory.mktemp("gguf-seeds"), model_cache, real_ggufs(gemma3))
     yield server
     server.stop()
 

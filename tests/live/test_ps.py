@@ -26,10 +26,16 @@ def test_ps_shows_the_server_its_actors_and_every_model(server):
     assert rows["cpu"][2] != rows["supervisor"][2]
     assert int(rows["supervisor"][2]) == server.proc.pid
     assert rows["cpu"][3] == "ready" and "greenroom-demo" in rows["cpu"][-1].split(",")
-    states = {line.split()[0]: line.split()[1] for line in models.splitlines()[1:]}
+    assert models.splitlines()[0].split() == ["MODEL", "STATE", "ENGINE", "SIZE", "MB", "ACTOR"]
+    rows = {line.split()[0]: line.split() for line in models.splitlines()[1:]}
+    states = {model: row[1] for model, row in rows.items()}
     served = httpx.get(server.url + "/api/models", timeout=10).json()["models"]
     assert states == {m["id"]: m["state"] for m in served}  # loaded or not: every configured model
     assert states["greenroom-demo"] == "loaded" and states["smollm2-135m-instruct"] in ("unloaded", "loaded")
+    # a loaded model's size is what its actor reported it takes; an unloaded one's is unknown
+    footprints = {m["id"]: m["footprint_bytes"] for m in served}
+    assert int(rows["greenroom-demo"][3]) == round(footprints["greenroom-demo"] / 2**20) > 0
+    assert all(row[3] == "-" for model, row in rows.items() if states[model] == "unloaded")
     swap = done.stdout.strip().split("\n\n")[3].splitlines()  # the swap's limits, then each device's models
     assert swap[0] == (
         "swap: max_loaded_models unlimited, memory_budget available memory, evict_pinned true, gguf_parallel 4, "

@@ -2,6 +2,7 @@
 classes included, encodes with msgpack (as tractor and the worker link send it) and decodes
 equal, each class of a tagged union under its own tag."""
 
+import attrs
 import msgspec
 import pytest
 
@@ -107,10 +108,18 @@ def test_the_engine_values_cross_equal_inside_events():
             Text("r", 2, "partial", 1),
             Scores("s", [ScoredRow([5, "a", b"a"], -0.5, [[5, "a", b"a", -0.5]], 6, 20)], ACTIVATIONS),
             Done("l", ModelInfo("m", "transformers", 2048, "float32", "cpu", 1000, "abc", "F32")),
+            Done("g", ModelInfo("g", "llama.cpp", 4096, "Q4_1", "cpu", 1000, None, "Q4_1", 474_064_128)),
             Done("u"),
         ]
     )
     assert crossed(events) == events
+
+
+def test_a_model_info_crosses_as_the_engine_session_sends_it():
+    """The engine session's first message carries attrs.asdict of each ModelInfo; the supervisor
+    rebuilds it with ModelInfo(**info) (supervision.py): the footprint survives both ways."""
+    info = ModelInfo("g", "llama.cpp", 4096, "Q4_1", "cpu", 1000, None, "Q4_1", 474_064_128)
+    assert ModelInfo(**attrs.asdict(info)) == info and ModelInfo(**attrs.asdict(info)).footprint_bytes == 474_064_128
 
 
 def test_a_score_with_a_readout_crosses_equal():

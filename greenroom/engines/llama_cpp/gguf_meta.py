@@ -1,7 +1,8 @@
 """A GGUF file's header — its key/values and tensor infos — read without the weights:
-for model names (gguf_files.py), the llama.cpp engine's quantization label and the
-Ollama metadata routes. `gguf.GGUFReader` maps every array into numpy (2.2 s for
-SmolLM2-135M's file, measured); this reads the header through mmap and struct (12 ms) and
+for model names (gguf_files.py), the llama.cpp engine's quantization label, the Ollama
+metadata routes and the KV cache a load will allocate (supervisor/memory.py).
+`gguf.GGUFReader` maps every array into numpy (2.2 s for SmolLM2-135M's file,
+measured); this reads the header through mmap and struct (12 ms) and
 steps over long arrays (the vocabulary, its merges and scores), keeping their length and
 where they start. Imports nothing heavy: the front end imports it."""
 
@@ -137,6 +138,68 @@ def file_type_name(value) -> str:
     if isinstance(value, str) and value.isdecimal():
         value = int(value)
     return FILE_TYPES.get(value, "GUESSED") if isinstance(value, int) and not isinstance(value, bool) else "GUESSED"
+
+
+# llama.cpp's KV cache holds each cell's keys and values as f16 (its contexts' default type_k/type_v)
+KV_CELL_BYTES = 2
+# the llama.cpp engine's generation context decodes in ubatches of up to this many tokens; its compute
+# buffer is sized for a ubatch whose every row has float32 logits
+GENERATION_UBATCH = 512
+LOGIT_BYTES = 4
+
+
+def window(n_ctx: int | None, trained: int) -> int:
+    """The context window llama.cpp is given for a requested `n_ctx`: the request capped at
+    the model's trained window, which 0 or None asks for (4096 when the file records none)."""
+    return min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
+
+
+def kv_bytes(n_layer: int, head_count_kv: int | list, key_length: int, value_length: int) -> int:
+    """Bytes of KV cache per token: each layer's K and V rows in f16. `head_count_kv` is one
+    count for every layer or a list of one per layer (0 for a layer without attention). With
+    the full-size cache of sliding-window layers (llama_cpp_engine's swa_full), exact."""
+    heads = head_count_kv if isinstance(head_count_kv, list) else [head_count_kv] * n_layer
+    return sum(heads[:n_layer]) * (key_length + value_length) * KV_CELL_BYTES
+
+
+def kv_bytes_per_token(meta: GGUFMeta) -> int | None:
+    """Bytes of KV cache per token of the model whose header is `meta` (`kv_bytes`), from
+    {arch}.block_count, .attention.head_count_kv (else .head_count), .attention.key_length /
+    .value_length (else embedding_length / head_count); None when the header lacks them."""
+    arch = meta.get("general.architecture")
+    field = lambda key: meta.get(f"{arch}.{key}")  # noqa: E731
+    layers, heads = field("block_count"), field("attention.head_count")
+    kv_heads = field("attention.head_count_kv")
+    kv_heads = heads if kv_heads is None else kv_heads
+    head = heads[0] if isinstance(heads, list) else heads  # per-layer query heads: the width is one head's
+    embedding = field("embedding_length")
+    default = embedding // head if isinstance(embedding, int) and isinstance(head, int) and head > 0 else None
+    key, value = field("attention.key_length") or default, field("attention.value_length") or default
+    if not all(isinstance(x, int) for x in (layers, key, value)) or not isinstance(kv_heads, int | list):
+        return None
+    return kv_bytes(layers, kv_heads, key, value)
+
+
+def context_bytes(kv_per_token: int, n_vocab: int, cells: int) -> int:
+    """What a generation context of `cells` KV cells allocates beside the weights: its KV cache,
+    and the bulk of its compute buffer — a ubatch's logits (llama.cpp logs the buffer at 98.25
+    MiB for SmolLM2, 514.5 for Gemma 3, whose logits are 96 and 512 of it)."""
+    return cells * kv_per_token + min(cells, GENERATION_UBATCH) * n_vocab * LOGIT_BYTES
+
+
+def load_bytes(meta: GGUFMeta, file_bytes: int, n_ctx: int | None, parallel: int) -> int:
+    """About what loading the model takes before it is loaded: its file, and the generation
+    context `parallel` sequences of `n_ctx` (`window`) take (`context_bytes`); the file alone
+    when its header does not say how wide its cache is."""
+    per_token = kv_bytes_per_token(meta)
+    if per_token is None:
+        return file_bytes
+    arch = meta.get("general.architecture")
+    trained = meta.get(f"{arch}.context_length")
+    cells = window(n_ctx, trained if isinstance(trained, int) else 0) * parallel
+    tokens = meta.fields.get("tokenizer.ggml.tokens")
+    n_vocab = tokens.count if isinstance(tokens, Skipped) else len(tokens or ()) or meta.get(f"{arch}.vocab_size", 0)
+    return file_bytes + context_bytes(per_token, n_vocab, cells)
 
 
 @contextlib.contextmanager

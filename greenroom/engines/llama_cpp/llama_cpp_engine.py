@@ -65,6 +65,7 @@ from ..scoring import Echoed, Scored, prompt_tokens, score_row
 from ..text.chat import ChatTemplate
 from ..text.constraints import Constraints
 from ..text.tool_calls import HERMES
+from . import gguf_meta
 from .gguf_files import quant_label, revision
 
 log = logging.getLogger("greenroom.llama_cpp")
@@ -132,7 +133,7 @@ class LlamaCppEngine:
         params.use_extra_bufts = False
         self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=True)
         trained = self.model.n_ctx_train()
-        self.n_ctx = min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
+        self.n_ctx = gguf_meta.window(n_ctx, trained)
         self.parallel = max(1, parallel)
         self.n_layers = llama_cpp.llama_model_n_layer(self.model.model)
         # the eval callback of the contexts that read residuals (llama_steering.py); kept alive here
@@ -143,7 +144,10 @@ class LlamaCppEngine:
         # every sequence may fill its whole window: the shared cache holds `parallel` of them
         self.gen = _Slots(
             self._context(
-                self.n_ctx * self.parallel, min(self.n_ctx * self.parallel, 512), self.parallel, self.flash_attn
+                self.n_ctx * self.parallel,
+                min(self.n_ctx * self.parallel, gguf_meta.GENERATION_UBATCH),
+                self.parallel,
+                self.flash_attn,
             ),
             self.model.n_vocab(),
             self.parallel,
@@ -189,7 +193,21 @@ class LlamaCppEngine:
             parameters=self.model.n_params(),
             revision=revision(self.path),
             quantization=quant,
+            footprint_bytes=llama_cpp.llama_model_size(self.model.model)
+            + gguf_meta.context_bytes(self._kv_bytes(meta), self.vocab_size, self.n_ctx * self.parallel),
         )
+
+    def _kv_bytes(self, meta: dict) -> int:
+        """KV cache bytes per token as llama.cpp itself read the model (gguf_meta.kv_bytes): its
+        layers and KV heads (layer 0's, where the file has a count per layer: llama.cpp's
+        metadata leaves arrays out), and the head widths its metadata records, else n_embd /
+        n_head. The pre-load estimate reads the same facts from the header (supervisor/memory.py)."""
+        model = self.model.model
+        arch = meta.get("general.architecture")
+        width = llama_cpp.llama_model_n_embd(model) // max(1, llama_cpp.llama_model_n_head(model))
+        key = int(meta.get(f"{arch}.attention.key_length") or width)
+        value = int(meta.get(f"{arch}.attention.value_length") or width)
+        return gguf_meta.kv_bytes(self.n_layers, llama_cpp.llama_model_n_head_kv(model), key, value)
 
     def _decode_plan(self) -> tuple[bool, bool]:
         """(flash attention, one llama_decode for all sequences) for the generation context:

@@ -154,6 +154,8 @@ class OpenVINOEngine:
             parameters=parameters,
             revision=_revision(self.path),
             quantization=quantization,
+            # the weights the pipeline maps (what it compiles beside them only the measured load shows)
+            footprint_bytes=_file_bytes(self.path / "openvino_model.bin"),
         )
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -353,3 +355,10 @@ def _weights(graph: ov.Model) -> tuple[int, str | None]:
             name = kind.get_type_name().upper()
             counts[name] = counts.get(name, 0) + size
     return sum(counts.values()), (max(counts, key=counts.get) if counts else None)
+
+
+def _file_bytes(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None

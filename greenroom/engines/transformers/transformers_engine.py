@@ -106,6 +106,8 @@ class TransformersEngine:
             parameters=sum(p.numel() for p in self.model.parameters()),
             revision=_revision(path),
             quantization=_quantization(cfg),
+            # its weights and buffers; the caches grow per request (the prefix cache as it keeps prefixes)
+            footprint_bytes=sum(t.nbytes for t in (*self.model.parameters(), *self.model.buffers())),
         )
         self.steering = BlockHooks(self)  # SAE hooks: steering, readouts, suppression (steering.py)
 

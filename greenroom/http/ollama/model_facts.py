@@ -186,11 +186,14 @@ def ps(placed: list[Placed]) -> list[dict]:
         f = facts(p)
         left = _FOREVER_S if p.expires_in is None else max(0.0, p.expires_in)
         context = _count(p.info and p.info.context_length) or f.context
+        # Ollama's size here is what the model takes loaded: its actor's report, else its files
+        size = _count(p.info and p.info.footprint_bytes) or f.size
         rows.append(
             {
                 **_listed(f, p.name),
+                "size": size,
                 "expires_at": rfc3339(time.time() + left),
-                "size_vram": f.size if p.placement.device.startswith("cuda") else 0,
+                "size_vram": size if p.placement.device.startswith("cuda") else 0,
                 "context_length": context,
             }
         )
