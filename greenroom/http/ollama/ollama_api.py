@@ -204,7 +204,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
     else:
         raise GreenroomError("invalid_parameter", "'format' must be \"json\" or a JSON schema object", "format")
     try:
-        return structured.plan({"response_format": response_format, "tools": tools or None, "stop": list(stop) or None})
+        return structured.plan(structured.Output(tools=tools or None, response_format=response_format, stop=bool(stop)))
     except GreenroomError as exc:
         if not (exc.param or "").startswith("response_format"):
             raise
