@@ -212,7 +212,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
 
 
 def conversation(messages: list) -> list[dict]:
-    """Ollama messages → greenroom's (validated by openai_params.messages, tool calls too)."""
+    """Ollama messages → greenroom's (checked by openai_params.turns, tool calls too)."""
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, dict):
@@ -220,7 +220,7 @@ def conversation(messages: list) -> list[dict]:
                 raise ledger.media_refused(f"messages[{i}].images")
             m = {k: m[k] for k in ("role", "content", "tool_calls") if k in m}
         out.append(m)
-    return openai_params.messages({"messages": out})
+    return openai_params.turns(out)
 
 
 # --- generation ------------------------------------------------------------------------------
