@@ -59,7 +59,7 @@ def test_plain_text_one_delta_per_batch_then_usage_before_finished():
 
 
 def test_tool_call_is_shaped_once_content_then_call_and_reason_tool_calls():
-    plan = structured.plan({"tools": TOOLS})
+    plan = structured.plan(structured.Output(tools=TOOLS))
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
     out = run([[text("Sure. ")], [text(call[:20])], [text(call[20:], tokens=9, finish="stop")]], plan=plan)
     assert [type(e).__name__ for e in out] == ["Delta", "CallStarted", "CallArguments", "Usage", "Finished"]
@@ -85,7 +85,7 @@ def test_failure_ends_the_stream_after_the_text_before_it():
 
 
 def test_invalid_constrained_document_fails_once_complete():
-    plan = structured.plan({"response_format": {"type": "json_object"}})
+    plan = structured.plan(structured.Output(response_format={"type": "json_object"}))
     out = run([[text('{"a": ', finish=None)], [text("oops", finish="stop")]], plan=plan)
     assert isinstance(out[-1], ev.Failure) and out[-1].error.code == "constrained_output_invalid"
 
@@ -109,7 +109,7 @@ def test_activations_follow_the_last_finished():
 
 
 def test_collect_is_the_sum_of_the_stream():
-    plan = structured.plan({"tools": TOOLS})
+    plan = structured.plan(structured.Output(tools=TOOLS))
     call = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     tok = [[1, "a", -0.5, []]]
 

@@ -278,7 +278,7 @@ FORMAT = {
 
 
 def test_complete_invalid_document_is_a_500_never_a_200():
-    plan = structured.plan({"response_format": FORMAT})
+    plan = structured.plan(structured.Output(response_format=FORMAT))
     with pytest.raises(GreenroomError) as exc:
         collected(['{"label": "maybe"}'], "stop", plan)
     assert exc.value.code == "constrained_output_invalid" and exc.value.status == 500
@@ -287,7 +287,7 @@ def test_complete_invalid_document_is_a_500_never_a_200():
 
 
 def test_unconstrained_calls_keep_only_valid_ones_whole_and_streamed():
-    plan = structured.plan({"tools": TOOLS})  # tool_choice auto: nothing constrained the text
+    plan = structured.plan(structured.Output(tools=TOOLS))  # tool_choice auto: nothing constrained the text
     answer = (
         'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1e999, "b": 2}}\n</tool_call>\n'
         '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
@@ -307,7 +307,9 @@ def test_a_complete_document_that_does_not_validate_ends_the_stream_with_the_err
     should one complete that does not validate, its text has gone out, then the error event
     (the spec's constrained_output_invalid) and [DONE] — no finishing chunk claims it complete."""
     schema = {"type": "object", "properties": {"capital": {"type": "boolean"}}, "required": ["capital"]}
-    plan = structured.plan({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+    plan = structured.plan(
+        structured.Output(response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    )
 
     def streamed(pieces: list[str]):
         batches = [[text(p)] for p in pieces[:-1]] + [[text(pieces[-1], finish="stop")]]
@@ -494,7 +496,7 @@ NEEDLE_CTX = chat_format.Context(
 
 
 def test_needle_extracted_matches_only_a_complete_valid_document():
-    plan = structured.plan({"response_format": FORMAT})
+    plan = structured.plan(structured.Output(response_format=FORMAT))
     done = folded(ev.Delta(0, '{"label": "yes"}'), ev.Usage(5, 4), finished(0, tokens=4))
     body = needle_format.extracted(done, NEEDLE_CTX, plan)
     assert body["object"] == "needle.extraction" and body["matched"] is True and body["data"] == {"label": "yes"}

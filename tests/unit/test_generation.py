@@ -6,7 +6,7 @@ import trio
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core.headers import CONSTRAINED_HEADER, DRAWN_SEED_HEADER, IGNORED_FIELDS_HEADER, SEED_HEADER
-from greenroom.http.openai import openai_params
+from greenroom.http.openai import chat_body, openai_params
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import generation, structured
 from greenroom.http.pipeline.paths import FieldPaths
@@ -44,7 +44,9 @@ def test_a_failure_mid_stream_names_the_translated_surfaces_field():
 def test_a_failure_that_names_no_field_keeps_its_words():
     """An invalid document is about the answer: its message quotes the answer's own keys."""
     schema = {"type": "object", "required": ["messages[1]"]}
-    plan = structured.plan({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    plan = structured.plan(
+        structured.Output(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    )
     (_, failure) = named([[Text("r", 0, "{}", 2, "stop")]], plan=plan)
     assert failure.error.code == "constrained_output_invalid" and failure.error.param is None
     assert "'messages[1]' is a required property" in failure.error.message
@@ -61,7 +63,7 @@ def prepared(body, ignored=(), strict=False):
 
 
 def gen_of(body):
-    return openai_params.chat_request(body, "m", openai_params.streaming(body))
+    return openai_params.chat_request(chat_body.parse(body), "m")
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -69,7 +71,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_v1_headers_carry_the_seed_the_steering_the_constraint_and_the_drawn_seed():
     body = {**CHAT, "seed": 7, "extra_messages": [[{"role": "user", "content": "yo"}]]}
-    plan = structured.plan({"response_format": {"type": "json_object"}})
+    plan = structured.plan(structured.Output(response_format={"type": "json_object"}))
     headers = generation.v1_headers(prepared(body, ["user"]), gen_of(body), plan, {"X-miLLM-Circuit-Rung": "2"})
     answered = headers(Admitted("r", 3, drawn_seed=None))
     assert answered == {

@@ -1,7 +1,8 @@
-"""The surfaces translated onto chat completions (Responses, Anthropic's Messages, Needle), as
-pure functions: each foreign request → the chat request it means and where each of its chat
-locations came from (FieldPaths); and a refusal of that chat request renamed into the surface's
-fields — its param by the longest named prefix, each mention in its message — with no server."""
+"""The surfaces' translators (Responses, Anthropic's Messages, Needle), as pure functions: each
+foreign request → the surface-neutral ChatRequest it means (the one chat completions' parser
+makes of the chat body each table row gives: the same meaning) and where each of its locations
+came from (FieldPaths); and a refusal of that request renamed into the surface's fields — its
+param by the longest named prefix, each mention in its message — with no server."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import json
 
 import pytest
 
+from greenroom.engines.base import SamplingParams
 from greenroom.errors import GreenroomError
 from greenroom.http.anthropic import messages_api
-from greenroom.http.openai import needle, responses_api
+from greenroom.http.openai import chat_body, needle, responses_api
 from greenroom.http.pipeline.paths import FieldPaths
+from greenroom.http.pipeline.request import ChatRequest, Streaming
+from greenroom.http.pipeline.structured import Output
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 STORED = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
@@ -119,7 +123,7 @@ RESPONSES_ALWAYS = {
 @pytest.mark.parametrize("body,history,chat,paths", RESPONSES)
 def test_responses_translation(body, history, chat, paths):
     translated, own, _, field_paths = responses_api.translate(body, history)
-    assert translated == chat
+    assert translated == chat_body.parse(chat)
     assert own == chat["messages"][len(chat["messages"]) - len(own) :]  # what a stored response keeps
     assert field_paths.names == RESPONSES_ALWAYS | paths
 
@@ -219,7 +223,7 @@ MESSAGES_ALWAYS = {
 @pytest.mark.parametrize("body,chat,paths", MESSAGES)
 def test_messages_translation(body, chat, paths):
     translated, _, field_paths = messages_api.translate(body)
-    assert translated == chat
+    assert translated == chat_body.parse(chat)
     assert field_paths.names == MESSAGES_ALWAYS | paths
 
 
@@ -277,8 +281,104 @@ NEEDLE = [
 @pytest.mark.parametrize("translate,body,chat,paths", NEEDLE)
 def test_needle_translation(translate, body, chat, paths):
     translated, field_paths = translate(body)
-    assert translated == chat
+    assert translated == chat_body.parse(chat)
     assert field_paths.names == paths
+
+
+def test_chat_completions_body_is_the_typed_request():
+    """Chat completions' own translator: every field the pipeline reads, typed; the plan's and
+    miLLM's fields as sent (checked once the server's state is known)."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "user"}],
+        "extra_messages": [[{"role": "user", "content": "Yo"}]],
+        "n": 2,
+        "stream": False,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": 5,
+        "stop": "END",
+        "presence_penalty": 1.0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_tokens_as_token_ids": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "tools": [OPENAI_TOOL],
+        "tool_choice": "auto",
+        "return_sae_activations": {"top_k": 3},
+        "steering_intensity": "max",
+    }
+    assert chat_body.parse(body) == ChatRequest(
+        "m",
+        [
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}],
+            [{"role": "user", "content": "Yo"}],
+        ],
+        SamplingParams(max_tokens=5, stop=("END",), repetition_penalty=1.5, logprobs=2),
+        Streaming(False, False),
+        2,
+        {"enable_thinking": False},
+        Output(tools=[OPENAI_TOOL], tool_choice="auto", stop=True),
+        as_ids=True,
+        sae_activations={"top_k": 3},
+        steering_intensity="max",
+    )
+
+
+def test_the_request_is_typed_and_names_no_surface():
+    """One Messages request as the typed request, spelled out: its conversation checked (a system
+    prompt a message of its own), its sampling parsed, its output's tools as function tools."""
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "tools": [{"name": "f", "input_schema": WEATHER}],
+        "seed": 3,
+        "profile": "calm",
+    }
+    translated, unread, _ = messages_api.translate(body)
+    assert unread == []
+    assert translated == ChatRequest(
+        "m",
+        [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]],
+        SamplingParams(max_tokens=8, temperature=0.0, seed=3),
+        Streaming(True, False),
+        output=Output(tools=[{"type": "function", "function": {"name": "f", "parameters": WEATHER}}]),
+        profile="calm",
+    )
+
+
+@pytest.mark.parametrize(
+    "translate,body,refused",
+    [
+        # checked as the request is built, named as sent
+        (
+            lambda b: responses_api.translate(b, []),
+            {"model": "m", "input": "a", "top_p": 2},
+            ("'top_p' must be between 0 and 1, got 2", "top_p"),
+        ),
+        (messages_api.translate, {**MESSAGES[0][0], "stream": "yes"}, ("'stream' must be a boolean", "stream")),
+        (
+            needle.completion_chat,
+            {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
+            (
+                "'messages[1].role' must be one of system, developer, user, assistant, tool, function",
+                "messages[1].role",
+            ),
+        ),
+        (
+            needle.completion_chat,
+            {"query": "q", "max_tokens": 0},
+            ("'max_tokens' must be between 1 and 2147483647, got 0", "max_tokens"),
+        ),
+    ],
+)
+def test_a_translator_refuses_in_the_surface_fields(translate, body, refused):
+    with pytest.raises(GreenroomError) as exc:
+        translate(body)
+    assert (exc.value.message, exc.value.param) == refused
 
 
 def _responses(**extra) -> FieldPaths:

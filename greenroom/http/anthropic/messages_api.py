@@ -1,7 +1,7 @@
-"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), translated onto chat
-completions' path — what coding agents speak through ANTHROPIC_BASE_URL.
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), translated into the
+surface-neutral chat request (pipeline/request.py) — what coding agents speak through ANTHROPIC_BASE_URL.
 
-A request becomes the chat request it means — `system` (a string or text blocks) a system
+A request becomes the ChatRequest it means (`translate`, a pure function) — `system` (a string or text blocks) a system
 message, each message's text blocks its content, an assistant's tool_use blocks its tool calls,
 a user's tool_result blocks tool messages (paired with their calls by tool_use_id), tools (name, description, input_schema) chat's
 function tools, tool_choice auto / any / tool / none chat's auto / required / named / none
@@ -29,6 +29,8 @@ from greenroom.http.openai import openai_params, tokenize_api
 from greenroom.http.pipeline import generation, paths, structured
 from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
+from greenroom.http.pipeline.request import ChatRequest
+from greenroom.http.pipeline.structured import Output
 from greenroom.protocol import Admitted, Tokenize
 from greenroom.supervisor.tree import Tree
 
@@ -352,9 +354,10 @@ def _response_format(body: dict, unread: list[str]):
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
 
 
-def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], FieldPaths]:
-    """The chat request `body` means, the nested keys not read, and where each chat location came
-    from. `generating`: a Messages request (max_tokens and sampling), not a count_tokens one."""
+def translate(body: dict, generating: bool = True) -> tuple[ChatRequest, list[str], FieldPaths]:
+    """The chat request `body` means, the nested keys not read, and where each of the request's
+    locations came from (its refusals, here and later, are named by it). `generating`: a Messages
+    request (max_tokens and sampling), not a count_tokens one."""
     unread: list[str] = []
     messages = body.get("messages")
     if messages is None:
@@ -367,27 +370,27 @@ def translate(body: dict, generating: bool = True) -> tuple[dict, list[str], Fie
     for i, message in enumerate(messages):
         names |= _message(message, i, out, unread)
     choice, parallel = _tool_choice(body.get("tool_choice"))
-    chat = {
-        "model": body["model"],
-        "messages": out,
-        "tools": structured.translated_tools(
-            body, (None, "custom"), _TOOL_FIELDS, ("input_schema",), TOOL.field.read, unread
-        ),
-        "tool_choice": choice,
-        "parallel_tool_calls": parallel,
-        "response_format": _response_format(body, unread),
-    }
+    tools = structured.translated_tools(
+        body, (None, "custom"), _TOOL_FIELDS, ("input_schema",), TOOL.field.read, unread
+    )
+    output = Output(
+        tools=tools, tool_choice=choice, parallel_tool_calls=parallel, response_format=_response_format(body, unread)
+    )
+    shared = {}
     if generating:
         if body.get("max_tokens") is None:
             raise GreenroomError("missing_parameter", "'max_tokens' is a required property", "max_tokens")
         stop = body.get("stop_sequences")
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise GreenroomError("invalid_parameter", "'stop_sequences' must be an array of strings", "stop_sequences")
-        chat |= {"stop": stop or None} | {
+        output = attrs.evolve(output, stop=bool(stop))
+        shared = {"stop": stop or None} | {
             k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", *generation.MILLM.names)
         }
-    names |= paths.tools(len(chat["tools"] or ()), _TOOL_FIELDS)
-    return {k: v for k, v in chat.items() if v is not None}, unread, FieldPaths(names)
+    field_paths = FieldPaths(names | paths.tools(len(tools or ()), _TOOL_FIELDS))
+    with field_paths.renaming():
+        request = openai_params.translated(body["model"], out, output, shared)
+    return request, unread, field_paths
 
 
 # --- the answer ---------------------------------------------------------------------------------
@@ -414,21 +417,19 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
         req = await generation.prepare(tree, REQUEST, "on messages", translated=True)
-        chat, unread, field_paths = translate(req.body)
+        asked, unread, field_paths = translate(req.body)
         with field_paths.renaming():
             answer = _Answer(req.model)
-            return await generation.chat(tree, req.translated(chat, unread, field_paths), lambda *_: answer)
+            return await generation.chat(tree, req.asking(asked, unread, field_paths), lambda *_: answer)
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
         req = await generation.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
-        chat, unread, field_paths = translate(req.body, generating=False)
-        req = req.translated(chat, unread, field_paths)
+        asked, unread, field_paths = translate(req.body, generating=False)
+        req = req.asking(asked, unread, field_paths)
         headers = req.headers()
         with field_paths.renaming():
-            tools = structured.rendered_tools(chat)  # counted, not enforced: no schema is checked
-        message = Tokenize(
-            openai_params.new_rid("count"), req.model, conversation=openai_params.messages(chat), tools=tools
-        )
+            tools = structured.rendered_tools(asked.output)  # counted, not enforced: no schema is checked
+        message = Tokenize(openai_params.new_rid("count"), req.model, conversation=asked.conversations[0], tools=tools)
         counted = await tokenize_api.tokenized(tree, message)
         return {"input_tokens": len(counted.tokens)}, 200, headers

@@ -324,14 +324,14 @@ def register(app: Quart, tree: Tree) -> None:
         return document_json(await tree.steering(ImportProfile(model, *name_and_description(profile), strengths, saes)))
 
 
-async def request_steering(tree: Tree, body: dict, gen: Generate) -> tuple[Generate, dict[str, str]]:
+async def request_steering(tree: Tree, profile, steering_intensity, gen: Generate) -> tuple[Generate, dict[str, str]]:
     """`gen` with its own steering when the chat request names a `profile` or sends a
     `steering_intensity` (spec: "Per-request steering with profile", "Intensity coupling"),
     resolved by the coordinator (404 profile_not_found, 400 when invalid for the attached SAEs),
     and the response headers: X-miLLM-Steering-Intensity echoing the resolved λ and
     X-miLLM-Circuit-Rung while a circuit genuinely steers (each omitted as the spec lists).
     Any other generation is served by the live state; its rung is the coordinator's last word."""
-    name, dial = body.get("profile"), intensity(body.get("steering_intensity"))
+    name, dial = profile, intensity(steering_intensity)
     if name is not None and not CHAT.fields["profile"].matches(name):
         raise GreenroomError("invalid_parameter", "'profile' must be a steering profile's name", "profile")
     if name is None and dial is None:

@@ -205,7 +205,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
     else:
         raise GreenroomError("invalid_parameter", "'format' must be \"json\" or a JSON schema object", "format")
     try:
-        return structured.plan({"response_format": response_format, "tools": tools or None, "stop": list(stop) or None})
+        return structured.plan(structured.Output(tools=tools or None, response_format=response_format, stop=bool(stop)))
     except GreenroomError as exc:
         if not (exc.param or "").startswith("response_format"):
             raise
@@ -213,7 +213,7 @@ def _plan(body: dict, tools: list | None, stop: tuple[str, ...]) -> structured.P
 
 
 def conversation(messages: list) -> list[dict]:
-    """Ollama messages → greenroom's (validated by openai_params.messages, tool calls too)."""
+    """Ollama messages → greenroom's (checked by openai_params.turns, tool calls too)."""
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, dict):
@@ -221,7 +221,7 @@ def conversation(messages: list) -> list[dict]:
                 raise ledger.media_refused(f"messages[{i}].images")
             m = {k: m[k] for k in ("role", "content", "tool_calls") if k in m}
         out.append(m)
-    return openai_params.messages({"messages": out})
+    return openai_params.turns(out)
 
 
 # --- generation ------------------------------------------------------------------------------

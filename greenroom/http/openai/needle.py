@@ -36,7 +36,8 @@ from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import paths
 from greenroom.http.pipeline.events import Call
 from greenroom.http.pipeline.paths import FieldPaths
-from greenroom.http.pipeline.structured import FUNCTION, TOOL
+from greenroom.http.pipeline.request import ChatRequest
+from greenroom.http.pipeline.structured import FUNCTION, TOOL, Output
 from greenroom.protocol import GenerationStats
 
 _NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.IGNORECASE)
@@ -115,7 +116,7 @@ def _leaves(value, path: str):
 # -- /v1/needle/* request translation ------------------------------------------------------
 
 _FILLED = Text(min_length=1)
-# what both routes pass on to the chat completion they translate to (which checks them)
+# what both routes pass on to the chat request they translate to (which checks them)
 COMMON = {
     "model": Anything(description="Any value: a model not served is answered by the first model, with a warning"),
     "max_tokens": openai_params.CHAT_MAX_TOKENS,
@@ -161,35 +162,29 @@ def _required_str(body: dict, name: str) -> str:
     return value
 
 
-def extraction_chat(body: dict) -> tuple[dict, FieldPaths]:
+def extraction_chat(body: dict) -> tuple[ChatRequest, FieldPaths]:
     """/v1/needle/extract → the chat request that extracts: the schema is enforced by
     constrained decoding (response_format json_schema); and where its locations came from (the
-    system message and response_format, made of name and schema together, keep chat's names)."""
+    system message and response_format, made of name and schema together, keep chat's names).
+    Its model is the route's to choose (any name is answered)."""
     text, name = _required_str(body, "text"), _required_str(body, "name")
     schema = body.get("schema")
     if not isinstance(schema, dict):
         raise GreenroomError.wrong(schema, "'schema' must be a JSON schema object", "schema")
-    chat = {
-        "messages": [
-            {
-                "role": "system",
-                "content": f"Extract the {name} from the user's text as JSON matching "
-                f"this schema: {json.dumps(schema)}",
-            },
-            {"role": "user", "content": text},
-        ],
-        # a response-format name allows letters, digits, '_' and '-' only
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema},
+    messages = [
+        {
+            "role": "system",
+            "content": f"Extract the {name} from the user's text as JSON matching this schema: {json.dumps(schema)}",
         },
-        **{k: body[k] for k in _PASSED if k in body},
-    }
+        {"role": "user", "content": text},
+    ]
+    # a response-format name allows letters, digits, '_' and '-' only
+    fmt = {"type": "json_schema", "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}}
     names = {"response_format.json_schema.name": "name", "response_format.json_schema.schema": "schema"}
-    return chat, FieldPaths(names | paths.message(1, "text"))
+    return _request(messages, Output(response_format=fmt), body, FieldPaths(names | paths.message(1, "text")))
 
 
-def completion_chat(body: dict) -> tuple[dict, FieldPaths]:
+def completion_chat(body: dict) -> tuple[ChatRequest, FieldPaths]:
     """/v1/needle/complete → a chat request: `query` (+ `system`) or `messages`; `tools` as
     an array or a JSON string, in Needle's flat {name, description, parameters} shape; and where
     its locations came from."""
@@ -209,17 +204,23 @@ def completion_chat(body: dict) -> tuple[dict, FieldPaths]:
             tools = json.loads(tools)
         except ValueError:
             raise GreenroomError("invalid_parameter", "'tools' is a string but not JSON", "tools") from None
-    chat = {"messages": messages, **{k: body[k] for k in _PASSED if k in body}}
+    functions = None
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise GreenroomError(
                 "invalid_parameter", "'tools' must be an array of {name, description, parameters}", "tools"
             )
-        chat["tools"] = []
+        functions = []
         for i, t in enumerate(tools):
             if t.get("type") == "function" and "function" in t:  # OpenAI's: as sent
-                chat["tools"].append(t)
+                functions.append(t)
             else:  # Needle's flat one: the function
-                chat["tools"].append({"type": "function", "function": t})
+                functions.append({"type": "function", "function": t})
                 names[f"tools[{i}].function"] = f"tools[{i}]"
-    return chat, FieldPaths(names)
+    return _request(messages, Output(tools=functions), body, FieldPaths(names))
+
+
+def _request(messages, output: Output, body: dict, field_paths: FieldPaths) -> tuple[ChatRequest, FieldPaths]:
+    """A Needle route's chat request: `messages`, `output`, and the fields passed on as they are."""
+    with field_paths.renaming():
+        return openai_params.translated(None, messages, output, {k: body.get(k) for k in _PASSED}), field_paths

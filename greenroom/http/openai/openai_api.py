@@ -15,12 +15,12 @@ from greenroom.errors import GreenroomError
 from greenroom.http.core import contracts, routes
 from greenroom.http.core.headers import STEERING_HEADER
 from greenroom.http.manage import steering_api
-from greenroom.http.openai import chat_format, logprobs, needle, needle_format, openai_params, scoring
-from greenroom.http.openai.openai_params import Streaming
+from greenroom.http.openai import chat_body, chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import generation, sae_activations, structured
 from greenroom.http.pipeline.answering import single, vectors
 from greenroom.http.pipeline.generation import Planned, Prepared, prepare
+from greenroom.http.pipeline.request import Streaming
 from greenroom.protocol import Admitted, Generate, Score
 from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
@@ -74,7 +74,7 @@ def _chat(req: Prepared, job: Planned, serving: Serving, extras: bool = False, c
         block = chat_format.Extras(
             gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.unread(gen.params))]
         )
-    as_ids = req.body.get("return_tokens_as_token_ids") is True
+    as_ids = (req.request.as_ids if req.request is not None else req.body.get("return_tokens_as_token_ids")) is True
     return _Chat(gen, chat, job.stream.include_usage, as_ids, fingerprint(serving.info), block)
 
 
@@ -84,9 +84,10 @@ def register(app: Quart, tree: Tree) -> None:
         req = await prepare(tree, CHAT, "on chat completions")
         if scoring.is_chat_scoring(req.body):
             stream = openai_params.streaming(req.body)
-            score = await sae_activations.attach(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
+            score = await _readout(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
             return await _score(tree, score, req, scoring.chat_response)
         extras = tree.config.expose_extras
+        req = req.asking(chat_body.parse(req.body))
         return await generation.chat(tree, req, lambda job, serving: _chat(req, job, serving, extras))
 
     @routes.view(app, "POST", "/v1/completions")
@@ -94,11 +95,10 @@ def register(app: Quart, tree: Tree) -> None:
         req = await prepare(tree, COMPLETION, "on text completions")
         stream = openai_params.streaming(req.body)
         if scoring.is_completion_scoring(req.body):
-            score = scoring.completion_score(req.body, req.model, stream.on)
-            score = await sae_activations.attach(tree, req.body, score)
+            score = await _readout(tree, req.body, scoring.completion_score(req.body, req.model, stream.on))
             return await _score(tree, score, req, scoring.completion_response)
         gen = scoring.reporting(openai_params.completion_request(req.body, req.model, stream), req.body, chat=False)
-        gen = await sae_activations.attach(tree, req.body, gen)
+        gen = await _readout(tree, req.body, gen)
         job = Planned(gen, None, stream, steering_api.live_headers(tree, gen.model))
         return await generation.answer(tree, req, job, lambda job, serving: _chat(req, job, serving, chat=False))
 
@@ -173,7 +173,7 @@ async def _needle_chat(
     is accepted, as in Needle: an unknown one is answered by the first model, and says so —
     unless needle_strict_model (NEEDLE_STRICT_MODEL=true): then it is a 404."""
     body = openai_params.parse_json(await request.get_data())
-    chat, paths = translate(body)
+    asked, paths = translate(body)
     warnings = [f for f in body if f not in fields + _NEEDLE_COMMON]
     model = body.get("model")
     if model not in tree.model_ids():
@@ -182,11 +182,10 @@ async def _needle_chat(
         if model is not None:
             warnings.append(f"model {model!r} is not served; answered by {tree.model_ids()[0]!r}")
         model = tree.model_ids()[0]
-    chat["model"] = model
     with paths.renaming():
-        plan = attrs.evolve(structured.plan(chat), lenient=True)  # the route judges the document
-        gen = openai_params.chat_request(chat, model, Streaming(False, False), plan.tools, plan.constraint)
-        req = Prepared(chat, model, [], strict=False, paths=paths)
+        plan = attrs.evolve(structured.plan(asked.output), lenient=True)  # the route judges the document
+        gen = openai_params.chat_request(asked, model, plan.tools, plan.constraint)
+        req = Prepared(body, model, [], strict=False, paths=paths, request=asked)
         extras = chat_format.Extras(gen.conversations[0], [f"ignored field: {w}" if w in body else w for w in warnings])
         surface = _Chat(
             gen, True, extras=extras, body=lambda completion, ctx: (completion, ctx)
@@ -196,10 +195,16 @@ async def _needle_chat(
     return completion, ctx, plan
 
 
+def _readout(tree: Tree, body: dict, gen: Generate | Score):
+    """`gen` with the SAE readout its body asks for (return_sae_activations)."""
+    several = body.get("extra_messages") is not None
+    return sae_activations.attach(tree, body.get(sae_activations.FIELD), gen, several)
+
+
 async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     headers = {
         **req.headers(scoring.NOT_APPLICABLE),
-        **generation.seed_header(req.body, "batch-shape" if req.body.get("extra_messages") else "request"),
+        **generation.seed_header(req.body.get("seed"), "batch-shape" if req.body.get("extra_messages") else "request"),
         STEERING_HEADER: "none",
     }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated

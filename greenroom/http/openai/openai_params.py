@@ -42,6 +42,8 @@ from greenroom.http.core.contracts import (
 )
 from greenroom.http.core.headers import DRAWN_SEED_HEADER, SEED_HEADER
 from greenroom.http.pipeline import sae_activations
+from greenroom.http.pipeline.request import ChatRequest, Streaming
+from greenroom.http.pipeline.structured import Output
 from greenroom.protocol import Embed, Generate
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -596,12 +598,6 @@ def sampling(body: dict, tokens: Number = COMPLETION_MAX_TOKENS) -> SamplingPara
     )
 
 
-@attrs.frozen
-class Streaming:
-    on: bool
-    include_usage: bool  # stream_options.include_usage: an extra usage-only chunk
-
-
 def streaming(body: dict) -> Streaming:
     on = boolean(body, "stream", False)
     include = (mapping(body, "stream_options") or {}).get("include_usage")
@@ -625,6 +621,12 @@ def messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if msgs is None:
         raise GreenroomError("missing_parameter", "'messages' is a required property", "messages")
+    return turns(msgs)
+
+
+def turns(msgs) -> list[dict]:
+    """A conversation (MESSAGES) as the chat template renders it, checked — its locations
+    `messages[i]…`: what a translated surface's FieldPaths name."""
     if not isinstance(msgs, list) or not msgs:
         raise GreenroomError("invalid_parameter", "'messages' must be a non-empty array", "messages")
     out = []
@@ -793,20 +795,49 @@ def conversations(body: dict) -> list[list[dict]]:
     return rows
 
 
-def chat_request(
-    body: dict, model: str, stream: Streaming, tools: list[dict] | None = None, constraint: Constraint | None = None
-) -> Generate:
-    rows = conversations(body)
-    n = choices_n(body, stream.on)
+def millm(fields: dict) -> dict:
+    """miLLM's per-request fields but the seed (a sampling parameter), as sent: ChatRequest's
+    arguments (every chat surface takes them at its top level: generation.MILLM)."""
+    return {
+        "sae_activations": fields.get("return_sae_activations"),
+        "profile": fields.get("profile"),
+        "steering_intensity": fields.get("steering_intensity"),
+    }
+
+
+def translated(model: str | None, conversation: list[dict], output: Output, fields: dict) -> ChatRequest:
+    """A translated surface's ChatRequest: its `conversation` made of its messages (checked as
+    chat's: `messages[i]…`), its `output` (tools and format), and `fields`: the top-level fields
+    it shares with chat by meaning (sampling, stream, miLLM's), under chat's names — read by the
+    same readers. The caller renames a refusal into its own fields (its FieldPaths)."""
+    return ChatRequest(
+        model,
+        [turns(conversation)],
+        sampling(fields, CHAT_MAX_TOKENS),
+        streaming(fields),
+        output=output,
+        **millm(fields),
+    )
+
+
+def choices(rows: list[list[dict]], n: int) -> int:
+    """n, checked against the conversations it multiplies."""
     if len(rows) * n > MAX_CHOICES:
         raise GreenroomError("invalid_parameter", f"n × conversations must be at most {MAX_CHOICES}", "n")
+    return n
+
+
+def chat_request(
+    request: ChatRequest, model: str, tools: list[dict] | None = None, constraint: Constraint | None = None
+) -> Generate:
+    """The engine request of a chat request, served by `model`, with its plan's tools and constraint."""
     return Generate(
         new_rid("chatcmpl"),
         model,
-        sampling(body, CHAT_MAX_TOKENS),
-        conversations=rows,
-        n=n,
-        template_kwargs=template_kwargs(body),
+        request.params,
+        conversations=request.conversations,
+        n=request.n,
+        template_kwargs=request.template_kwargs,
         tools=tools,
         constraint=constraint,
     )

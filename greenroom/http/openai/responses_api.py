@@ -1,6 +1,6 @@
-"""OpenAI's Responses API (/v1/responses), translated onto chat completions' path.
+"""OpenAI's Responses API (/v1/responses), translated into the surface-neutral chat request.
 
-A request becomes the chat request it means — `instructions` a system message, `input` (a
+A request becomes the ChatRequest it means (pipeline/request.py; `translate`, a pure function) — `instructions` a system message, `input` (a
 string, or items: messages with text parts, function_call and function_call_output) the
 conversation after the stored one `previous_response_id` names, function tools and
 `tool_choice` chat's, `text.format` a response_format, `max_output_tokens` max_tokens — and runs
@@ -31,6 +31,8 @@ from greenroom.http.openai import openai_params, responses_format
 from greenroom.http.pipeline import generation, paths, structured
 from greenroom.http.pipeline.events import Completion, Event
 from greenroom.http.pipeline.paths import FieldPaths
+from greenroom.http.pipeline.request import ChatRequest
+from greenroom.http.pipeline.structured import Output
 from greenroom.protocol import Admitted
 from greenroom.store.responses import ResponseStore
 from greenroom.supervisor.tree import Tree
@@ -328,15 +330,15 @@ def _response_format(body: dict, unread: list[str]):
     }
 
 
-def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[str], FieldPaths]:
-    """The chat request `body` means after the stored conversation `history`: the chat body,
-    the messages of its own input (what a stored response keeps), the nested keys not read, and
-    where each chat location came from."""
+def translate(body: dict, history: list[dict]) -> tuple[ChatRequest, list[dict], list[str], FieldPaths]:
+    """The chat request `body` means after the stored conversation `history`, the messages of
+    its own input (what a stored response keeps), the nested keys not read, and where each of the
+    request's locations came from (its refusals, here and later, are named by it)."""
     unread: list[str] = []
     source = body.get("input")
     if source is None:
         raise GreenroomError("missing_parameter", "'input' is a required property", "input")
-    # the chat conversation: instructions (a system message), the stored turns, then the input
+    # the conversation: instructions (a system message), the stored turns, then the input
     shift = int(body.get("instructions") is not None)
     names = {**_PATHS, **(paths.message(0, "instructions") if shift else {})}
     for k in range(len(history)):
@@ -362,21 +364,24 @@ def translate(body: dict, history: list[dict]) -> tuple[dict, list[dict], list[s
             "'metadata' must map keys of at most 64 characters to strings of at most 512",
             "metadata",
         )
-    chat = {
-        "model": body["model"],
-        "messages": ([{"role": "system", "content": instructions}] if instructions is not None else [])
-        + history
-        + messages,
-        "max_tokens": openai_params.integer(body, "max_output_tokens", openai_params.CHAT_MAX_TOKENS),
-        "tools": structured.translated_tools(
-            body, ("function",), _FUNCTION_FIELDS, ("name",), FUNCTION_TOOL.field.names, unread
-        ),
-        "tool_choice": _tool_choice(body.get("tool_choice")),
-        "response_format": _response_format(body, unread),
-        **{k: body.get(k) for k in ("temperature", "top_p", "stream", "parallel_tool_calls", *generation.MILLM.names)},
-    }
-    names |= paths.tools(len(chat["tools"] or ()), _FUNCTION_FIELDS)
-    return {k: v for k, v in chat.items() if v is not None}, messages, unread, FieldPaths(names)
+    system = [{"role": "system", "content": instructions}] if instructions is not None else []
+    max_tokens = openai_params.integer(body, "max_output_tokens", openai_params.CHAT_MAX_TOKENS)
+    tools = structured.translated_tools(
+        body, ("function",), _FUNCTION_FIELDS, ("name",), FUNCTION_TOOL.field.names, unread
+    )
+    output = Output(
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=body.get("parallel_tool_calls"),
+        response_format=_response_format(body, unread),
+    )
+    field_paths = FieldPaths(names | paths.tools(len(tools or ()), _FUNCTION_FIELDS))
+    shared = {k: body.get(k) for k in ("temperature", "top_p", "stream", *generation.MILLM.names)}
+    with field_paths.renaming():
+        request = openai_params.translated(
+            body["model"], system + history + messages, output, {**shared, "max_tokens": max_tokens}
+        )
+    return request, messages, unread, field_paths
 
 
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
@@ -512,10 +517,10 @@ def register(app: Quart, tree: Tree) -> None:
         req = await generation.prepare(tree, REQUEST, "on responses", translated=True)
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
-        chat, messages, unread, field_paths = translate(req.body, history)
+        asked, messages, unread, field_paths = translate(req.body, history)
         answer = _Answer(store, req.body, req.model, history + messages)
         with field_paths.renaming():
-            return await generation.chat(tree, req.translated(chat, unread, field_paths), lambda *_: answer)
+            return await generation.chat(tree, req.asking(asked, unread, field_paths), lambda *_: answer)
 
     @routes.view(app, "GET", "/v1/responses/{response_id}")
     async def get_response(response_id: str):

@@ -21,6 +21,7 @@ from greenroom.http.core.contracts import INT64, NULL, AnyOf, Boolean, Choice, L
 from greenroom.http.openai import logprobs, openai_params
 from greenroom.http.openai.openai_params import new_rid
 from greenroom.http.pipeline import structured
+from greenroom.http.pipeline.request import Streaming
 from greenroom.protocol import Generate, Score, Scores
 
 MAX_LOGPROBS = 20
@@ -317,7 +318,7 @@ def completion_score(body: dict, model: str, stream: bool) -> Score:
             "allowed_token_ids restricts the token after the prompt; with max_tokens 0 none is scored",
             "allowed_token_ids",
         )
-    gen = openai_params.completion_request(body, model, openai_params.Streaming(False, False))
+    gen = openai_params.completion_request(body, model, Streaming(False, False))
     # normalised over the allowed set, every listed token is reported
     report = len(set(allowed)) if allowed is not None else (alternatives or 0)
     with_logprobs = echo and not _no_logprobs(body)
@@ -361,7 +362,7 @@ def chat_score(body: dict, model: str, stream: bool) -> Score:
     top = _alternatives(body)
     conversations = openai_params.conversations(body)
     candidates = len(set(allowed)) if allowed is not None else MAX_LOGPROBS
-    tools = structured.plan({k: v for k, v in body.items() if k in ("tools", "functions")}).tools
+    tools = structured.plan(structured.Output(tools=body.get("tools"), functions=body.get("functions"))).tools
     return Score(
         new_rid("chatcmpl"),
         model,

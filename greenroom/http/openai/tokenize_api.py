@@ -65,7 +65,7 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError("invalid_parameter", "send a prompt or messages (one of the two)", "prompt")
         rid = openai_params.new_rid("tokenize")
         # validated whichever is sent, so a bad value is a 400 even where it is not read
-        tools = structured.plan({"tools": body.get("tools")}).tools
+        tools = structured.plan(structured.Output(tools=body.get("tools"))).tools
         template_kwargs = openai_params.template_kwargs(body)
         if body.get("messages") is not None:
             unread = ["add_special_tokens"] if body.get("add_special_tokens") is not None else []

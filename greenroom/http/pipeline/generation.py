@@ -1,8 +1,9 @@
 """The one generation path every surface runs, from its request to its answer.
 
 `prepare` (parse, the model's engine, the field ledger: refusals before any engine is asked
-anything) → the chat request planned (`planned`: the structured-output plan, `Generate`, SAE
-activations, the request's steering — chat completions and the surfaces translated onto it) →
+anything) → the typed ChatRequest the surface's translator made of the body (request.py),
+planned (`planned`: the structured-output plan, `Generate`, SAE activations, the request's
+steering — chat completions, Responses, Messages, Needle) →
 `run`: submit, wait for `Admitted` (the engine's refusals are then plain typed errors, never a
 broken stream), the engine's events turned once into the typed stream (events.py; a `Failure`
 named in the request's own fields: paths.py), which the surface's `Formatter` writes as its
@@ -14,7 +15,7 @@ model names and a created model's defaults) and runs the same `run`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -29,41 +30,46 @@ from greenroom.http.core.headers import CONSTRAINED_HEADER, DRAWN_SEED_HEADER, S
 from greenroom.http.core.pacing import Pacer
 from greenroom.http.manage import monitoring_api, steering_api
 from greenroom.http.openai import openai_params, scoring
-from greenroom.http.openai.openai_params import Streaming
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import sae_activations, structured
 from greenroom.http.pipeline.paths import FieldPaths
+from greenroom.http.pipeline.request import ChatRequest, Streaming
 from greenroom.protocol import Admitted, Generate
 from greenroom.supervisor.engine_client import EngineClient, admit
 from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
 
+_AS_SENT = FieldPaths()  # a surface's own request: its errors name its fields as they are
+
 
 @attrs.frozen
 class Prepared:
-    body: dict
+    body: dict  # as the surface's client sent it: what the ledger read
     model: str
     ignored: list[str]
     strict: bool
     caps: Capabilities = Capabilities()
     where: str = ""  # "on <endpoint> with the <engine> engine": where a refusal says it could not honour
-    paths: FieldPaths = FieldPaths()  # a translated surface's names for the chat request's fields
+    paths: FieldPaths = FieldPaths()  # a translated surface's names for its ChatRequest's locations
+    request: ChatRequest | None = None  # a chat request's, as its surface's translator made it
 
     def unread(self, also_ignored: tuple[str, ...] = ()) -> list[str]:
-        """Every location not read: the ledger's, and fields this request's path skips."""
-        return self.ignored + [f for f in also_ignored if self.body.get(f) is not None]
+        """Every location not read: the ledger's, and fields this request's path skips (sent to a
+        surface that declares them; to one that does not, the ledger has them)."""
+        skipped = [f for f in also_ignored if self.body.get(f) is not None and f not in self.ignored]
+        return self.ignored + skipped
 
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
         return ledger.report_headers(self.unread(also_ignored), self.strict)
 
-    def translated(self, chat: dict, unread: list[str], paths: FieldPaths) -> Prepared:
-        """A surface translated onto chat completions (Responses, Anthropic's Messages): its request
-        as the chat request it became, with the nested keys its translation did not read and where
-        each of its fields came from (`paths`: the surface names its refusals by it, before the answer
-        and in its stream); a forced tool_choice checked as chat's is."""
-        ledger.constrained_choice(chat, self.caps, self.where)
-        return attrs.evolve(self, body=chat, ignored=self.ignored + unread, paths=paths)
+    def asking(self, request: ChatRequest, unread: Sequence[str] = (), paths: FieldPaths = _AS_SENT) -> Prepared:
+        """The chat request a surface's translator made of its body, with the nested keys it did
+        not read and where each of the request's locations came from (`paths`: the surface names
+        its refusals by it, before the answer and in its stream); a forced tool_choice checked
+        (the ledger checks chat completions' own: this, for a translated surface's)."""
+        ledger.constrained_choice(attrs.asdict(request.output, recurse=False), self.caps, self.where)
+        return attrs.evolve(self, ignored=self.ignored + list(unread), paths=paths, request=request)
 
 
 async def prepare(tree: Tree, shape: Shape, where: str, translated: bool = False) -> Prepared:
@@ -78,7 +84,7 @@ async def prepare(tree: Tree, shape: Shape, where: str, translated: bool = False
     return Prepared(body, model, ignored, strict, caps, where)
 
 
-# miLLM's per-request fields on the surfaces translated onto chat completions, declared as chat
+# miLLM's per-request fields on the surfaces translated into a ChatRequest, declared as chat
 # declares them: top-level fields, what the SDKs send with extra_body
 MILLM = contracts.merge(
     Shape(fields={"seed": openai_params.SEED, "return_sae_activations": openai_params.SAE_ACTIVATIONS}),
@@ -109,18 +115,19 @@ class Planned:
 
 
 async def planned(tree: Tree, req: Prepared) -> Planned:
-    """A chat request planned: the structured-output plan, the engine request, SAE activations,
-    the request's steering."""
-    stream = openai_params.streaming(req.body)
-    plan = structured.plan(req.body, batching=tree.config.continuous_batching)
-    gen = openai_params.chat_request(req.body, req.model, stream, plan.tools, plan.constraint)
-    gen = await sae_activations.attach(tree, req.body, scoring.reporting(gen, req.body))
-    gen, steering = await steering_api.request_steering(tree, req.body, gen)
-    return Planned(gen, plan, stream, steering)
+    """A chat request (req.request) planned: the structured-output plan, the engine request, SAE
+    activations, the request's steering."""
+    request = req.request
+    plan = structured.plan(request.output, batching=tree.config.continuous_batching)
+    gen = openai_params.chat_request(request, req.model, plan.tools, plan.constraint)
+    several = len(request.conversations) > 1
+    gen = await sae_activations.attach(tree, request.sae_activations, gen, several)
+    gen, steering = await steering_api.request_steering(tree, request.profile, request.steering_intensity, gen)
+    return Planned(gen, plan, request.stream, steering)
 
 
 async def chat(tree: Tree, req: Prepared, surface: Callable[[Planned, Serving], Formatter]):
-    """A chat request — chat completions', or a surface's translated onto it — planned and answered."""
+    """A chat request (req.request: chat completions', or a surface's translated) planned and answered."""
     return await answer(tree, req, await planned(tree, req), surface)
 
 
@@ -147,15 +154,14 @@ def v1_headers(
     """The /v1 family's response headers, once admitted: the ledger's report (refused here under
     strict mode, before anything runs), the seed's, the steering's, the constraint's."""
     scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
-    headers = {**req.headers(scoring.unread(gen.params)), **seed_header(req.body, scope), **steering}
+    headers = {**req.headers(scoring.unread(gen.params)), **seed_header(gen.params.seed, scope), **steering}
     if plan is not None and plan.header:
         headers[CONSTRAINED_HEADER] = plan.header
     return lambda first: {**headers, **drawn_seed(first, scope)}
 
 
-def seed_header(body: dict, scope: str = "request") -> dict[str, str]:
+def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed echoes a sent seed with the scope of its promise; absent without one."""
-    seed = body.get("seed")
     return {SEED_HEADER: sf.item(seed, {"scope": scope})} if seed is not None else {}
 
 
@@ -166,9 +172,6 @@ def drawn_seed(admitted: Admitted, scope: str = "request") -> dict[str, str]:
     if admitted.drawn_seed is None:
         return {}
     return {DRAWN_SEED_HEADER: sf.item(admitted.drawn_seed, {"scope": scope})}
-
-
-_AS_SENT = FieldPaths()  # a surface's own request: its errors name its fields as they are
 
 
 async def run(

@@ -1,5 +1,5 @@
-"""Where a translated request's fields came from: a surface translated onto chat completions
-(Responses, Anthropic's Messages, Needle) names, for each location of the chat request it made,
+"""Where a translated request's fields came from: a surface translated into a ChatRequest
+(Responses, Anthropic's Messages, Needle; request.py) names, for each location of the request it made,
 the location in its own request it came from — so that a refusal of the chat request, before
 the answer or in its stream, names the field the client sent."""
 

@@ -35,11 +35,10 @@ NOTES = {
 }
 
 
-async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Score:
-    """`gen` carrying the validated field (unchanged without it); every refusal a typed 400.
-    On a scoring request the pass is unsteered, and so is what it reads: read_point is
-    reported as "unsteered"."""
-    value = body.get(FIELD)
+async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False) -> Generate | Score:
+    """`gen` carrying the validated field (`value`, as sent; unchanged without it); every refusal
+    a typed 400. `several`: extra_messages were sent. On a scoring request the pass is unsteered,
+    and so is what it reads: read_point is reported as "unsteered"."""
     if value is None:
         return gen
     if not isinstance(value, dict):
@@ -52,7 +51,7 @@ async def attach(tree: Tree, body: dict, gen: Generate | Score) -> Generate | Sc
             f"{FIELD}.{unknown[0]}",
         )
     # one position axis: one prompt or conversation, one choice
-    if body.get("extra_messages") is not None:
+    if several:
         _refuse("extra_messages", "extra_messages gives several conversations")
     if gen.rows > 1:
         _refuse("prompt", "several prompts have no single position axis")

@@ -239,11 +239,31 @@ class Plan:
         return self.tools is not None and self.tool_mode != "none"
 
 
-def plan(body: dict, batching: bool = False) -> Plan:
+@attrs.frozen
+class Output:
+    """What a chat request asks of its output's form, as `plan` reads it: tools as function tools
+    ({"type": "function", "function": {...}}), the values as sent (`plan` checks them)."""
+
+    tools: object = None
+    functions: object = None  # the deprecated form of tools
+    tool_choice: object = None
+    function_call: object = None  # the deprecated form of tool_choice
+    parallel_tool_calls: object = None
+    response_format: object = None
+    stop: bool = False  # a stop was sent (a format refuses it)
+
+    @classmethod
+    def of(cls, body: dict) -> Output:
+        """A chat completions body's (or one of its fields')."""
+        names = [a.name for a in attrs.fields(cls) if a.name != "stop"]
+        return cls(**{k: body.get(k) for k in names}, stop=body.get("stop") is not None)
+
+
+def plan(output: Output, batching: bool = False) -> Plan:
     """`batching`: the server runs continuous batching, under which the spec refuses
     response_format (a /v1 chat request's; Needle's and Ollama's formats are served serially)."""
-    tools, mode, name, parallel = _tools(body)
-    fmt = body.get("response_format")
+    tools, mode, name, parallel = _tools(output)
+    fmt = output.response_format
     if fmt is None or isinstance(fmt, dict) and fmt.get("type") == "text":  # its other keys: unread_in_format
         if mode in ("required", "named"):
             return Plan(ToolCallsConstraint(tools, name, parallel), tools, mode)
@@ -252,7 +272,7 @@ def plan(body: dict, batching: bool = False) -> Plan:
         raise _unsupported("response_format is refused while continuous batching is enabled on this server")
     if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema", "text"):
         raise _unsupported("'response_format.type' must be text, json_object or json_schema")
-    if body.get("stop") is not None:
+    if output.stop:
         raise _unsupported(
             "response_format cannot be combined with stop: a stop string could cut a document and report it complete"
         )
@@ -275,10 +295,10 @@ def plan(body: dict, batching: bool = False) -> Plan:
     return Plan(JsonSchemaConstraint(schema), tools, mode, schema=schema, header=header)
 
 
-def rendered_tools(body: dict) -> list[dict] | None:
+def rendered_tools(output: Output) -> list[dict] | None:
     """The tools a request's prompt renders, as `plan` reads them, their parameters not checked:
     nothing is enforced (a token count)."""
-    return _tools(body, enforced=False)[0]
+    return _tools(output, enforced=False)[0]
 
 
 def unread_in_format(fmt, where: str, options: tuple[Shape, ...] = RESPONSE_FORMAT.field.options) -> list[str]:
@@ -334,15 +354,15 @@ def translated_tools(
     return out
 
 
-def _tools(body: dict, enforced: bool = True) -> tuple[list[dict] | None, str, str | None, bool]:
+def _tools(output: Output, enforced: bool = True) -> tuple[list[dict] | None, str, str | None, bool]:
     """The tools, the call mode, the named function and parallel_tool_calls; `enforced`: the
     parameters are checked for what the mode does with them (compiled into a grammar, or
     validated against) — a request that generates nothing checks none."""
-    tools, functions = body.get("tools"), body.get("functions")
+    tools, functions = output.tools, output.functions
     for field, value in (("tools", tools), ("functions", functions)):
         if value is not None and not isinstance(value, list):
             raise GreenroomError("invalid_parameter", f"'{field}' must be an array", field)
-    parallel = body.get("parallel_tool_calls")
+    parallel = output.parallel_tool_calls
     if parallel is not None and not isinstance(parallel, bool):
         raise GreenroomError("invalid_parameter", "'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if tools and functions:
@@ -352,7 +372,7 @@ def _tools(body: dict, enforced: bool = True) -> tuple[list[dict] | None, str, s
         where = "functions[{}]"
     else:
         where = "tools[{}].function"
-    choice = body.get("tool_choice", body.get("function_call"))
+    choice = output.tool_choice if output.tool_choice is not None else output.function_call
     if not tools:
         if choice not in (None, "none", "auto"):
             raise GreenroomError("invalid_parameter", "'tool_choice' needs tools", "tool_choice")
