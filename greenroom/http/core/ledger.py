@@ -16,8 +16,8 @@ content part and stream_options Shapes marked `ledger=True`, each key's rule its
 response format's by its type), so an unread key is reported with its location, e.g.
 "messages[2].name" or "response_format.schema". The surfaces translated onto chat completions
 (Responses, Anthropic's Messages) have their top-level fields here; their translations
-(responses_api.py, messages_api.py) report the nested keys they do not read, and the chat body
-they make goes through `constrained_choice`.
+(responses_api.py, messages_api.py) report the nested keys they do not read, and the typed
+request they make goes through `constrained_choice` (its `Output`'s tool fields).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def check(shape: Shape, body: dict, caps: Capabilities, where: str, translated: 
     """Refuse what cannot be honoured; return the locations of every field not read. Each field's
     rule is its declaration's (`shape`'s); a field it does not declare is reported.
     `translated`: a surface translated onto chat completions — its top-level fields only (its
-    translation reports its nested keys; `constrained_choice` checks the chat body it makes)."""
+    translation reports its nested keys; `constrained_choice` checks the request it makes)."""
     ignored: list[str] = []
     for field, value in body.items():
         rule = shape.fields[field].rule if field in shape.fields else None
