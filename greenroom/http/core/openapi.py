@@ -31,7 +31,15 @@ from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
 from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
 from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
-from greenroom.http.openai import needle, openai_api, openai_params, responses_api, tokenize_api
+from greenroom.http.openai import (
+    chat_format,
+    needle,
+    needle_format,
+    openai_api,
+    openai_params,
+    responses_api,
+    tokenize_api,
+)
 
 DEMO_MODEL = openai_params.DEMO_MODEL  # what `greenroom serve` serves by default; used in examples
 
@@ -289,53 +297,16 @@ _PATH_PARAMETERS = {
 }
 
 
+# --- response bodies ------------------------------------------------------------------
+
+# The objects the formatters build from their declarations (http/core/objects.py); the parts
+# they name (Usage, Millm, XNeedle, the logprobs) come with them.
+_OBJECTS = (*chat_format.OBJECTS, *needle_format.OBJECTS)
+
+
 def _request_schemas(components: dict) -> None:
     for name, shape in _REQUESTS.items():
         components[name] = shape.render(components)
-
-
-# --- response bodies ------------------------------------------------------------------
-
-_FINISH_REASON = {"enum": ["stop", "length"]}
-_CHAT_FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
-
-
-def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle: bool = False) -> dict:
-    """A chat or text completion (or one streamed chunk of it): the fields both share."""
-    properties = {
-        "id": _string(),
-        "object": {"const": object_name},
-        "created": _integer(),
-        "model": _string(),
-        "choices": _array(choice, description="Empty on the usage-only chunk of stream_options.include_usage")
-        if chunk
-        else _array(choice),
-    }
-    required = ("id", "object", "created", "model", "choices")
-    if chunk:
-        properties["usage"] = _described(
-            _nullable(_ref("Usage")),
-            "With stream_options.include_usage, null on every chunk but the usage-only one (OpenAI's rule); "
-            "without, on the request's last finishing chunk alone",
-        )
-    else:
-        properties["system_fingerprint"] = _string(
-            description="millm:<model>@<revision>:<dtype>/<quantization>:<engine>", pattern="^millm:"
-        )
-        properties["usage"] = _ref("Usage")
-        required += ("system_fingerprint", "usage")
-    properties["millm"] = _described(
-        _ref("Millm"),
-        ("On the last chunk (choices: [], before [DONE])" if chunk else "Only when the request sent")
-        + " return_sae_activations",
-    )
-    if x_needle:
-        properties["x_needle"] = _described(
-            _ref("XNeedle"),
-            ("On the chunk that finishes choice 0" if chunk else "Generated answers only (not scoring)")
-            + "; absent when the server runs with --no-extras",
-        )
-    return _closed(properties, required)
 
 
 def _sse_event(chunk: str) -> dict:
@@ -359,136 +330,7 @@ def _sse_event(chunk: str) -> dict:
     }
 
 
-def _choice(content: dict, *, streamed: bool, logprobs: dict, finish: dict) -> dict:
-    """One choice of a completion: its content fields between `index` and `finish_reason`
-    (null on every streamed chunk but the one that ends the choice), and on a generated
-    choice's end vLLM's `stop_reason`."""
-    return _closed(
-        {
-            "index": _COUNT,
-            **content,
-            "logprobs": logprobs,
-            "finish_reason": _nullable(finish) if streamed else finish,
-            "stop_reason": _nullable(
-                _string(description="The stop string that ended the choice (vLLM's field); null: none did")
-            ),
-        },
-        ("index", *content, "logprobs", "finish_reason"),
-    )
-
-
 def _response_schemas() -> dict:
-    tool_call = _closed(
-        {
-            "id": _string(),
-            "type": {"const": "function"},
-            "function": _closed(
-                {"name": _string(), "arguments": _string(description="The arguments as JSON text (an object)")},
-                ("name", "arguments"),
-            ),
-        },
-        ("id", "type", "function"),
-    )
-    message = _closed(
-        {
-            "role": {"const": "assistant"},
-            "content": _nullable(_string()),
-            "refusal": _described(_NULL, "OpenAI's field (required, nullable): no refusal is kept apart from content"),
-            "tool_calls": _array(tool_call, minItems=1),
-            "reasoning_content": _described(_string(), "The text around tool calls (choice 0, with x_needle)"),
-        },
-        ("role", "content", "refusal"),
-        description="content is null only beside tool_calls",
-    )
-    chunk_tool_call = _closed(
-        {
-            "index": _COUNT,
-            "id": _string(),
-            "type": {"const": "function"},
-            "function": _closed({"name": _string(), "arguments": _string()}),
-        },
-        ("index", "function"),
-        description="A call's id, type and name first, then fragments of its arguments",
-    )
-    delta = _closed(
-        {"role": {"const": "assistant"}, "content": _string(), "tool_calls": _array(chunk_tool_call, minItems=1)}
-    )
-    top_logprob = _closed(
-        {"token": _string(), "logprob": _number(), "bytes": _array(_integer(minimum=0, maximum=255))},
-        ("token", "logprob", "bytes"),
-    )
-    chat_logprobs = _closed(
-        {
-            "content": _array(
-                _closed(
-                    {**top_logprob["properties"], "top_logprobs": _array(top_logprob)},
-                    ("token", "logprob", "bytes", "top_logprobs"),
-                )
-            ),
-            "refusal": _NULL,
-        },
-        ("content", "refusal"),
-        description="Each token's log-probability: the model's at temperature 1, after a constraint's mask",
-    )
-    text_logprobs = _closed(
-        {
-            "tokens": _array(_string()),
-            # echo: the prompt's first token has no log-probability (null, as OpenAI's and vLLM's)
-            "token_logprobs": _array(_nullable(_number())),
-            "top_logprobs": _array(_nullable(_obj({}, additionalProperties=_number()))),
-            "text_offset": _array(_COUNT),
-        },
-        ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-    )
-    chat_choice = _choice(
-        {"message": message}, streamed=False, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
-    )
-    # with logprobs, the tokens of the chunk's delta (null on a chunk that has none)
-    chunk_choice = _choice(
-        {"delta": delta}, streamed=True, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
-    )
-    text_choice = _choice(
-        {"text": _string()}, streamed=False, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
-    )
-    text_chunk_choice = _choice(
-        {"text": _string()}, streamed=True, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
-    )
-    seconds = _number(minimum=0)
-    x_needle = _closed(
-        {
-            "type": {"enum": ["call", "respond", "refuse"]},
-            "confidence": _number(
-                minimum=0,
-                maximum=1,
-                description="Geometric mean of the produced tokens' probabilities; 0 for an empty answer",
-            ),
-            "reasoning": _string(description="The text beside tool calls; empty without calls"),
-            "validation": _closed({"ungrounded": _array(_string()), "negation": _BOOLEAN}, ("ungrounded", "negation")),
-            "prefill_tps": _nullable(_number(minimum=0)),
-            "decode_tps": _nullable(_number(minimum=0)),
-            "peak_ram_mb": _nullable(_number(minimum=0)),
-            "replayed_turns": _integer(minimum=1),
-            "reinitialized": _BOOLEAN,
-            "queue_wait_seconds": seconds,
-            "compute_seconds": seconds,
-            "warnings": _array(_string()),
-        },
-        (
-            "type",
-            "confidence",
-            "reasoning",
-            "validation",
-            "prefill_tps",
-            "decode_tps",
-            "peak_ram_mb",
-            "replayed_turns",
-            "reinitialized",
-            "queue_wait_seconds",
-            "compute_seconds",
-            "warnings",
-        ),
-        description="What the OpenAI schema has no place for, from the engine's own figures",
-    )
     model_card = _obj(
         {"id": _string(), "object": {"const": "model"}, "created": _integer(), "owned_by": _string()},
         ("id", "object", "created", "owned_by"),
@@ -518,49 +360,7 @@ def _response_schemas() -> dict:
         ("object", "index", "embedding"),
     )
     return {
-        "Millm": _closed(
-            {
-                "sae_activations": _closed(
-                    {
-                        "sae_id": _string(),
-                        "layer": _COUNT,
-                        "read_point": _described(
-                            {"enum": ["post_steering", "pre_steering", "unsteered"]},
-                            "unsteered on a scoring request, whose pass runs with every SAE hook suppressed",
-                        ),
-                        "positions": _array(
-                            _closed(
-                                {
-                                    "position": _COUNT,
-                                    "token_id": _COUNT,
-                                    "features": _array(
-                                        _closed({"index": _COUNT, "value": _number()}, ("index", "value"))
-                                    ),
-                                },
-                                ("position", "token_id", "features"),
-                            ),
-                            description="The positions actually read (the last "
-                            "sampled token is never fed back, so it has none)",
-                        ),
-                        "note": _string(),
-                    },
-                    ("sae_id", "layer", "read_point", "positions", "note"),
-                )
-            },
-            ("sae_activations",),
-        ),
-        "Usage": _closed(
-            {"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "total_tokens": _COUNT},
-            ("prompt_tokens", "completion_tokens", "total_tokens"),
-        ),
-        "ChatLogprobs": chat_logprobs,
-        "CompletionLogprobs": text_logprobs,
-        "XNeedle": x_needle,
-        "ChatCompletion": _completion_object("chat.completion", chat_choice, chunk=False, x_needle=True),
-        "ChatCompletionChunk": _completion_object("chat.completion.chunk", chunk_choice, chunk=True, x_needle=True),
         "ChatCompletionEvent": _sse_event("ChatCompletionChunk"),
-        "TextCompletion": _completion_object("text_completion", text_choice, chunk=False),
-        "TextCompletionChunk": _completion_object("text_completion", text_chunk_choice, chunk=True),
         "TextCompletionEvent": _sse_event("TextCompletionChunk"),
         "Embedding": embedding,
         "EmbeddingList": _closed(
@@ -571,37 +371,6 @@ def _response_schemas() -> dict:
                 "usage": _closed({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, ("prompt_tokens", "total_tokens")),
             },
             ("object", "data", "model", "usage"),
-        ),
-        "NeedleExtraction": _closed(
-            {
-                "object": {"const": "needle.extraction"},
-                "data": {"description": "The extracted value, valid against the request's schema; null unless matched"},
-                "matched": _described(_BOOLEAN, "true when the constrained answer was complete and valid"),
-                "x_needle": {
-                    "anyOf": [
-                        _ref("XNeedle"),
-                        _closed(
-                            {"type": {"const": "refuse"}, "warnings": _array(_string())},
-                            ("type", "warnings"),
-                            description="When the model produced no valid document: only the type and the request's "
-                            "unknown fields",
-                        ),
-                    ]
-                },
-            },
-            ("object", "data", "matched", "x_needle"),
-        ),
-        "NeedleCompletion": _closed(
-            {
-                "object": {"const": "needle.completion"},
-                "model": _string(),
-                "content": _nullable(_string()),
-                "tool_calls": _array(_closed({"name": _string(), "arguments": _ANY_OBJECT}, ("name", "arguments"))),
-                "finish_reason": _CHAT_FINISH_REASON,
-                "usage": _ref("Usage"),
-                "x_needle": _ref("XNeedle"),
-            },
-            ("object", "model", "content", "tool_calls", "finish_reason", "usage", "x_needle"),
         ),
         "Model": model_card,
         "ModelList": _obj({"object": {"const": "list"}, "data": _array(_ref("Model"))}, ("object", "data")),
@@ -1844,6 +1613,8 @@ def document() -> dict:
     schemas: dict = {}
     _request_schemas(schemas)
     paths = _paths(schemas)
+    for declared in _OBJECTS:
+        declared.ref().render(schemas)
     schemas.update(
         {
             **_error_schemas(),

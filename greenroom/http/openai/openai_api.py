@@ -205,7 +205,4 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, serving = await tree.client_for(score.model)
     event = await single(client, score)
-    response = shape(score, event, req.body, fingerprint(serving.info))
-    if event.sae_activations is not None:
-        response["millm"] = sae_activations.millm(event.sae_activations)
-    return response, 200, headers
+    return shape(score, event, req.body, fingerprint(serving.info)), 200, headers

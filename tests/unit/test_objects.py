@@ -1,0 +1,136 @@
+"""Response objects (http/core/objects.py): each declared object is what its formatter builds and
+what /openapi.json says — the formatters' output for a table of sample inputs validates against
+the object's own rendered schema, the document holds that same schema, and a key the declaration
+lacks (or a required one missing) fails at build time."""
+
+import jsonschema_rs
+import pytest
+
+from greenroom.engines.base import Activations, FeatureValue, PositionRead
+from greenroom.http.core import objects, openapi
+from greenroom.http.openai import chat_format, logprobs, needle_format, scoring
+from greenroom.http.pipeline import events as ev
+from greenroom.http.pipeline import structured
+from greenroom.protocol import Score, ScoredRow, Scores
+
+from .test_formatters import ARGS, FORMAT, NEEDLE_CTX, READ, TOKEN, called, chunks, finished, folded
+
+READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
+ROW = ScoredRow(
+    token=[9, "!", [33]],
+    logprob=-0.5,
+    top=[[9, "!", [33], -0.5], [3, "?", [63], -1.5]],
+    prompt_tokens=2,
+    prompt_chars=6,
+    prompt_text="Hi you",
+    prompt=[[1, "Hi", None, None], [2, " you", -2.0, [[4, " me", -1.0]]]],
+)
+
+
+def _ctx(**context) -> chat_format.Context:
+    return chat_format.Context(
+        "chatcmpl-1", "m", **{"choices": 1, "prompt_tokens": 5, "fingerprint": "millm:m", **context}
+    )
+
+
+def _writers(chat: bool) -> dict:
+    return {0: logprobs.Writer(chat, False, 0)}
+
+
+def _streamed(events, **context) -> list[dict]:
+    return [c for c in chunks(events, **context) if isinstance(c, dict)]
+
+
+_CALLED = called("add", ARGS, ("Let me add.",))
+_TEXT = [ev.Tokens(0, (TOKEN,)), ev.Delta(0, "Hi"), ev.Usage(5, 1), finished(0, "stop", "\n", 1)]
+
+# (object, what its formatter builds from sample inputs)
+SAMPLES = [
+    (chat_format.CHAT_COMPLETION, lambda: [chat_format.whole(folded(*_CALLED), _ctx())]),
+    (chat_format.CHAT_COMPLETION, lambda: [chat_format.whole(folded(*_CALLED), _ctx(extras=NEEDLE_CTX.extras))]),
+    (
+        chat_format.CHAT_COMPLETION,
+        lambda: [chat_format.whole(folded(*_TEXT, ev.Activations(READ_SOME)), _ctx(writers=_writers(True)))],
+    ),
+    (
+        chat_format.CHAT_COMPLETION,
+        lambda: [
+            scoring.chat_response(
+                Score("c", "m", 0.0, None, 2), Scores("c", [ROW], READ), {"logprobs": True}, "millm:m"
+            )
+        ],
+    ),
+    (chat_format.CHAT_COMPLETION_CHUNK, lambda: _streamed(_CALLED, extras=NEEDLE_CTX.extras)),
+    (chat_format.CHAT_COMPLETION_CHUNK, lambda: _streamed([*_TEXT, ev.Activations(READ)], writers=_writers(True))),
+    (chat_format.CHAT_COMPLETION_CHUNK, lambda: _streamed([*_TEXT, ev.Activations(READ)], include_usage=True)),
+    (
+        chat_format.TEXT_COMPLETION,
+        lambda: [chat_format.whole(folded(*_TEXT), _ctx(chat=False, writers=_writers(False)))],
+    ),
+    (
+        chat_format.TEXT_COMPLETION,
+        lambda: [
+            scoring.completion_response(
+                Score("c", "m", 0.0, None, 2, prompts=["Hi you"], echo=True, echo_logprobs=2),
+                Scores("c", [ROW]),
+                {"logprobs": 2, "echo": True},
+                "millm:m",
+            )
+        ],
+    ),
+    (chat_format.TEXT_COMPLETION_CHUNK, lambda: _streamed(_TEXT, chat=False, writers=_writers(False))),
+    (chat_format.TEXT_COMPLETION_CHUNK, lambda: _streamed(_TEXT, chat=False, include_usage=True)),
+    (
+        needle_format.EXTRACTION,
+        lambda: [
+            needle_format.extracted(
+                folded(ev.Delta(0, text), ev.Usage(5, 4), finished(0, tokens=4)),
+                NEEDLE_CTX,
+                structured.plan({"response_format": FORMAT}),
+            )
+            for text in ('{"label": "yes"}', "no")
+        ],
+    ),
+    (needle_format.COMPLETED, lambda: [needle_format.completed(folded(*_CALLED), NEEDLE_CTX)]),
+]
+
+
+def _validator(declared: objects.Object) -> jsonschema_rs.Draft202012Validator:
+    components: dict = {}
+    ref = declared.ref().render(components)
+    return jsonschema_rs.Draft202012Validator({**ref, "components": {"schemas": components}})
+
+
+@pytest.mark.parametrize("declared, built", SAMPLES, ids=lambda v: getattr(v, "name", ""))
+def test_what_the_formatter_builds_validates_against_the_objects_rendered_schema(declared, built):
+    bodies = built()
+    assert bodies
+    validator = _validator(declared)
+    for body in bodies:
+        errors = [e.message for e in validator.iter_errors(body)]
+        assert not errors, (body, errors)
+
+
+def test_every_object_the_document_renders_from_a_declaration_has_samples():
+    assert {o.name for o in openapi._OBJECTS} == {declared.name for declared, _ in SAMPLES}
+
+
+def test_the_document_holds_each_objects_rendered_schema():
+    schemas = openapi.document()["components"]["schemas"]
+    for declared in openapi._OBJECTS:
+        components: dict = {}
+        declared.ref().render(components)
+        assert {name: schemas[name] for name in components} == components
+
+
+def test_a_key_the_declaration_lacks_or_a_required_key_missing_fails_at_build_time():
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert chat_format.USAGE.build(**usage) == usage
+    with pytest.raises(objects.Undeclared, match="Usage: cached_tokens not declared"):
+        chat_format.USAGE.build(**usage, cached_tokens=0)
+    with pytest.raises(objects.Undeclared, match="ChatCompletion: choices, usage missing"):
+        chat_format.CHAT_COMPLETION.build(
+            id="c", object="chat.completion", created=0, model="m", system_fingerprint="millm:m"
+        )
+    with pytest.raises(objects.Undeclared, match="ChatDelta: refusal not declared"):
+        chat_format.DELTA.build(refusal=None)
