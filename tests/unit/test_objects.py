@@ -8,12 +8,25 @@ import pytest
 
 from greenroom.engines.base import Activations, FeatureValue, PositionRead
 from greenroom.http.core import objects, openapi
-from greenroom.http.openai import chat_format, logprobs, needle_format, scoring
+from greenroom.http.openai import chat_format, logprobs, needle_format, responses_format, scoring
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
 from greenroom.protocol import Score, ScoredRow, Scores
 
-from .test_formatters import ARGS, FORMAT, NEEDLE_CTX, READ, TOKEN, called, chunks, finished, folded
+from .test_formatters import (
+    ARGS,
+    FAILED,
+    FORMAT,
+    NEEDLE_CTX,
+    READ,
+    TOKEN,
+    called,
+    chunks,
+    finished,
+    folded,
+    responses,
+    responses_ctx,
+)
 
 READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
 ROW = ScoredRow(
@@ -92,12 +105,26 @@ SAMPLES = [
         ],
     ),
     (needle_format.COMPLETED, lambda: [needle_format.completed(folded(*_CALLED), NEEDLE_CTX)]),
+    (responses_format.RESPONSE, lambda: [responses_format.whole(folded(*_CALLED), responses_ctx())]),
+    (
+        responses_format.RESPONSE,
+        lambda: [responses_format.whole(folded(*_TEXT, ev.Activations(READ_SOME)), responses_ctx(store=False))],
+    ),
+    (responses_format.RESPONSE, lambda: responses([*_TEXT[:-1], finished(0, "length", tokens=1)])[1]),
+    (responses_format.EVENTS, lambda: _data(responses(_CALLED)[0])),
+    (responses_format.EVENTS, lambda: _data(responses([ev.Delta(0, "part"), ev.Failure(FAILED)])[0])),
 ]
 
 
-def _validator(declared: objects.Object) -> jsonschema_rs.Draft202012Validator:
+def _data(frames: list[tuple[str, dict]]) -> list[dict]:
+    """A stream's events' data, each checked to be named for its type."""
+    assert all(name == data["type"] for name, data in frames)
+    return [data for _, data in frames]
+
+
+def _validator(declared: objects.Object | objects.Events) -> jsonschema_rs.Draft202012Validator:
     components: dict = {}
-    ref = declared.ref().render(components)
+    ref = (declared.data if isinstance(declared, objects.Events) else declared.ref()).render(components)
     return jsonschema_rs.Draft202012Validator({**ref, "components": {"schemas": components}})
 
 

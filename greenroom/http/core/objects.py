@@ -77,3 +77,57 @@ class Object(Shape):
 
     def _property(self, name: str, field: Field, components: dict) -> dict:
         return field.render(components)
+
+
+@attrs.frozen(kw_only=True)
+class Events:
+    """A stream of typed events: each SSE event named for its data's `type`, one Object per type
+    (`kinds`: each type's own fields; `common`: the fields every event carries)."""
+
+    name: str
+    objects: dict[str, Object]
+
+    @classmethod
+    def of(cls, name: str, kinds: dict[str, dict[str, Field]], common: dict | None = None, optional=None) -> Events:
+        """`optional`: a type -> its fields that may be left out."""
+        return cls(
+            name=name,
+            objects={
+                kind: Object(
+                    name=kind,
+                    fields={"type": const(kind), **(common or {}), **fields},
+                    optional=(optional or {}).get(kind, ()),
+                )
+                for kind, fields in kinds.items()
+            },
+        )
+
+    def build(self, kind: str, **fields) -> dict:
+        """One event's data."""
+        return self.objects[kind].build(type=kind, **fields)
+
+    @property
+    def data(self) -> Named:
+        """Any one event's data, held once in components.schemas as `<name>Data`."""
+        return Named(name=f"{self.name}Data", field=AnyOf(options=tuple(self.objects.values())))
+
+    def ref(self, description: str = "") -> Named:
+        """The stream's events (the SSE fields, `data` the JSON of one event), and `<name>Data`
+        beside it: any one event's data."""
+        data = self.data
+        return Named(
+            name=self.name,
+            description=description,
+            field=Schema(
+                schema={
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"enum": list(self.objects)},
+                        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": data},
+                        "id": {"type": "string"},
+                        "retry": {"type": "integer"},
+                    },
+                }
+            ),
+        )

@@ -38,6 +38,7 @@ from greenroom.http.openai import (
     openai_api,
     openai_params,
     responses_api,
+    responses_format,
     tokenize_api,
 )
 
@@ -301,7 +302,7 @@ _PATH_PARAMETERS = {
 
 # The objects the formatters build from their declarations (http/core/objects.py); the parts
 # they name (Usage, Millm, XNeedle, the logprobs) come with them.
-_OBJECTS = (*chat_format.OBJECTS, *needle_format.OBJECTS)
+_OBJECTS = (*chat_format.OBJECTS, *needle_format.OBJECTS, *responses_format.OBJECTS, responses_format.EVENTS)
 
 
 def _request_schemas(components: dict) -> None:
@@ -992,82 +993,7 @@ def _events(name: str, kinds: dict[str, tuple[dict, tuple[str, ...]]], common: d
 
 
 def _responses_schemas() -> dict:
-    text = _closed(
-        {"type": {"const": "output_text"}, "text": _string(), "annotations": _array({}), "logprobs": _array({})},
-        ("type", "text", "annotations", "logprobs"),
-    )
-    status = {"enum": ["in_progress", "completed"]}
-    item = {
-        "anyOf": [
-            _closed(
-                {
-                    "id": _string(),
-                    "type": {"const": "message"},
-                    "status": status,
-                    "role": {"const": "assistant"},
-                    "content": _array(text),
-                },
-                ("id", "type", "status", "role", "content"),
-            ),
-            _closed(
-                {
-                    "id": _string(),
-                    "type": {"const": "function_call"},
-                    "status": status,
-                    "call_id": _string(),
-                    "name": _string(),
-                    "arguments": _described(_string(), "JSON text"),
-                },
-                ("id", "type", "status", "call_id", "name", "arguments"),
-            ),
-        ]
-    }
-    usage = _closed(
-        {
-            "input_tokens": _COUNT,
-            "input_tokens_details": _closed({"cached_tokens": _COUNT}, ("cached_tokens",)),
-            "output_tokens": _COUNT,
-            "output_tokens_details": _closed({"reasoning_tokens": _COUNT}, ("reasoning_tokens",)),
-            "total_tokens": _COUNT,
-        },
-        ("input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"),
-    )
-    response = {
-        "id": _string(),
-        "object": {"const": "response"},
-        "created_at": _integer(),
-        "status": {"enum": ["in_progress", "completed", "incomplete", "failed"]},
-        "error": _nullable(_closed({"code": _string(), "message": _string()}, ("code", "message"))),
-        "incomplete_details": _nullable(_closed({"reason": {"const": "max_output_tokens"}}, ("reason",))),
-        "instructions": _nullable(_string()),
-        "max_output_tokens": _nullable(_integer()),
-        "model": _string(),
-        "output": _array(_ref("ResponseOutputItem")),
-        "parallel_tool_calls": _BOOLEAN,
-        "previous_response_id": _nullable(_string()),
-        "store": _BOOLEAN,
-        "temperature": _number(),
-        "text": _closed({"format": _ANY_OBJECT}, ("format",)),
-        "tool_choice": _described({}, "As the request sent it"),
-        "tools": _array(
-            _closed(
-                {
-                    "type": {"const": "function"},
-                    "name": _string(),
-                    "description": _nullable(_string()),
-                    "parameters": _nullable(_ANY_OBJECT),
-                    "strict": _described(_BOOLEAN, "true unless sent false (OpenAI's default)"),
-                },
-                ("type", "name", "description", "parameters", "strict"),
-            ),
-            description="The function tools sent, as OpenAI echoes them",
-        ),
-        "top_p": _number(),
-        "truncation": {"const": "disabled"},
-        "metadata": _obj({}, additionalProperties=_string()),
-    }
-    where = {"item_id": _string(), "output_index": _COUNT}
-    part = {**where, "content_index": _COUNT}
+    text = responses_format.OUTPUT_TEXT.render({})
     input_text = _closed({"type": {"const": "input_text"}, "text": _string()}, ("type", "text"))
     listed = {"id": _string(), "status": {"const": "completed"}}
     input_item = {
@@ -1108,17 +1034,6 @@ def _responses_schemas() -> dict:
         "description": "An item of the input as sent, with its id (the one sent, else a new one)",
     }
     return {
-        "ResponseOutputItem": item,
-        "ResponseUsage": usage,
-        "Response": _closed(
-            {
-                **response,
-                "usage": _described(_ref("ResponseUsage"), "Absent until the response is done (OpenAI's schema)"),
-                "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations"),
-            },
-            tuple(response),
-            description="status incomplete when max_output_tokens cut the answer",
-        ),
         "ResponseListedItem": input_item,
         "ResponseItemList": _closed(
             {
@@ -1133,41 +1048,6 @@ def _responses_schemas() -> dict:
         ),
         "ResponseDeleted": _closed(
             {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
-        ),
-        **_events(
-            "ResponseStreamEvent",
-            {
-                **{
-                    f"response.{kind}": ({"response": _ref("Response")}, ("response",))
-                    for kind in ("created", "in_progress", "completed", "incomplete", "failed")
-                },
-                **{
-                    f"response.output_item.{kind}": ({"output_index": _COUNT, "item": item}, ("output_index", "item"))
-                    for kind in ("added", "done")
-                },
-                **{
-                    f"response.content_part.{kind}": ({**part, "part": text}, (*part, "part"))
-                    for kind in ("added", "done")
-                },
-                "response.output_text.delta": (
-                    {**part, "delta": _string(), "logprobs": _array({})},
-                    (*part, "delta", "logprobs"),
-                ),
-                "response.output_text.done": (
-                    {**part, "text": _string(), "logprobs": _array({})},
-                    (*part, "text", "logprobs"),
-                ),
-                "response.function_call_arguments.delta": ({**where, "delta": _string()}, (*where, "delta")),
-                "response.function_call_arguments.done": (
-                    {**where, "name": _string(), "arguments": _string()},
-                    (*where, "name", "arguments"),
-                ),
-                "error": (
-                    {"code": _string(), "message": _string(), "param": _nullable(_string())},
-                    ("code", "message", "param"),
-                ),
-            },
-            {"sequence_number": _COUNT},
         ),
         "Tokenized": _closed(
             {
