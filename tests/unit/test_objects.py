@@ -7,6 +7,7 @@ import jsonschema_rs
 import pytest
 
 from greenroom.engines.base import Activations, FeatureValue, PositionRead
+from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
 from greenroom.http.openai import chat_format, logprobs, needle_format, responses_format, scoring
 from greenroom.http.pipeline import events as ev
@@ -17,6 +18,7 @@ from .test_formatters import (
     ARGS,
     FAILED,
     FORMAT,
+    MESSAGES_CTX,
     NEEDLE_CTX,
     READ,
     TOKEN,
@@ -24,6 +26,7 @@ from .test_formatters import (
     chunks,
     finished,
     folded,
+    frames,
     responses,
     responses_ctx,
 )
@@ -113,6 +116,17 @@ SAMPLES = [
     (responses_format.RESPONSE, lambda: responses([*_TEXT[:-1], finished(0, "length", tokens=1)])[1]),
     (responses_format.EVENTS, lambda: _data(responses(_CALLED)[0])),
     (responses_format.EVENTS, lambda: _data(responses([ev.Delta(0, "part"), ev.Failure(FAILED)])[0])),
+    (messages_format.MESSAGE, lambda: [messages_format.whole(folded(*_CALLED), MESSAGES_CTX)]),
+    (
+        messages_format.MESSAGE,
+        lambda: [messages_format.whole(folded(*_TEXT, ev.Activations(READ_SOME)), MESSAGES_CTX)],
+    ),
+    (messages_format.EVENTS, lambda: _data(frames(messages_format.stream, _CALLED, MESSAGES_CTX))),
+    (
+        messages_format.EVENTS,
+        lambda: _data(frames(messages_format.stream, [*_TEXT, ev.Activations(READ)], MESSAGES_CTX)),
+    ),
+    (messages_format.EVENTS, lambda: _data(frames(messages_format.stream, [ev.Failure(FAILED)], MESSAGES_CTX))),
 ]
 
 

@@ -25,7 +25,7 @@ import copy
 
 from greenroom import __version__
 from greenroom.errors import TABLE, anthropic_status, anthropic_type
-from greenroom.http.anthropic import messages_api
+from greenroom.http.anthropic import messages_api, messages_format
 from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
@@ -164,11 +164,7 @@ def _statuses(surface: Surface):
     ]
 
 
-_ANTHROPIC_ERROR = _closed(
-    {"type": _string(), "message": _string(), "code": _string(), "param": _nullable(_string())},
-    ("type", "message", "code", "param"),
-    description="Anthropic's type and message, greenroom's code and param",
-)
+_ANTHROPIC_ERROR = messages_format.ERROR.render({})
 
 
 def _error_schemas() -> dict:
@@ -302,7 +298,12 @@ _PATH_PARAMETERS = {
 
 # The objects the formatters build from their declarations (http/core/objects.py); the parts
 # they name (Usage, Millm, XNeedle, the logprobs) come with them.
-_OBJECTS = (*chat_format.OBJECTS, *needle_format.OBJECTS, *responses_format.OBJECTS, responses_format.EVENTS)
+_OBJECTS = (
+    *chat_format.OBJECTS,
+    *needle_format.OBJECTS,
+    *responses_format.OBJECTS,
+    *messages_format.OBJECTS,
+)
 
 
 def _request_schemas(components: dict) -> None:
@@ -963,35 +964,6 @@ def _ollama_schemas() -> dict:
 # --- the Responses API (http/openai/responses_api.py), Anthropic's Messages API (http/anthropic/messages_api.py) --
 
 
-def _events(name: str, kinds: dict[str, tuple[dict, tuple[str, ...]]], common: dict | None = None) -> dict:
-    """A stream of typed events: each SSE event named for its data's `type` (`kinds`: type →
-    its other fields and which are required; `common`: fields every one carries, required)."""
-    common = common or {}
-    data = {
-        "anyOf": [
-            _closed({"type": {"const": kind}, **common, **fields}, ("type", *common, *required))
-            for kind, (fields, required) in kinds.items()
-        ]
-    }
-    return {
-        f"{name}Data": data,
-        name: {
-            "type": "object",
-            "required": ["event", "data"],
-            "properties": {
-                "event": {"enum": list(kinds)},
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": _ref(f"{name}Data"),
-                },
-                "id": _string(),
-                "retry": _integer(),
-            },
-        },
-    }
-
-
 def _responses_schemas() -> dict:
     text = responses_format.OUTPUT_TEXT.render({})
     input_text = _closed({"type": {"const": "input_text"}, "text": _string()}, ("type", "text"))
@@ -1063,79 +1035,7 @@ def _responses_schemas() -> dict:
 
 
 def _messages_schemas() -> dict:
-    text = _closed({"type": {"const": "text"}, "text": _string()}, ("type", "text"))
-    tool_use = _closed(
-        {"type": {"const": "tool_use"}, "id": _string(), "name": _string(), "input": _ANY_OBJECT},
-        ("type", "id", "name", "input"),
-    )
-    stop = {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}
-    message = {
-        "id": _string(),
-        "type": {"const": "message"},
-        "role": {"const": "assistant"},
-        "model": _string(),
-        "content": _array({"anyOf": [text, tool_use]}),
-        "stop_reason": _nullable(stop),
-        "stop_sequence": _nullable(_string()),
-        "usage": _ref("MessageUsage"),
-    }
-    millm = _described(_ref("Millm"), "Only when the request sent return_sae_activations")
-    usage = {
-        "input_tokens": _COUNT,
-        "cache_creation_input_tokens": _described({"const": 0}, "No prompt cache: cache_control is not read"),
-        "cache_read_input_tokens": {"const": 0},
-        "output_tokens": _COUNT,
-        "server_tool_use": _described(_NULL, "No server tools"),
-    }
-    return {
-        "Message": _closed(
-            {**message, "millm": millm}, tuple(message), description="stop_reason null only on message_start"
-        ),
-        "MessageUsage": _closed(
-            usage, tuple(usage), description="Cumulative: message_start's and message_delta's alike (input included)"
-        ),
-        "MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",)),
-        **_events(
-            "MessageStreamEvent",
-            {
-                "message_start": ({"message": _ref("Message")}, ("message",)),
-                "ping": ({}, ()),
-                "content_block_start": (
-                    {"index": _COUNT, "content_block": {"anyOf": [text, tool_use]}},
-                    ("index", "content_block"),
-                ),
-                "content_block_delta": (
-                    {
-                        "index": _COUNT,
-                        "delta": {
-                            "anyOf": [
-                                _closed({"type": {"const": "text_delta"}, "text": _string()}, ("type", "text")),
-                                _closed(
-                                    {"type": {"const": "input_json_delta"}, "partial_json": _string()},
-                                    ("type", "partial_json"),
-                                ),
-                            ]
-                        },
-                    },
-                    ("index", "delta"),
-                ),
-                "content_block_stop": ({"index": _COUNT}, ("index",)),
-                "message_delta": (
-                    {
-                        "delta": _closed(
-                            {"stop_reason": stop, "stop_sequence": _nullable(_string())},
-                            ("stop_reason", "stop_sequence"),
-                        ),
-                        "usage": _ref("MessageUsage"),
-                        "millm": millm,
-                    },
-                    ("delta", "usage"),
-                ),
-                "message_stop": ({}, ()),
-                "error": ({"error": _ANTHROPIC_ERROR}, ("error",)),
-            },
-        ),
-    }
+    return {"MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",))}
 
 
 # --- headers and parameters -----------------------------------------------------------

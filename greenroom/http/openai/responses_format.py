@@ -129,7 +129,7 @@ EVENTS = Events.of(
     },
     {"sequence_number": COUNT},
 )
-OBJECTS = (RESPONSE,)
+OBJECTS = (RESPONSE, EVENTS)
 
 
 @attrs.frozen
