@@ -3,12 +3,17 @@ what /openapi.json says — the formatters' output for a table of sample inputs 
 the object's own rendered schema, the document holds that same schema, and a key the declaration
 lacks (or a required one missing) fails at build time."""
 
+import json
+
 import jsonschema_rs
 import pytest
+import trio
 
 from greenroom.engines.base import Activations, FeatureValue, PositionRead
 from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
+from greenroom.http.core.contracts import Named
+from greenroom.http.ollama import format as ollama_format
 from greenroom.http.openai import chat_format, logprobs, needle_format, responses_format, scoring
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
@@ -22,6 +27,7 @@ from .test_formatters import (
     NEEDLE_CTX,
     READ,
     TOKEN,
+    _each,
     called,
     chunks,
     finished,
@@ -30,6 +36,8 @@ from .test_formatters import (
     responses,
     responses_ctx,
 )
+from .test_ollama_format import TOK
+from .test_ollama_format import context as ollama_ctx
 
 READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
 ROW = ScoredRow(
@@ -127,7 +135,27 @@ SAMPLES = [
         lambda: _data(frames(messages_format.stream, [*_TEXT, ev.Activations(READ)], MESSAGES_CTX)),
     ),
     (messages_format.EVENTS, lambda: _data(frames(messages_format.stream, [ev.Failure(FAILED)], MESSAGES_CTX))),
+    (ollama_format.CHATTED, lambda: [ollama_format.whole(folded(*_CALLED), ollama_ctx())]),
+    (ollama_format.CHATTED, lambda: [ollama_format.whole(_ollama_text(), ollama_ctx(logprobs=True))]),
+    (ollama_format.CHATTED, lambda: [ollama_format.loaded("m", True, reason) for reason in ("load", "unload")]),
+    (ollama_format.CHATTED_LINE, lambda: _lines(_CALLED, ollama_ctx())),
+    (ollama_format.CHATTED_LINE, lambda: _lines([ev.Tokens(0, (TOK,)), *_TEXT[1:]], ollama_ctx(logprobs=True))),
+    (ollama_format.CHATTED_LINE, lambda: _lines([ev.Delta(0, "part"), ev.Failure(FAILED)], ollama_ctx())),
+    (ollama_format.GENERATED, lambda: [ollama_format.whole(_ollama_text(), ollama_ctx(chat=False, logprobs=True))]),
+    (ollama_format.GENERATED, lambda: [ollama_format.loaded("m", False, "load")]),
+    (ollama_format.GENERATED_LINE, lambda: _lines([ev.Tokens(0, (TOK,)), *_TEXT[1:]], ollama_ctx(chat=False))),
 ]
+
+
+def _ollama_text() -> ev.Completion:
+    return folded(ev.Tokens(0, (TOK,)), *_TEXT[1:])
+
+
+def _lines(events, ctx) -> list[dict]:
+    async def main():
+        return [json.loads(line) async for line in ollama_format.lines(_each(events), ctx)]
+
+    return trio.run(main)
 
 
 def _data(frames: list[tuple[str, dict]]) -> list[dict]:
@@ -137,8 +165,10 @@ def _data(frames: list[tuple[str, dict]]) -> list[dict]:
 
 
 def _validator(declared: objects.Object | objects.Events) -> jsonschema_rs.Draft202012Validator:
-    components: dict = {}
-    ref = (declared.data if isinstance(declared, objects.Events) else declared.ref()).render(components)
+    components: dict = openapi._error_schemas()  # a stream's error line or event: the envelope
+    if isinstance(declared, objects.Events):
+        declared = declared.data
+    ref = (declared if isinstance(declared, Named) else declared.ref()).render(components)
     return jsonschema_rs.Draft202012Validator({**ref, "components": {"schemas": components}})
 
 
@@ -160,7 +190,7 @@ def test_the_document_holds_each_objects_rendered_schema():
     schemas = openapi.document()["components"]["schemas"]
     for declared in openapi._OBJECTS:
         components: dict = {}
-        declared.ref().render(components)
+        (declared if isinstance(declared, Named) else declared.ref()).render(components)
         assert {name: schemas[name] for name in components} == components
 
 

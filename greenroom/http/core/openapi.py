@@ -30,6 +30,7 @@ from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
 from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
+from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import (
     chat_format,
@@ -303,6 +304,7 @@ _OBJECTS = (
     *needle_format.OBJECTS,
     *responses_format.OBJECTS,
     *messages_format.OBJECTS,
+    *ollama_format.OBJECTS,
 )
 
 
@@ -828,45 +830,6 @@ def _management_schemas() -> dict:
 
 
 def _ollama_schemas() -> dict:
-    durations = {
-        f: _COUNT
-        for f in (
-            "total_duration",
-            "load_duration",
-            "prompt_eval_count",
-            "prompt_eval_duration",
-            "eval_count",
-            "eval_duration",
-        )
-    }
-    head = {"model": _string(), "created_at": _described(_string(), "RFC 3339, UTC")}
-    reason = _described({"enum": ["stop", "length", "load", "unload"]}, "load or unload: no prompt was sent")
-    call = _closed(
-        {"function": _closed({"name": _string(), "arguments": _ANY_OBJECT}, ("name", "arguments"))}, ("function",)
-    )
-    message = _closed(
-        {"role": {"const": "assistant"}, "content": _string(), "tool_calls": _array(call)}, ("role", "content")
-    )
-
-    token = {"token": _string(), "logprob": _number(), "bytes": _array(_COUNT)}
-    logprobs = {
-        "logprobs": _described(
-            _array(_closed({**token, "top_logprobs": _array(_closed(token, tuple(token)))}, tuple(token))),
-            "With logprobs: the tokens of this line (of the answer, not streamed), each with its "
-            "log-probability at temperature 1 and, with top_logprobs, the most probable at its position",
-        )
-    }
-
-    def answers(name: str, text: dict) -> dict:
-        """The done: true object, and one NDJSON line: a delta, that object, or the error envelope."""
-        done = _closed(
-            {**head, **text, "done": {"const": True}, "done_reason": reason, **durations, **logprobs},
-            ("model", "created_at", *text, "done", "done_reason"),
-            description="Durations in nanoseconds; absent on a load or unload",
-        )
-        delta = _closed({**head, **text, "done": {"const": False}, **logprobs}, ("model", "created_at", *text, "done"))
-        return {name: done, f"{name}Line": {"anyOf": [delta, _ref(name), _ref("OllamaError")]}}
-
     details = _closed(
         {
             "parent_model": _string(),
@@ -901,8 +864,6 @@ def _ollama_schemas() -> dict:
     )
     status = _closed({"status": _string(), "digest": _string(), "total": _COUNT, "completed": _COUNT}, ("status",))
     return {
-        **answers("OllamaGenerated", {"response": _string()}),
-        **answers("OllamaChatted", {"message": message}),
         "OllamaEmbedded": _closed(
             {
                 "model": _string(),
@@ -1394,7 +1355,7 @@ def document() -> dict:
     _request_schemas(schemas)
     paths = _paths(schemas)
     for declared in _OBJECTS:
-        declared.ref().render(schemas)
+        (declared if isinstance(declared, contracts.Named) else declared.ref()).render(schemas)
     schemas.update(
         {
             **_error_schemas(),

@@ -316,9 +316,7 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         reason = "load"
-    out = {"model": req.sent_model, "created_at": ollama_format.created_at()}
-    out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    return {**out, "done": True, "done_reason": reason}, 200, req.headers()
+    return ollama_format.loaded(req.sent_model, chat, reason), 200, req.headers()
 
 
 async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
