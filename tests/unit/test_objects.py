@@ -3,6 +3,7 @@ what /openapi.json says — the formatters' output for a table of sample inputs 
 the object's own rendered schema, the document holds that same schema, and a key the declaration
 lacks (or a required one missing) fails at build time."""
 
+import array
 import json
 
 import jsonschema_rs
@@ -14,10 +15,11 @@ from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
 from greenroom.http.core.contracts import Named
 from greenroom.http.ollama import format as ollama_format
-from greenroom.http.openai import chat_format, logprobs, needle_format, responses_format, scoring
+from greenroom.http.ollama import ollama_embed
+from greenroom.http.openai import chat_format, logprobs, needle_format, openai_api, responses_format, scoring
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
-from greenroom.protocol import Score, ScoredRow, Scores
+from greenroom.protocol import Embedded, Score, ScoredRow, Scores
 
 from .test_formatters import (
     ARGS,
@@ -40,6 +42,7 @@ from .test_ollama_format import TOK
 from .test_ollama_format import context as ollama_ctx
 
 READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
+EMBEDDED = Embedded("e", [array.array("f", [0.5, -1.0]).tobytes()] * 2, 3)
 ROW = ScoredRow(
     token=[9, "!", [33]],
     logprob=-0.5,
@@ -144,6 +147,18 @@ SAMPLES = [
     (ollama_format.GENERATED, lambda: [ollama_format.whole(_ollama_text(), ollama_ctx(chat=False, logprobs=True))]),
     (ollama_format.GENERATED, lambda: [ollama_format.loaded("m", False, "load")]),
     (ollama_format.GENERATED_LINE, lambda: _lines([ev.Tokens(0, (TOK,)), *_TEXT[1:]], ollama_ctx(chat=False))),
+    (openai_api.EMBEDDING_LIST, lambda: [openai_api.embedding_list(EMBEDDED, f, "m") for f in ("float", "base64")]),
+    (openai_api.MODEL, lambda: [openai_api.model_card("m")]),
+    (openai_api.MODEL_LIST, lambda: [openai_api.MODEL_LIST.build(object="list", data=[openai_api.model_card("m")])]),
+    (
+        ollama_embed.EMBEDDED,
+        lambda: [
+            ollama_embed.EMBEDDED.build(
+                model="m", embeddings=[[0.6, 0.8]], total_duration=5, load_duration=0, prompt_eval_count=2
+            )
+        ],
+    ),
+    (ollama_embed.EMBEDDING, lambda: [ollama_embed.EMBEDDING.build(embedding=[1.5, -2.0])]),
 ]
 
 

@@ -61,9 +61,10 @@ class Object(Shape):
         object.__setattr__(self, "_must", frozenset(self.required))
 
     def build(self, **values) -> dict:
-        """The object, its keys in the order given."""
+        """The object, its keys in the order given; Undeclared if a key is not declared (open
+        objects too) or a required one is missing."""
         missing = self._must - values.keys()
-        extra = values.keys() - self._keys if self.closed else ()
+        extra = values.keys() - self._keys  # an open object's other keys are the clients' to allow, not ours to send
         if missing or extra:
             wrong = [f"{', '.join(sorted(extra))} not declared"] * bool(extra)
             raise Undeclared(

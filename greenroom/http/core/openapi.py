@@ -305,6 +305,8 @@ _OBJECTS = (
     *responses_format.OBJECTS,
     *messages_format.OBJECTS,
     *ollama_format.OBJECTS,
+    *openai_api.OBJECTS,
+    *ollama_embed.OBJECTS,
 )
 
 
@@ -335,10 +337,6 @@ def _sse_event(chunk: str) -> dict:
 
 
 def _response_schemas() -> dict:
-    model_card = _obj(
-        {"id": _string(), "object": {"const": "model"}, "created": _integer(), "owned_by": _string()},
-        ("id", "object", "created", "owned_by"),
-    )
     actor = _obj(
         {
             "name": _string(),
@@ -355,29 +353,9 @@ def _response_schemas() -> dict:
         },
         ("name", "role", "host", "pid", "state", "models", "queue_depth", "rss_bytes", "restarts"),
     )
-    embedding = _closed(
-        {
-            "object": {"const": "embedding"},
-            "index": _COUNT,
-            "embedding": {"anyOf": [_array(_number()), _string(contentEncoding="base64")]},
-        },
-        ("object", "index", "embedding"),
-    )
     return {
         "ChatCompletionEvent": _sse_event("ChatCompletionChunk"),
         "TextCompletionEvent": _sse_event("TextCompletionChunk"),
-        "Embedding": embedding,
-        "EmbeddingList": _closed(
-            {
-                "object": {"const": "list"},
-                "data": _array(_ref("Embedding")),
-                "model": _string(),
-                "usage": _closed({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, ("prompt_tokens", "total_tokens")),
-            },
-            ("object", "data", "model", "usage"),
-        ),
-        "Model": model_card,
-        "ModelList": _obj({"object": {"const": "list"}, "data": _array(_ref("Model"))}, ("object", "data")),
         "Index": _obj(
             {
                 "name": _string(),
@@ -864,15 +842,6 @@ def _ollama_schemas() -> dict:
     )
     status = _closed({"status": _string(), "digest": _string(), "total": _COUNT, "completed": _COUNT}, ("status",))
     return {
-        "OllamaEmbedded": _closed(
-            {
-                "model": _string(),
-                "embeddings": _array(_array(_number())),
-                **{f: _COUNT for f in ("total_duration", "load_duration", "prompt_eval_count")},
-            },
-            ("model", "embeddings", "total_duration", "load_duration", "prompt_eval_count"),
-        ),
-        "OllamaEmbedding": _closed({"embedding": _array(_number())}, ("embedding",)),
         "OllamaDetails": details,
         "OllamaTags": _closed({"models": _array(_closed(listed, tuple(listed)))}, ("models",)),
         "OllamaPs": _closed(
