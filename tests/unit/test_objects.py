@@ -19,10 +19,11 @@ from greenroom.http.ollama import ollama_embed
 from greenroom.http.openai import chat_format, logprobs, needle_format, openai_api, responses_format, scoring
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
-from greenroom.protocol import Embedded, Score, ScoredRow, Scores
+from greenroom.protocol import Embedded, Score, Scores
 
 from .test_formatters import (
     ARGS,
+    ECHOED,
     FAILED,
     FORMAT,
     MESSAGES_CTX,
@@ -43,15 +44,6 @@ from .test_ollama_format import context as ollama_ctx
 
 READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
 EMBEDDED = Embedded("e", [array.array("f", [0.5, -1.0]).tobytes()] * 2, 3)
-ROW = ScoredRow(
-    token=[9, "!", [33]],
-    logprob=-0.5,
-    top=[[9, "!", [33], -0.5], [3, "?", [63], -1.5]],
-    prompt_tokens=2,
-    prompt_chars=6,
-    prompt_text="Hi you",
-    prompt=[[1, "Hi", None, None], [2, " you", -2.0, [[4, " me", -1.0]]]],
-)
 
 
 def _ctx(**context) -> chat_format.Context:
@@ -83,7 +75,7 @@ SAMPLES = [
         chat_format.CHAT_COMPLETION,
         lambda: [
             scoring.chat_response(
-                Score("c", "m", 0.0, None, 2), Scores("c", [ROW], READ), {"logprobs": True}, "millm:m"
+                Score("c", "m", 0.0, None, 2), Scores("c", [ECHOED], READ), {"logprobs": True}, "millm:m"
             )
         ],
     ),
@@ -99,7 +91,7 @@ SAMPLES = [
         lambda: [
             scoring.completion_response(
                 Score("c", "m", 0.0, None, 2, prompts=["Hi you"], echo=True, echo_logprobs=2),
-                Scores("c", [ROW]),
+                Scores("c", [ECHOED]),
                 {"logprobs": 2, "echo": True},
                 "millm:m",
             )

@@ -17,7 +17,7 @@ import attrs
 
 from greenroom.http.core import framing
 from greenroom.http.core.contracts import NULL, AnyOf, Choice, ListOf, Schema
-from greenroom.http.core.objects import COUNT, TEXT, Events, Object, const, or_null
+from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Events, Object, const, or_null
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import sae_activations
 
@@ -26,7 +26,7 @@ from greenroom.http.pipeline import sae_activations
 TEXT_BLOCK = Object(name="TextBlock", fields={"type": const("text"), "text": TEXT})
 TOOL_USE = Object(
     name="ToolUseBlock",
-    fields={"type": const("tool_use"), "id": TEXT, "name": TEXT, "input": Schema(schema={"type": "object"})},
+    fields={"type": const("tool_use"), "id": TEXT, "name": TEXT, "input": AN_OBJECT},
 )
 BLOCK = AnyOf(options=(TEXT_BLOCK, TOOL_USE))
 STOP_REASON = Choice(values=("end_turn", "max_tokens", "stop_sequence", "tool_use"))

@@ -6,9 +6,13 @@ each operation built from its entry.
   field's ledger rule is written once: a field the ledger refuses is documented as the values
   it lets through, a field it reports as accepted and unread, a field an engine capability
   honours with the capability named.
-- Responses are described here (they are written nowhere else), as closed objects
-  (`additionalProperties: false`): a field the server starts sending must be described here
-  first, or tests/live/test_openapi.py fails.
+- Responses are closed objects (`additionalProperties: false`). The generation answers
+  (chat and text completions and their chunks, Needle's, Responses', Anthropic's and Ollama's
+  answers and stream events), embeddings and the models list are rendered from the
+  declarations their formatters build them with (objects.py; `_OBJECTS` lists them), so a field
+  the server starts sending is declared first or its build fails. The rest (management,
+  steering, documents, errors) are still written here: a field the server starts sending must
+  be described here first, or tests/live/test_openapi.py fails.
 - Errors: each route's surface (routes.Surface) says its envelope, OpenAI's `{"error":
   {message, type, param, code}}`, Ollama's flat `{"error", "code"}` or Anthropic's `{"type":
   "error", "error": {type, message, code, param}}` (with its statuses: backpressure is 529); the

@@ -22,7 +22,7 @@ import attrs
 from greenroom.errors import GreenroomError
 from greenroom.http.core import framing
 from greenroom.http.core.contracts import AnyOf, Choice, ListOf, Named, Schema, Text
-from greenroom.http.core.objects import COUNT, FLOAT, TEXT, Object, const
+from greenroom.http.core.objects import AN_OBJECT, COUNT, FLOAT, TEXT, Object, const
 from greenroom.http.pipeline import events as ev
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -43,9 +43,7 @@ TOKEN = Object(
 )
 CALL = Object(
     name="OllamaToolCall",
-    fields={
-        "function": Object(name="OllamaFunction", fields={"name": TEXT, "arguments": Schema(schema={"type": "object"})})
-    },
+    fields={"function": Object(name="OllamaFunction", fields={"name": TEXT, "arguments": AN_OBJECT})},
 )
 MESSAGE = Object(
     name="OllamaMessage",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from greenroom.http.core.contracts import AnyOf, Anything, Boolean, Choice, ListOf, Schema
-from greenroom.http.core.objects import TEXT, Object, const, or_null
+from greenroom.http.core.contracts import AnyOf, Anything, Boolean, Choice, ListOf
+from greenroom.http.core.objects import AN_OBJECT, TEXT, Object, const, or_null
 from greenroom.http.openai import chat_format
 from greenroom.http.openai.needle import X_NEEDLE
 from greenroom.http.pipeline import structured
@@ -37,9 +37,7 @@ COMPLETED = Object(
         "object": const("needle.completion"),
         "model": TEXT,
         "content": or_null(TEXT),
-        "tool_calls": ListOf(
-            items=Object(name="NeedleToolCall", fields={"name": TEXT, "arguments": Schema(schema={"type": "object"})})
-        ),
+        "tool_calls": ListOf(items=Object(name="NeedleToolCall", fields={"name": TEXT, "arguments": AN_OBJECT})),
         "finish_reason": Choice(values=("stop", "length", "tool_calls")),
         "usage": chat_format.USAGE.ref(),
         "x_needle": X_NEEDLE.ref(),

@@ -18,7 +18,7 @@ import attrs
 
 from greenroom.http.core import framing
 from greenroom.http.core.contracts import AnyOf, Anything, Choice, ListOf, Named, Schema, Text
-from greenroom.http.core.objects import BOOLEAN, COUNT, FLOAT, INTEGER, TEXT, Events, Object, const, or_null
+from greenroom.http.core.objects import AN_OBJECT, BOOLEAN, COUNT, FLOAT, INTEGER, TEXT, Events, Object, const, or_null
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import sae_activations
@@ -69,15 +69,14 @@ USAGE = Object(
 )
 ERROR = Object(name="ResponseError", fields={"code": TEXT, "message": TEXT})
 INCOMPLETE = Object(name="IncompleteDetails", fields={"reason": const("max_output_tokens")})
-_ANY_OBJECT = Schema(schema={"type": "object"})
-TEXT_FORMAT = Object(name="ResponseTextConfig", fields={"format": _ANY_OBJECT})
+TEXT_FORMAT = Object(name="ResponseTextConfig", fields={"format": AN_OBJECT})
 TOOL = Object(
     name="ResponseTool",
     fields={
         "type": const("function"),
         "name": TEXT,
         "description": or_null(TEXT),
-        "parameters": or_null(_ANY_OBJECT),
+        "parameters": or_null(AN_OBJECT),
         "strict": Schema(schema={"type": "boolean"}, description="true unless sent false (OpenAI's default)"),
     },
 )
