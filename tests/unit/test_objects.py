@@ -16,10 +16,18 @@ from greenroom.http.core import objects, openapi
 from greenroom.http.core.contracts import Named
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import ollama_embed
-from greenroom.http.openai import chat_format, logprobs, needle_format, openai_api, responses_format, scoring
+from greenroom.http.openai import (
+    chat_format,
+    logprobs,
+    needle_format,
+    openai_api,
+    responses_format,
+    scoring,
+    tokenize_api,
+)
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
-from greenroom.protocol import Embedded, Score, Scores
+from greenroom.protocol import Embedded, Score, Scores, Tokenized
 
 from .test_formatters import (
     ARGS,
@@ -151,6 +159,13 @@ SAMPLES = [
         ],
     ),
     (ollama_embed.EMBEDDING, lambda: [ollama_embed.EMBEDDING.build(embedding=[1.5, -2.0])]),
+    (
+        tokenize_api.TOKENIZED,
+        lambda: [
+            tokenize_api.tokenized_answer(Tokenized("t", [1, 2], 2048, token_strs=strs)) for strs in (None, ["a", "b"])
+        ],
+    ),
+    (tokenize_api.DETOKENIZED, lambda: [tokenize_api.DETOKENIZED.build(prompt="Hi")]),
 ]
 
 

@@ -311,6 +311,7 @@ _OBJECTS = (
     *ollama_format.OBJECTS,
     *openai_api.OBJECTS,
     *ollama_embed.OBJECTS,
+    *tokenize_api.OBJECTS,
 )
 
 
@@ -955,16 +956,6 @@ def _responses_schemas() -> dict:
         "ResponseDeleted": _closed(
             {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
         ),
-        "Tokenized": _closed(
-            {
-                "count": _COUNT,
-                "max_model_len": _described(_COUNT, "The model's context window"),
-                "tokens": _array(_COUNT),
-                "token_strs": _nullable(_array(_string())),
-            },
-            ("count", "max_model_len", "tokens", "token_strs"),
-        ),
-        "Detokenized": _closed({"prompt": _string()}, ("prompt",)),
     }
 
 
