@@ -94,7 +94,6 @@ def _described(schema: dict, description: str) -> dict:
 
 
 _BOOLEAN = {"type": "boolean"}
-_NULL = {"type": "null"}
 _COUNT = _integer(minimum=0)
 _ANY_OBJECT = {"type": "object"}
 
