@@ -15,7 +15,7 @@ from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
 from greenroom.http.core.contracts import Named
 from greenroom.http.ollama import format as ollama_format
-from greenroom.http.ollama import ollama_embed
+from greenroom.http.ollama import model_facts, ollama_embed
 from greenroom.http.openai import (
     chat_format,
     logprobs,
@@ -28,6 +28,7 @@ from greenroom.http.openai import (
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import structured
 from greenroom.protocol import Embedded, Score, Scores, Tokenized
+from greenroom.supervisor.placements import Placement
 
 from .test_formatters import (
     ARGS,
@@ -51,6 +52,16 @@ from .test_ollama_format import TOK
 from .test_ollama_format import context as ollama_ctx
 
 READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
+_MADE = {
+    "system": "Be brief.",
+    "license": ["MIT"],
+    "messages": [{"role": "user", "content": "hi"}],
+    "parent_model": "a",
+}
+PLACED = [  # a model whose file is gone, and one made by /api/create from it
+    model_facts.Placed("m", Placement("m", "/no/such/model.gguf", "llama.cpp", "cpu"), None, 30.0),
+    model_facts.Placed("b", Placement("b", "/no/such/model.gguf", "llama.cpp", "cpu", defaults=_MADE), None),
+]
 EMBEDDED = Embedded("e", [array.array("f", [0.5, -1.0]).tobytes()] * 2, 3)
 
 
@@ -166,6 +177,9 @@ SAMPLES = [
         ],
     ),
     (tokenize_api.DETOKENIZED, lambda: [tokenize_api.DETOKENIZED.build(prompt="Hi")]),
+    (model_facts.TAGS, lambda: [model_facts.TAGS.build(models=model_facts.tags(PLACED))]),
+    (model_facts.PS, lambda: [model_facts.PS.build(models=model_facts.ps(PLACED))]),
+    (model_facts.SHOWN, lambda: [model_facts.show(p, tools, False) for p, tools in zip(PLACED, (True, False))]),
 ]
 
 

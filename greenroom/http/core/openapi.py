@@ -35,7 +35,7 @@ from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
 from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
 from greenroom.http.ollama import format as ollama_format
-from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
+from greenroom.http.ollama import model_facts, ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import (
     chat_format,
     needle,
@@ -311,6 +311,7 @@ _OBJECTS = (
     *openai_api.OBJECTS,
     *ollama_embed.OBJECTS,
     *tokenize_api.OBJECTS,
+    *model_facts.OBJECTS,
 )
 
 
@@ -812,25 +813,6 @@ def _management_schemas() -> dict:
 
 
 def _ollama_schemas() -> dict:
-    details = _closed(
-        {
-            "parent_model": _string(),
-            "format": _string(),
-            "family": _string(),
-            "families": _nullable(_array(_string())),
-            "parameter_size": _string(),
-            "quantization_level": _string(),
-        },
-        ("parent_model", "format", "family", "families", "parameter_size", "quantization_level"),
-    )
-    listed = {
-        "name": _string(),
-        "model": _string(),
-        "modified_at": _string(),
-        "size": _COUNT,
-        "digest": _string(),
-        "details": _ref("OllamaDetails"),
-    }
     known = _closed(
         {
             "ollama_name": _string(),
@@ -846,42 +828,6 @@ def _ollama_schemas() -> dict:
     )
     status = _closed({"status": _string(), "digest": _string(), "total": _COUNT, "completed": _COUNT}, ("status",))
     return {
-        "OllamaDetails": details,
-        "OllamaTags": _closed({"models": _array(_closed(listed, tuple(listed)))}, ("models",)),
-        "OllamaPs": _closed(
-            {
-                "models": _array(
-                    _closed(
-                        {**listed, "expires_at": _string(), "size_vram": _COUNT, "context_length": _nullable(_COUNT)},
-                        (*listed, "expires_at", "size_vram", "context_length"),
-                    )
-                )
-            },
-            ("models",),
-        ),
-        "OllamaShown": _closed(
-            {
-                "modelfile": _string(),
-                "parameters": _string(),
-                "template": _string(),
-                # a created model's own (/api/create), absent when it has none, as Ollama leaves them out
-                "system": _string(),
-                "license": _described(_string(), "Its licenses, one after another, a line break between"),
-                "messages": _described(
-                    _array(_closed({"role": _string(), "content": _string()}, ("role", "content"))),
-                    "The conversation it begins every chat with",
-                ),
-                "details": _ref("OllamaDetails"),
-                "model_info": _described(
-                    _nullable(_ANY_OBJECT),
-                    "null when the files say nothing of the model (the ollama CLI dies on an object "
-                    "without general.architecture; the Python SDK needs the key)",
-                ),
-                "capabilities": _array({"enum": ["completion", "tools"]}),
-                "modified_at": _string(),
-            },
-            ("modelfile", "parameters", "template", "details", "model_info", "capabilities", "modified_at"),
-        ),
         "OllamaVersion": _closed({"version": {"const": "0.2.0-npu-proxy"}}, ("version",)),
         "OllamaStatus": status,
         "OllamaStatusLine": {"anyOf": [_ref("OllamaStatus"), _ref("OllamaError")]},

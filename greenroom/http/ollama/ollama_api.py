@@ -421,14 +421,14 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/api/tags")
     async def ollama_tags():
         placed = [model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models()]
-        return {"models": await trio.to_thread.run_sync(model_facts.tags, placed)}
+        return model_facts.TAGS.build(models=await trio.to_thread.run_sync(model_facts.tags, placed))
 
     @routes.view(app, "GET", "/api/ps")
     async def ollama_ps():
         placed = [
             model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models() if m["state"] == "loaded"
         ]
-        return {"models": await trio.to_thread.run_sync(model_facts.ps, placed)}
+        return model_facts.PS.build(models=await trio.to_thread.run_sync(model_facts.ps, placed))
 
     @routes.view(app, "POST", "/api/show")
     async def ollama_show():
