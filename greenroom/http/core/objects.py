@@ -68,10 +68,9 @@ class Object(Shape):
         if values.keys() <= self._keys and self._must <= values.keys():  # no set built: it runs per chunk
             return values
         extra, missing = values.keys() - self._keys, self._must - values.keys()
-        wrong = [f"{', '.join(sorted(extra))} not declared"] * bool(extra)
-        raise Undeclared(
-            f"{self.name}: " + "; ".join(wrong + [f"{', '.join(sorted(missing))} missing"] * bool(missing))
-        )
+        wrong = [f"{', '.join(sorted(extra))} not declared"] if extra else []
+        wrong += [f"{', '.join(sorted(missing))} missing"] if missing else []
+        raise Undeclared(f"{self.name}: {'; '.join(wrong)}")
 
     def ref(self, description: str = "") -> Named:
         """This object, held once in components.schemas and referred to by name."""
