@@ -514,18 +514,21 @@ def test_needle_completed_calls_with_their_arguments_as_objects():
     assert body["x_needle"]["type"] == "call" and body["x_needle"]["validation"]["ungrounded"] == ["add.a"]
 
 
+ECHOED = ScoredRow(  # a scored row with its echoed prompt
+    token=[9, "!", [33]],
+    logprob=-0.5,
+    top=[[9, "!", [33], -0.5], [3, "?", [63], -1.5]],
+    prompt_tokens=2,
+    prompt_chars=6,
+    prompt_text="Hi you",
+    prompt=[[1, "Hi", None, None], [2, " you", -2.0, [[4, " me", -1.0], [5, " me", -3.0]]]],
+)
+
+
 def test_an_echoed_prompt_and_its_scored_token_in_a_text_completion_logprobs_object():
     # the prompt's first token has no alternatives (nothing predicts it); each listed token is among
     # its own alternatives; the scored token's offset follows the prompt's text
-    row = ScoredRow(
-        token=[9, "!", [33]],
-        logprob=-0.5,
-        top=[[9, "!", [33], -0.5], [3, "?", [63], -1.5]],
-        prompt_tokens=2,
-        prompt_chars=6,
-        prompt_text="Hi you",
-        prompt=[[1, "Hi", None, None], [2, " you", -2.0, [[4, " me", -1.0], [5, " me", -3.0]]]],
-    )
+    row = ECHOED
     score = Score("cmpl-1", "m", 0.0, None, 2, prompts=["Hi you"], echo=True, echo_logprobs=2)
     answer = scoring.completion_response(score, Scores("cmpl-1", [row]), {"logprobs": 2, "echo": True}, "fp")
     assert answer["choices"][0] == {

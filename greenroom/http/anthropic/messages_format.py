@@ -16,8 +16,72 @@ from collections.abc import AsyncIterator
 import attrs
 
 from greenroom.http.core import framing
+from greenroom.http.core.contracts import NULL, AnyOf, Choice, ListOf, Schema
+from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Events, Object, const, or_null
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import sae_activations
+
+# --- the objects (openapi.py renders them) -------------------------------------------------
+
+TEXT_BLOCK = Object(name="TextBlock", fields={"type": const("text"), "text": TEXT})
+TOOL_USE = Object(
+    name="ToolUseBlock",
+    fields={"type": const("tool_use"), "id": TEXT, "name": TEXT, "input": AN_OBJECT},
+)
+BLOCK = AnyOf(options=(TEXT_BLOCK, TOOL_USE))
+STOP_REASON = Choice(values=("end_turn", "max_tokens", "stop_sequence", "tool_use"))
+USAGE = Object(
+    name="MessageUsage",
+    fields={
+        "input_tokens": COUNT,
+        "cache_creation_input_tokens": Choice(values=(0,), description="No prompt cache: cache_control is not read"),
+        "cache_read_input_tokens": const(0),
+        "output_tokens": COUNT,
+        "server_tool_use": Schema(schema=NULL, description="No server tools"),
+    },
+    description="Cumulative: message_start's and message_delta's alike (input included)",
+)
+_MILLM = sae_activations.MILLM.ref("Only when the request sent return_sae_activations")
+MESSAGE = Object(
+    name="Message",
+    fields={
+        "id": TEXT,
+        "type": const("message"),
+        "role": const("assistant"),
+        "model": TEXT,
+        "content": ListOf(items=BLOCK),
+        "stop_reason": or_null(STOP_REASON),
+        "stop_sequence": or_null(TEXT),
+        "usage": USAGE.ref(),
+        "millm": _MILLM,
+    },
+    optional=("millm",),
+    description="stop_reason null only on message_start",
+)
+# what GreenroomError.anthropic_body writes inside its envelope
+ERROR = Object(
+    name="AnthropicErrorDetail",
+    fields={"type": TEXT, "message": TEXT, "code": TEXT, "param": or_null(TEXT)},
+    description="Anthropic's type and message, greenroom's code and param",
+)
+TEXT_DELTA = Object(name="TextDelta", fields={"type": const("text_delta"), "text": TEXT})
+JSON_DELTA = Object(name="InputJsonDelta", fields={"type": const("input_json_delta"), "partial_json": TEXT})
+STOPPED = Object(name="MessageDelta", fields={"stop_reason": STOP_REASON, "stop_sequence": or_null(TEXT)})
+EVENTS = Events.of(
+    "MessageStreamEvent",
+    {
+        "message_start": {"message": MESSAGE.ref()},
+        "ping": {},
+        "content_block_start": {"index": COUNT, "content_block": BLOCK},
+        "content_block_delta": {"index": COUNT, "delta": AnyOf(options=(TEXT_DELTA, JSON_DELTA))},
+        "content_block_stop": {"index": COUNT},
+        "message_delta": {"delta": STOPPED, "usage": USAGE.ref(), "millm": _MILLM},
+        "message_stop": {},
+        "error": {"error": ERROR},
+    },
+    optional={"message_delta": ("millm",)},
+)
+OBJECTS = (MESSAGE, EVENTS)
 
 
 @attrs.frozen
@@ -42,13 +106,13 @@ def _stopped(reason: str | None, stop: str | None) -> dict:
 def _usage(input_tokens: int, output_tokens: int) -> dict:
     """Anthropic's usage, cumulative (the SDK's Usage and MessageDeltaUsage read the same fields):
     no prompt cache (cache_control is not read) and no server tools."""
-    return {
-        "input_tokens": input_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "output_tokens": output_tokens,
-        "server_tool_use": None,
-    }
+    return USAGE.build(
+        input_tokens=input_tokens,
+        cache_creation_input_tokens=0,
+        cache_read_input_tokens=0,
+        output_tokens=output_tokens,
+        server_tool_use=None,
+    )
 
 
 def _tool_id(call_id: str) -> str:
@@ -61,23 +125,23 @@ def _millm(activations: ev.Read | None) -> dict:
 
 
 def message(ctx: Context, content: list[dict], finished: ev.Finished | None, usage: dict, activations=None) -> dict:
-    return {
-        "id": ctx.id,
-        "type": "message",
-        "role": "assistant",
-        "model": ctx.model,
-        "content": content,
+    return MESSAGE.build(
+        id=ctx.id,
+        type="message",
+        role="assistant",
+        model=ctx.model,
+        content=content,
         **_stopped(finished and finished.reason, finished and finished.stop),
-        "usage": usage,
+        usage=usage,
         **_millm(activations),
-    }
+    )
 
 
 def whole(completion: ev.Completion, ctx: Context) -> dict:
     choice = completion.choices[0]
-    content = [{"type": "text", "text": choice.text}] if choice.text or not choice.calls else []
+    content = [TEXT_BLOCK.build(type="text", text=choice.text)] if choice.text or not choice.calls else []
     content += [
-        {"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": json.loads(c.arguments)}
+        TOOL_USE.build(type="tool_use", id=_tool_id(c.id), name=c.name, input=json.loads(c.arguments))
         for c in choice.calls
     ]
     counted = completion.usage
@@ -87,7 +151,7 @@ def whole(completion: ev.Completion, ctx: Context) -> dict:
 
 async def stream(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator[bytes]:
     def event(kind: str, **fields) -> bytes:
-        return framing.sse({"type": kind, **fields}, kind)
+        return framing.sse(EVENTS.build(kind, **fields), kind)
 
     yield event("message_start", message=message(ctx, [], None, _usage(ctx.prompt_tokens, 0)))
     yield event("ping")
@@ -111,19 +175,18 @@ async def stream(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator
                 for frame in close():
                     yield frame
                 index, open_kind = next(blocks), "text"
-                yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-            yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": e.text})
+                yield event("content_block_start", index=index, content_block=TEXT_BLOCK.build(type="text", text=""))
+            yield event("content_block_delta", index=index, delta=TEXT_DELTA.build(type="text_delta", text=e.text))
         elif isinstance(e, ev.CallStarted):
             for frame in close():
                 yield frame
             index, open_kind = next(blocks), "tool_use"
-            block = {"type": "tool_use", "id": _tool_id(e.id), "name": e.name, "input": {}}
+            block = TOOL_USE.build(type="tool_use", id=_tool_id(e.id), name=e.name, input={})
             yield event("content_block_start", index=index, content_block=block)
         elif isinstance(e, ev.CallArguments):
             for piece in e.fragments():
-                yield event(
-                    "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": piece}
-                )
+                delta = JSON_DELTA.build(type="input_json_delta", partial_json=piece)
+                yield event("content_block_delta", index=index, delta=delta)
         elif isinstance(e, ev.Usage):
             usage = e
         elif isinstance(e, ev.Finished):
@@ -134,6 +197,6 @@ async def stream(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator
         yield frame
     # cumulative, input included: langchain-anthropic reads the usage here alone
     totals = _usage(usage.prompt_tokens, usage.completion_tokens)
-    delta = _stopped(finished and finished.reason, finished and finished.stop)
+    delta = STOPPED.build(**_stopped(finished and finished.reason, finished and finished.stop))
     yield event("message_delta", delta=delta, usage=totals, **_millm(activations))
     yield event("message_stop")

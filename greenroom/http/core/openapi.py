@@ -6,9 +6,13 @@ each operation built from its entry.
   field's ledger rule is written once: a field the ledger refuses is documented as the values
   it lets through, a field it reports as accepted and unread, a field an engine capability
   honours with the capability named.
-- Responses are described here (they are written nowhere else), as closed objects
-  (`additionalProperties: false`): a field the server starts sending must be described here
-  first, or tests/live/test_openapi.py fails.
+- Responses are closed objects (`additionalProperties: false`). The generation answers
+  (chat and text completions and their chunks, Needle's, Responses', Anthropic's and Ollama's
+  answers and stream events), embeddings and the models list are rendered from the
+  declarations their formatters build them with (objects.py; `_OBJECTS` lists them), so a field
+  the server starts sending is declared first or its build fails. The rest (management,
+  steering, documents, errors) are still written here: a field the server starts sending must
+  be described here first, or tests/live/test_openapi.py fails.
 - Errors: each route's surface (routes.Surface) says its envelope, OpenAI's `{"error":
   {message, type, param, code}}`, Ollama's flat `{"error", "code"}` or Anthropic's `{"type":
   "error", "error": {type, message, code, param}}` (with its statuses: backpressure is 529); the
@@ -25,13 +29,23 @@ import copy
 
 from greenroom import __version__
 from greenroom.errors import TABLE, anthropic_status, anthropic_type
-from greenroom.http.anthropic import messages_api
+from greenroom.http.anthropic import messages_api, messages_format
 from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
 from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
-from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
-from greenroom.http.openai import needle, openai_api, openai_params, responses_api, tokenize_api
+from greenroom.http.ollama import format as ollama_format
+from greenroom.http.ollama import model_facts, ollama_api, ollama_blobs, ollama_embed, ollama_models
+from greenroom.http.openai import (
+    chat_format,
+    needle,
+    needle_format,
+    openai_api,
+    openai_params,
+    responses_api,
+    responses_format,
+    tokenize_api,
+)
 
 DEMO_MODEL = openai_params.DEMO_MODEL  # what `greenroom serve` serves by default; used in examples
 
@@ -80,7 +94,6 @@ def _described(schema: dict, description: str) -> dict:
 
 
 _BOOLEAN = {"type": "boolean"}
-_NULL = {"type": "null"}
 _COUNT = _integer(minimum=0)
 _ANY_OBJECT = {"type": "object"}
 
@@ -155,11 +168,7 @@ def _statuses(surface: Surface):
     ]
 
 
-_ANTHROPIC_ERROR = _closed(
-    {"type": _string(), "message": _string(), "code": _string(), "param": _nullable(_string())},
-    ("type", "message", "code", "param"),
-    description="Anthropic's type and message, greenroom's code and param",
-)
+_ANTHROPIC_ERROR = messages_format.ERROR.render({})
 
 
 def _error_schemas() -> dict:
@@ -289,53 +298,26 @@ _PATH_PARAMETERS = {
 }
 
 
+# --- response bodies ------------------------------------------------------------------
+
+# The objects the formatters build from their declarations (http/core/objects.py); the parts
+# they name (Usage, Millm, XNeedle, the logprobs) come with them.
+_OBJECTS = (
+    *chat_format.OBJECTS,
+    *needle_format.OBJECTS,
+    *responses_format.OBJECTS,
+    *messages_format.OBJECTS,
+    *ollama_format.OBJECTS,
+    *openai_api.OBJECTS,
+    *ollama_embed.OBJECTS,
+    *tokenize_api.OBJECTS,
+    *model_facts.OBJECTS,
+)
+
+
 def _request_schemas(components: dict) -> None:
     for name, shape in _REQUESTS.items():
         components[name] = shape.render(components)
-
-
-# --- response bodies ------------------------------------------------------------------
-
-_FINISH_REASON = {"enum": ["stop", "length"]}
-_CHAT_FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
-
-
-def _completion_object(object_name: str, choice: dict, *, chunk: bool, x_needle: bool = False) -> dict:
-    """A chat or text completion (or one streamed chunk of it): the fields both share."""
-    properties = {
-        "id": _string(),
-        "object": {"const": object_name},
-        "created": _integer(),
-        "model": _string(),
-        "choices": _array(choice, description="Empty on the usage-only chunk of stream_options.include_usage")
-        if chunk
-        else _array(choice),
-    }
-    required = ("id", "object", "created", "model", "choices")
-    if chunk:
-        properties["usage"] = _described(
-            _nullable(_ref("Usage")),
-            "With stream_options.include_usage, null on every chunk but the usage-only one (OpenAI's rule); "
-            "without, on the request's last finishing chunk alone",
-        )
-    else:
-        properties["system_fingerprint"] = _string(
-            description="millm:<model>@<revision>:<dtype>/<quantization>:<engine>", pattern="^millm:"
-        )
-        properties["usage"] = _ref("Usage")
-        required += ("system_fingerprint", "usage")
-    properties["millm"] = _described(
-        _ref("Millm"),
-        ("On the last chunk (choices: [], before [DONE])" if chunk else "Only when the request sent")
-        + " return_sae_activations",
-    )
-    if x_needle:
-        properties["x_needle"] = _described(
-            _ref("XNeedle"),
-            ("On the chunk that finishes choice 0" if chunk else "Generated answers only (not scoring)")
-            + "; absent when the server runs with --no-extras",
-        )
-    return _closed(properties, required)
 
 
 def _sse_event(chunk: str) -> dict:
@@ -359,140 +341,7 @@ def _sse_event(chunk: str) -> dict:
     }
 
 
-def _choice(content: dict, *, streamed: bool, logprobs: dict, finish: dict) -> dict:
-    """One choice of a completion: its content fields between `index` and `finish_reason`
-    (null on every streamed chunk but the one that ends the choice), and on a generated
-    choice's end vLLM's `stop_reason`."""
-    return _closed(
-        {
-            "index": _COUNT,
-            **content,
-            "logprobs": logprobs,
-            "finish_reason": _nullable(finish) if streamed else finish,
-            "stop_reason": _nullable(
-                _string(description="The stop string that ended the choice (vLLM's field); null: none did")
-            ),
-        },
-        ("index", *content, "logprobs", "finish_reason"),
-    )
-
-
 def _response_schemas() -> dict:
-    tool_call = _closed(
-        {
-            "id": _string(),
-            "type": {"const": "function"},
-            "function": _closed(
-                {"name": _string(), "arguments": _string(description="The arguments as JSON text (an object)")},
-                ("name", "arguments"),
-            ),
-        },
-        ("id", "type", "function"),
-    )
-    message = _closed(
-        {
-            "role": {"const": "assistant"},
-            "content": _nullable(_string()),
-            "refusal": _described(_NULL, "OpenAI's field (required, nullable): no refusal is kept apart from content"),
-            "tool_calls": _array(tool_call, minItems=1),
-            "reasoning_content": _described(_string(), "The text around tool calls (choice 0, with x_needle)"),
-        },
-        ("role", "content", "refusal"),
-        description="content is null only beside tool_calls",
-    )
-    chunk_tool_call = _closed(
-        {
-            "index": _COUNT,
-            "id": _string(),
-            "type": {"const": "function"},
-            "function": _closed({"name": _string(), "arguments": _string()}),
-        },
-        ("index", "function"),
-        description="A call's id, type and name first, then fragments of its arguments",
-    )
-    delta = _closed(
-        {"role": {"const": "assistant"}, "content": _string(), "tool_calls": _array(chunk_tool_call, minItems=1)}
-    )
-    top_logprob = _closed(
-        {"token": _string(), "logprob": _number(), "bytes": _array(_integer(minimum=0, maximum=255))},
-        ("token", "logprob", "bytes"),
-    )
-    chat_logprobs = _closed(
-        {
-            "content": _array(
-                _closed(
-                    {**top_logprob["properties"], "top_logprobs": _array(top_logprob)},
-                    ("token", "logprob", "bytes", "top_logprobs"),
-                )
-            ),
-            "refusal": _NULL,
-        },
-        ("content", "refusal"),
-        description="Each token's log-probability: the model's at temperature 1, after a constraint's mask",
-    )
-    text_logprobs = _closed(
-        {
-            "tokens": _array(_string()),
-            # echo: the prompt's first token has no log-probability (null, as OpenAI's and vLLM's)
-            "token_logprobs": _array(_nullable(_number())),
-            "top_logprobs": _array(_nullable(_obj({}, additionalProperties=_number()))),
-            "text_offset": _array(_COUNT),
-        },
-        ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-    )
-    chat_choice = _choice(
-        {"message": message}, streamed=False, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
-    )
-    # with logprobs, the tokens of the chunk's delta (null on a chunk that has none)
-    chunk_choice = _choice(
-        {"delta": delta}, streamed=True, logprobs=_nullable(_ref("ChatLogprobs")), finish=_CHAT_FINISH_REASON
-    )
-    text_choice = _choice(
-        {"text": _string()}, streamed=False, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
-    )
-    text_chunk_choice = _choice(
-        {"text": _string()}, streamed=True, logprobs=_nullable(_ref("CompletionLogprobs")), finish=_FINISH_REASON
-    )
-    seconds = _number(minimum=0)
-    x_needle = _closed(
-        {
-            "type": {"enum": ["call", "respond", "refuse"]},
-            "confidence": _number(
-                minimum=0,
-                maximum=1,
-                description="Geometric mean of the produced tokens' probabilities; 0 for an empty answer",
-            ),
-            "reasoning": _string(description="The text beside tool calls; empty without calls"),
-            "validation": _closed({"ungrounded": _array(_string()), "negation": _BOOLEAN}, ("ungrounded", "negation")),
-            "prefill_tps": _nullable(_number(minimum=0)),
-            "decode_tps": _nullable(_number(minimum=0)),
-            "peak_ram_mb": _nullable(_number(minimum=0)),
-            "replayed_turns": _integer(minimum=1),
-            "reinitialized": _BOOLEAN,
-            "queue_wait_seconds": seconds,
-            "compute_seconds": seconds,
-            "warnings": _array(_string()),
-        },
-        (
-            "type",
-            "confidence",
-            "reasoning",
-            "validation",
-            "prefill_tps",
-            "decode_tps",
-            "peak_ram_mb",
-            "replayed_turns",
-            "reinitialized",
-            "queue_wait_seconds",
-            "compute_seconds",
-            "warnings",
-        ),
-        description="What the OpenAI schema has no place for, from the engine's own figures",
-    )
-    model_card = _obj(
-        {"id": _string(), "object": {"const": "model"}, "created": _integer(), "owned_by": _string()},
-        ("id", "object", "created", "owned_by"),
-    )
     actor = _obj(
         {
             "name": _string(),
@@ -509,102 +358,9 @@ def _response_schemas() -> dict:
         },
         ("name", "role", "host", "pid", "state", "models", "queue_depth", "rss_bytes", "restarts"),
     )
-    embedding = _closed(
-        {
-            "object": {"const": "embedding"},
-            "index": _COUNT,
-            "embedding": {"anyOf": [_array(_number()), _string(contentEncoding="base64")]},
-        },
-        ("object", "index", "embedding"),
-    )
     return {
-        "Millm": _closed(
-            {
-                "sae_activations": _closed(
-                    {
-                        "sae_id": _string(),
-                        "layer": _COUNT,
-                        "read_point": _described(
-                            {"enum": ["post_steering", "pre_steering", "unsteered"]},
-                            "unsteered on a scoring request, whose pass runs with every SAE hook suppressed",
-                        ),
-                        "positions": _array(
-                            _closed(
-                                {
-                                    "position": _COUNT,
-                                    "token_id": _COUNT,
-                                    "features": _array(
-                                        _closed({"index": _COUNT, "value": _number()}, ("index", "value"))
-                                    ),
-                                },
-                                ("position", "token_id", "features"),
-                            ),
-                            description="The positions actually read (the last "
-                            "sampled token is never fed back, so it has none)",
-                        ),
-                        "note": _string(),
-                    },
-                    ("sae_id", "layer", "read_point", "positions", "note"),
-                )
-            },
-            ("sae_activations",),
-        ),
-        "Usage": _closed(
-            {"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "total_tokens": _COUNT},
-            ("prompt_tokens", "completion_tokens", "total_tokens"),
-        ),
-        "ChatLogprobs": chat_logprobs,
-        "CompletionLogprobs": text_logprobs,
-        "XNeedle": x_needle,
-        "ChatCompletion": _completion_object("chat.completion", chat_choice, chunk=False, x_needle=True),
-        "ChatCompletionChunk": _completion_object("chat.completion.chunk", chunk_choice, chunk=True, x_needle=True),
         "ChatCompletionEvent": _sse_event("ChatCompletionChunk"),
-        "TextCompletion": _completion_object("text_completion", text_choice, chunk=False),
-        "TextCompletionChunk": _completion_object("text_completion", text_chunk_choice, chunk=True),
         "TextCompletionEvent": _sse_event("TextCompletionChunk"),
-        "Embedding": embedding,
-        "EmbeddingList": _closed(
-            {
-                "object": {"const": "list"},
-                "data": _array(_ref("Embedding")),
-                "model": _string(),
-                "usage": _closed({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, ("prompt_tokens", "total_tokens")),
-            },
-            ("object", "data", "model", "usage"),
-        ),
-        "NeedleExtraction": _closed(
-            {
-                "object": {"const": "needle.extraction"},
-                "data": {"description": "The extracted value, valid against the request's schema; null unless matched"},
-                "matched": _described(_BOOLEAN, "true when the constrained answer was complete and valid"),
-                "x_needle": {
-                    "anyOf": [
-                        _ref("XNeedle"),
-                        _closed(
-                            {"type": {"const": "refuse"}, "warnings": _array(_string())},
-                            ("type", "warnings"),
-                            description="When the model produced no valid document: only the type and the request's "
-                            "unknown fields",
-                        ),
-                    ]
-                },
-            },
-            ("object", "data", "matched", "x_needle"),
-        ),
-        "NeedleCompletion": _closed(
-            {
-                "object": {"const": "needle.completion"},
-                "model": _string(),
-                "content": _nullable(_string()),
-                "tool_calls": _array(_closed({"name": _string(), "arguments": _ANY_OBJECT}, ("name", "arguments"))),
-                "finish_reason": _CHAT_FINISH_REASON,
-                "usage": _ref("Usage"),
-                "x_needle": _ref("XNeedle"),
-            },
-            ("object", "model", "content", "tool_calls", "finish_reason", "usage", "x_needle"),
-        ),
-        "Model": model_card,
-        "ModelList": _obj({"object": {"const": "list"}, "data": _array(_ref("Model"))}, ("object", "data")),
         "Index": _obj(
             {
                 "name": _string(),
@@ -1085,64 +841,6 @@ def _management_schemas() -> dict:
 
 
 def _ollama_schemas() -> dict:
-    durations = {
-        f: _COUNT
-        for f in (
-            "total_duration",
-            "load_duration",
-            "prompt_eval_count",
-            "prompt_eval_duration",
-            "eval_count",
-            "eval_duration",
-        )
-    }
-    head = {"model": _string(), "created_at": _described(_string(), "RFC 3339, UTC")}
-    reason = _described({"enum": ["stop", "length", "load", "unload"]}, "load or unload: no prompt was sent")
-    call = _closed(
-        {"function": _closed({"name": _string(), "arguments": _ANY_OBJECT}, ("name", "arguments"))}, ("function",)
-    )
-    message = _closed(
-        {"role": {"const": "assistant"}, "content": _string(), "tool_calls": _array(call)}, ("role", "content")
-    )
-
-    token = {"token": _string(), "logprob": _number(), "bytes": _array(_COUNT)}
-    logprobs = {
-        "logprobs": _described(
-            _array(_closed({**token, "top_logprobs": _array(_closed(token, tuple(token)))}, tuple(token))),
-            "With logprobs: the tokens of this line (of the answer, not streamed), each with its "
-            "log-probability at temperature 1 and, with top_logprobs, the most probable at its position",
-        )
-    }
-
-    def answers(name: str, text: dict) -> dict:
-        """The done: true object, and one NDJSON line: a delta, that object, or the error envelope."""
-        done = _closed(
-            {**head, **text, "done": {"const": True}, "done_reason": reason, **durations, **logprobs},
-            ("model", "created_at", *text, "done", "done_reason"),
-            description="Durations in nanoseconds; absent on a load or unload",
-        )
-        delta = _closed({**head, **text, "done": {"const": False}, **logprobs}, ("model", "created_at", *text, "done"))
-        return {name: done, f"{name}Line": {"anyOf": [delta, _ref(name), _ref("OllamaError")]}}
-
-    details = _closed(
-        {
-            "parent_model": _string(),
-            "format": _string(),
-            "family": _string(),
-            "families": _nullable(_array(_string())),
-            "parameter_size": _string(),
-            "quantization_level": _string(),
-        },
-        ("parent_model", "format", "family", "families", "parameter_size", "quantization_level"),
-    )
-    listed = {
-        "name": _string(),
-        "model": _string(),
-        "modified_at": _string(),
-        "size": _COUNT,
-        "digest": _string(),
-        "details": _ref("OllamaDetails"),
-    }
     known = _closed(
         {
             "ollama_name": _string(),
@@ -1158,53 +856,6 @@ def _ollama_schemas() -> dict:
     )
     status = _closed({"status": _string(), "digest": _string(), "total": _COUNT, "completed": _COUNT}, ("status",))
     return {
-        **answers("OllamaGenerated", {"response": _string()}),
-        **answers("OllamaChatted", {"message": message}),
-        "OllamaEmbedded": _closed(
-            {
-                "model": _string(),
-                "embeddings": _array(_array(_number())),
-                **{f: _COUNT for f in ("total_duration", "load_duration", "prompt_eval_count")},
-            },
-            ("model", "embeddings", "total_duration", "load_duration", "prompt_eval_count"),
-        ),
-        "OllamaEmbedding": _closed({"embedding": _array(_number())}, ("embedding",)),
-        "OllamaDetails": details,
-        "OllamaTags": _closed({"models": _array(_closed(listed, tuple(listed)))}, ("models",)),
-        "OllamaPs": _closed(
-            {
-                "models": _array(
-                    _closed(
-                        {**listed, "expires_at": _string(), "size_vram": _COUNT, "context_length": _nullable(_COUNT)},
-                        (*listed, "expires_at", "size_vram", "context_length"),
-                    )
-                )
-            },
-            ("models",),
-        ),
-        "OllamaShown": _closed(
-            {
-                "modelfile": _string(),
-                "parameters": _string(),
-                "template": _string(),
-                # a created model's own (/api/create), absent when it has none, as Ollama leaves them out
-                "system": _string(),
-                "license": _described(_string(), "Its licenses, one after another, a line break between"),
-                "messages": _described(
-                    _array(_closed({"role": _string(), "content": _string()}, ("role", "content"))),
-                    "The conversation it begins every chat with",
-                ),
-                "details": _ref("OllamaDetails"),
-                "model_info": _described(
-                    _nullable(_ANY_OBJECT),
-                    "null when the files say nothing of the model (the ollama CLI dies on an object "
-                    "without general.architecture; the Python SDK needs the key)",
-                ),
-                "capabilities": _array({"enum": ["completion", "tools"]}),
-                "modified_at": _string(),
-            },
-            ("modelfile", "parameters", "template", "details", "model_info", "capabilities", "modified_at"),
-        ),
         "OllamaVersion": _closed({"version": {"const": "0.2.0-npu-proxy"}}, ("version",)),
         "OllamaStatus": status,
         "OllamaStatusLine": {"anyOf": [_ref("OllamaStatus"), _ref("OllamaError")]},
@@ -1221,112 +872,8 @@ def _ollama_schemas() -> dict:
 # --- the Responses API (http/openai/responses_api.py), Anthropic's Messages API (http/anthropic/messages_api.py) --
 
 
-def _events(name: str, kinds: dict[str, tuple[dict, tuple[str, ...]]], common: dict | None = None) -> dict:
-    """A stream of typed events: each SSE event named for its data's `type` (`kinds`: type →
-    its other fields and which are required; `common`: fields every one carries, required)."""
-    common = common or {}
-    data = {
-        "anyOf": [
-            _closed({"type": {"const": kind}, **common, **fields}, ("type", *common, *required))
-            for kind, (fields, required) in kinds.items()
-        ]
-    }
-    return {
-        f"{name}Data": data,
-        name: {
-            "type": "object",
-            "required": ["event", "data"],
-            "properties": {
-                "event": {"enum": list(kinds)},
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": _ref(f"{name}Data"),
-                },
-                "id": _string(),
-                "retry": _integer(),
-            },
-        },
-    }
-
-
 def _responses_schemas() -> dict:
-    text = _closed(
-        {"type": {"const": "output_text"}, "text": _string(), "annotations": _array({}), "logprobs": _array({})},
-        ("type", "text", "annotations", "logprobs"),
-    )
-    status = {"enum": ["in_progress", "completed"]}
-    item = {
-        "anyOf": [
-            _closed(
-                {
-                    "id": _string(),
-                    "type": {"const": "message"},
-                    "status": status,
-                    "role": {"const": "assistant"},
-                    "content": _array(text),
-                },
-                ("id", "type", "status", "role", "content"),
-            ),
-            _closed(
-                {
-                    "id": _string(),
-                    "type": {"const": "function_call"},
-                    "status": status,
-                    "call_id": _string(),
-                    "name": _string(),
-                    "arguments": _described(_string(), "JSON text"),
-                },
-                ("id", "type", "status", "call_id", "name", "arguments"),
-            ),
-        ]
-    }
-    usage = _closed(
-        {
-            "input_tokens": _COUNT,
-            "input_tokens_details": _closed({"cached_tokens": _COUNT}, ("cached_tokens",)),
-            "output_tokens": _COUNT,
-            "output_tokens_details": _closed({"reasoning_tokens": _COUNT}, ("reasoning_tokens",)),
-            "total_tokens": _COUNT,
-        },
-        ("input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"),
-    )
-    response = {
-        "id": _string(),
-        "object": {"const": "response"},
-        "created_at": _integer(),
-        "status": {"enum": ["in_progress", "completed", "incomplete", "failed"]},
-        "error": _nullable(_closed({"code": _string(), "message": _string()}, ("code", "message"))),
-        "incomplete_details": _nullable(_closed({"reason": {"const": "max_output_tokens"}}, ("reason",))),
-        "instructions": _nullable(_string()),
-        "max_output_tokens": _nullable(_integer()),
-        "model": _string(),
-        "output": _array(_ref("ResponseOutputItem")),
-        "parallel_tool_calls": _BOOLEAN,
-        "previous_response_id": _nullable(_string()),
-        "store": _BOOLEAN,
-        "temperature": _number(),
-        "text": _closed({"format": _ANY_OBJECT}, ("format",)),
-        "tool_choice": _described({}, "As the request sent it"),
-        "tools": _array(
-            _closed(
-                {
-                    "type": {"const": "function"},
-                    "name": _string(),
-                    "description": _nullable(_string()),
-                    "parameters": _nullable(_ANY_OBJECT),
-                    "strict": _described(_BOOLEAN, "true unless sent false (OpenAI's default)"),
-                },
-                ("type", "name", "description", "parameters", "strict"),
-            ),
-            description="The function tools sent, as OpenAI echoes them",
-        ),
-        "top_p": _number(),
-        "truncation": {"const": "disabled"},
-        "metadata": _obj({}, additionalProperties=_string()),
-    }
-    where = {"item_id": _string(), "output_index": _COUNT}
-    part = {**where, "content_index": _COUNT}
+    text = responses_format.OUTPUT_TEXT.render({})
     input_text = _closed({"type": {"const": "input_text"}, "text": _string()}, ("type", "text"))
     listed = {"id": _string(), "status": {"const": "completed"}}
     input_item = {
@@ -1367,17 +914,6 @@ def _responses_schemas() -> dict:
         "description": "An item of the input as sent, with its id (the one sent, else a new one)",
     }
     return {
-        "ResponseOutputItem": item,
-        "ResponseUsage": usage,
-        "Response": _closed(
-            {
-                **response,
-                "usage": _described(_ref("ResponseUsage"), "Absent until the response is done (OpenAI's schema)"),
-                "millm": _described(_ref("Millm"), "Only when the request sent return_sae_activations"),
-            },
-            tuple(response),
-            description="status incomplete when max_output_tokens cut the answer",
-        ),
         "ResponseListedItem": input_item,
         "ResponseItemList": _closed(
             {
@@ -1393,128 +929,11 @@ def _responses_schemas() -> dict:
         "ResponseDeleted": _closed(
             {"id": _string(), "object": {"const": "response"}, "deleted": {"const": True}}, ("id", "object", "deleted")
         ),
-        **_events(
-            "ResponseStreamEvent",
-            {
-                **{
-                    f"response.{kind}": ({"response": _ref("Response")}, ("response",))
-                    for kind in ("created", "in_progress", "completed", "incomplete", "failed")
-                },
-                **{
-                    f"response.output_item.{kind}": ({"output_index": _COUNT, "item": item}, ("output_index", "item"))
-                    for kind in ("added", "done")
-                },
-                **{
-                    f"response.content_part.{kind}": ({**part, "part": text}, (*part, "part"))
-                    for kind in ("added", "done")
-                },
-                "response.output_text.delta": (
-                    {**part, "delta": _string(), "logprobs": _array({})},
-                    (*part, "delta", "logprobs"),
-                ),
-                "response.output_text.done": (
-                    {**part, "text": _string(), "logprobs": _array({})},
-                    (*part, "text", "logprobs"),
-                ),
-                "response.function_call_arguments.delta": ({**where, "delta": _string()}, (*where, "delta")),
-                "response.function_call_arguments.done": (
-                    {**where, "name": _string(), "arguments": _string()},
-                    (*where, "name", "arguments"),
-                ),
-                "error": (
-                    {"code": _string(), "message": _string(), "param": _nullable(_string())},
-                    ("code", "message", "param"),
-                ),
-            },
-            {"sequence_number": _COUNT},
-        ),
-        "Tokenized": _closed(
-            {
-                "count": _COUNT,
-                "max_model_len": _described(_COUNT, "The model's context window"),
-                "tokens": _array(_COUNT),
-                "token_strs": _nullable(_array(_string())),
-            },
-            ("count", "max_model_len", "tokens", "token_strs"),
-        ),
-        "Detokenized": _closed({"prompt": _string()}, ("prompt",)),
     }
 
 
 def _messages_schemas() -> dict:
-    text = _closed({"type": {"const": "text"}, "text": _string()}, ("type", "text"))
-    tool_use = _closed(
-        {"type": {"const": "tool_use"}, "id": _string(), "name": _string(), "input": _ANY_OBJECT},
-        ("type", "id", "name", "input"),
-    )
-    stop = {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}
-    message = {
-        "id": _string(),
-        "type": {"const": "message"},
-        "role": {"const": "assistant"},
-        "model": _string(),
-        "content": _array({"anyOf": [text, tool_use]}),
-        "stop_reason": _nullable(stop),
-        "stop_sequence": _nullable(_string()),
-        "usage": _ref("MessageUsage"),
-    }
-    millm = _described(_ref("Millm"), "Only when the request sent return_sae_activations")
-    usage = {
-        "input_tokens": _COUNT,
-        "cache_creation_input_tokens": _described({"const": 0}, "No prompt cache: cache_control is not read"),
-        "cache_read_input_tokens": {"const": 0},
-        "output_tokens": _COUNT,
-        "server_tool_use": _described(_NULL, "No server tools"),
-    }
-    return {
-        "Message": _closed(
-            {**message, "millm": millm}, tuple(message), description="stop_reason null only on message_start"
-        ),
-        "MessageUsage": _closed(
-            usage, tuple(usage), description="Cumulative: message_start's and message_delta's alike (input included)"
-        ),
-        "MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",)),
-        **_events(
-            "MessageStreamEvent",
-            {
-                "message_start": ({"message": _ref("Message")}, ("message",)),
-                "ping": ({}, ()),
-                "content_block_start": (
-                    {"index": _COUNT, "content_block": {"anyOf": [text, tool_use]}},
-                    ("index", "content_block"),
-                ),
-                "content_block_delta": (
-                    {
-                        "index": _COUNT,
-                        "delta": {
-                            "anyOf": [
-                                _closed({"type": {"const": "text_delta"}, "text": _string()}, ("type", "text")),
-                                _closed(
-                                    {"type": {"const": "input_json_delta"}, "partial_json": _string()},
-                                    ("type", "partial_json"),
-                                ),
-                            ]
-                        },
-                    },
-                    ("index", "delta"),
-                ),
-                "content_block_stop": ({"index": _COUNT}, ("index",)),
-                "message_delta": (
-                    {
-                        "delta": _closed(
-                            {"stop_reason": stop, "stop_sequence": _nullable(_string())},
-                            ("stop_reason", "stop_sequence"),
-                        ),
-                        "usage": _ref("MessageUsage"),
-                        "millm": millm,
-                    },
-                    ("delta", "usage"),
-                ),
-                "message_stop": ({}, ()),
-                "error": ({"error": _ANTHROPIC_ERROR}, ("error",)),
-            },
-        ),
-    }
+    return {"MessageTokensCount": _closed({"input_tokens": _COUNT}, ("input_tokens",))}
 
 
 # --- headers and parameters -----------------------------------------------------------
@@ -1872,6 +1291,8 @@ def document() -> dict:
     schemas: dict = {}
     _request_schemas(schemas)
     paths = _paths(schemas)
+    for declared in _OBJECTS:
+        (declared if isinstance(declared, contracts.Named) else declared.ref()).render(schemas)
     schemas.update(
         {
             **_error_schemas(),

@@ -21,6 +21,8 @@ import attrs
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core import framing
+from greenroom.http.core.contracts import AnyOf, Choice, ListOf, Named, Schema, Text
+from greenroom.http.core.objects import AN_OBJECT, COUNT, FLOAT, TEXT, Object, const
 from greenroom.http.pipeline import events as ev
 
 log = logging.getLogger("greenroom.http.ollama")
@@ -29,6 +31,71 @@ log = logging.getLogger("greenroom.http.ollama")
 def created_at() -> str:
     """Now, RFC 3339, UTC: every object's `created_at`."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# --- the objects (openapi.py renders them) -------------------------------------------------
+
+_TOKEN = {"token": TEXT, "logprob": FLOAT, "bytes": ListOf(items=COUNT)}
+TOKEN = Object(
+    name="OllamaLogprob",
+    fields={**_TOKEN, "top_logprobs": ListOf(items=Object(name="OllamaTopLogprob", fields=_TOKEN))},
+    optional=("top_logprobs",),
+)
+CALL = Object(
+    name="OllamaToolCall",
+    fields={"function": Object(name="OllamaFunction", fields={"name": TEXT, "arguments": AN_OBJECT})},
+)
+MESSAGE = Object(
+    name="OllamaMessage",
+    fields={"role": const("assistant"), "content": TEXT, "tool_calls": ListOf(items=CALL)},
+    optional=("tool_calls",),
+)
+_DURATIONS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
+_LOGPROBS = ListOf(
+    items=TOKEN,
+    description="With logprobs: the tokens of this line (of the answer, not streamed), each with its "
+    "log-probability at temperature 1 and, with top_logprobs, the most probable at its position",
+)
+_HEAD = {"model": TEXT, "created_at": Text(description="RFC 3339, UTC")}
+_ERROR = Schema(schema={"$ref": "#/components/schemas/OllamaError"})  # errors.py's flat envelope
+
+
+def _answers(name: str, text: dict) -> tuple[Object, Object, Named]:
+    """The done: true object, one streamed delta line, and a line of the stream: either, or the
+    error envelope."""
+    done = Object(
+        name=name,
+        fields={
+            **_HEAD,
+            **text,
+            "done": const(True),
+            "done_reason": Choice(
+                values=("stop", "length", "load", "unload"), description="load or unload: no prompt was sent"
+            ),
+            **dict.fromkeys(_DURATIONS, COUNT),
+            "logprobs": _LOGPROBS,
+        },
+        optional=(*_DURATIONS, "logprobs"),
+        description="Durations in nanoseconds; absent on a load or unload",
+    )
+    delta = Object(
+        name=f"{name}Delta",
+        fields={**_HEAD, **text, "done": const(False), "logprobs": _LOGPROBS},
+        optional=("logprobs",),
+    )
+    return done, delta, Named(name=f"{name}Line", field=AnyOf(options=(delta, done.ref(), _ERROR)))
+
+
+GENERATED, GENERATED_DELTA, GENERATED_LINE = _answers("OllamaGenerated", {"response": TEXT})
+CHATTED, CHATTED_DELTA, CHATTED_LINE = _answers("OllamaChatted", {"message": MESSAGE})
+OBJECTS = (GENERATED, GENERATED_LINE, CHATTED, CHATTED_LINE)
 
 
 @attrs.frozen
@@ -74,7 +141,17 @@ def whole(completion: ev.Completion, ctx: Context) -> dict:
         out["response"] = choice.text
     if ctx.logprobs:
         out["logprobs"] = _logprobs(choice.tokens)
-    return {**out, **_done(ctx, completion.usage.prompt_tokens, choice.finished)}
+    return (CHATTED if ctx.chat else GENERATED).build(
+        **out, **_done(ctx, completion.usage.prompt_tokens, choice.finished)
+    )
+
+
+def loaded(model: str, chat: bool, reason: str) -> dict:
+    """The answer to a request without a prompt: the model loaded (or unloaded), nothing generated."""
+    text = {"message": _message("")} if chat else {"response": ""}
+    return (CHATTED if chat else GENERATED).build(
+        model=model, created_at=created_at(), **text, done=True, done_reason=reason
+    )
 
 
 class _Stream:
@@ -100,14 +177,18 @@ class _Stream:
             self.prompt_tokens = event.prompt_tokens
         elif isinstance(event, ev.Finished):
             empty = {"message": _message("")} if self.ctx.chat else {"response": ""}
-            return {**_head(self.ctx), **empty, **_done(self.ctx, self.prompt_tokens, event), **self._reported()}
+            done = CHATTED if self.ctx.chat else GENERATED
+            return done.build(
+                **_head(self.ctx), **empty, **_done(self.ctx, self.prompt_tokens, event), **self._reported()
+            )
         elif isinstance(event, ev.Failure):
             return event.error.ollama_body(self.ctx.rid)
         return None  # Activations: Ollama has no place for them
 
     def _line(self, text: str, calls: list | None = None) -> dict:
         body = {"message": _message(text, calls)} if self.ctx.chat else {"response": text}
-        return {**_head(self.ctx), **body, "done": False, **self._reported()}
+        delta = CHATTED_DELTA if self.ctx.chat else GENERATED_DELTA
+        return delta.build(**_head(self.ctx), **body, done=False, **self._reported())
 
     def _reported(self) -> dict:
         if not self.tokens:
@@ -122,15 +203,12 @@ def _head(ctx: Context) -> dict:
 
 
 def _message(content: str, calls: list | None = None) -> dict:
-    out = {"role": "assistant", "content": content}
-    if calls:
-        out["tool_calls"] = calls
-    return out
+    return MESSAGE.build(role="assistant", content=content, **({"tool_calls": calls} if calls else {}))
 
 
 def _call(name: str, arguments: str) -> dict:
     """A call as Ollama writes it: its arguments an object, not JSON text."""
-    return {"function": {"name": name, "arguments": json.loads(arguments)}}
+    return CALL.build(function=CALL.fields["function"].build(name=name, arguments=json.loads(arguments)))
 
 
 def _done(ctx: Context, prompt_tokens: int, finished: ev.Finished) -> dict:
@@ -151,15 +229,18 @@ def _logprobs(tokens: list) -> list[dict]:
     """Reported tokens (protocol.Text.logprobs' records) as Ollama writes them: token,
     logprob, bytes and, when asked for, top_logprobs."""
     return [
-        {
-            "token": text,
-            "logprob": logprob,
-            "bytes": list(text.encode("utf-8")),
+        TOKEN.build(
+            token=text,
+            logprob=logprob,
+            bytes=list(text.encode("utf-8")),
             **(
-                {"top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for _, t, lp in top]}
+                {"top_logprobs": [_TOP.build(token=t, logprob=lp, bytes=list(t.encode("utf-8"))) for _, t, lp in top]}
                 if top
                 else {}
             ),
-        }
+        )
         for _, text, logprob, top in tokens
     ]
+
+
+_TOP = TOKEN.fields["top_logprobs"].items

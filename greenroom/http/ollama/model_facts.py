@@ -29,6 +29,8 @@ from greenroom.engines.base import ModelInfo
 from greenroom.engines.demo import demo_model
 from greenroom.engines.llama_cpp import gguf_files, gguf_meta
 from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
+from greenroom.http.core.contracts import Choice, ListOf, Text
+from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Object, or_null
 from greenroom.http.ollama import ollama_params
 from greenroom.supervisor.placements import Placement
 
@@ -165,6 +167,59 @@ def _defined(p: Placed, size: str) -> Facts:
     )
 
 
+# --- the objects (openapi.py renders them) -------------------------------------------------
+
+DETAILS = Object(
+    name="OllamaDetails",
+    fields={
+        "parent_model": TEXT,
+        "format": TEXT,
+        "family": TEXT,
+        "families": or_null(ListOf(items=TEXT)),
+        "parameter_size": TEXT,
+        "quantization_level": TEXT,
+    },
+)
+_LISTED = {
+    "name": TEXT,
+    "model": TEXT,
+    "modified_at": TEXT,
+    "size": COUNT,
+    "digest": TEXT,
+    "details": DETAILS.ref(),
+}
+LISTED = Object(name="OllamaListed", fields=_LISTED)
+RUNNING = Object(
+    name="OllamaRunning",
+    fields={**_LISTED, "expires_at": TEXT, "size_vram": COUNT, "context_length": or_null(COUNT)},
+)
+TAGS = Object(name="OllamaTags", fields={"models": ListOf(items=LISTED)})
+PS = Object(name="OllamaPs", fields={"models": ListOf(items=RUNNING)})
+_MESSAGE = Object(name="OllamaShownMessage", fields={"role": TEXT, "content": TEXT})
+SHOWN = Object(
+    name="OllamaShown",
+    fields={
+        "modelfile": TEXT,
+        "parameters": TEXT,
+        "template": TEXT,
+        # a created model's own (/api/create), absent when it has none, as Ollama leaves them out
+        "system": TEXT,
+        "license": Text(description="Its licenses, one after another, a line break between"),
+        "messages": ListOf(items=_MESSAGE, description="The conversation it begins every chat with"),
+        "details": DETAILS.ref(),
+        "model_info": or_null(
+            AN_OBJECT,
+            "null when the files say nothing of the model (the ollama CLI dies on an object "
+            "without general.architecture; the Python SDK needs the key)",
+        ),
+        "capabilities": ListOf(items=Choice(values=("completion", "tools"))),
+        "modified_at": TEXT,
+    },
+    optional=("system", "license", "messages"),
+)
+OBJECTS = (TAGS, PS, SHOWN)
+
+
 def _listed(f: Facts, name: str) -> dict:
     return {
         "name": name,
@@ -177,7 +232,7 @@ def _listed(f: Facts, name: str) -> dict:
 
 
 def tags(placed: list[Placed]) -> list[dict]:
-    return [_listed(facts(p), p.name) for p in placed]
+    return [LISTED.build(**_listed(facts(p), p.name)) for p in placed]
 
 
 def ps(placed: list[Placed]) -> list[dict]:
@@ -189,13 +244,12 @@ def ps(placed: list[Placed]) -> list[dict]:
         # Ollama's size here is what the model takes loaded: its actor's report, else its files
         size = _count(p.info and p.info.footprint_bytes) or f.size
         rows.append(
-            {
-                **_listed(f, p.name),
-                "size": size,
-                "expires_at": rfc3339(time.time() + left),
-                "size_vram": size if p.placement.device.startswith("cuda") else 0,
-                "context_length": context,
-            }
+            RUNNING.build(
+                **{**_listed(f, p.name), "size": size},
+                expires_at=rfc3339(time.time() + left),
+                size_vram=size if p.placement.device.startswith("cuda") else 0,
+                context_length=context,
+            )
         )
     return rows
 
@@ -215,7 +269,7 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     window = _count(p.info and p.info.context_length) or f.context or 0
     parameters = ollama_params.shown(window, made.get("parameters") or {})
     template, system, licenses = template_of(p, f), made.get("system") or "", made.get("license") or []
-    messages = [{"role": m["role"], "content": m.get("content") or ""} for m in made.get("messages") or ()]
+    messages = [_MESSAGE.build(role=m["role"], content=m.get("content") or "") for m in made.get("messages") or ()]
     # a llama.cpp model is its file, which `ollama create` uploads; any other is made from by name
     # (the CLI would upload a checkpoint's safetensors, which greenroom cannot create from)
     source = f.path if p.placement.engine == "llama.cpp" else p.name
@@ -238,18 +292,18 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     caps = ["completion"] + (["tools"] if tools else [])
     own = {"system": system, "license": "\n".join(licenses), "messages": messages}
     info = _model_info(f, verbose)
-    return {
-        "modelfile": "\n".join(lines) + "\n",
-        "parameters": "\n".join(f"{name:<30} {_go_value(value)}" for name, value in parameters),
-        "template": template,
+    return SHOWN.build(
+        modelfile="\n".join(lines) + "\n",
+        parameters="\n".join(f"{name:<30} {_go_value(value)}" for name, value in parameters),
+        template=template,
         **{k: v for k, v in own.items() if v},
-        "details": {**f.details, "parent_model": made.get("parent_model") or ""},
+        details=DETAILS.build(**{**f.details, "parent_model": made.get("parent_model") or ""}),
         # null when empty, where Ollama leaves it out: the `ollama` CLI reads an object it is sent
         # as having general.architecture, and dies on one without it; the Python SDK needs the key
-        "model_info": info or None,
-        "capabilities": caps,
-        "modified_at": rfc3339(f.modified),
-    }
+        model_info=info or None,
+        capabilities=caps,
+        modified_at=rfc3339(f.modified),
+    )
 
 
 def _quoted(text: str) -> str:
@@ -431,14 +485,14 @@ def _chat_template(path: Path) -> str:
 
 
 def _details(fmt: str, family: str, parameters: int | None, level: str) -> dict:
-    return {
-        "parent_model": "",
-        "format": fmt,
-        "family": family,
-        "families": [family] if family else [],
-        "parameter_size": _human_number(parameters) if parameters else "",
-        "quantization_level": level,
-    }
+    return DETAILS.build(
+        parent_model="",
+        format=fmt,
+        family=family,
+        families=[family] if family else [],
+        parameter_size=_human_number(parameters) if parameters else "",
+        quantization_level=level,
+    )
 
 
 def _files(path: Path) -> list[tuple[str, os.stat_result]]:

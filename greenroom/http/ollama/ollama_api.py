@@ -317,9 +317,7 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         reason = "load"
-    out = {"model": req.sent_model, "created_at": ollama_format.created_at()}
-    out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    return {**out, "done": True, "done_reason": reason}, 200, req.headers()
+    return ollama_format.loaded(req.sent_model, chat, reason), 200, req.headers()
 
 
 async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
@@ -424,14 +422,14 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/api/tags")
     async def ollama_tags():
         placed = [model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models()]
-        return {"models": await trio.to_thread.run_sync(model_facts.tags, placed)}
+        return model_facts.TAGS.build(models=await trio.to_thread.run_sync(model_facts.tags, placed))
 
     @routes.view(app, "GET", "/api/ps")
     async def ollama_ps():
         placed = [
             model_facts.Placed.of(tree, m["id"], trio.current_time()) for m in tree.models() if m["state"] == "loaded"
         ]
-        return {"models": await trio.to_thread.run_sync(model_facts.ps, placed)}
+        return model_facts.PS.build(models=await trio.to_thread.run_sync(model_facts.ps, placed))
 
     @routes.view(app, "POST", "/api/show")
     async def ollama_show():

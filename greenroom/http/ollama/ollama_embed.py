@@ -12,8 +12,10 @@ import time
 from quart import Quart
 
 from greenroom.errors import GreenroomError
-from greenroom.http.core import contracts, routes
+from greenroom.http.core import contracts, objects, routes
+from greenroom.http.core.contracts import ListOf
 from greenroom.http.core.headers import DIMENSIONS_HEADER
+from greenroom.http.core.objects import COUNT, FLOAT, Object
 from greenroom.http.ollama import ollama_api, ollama_params
 from greenroom.http.ollama.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama.ollama_request import Prepared, prepare
@@ -109,6 +111,18 @@ def _normalised(v: list[float]) -> list[float]:
     return [x / norm for x in v] if norm > 0 else v
 
 
+EMBEDDED = Object(
+    name="OllamaEmbedded",
+    fields={
+        "model": objects.TEXT,
+        "embeddings": ListOf(items=ListOf(items=FLOAT)),
+        **dict.fromkeys(("total_duration", "load_duration", "prompt_eval_count"), COUNT),
+    },
+)
+EMBEDDING = Object(name="OllamaEmbedding", fields={"embedding": ListOf(items=FLOAT)})
+OBJECTS = (EMBEDDED, EMBEDDING)
+
+
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/api/embed")
     async def ollama_embed():
@@ -129,17 +143,14 @@ def register(app: Quart, tree: Tree) -> None:
         if dimensions is not None and 0 < dimensions < len(floats[0]):
             floats = [v[:dimensions] for v in floats]
         headers[DIMENSIONS_HEADER] = str(len(floats[0]))
-        return (
-            {
-                "model": req.sent_model,
-                "embeddings": [_normalised(v) for v in floats],
-                "total_duration": time.monotonic_ns() - req.started_ns,
-                "load_duration": load_ns,
-                "prompt_eval_count": embedded.prompt_tokens,
-            },
-            200,
-            headers,
+        body = EMBEDDED.build(
+            model=req.sent_model,
+            embeddings=[_normalised(v) for v in floats],
+            total_duration=time.monotonic_ns() - req.started_ns,
+            load_duration=load_ns,
+            prompt_eval_count=embedded.prompt_tokens,
         )
+        return body, 200, headers
 
     @routes.view(app, "POST", "/api/embeddings")
     async def ollama_embeddings():
@@ -151,4 +162,4 @@ def register(app: Quart, tree: Tree) -> None:
         embedded, _ = await _embed(tree, req, inputs)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
-        return {"embedding": vectors(embedded)[0]}, 200, headers
+        return EMBEDDING.build(embedding=vectors(embedded)[0]), 200, headers

@@ -13,7 +13,35 @@ chat scoring); `return_tokens_as_token_ids` writes each token "token_id:<id>".
 
 from __future__ import annotations
 
+from greenroom.http.core.contracts import ListOf, MapOf, Number
+from greenroom.http.core.objects import COUNT, FLOAT, NONE, TEXT, Object, or_null
 from greenroom.protocol import Admitted, Generate
+
+TOP_LOGPROB = Object(
+    name="TopLogprob",
+    fields={"token": TEXT, "logprob": FLOAT, "bytes": ListOf(items=Number(integer=True, lo=0, hi=255))},
+)
+CHAT_LOGPROBS = Object(
+    name="ChatLogprobs",
+    fields={
+        "content": ListOf(
+            items=Object(name="TokenLogprob", fields={**TOP_LOGPROB.fields, "top_logprobs": ListOf(items=TOP_LOGPROB)})
+        ),
+        "refusal": NONE,
+    },
+    description="Each token's log-probability: the model's at temperature 1, after a constraint's mask",
+)
+TOKEN_LOGPROB = CHAT_LOGPROBS.fields["content"].items
+COMPLETION_LOGPROBS = Object(
+    name="CompletionLogprobs",
+    fields={
+        "tokens": ListOf(items=TEXT),
+        # echo: the prompt's first token has no log-probability (null, as OpenAI's and vLLM's)
+        "token_logprobs": ListOf(items=or_null(FLOAT)),
+        "top_logprobs": ListOf(items=or_null(MapOf(values=FLOAT))),
+        "text_offset": ListOf(items=COUNT),
+    },
+)
 
 
 def key(token_id: int, text: str, as_ids: bool) -> str:
@@ -22,12 +50,17 @@ def key(token_id: int, text: str, as_ids: bool) -> str:
 
 def entry(token: str, text: str, logprob: float) -> dict:
     """One chat entry without its alternatives."""
-    return {"token": token, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return TOP_LOGPROB.build(token=token, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+
+def chat_entry(token: str, text: str, logprob: float, top: list[dict]) -> dict:
+    """One chat entry with its alternatives (`entry`s)."""
+    return TOKEN_LOGPROB.build(**entry(token, text, logprob), top_logprobs=top)
 
 
 def chat(content: list[dict]) -> dict:
     """Chat's logprobs object (OpenAI's ChoiceLogprobs: no refusal is ever generated here)."""
-    return {"content": content, "refusal": None}
+    return CHAT_LOGPROBS.build(content=content, refusal=None)
 
 
 def append(logprobs: dict, token: str, logprob: float | None, top: dict | None, offset: int) -> None:
@@ -39,7 +72,7 @@ def append(logprobs: dict, token: str, logprob: float | None, top: dict | None, 
 
 
 def empty() -> dict:
-    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    return COMPLETION_LOGPROBS.build(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
 
 
 class Writer:
@@ -54,10 +87,12 @@ class Writer:
         if self._chat:
             return chat(
                 [
-                    {
-                        **entry(key(token_id, text, as_ids), text, logprob),
-                        "top_logprobs": [entry(key(i, t, as_ids), t, lp) for i, t, lp in top],
-                    }
+                    chat_entry(
+                        key(token_id, text, as_ids),
+                        text,
+                        logprob,
+                        [entry(key(i, t, as_ids), t, lp) for i, t, lp in top],
+                    )
                     for token_id, text, logprob, top in tokens
                 ]
             )

@@ -30,7 +30,8 @@ import re
 import attrs
 
 from greenroom.errors import GreenroomError
-from greenroom.http.core.contracts import AnyOf, Anything, ListOf, Shape, Text, sent, when
+from greenroom.http.core.contracts import AnyOf, Anything, Choice, ListOf, Number, Shape, Text, sent, when
+from greenroom.http.core.objects import BOOLEAN, Object, or_null
 from greenroom.http.core.schema_subset import SCHEMA
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import paths
@@ -41,6 +42,30 @@ from greenroom.http.pipeline.structured import FUNCTION, TOOL, Output
 from greenroom.protocol import GenerationStats
 
 _NEGATION = re.compile(r"\b(not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.IGNORECASE)
+
+
+_NOT_NEGATIVE = Number(lo=0)
+X_NEEDLE = Object(
+    name="XNeedle",
+    fields={
+        "type": Choice(values=("call", "respond", "refuse")),
+        "confidence": Number(
+            lo=0, hi=1, description="Geometric mean of the produced tokens' probabilities; 0 for an empty answer"
+        ),
+        "reasoning": Text(description="The text beside tool calls; empty without calls"),
+        "validation": Object(name="Validation", fields={"ungrounded": ListOf(items=Text()), "negation": BOOLEAN}),
+        "prefill_tps": or_null(_NOT_NEGATIVE),
+        "decode_tps": or_null(_NOT_NEGATIVE),
+        "peak_ram_mb": or_null(_NOT_NEGATIVE),
+        "replayed_turns": Number(integer=True, lo=1),
+        "reinitialized": BOOLEAN,
+        "queue_wait_seconds": _NOT_NEGATIVE,
+        "compute_seconds": _NOT_NEGATIVE,
+        "warnings": ListOf(items=Text()),
+    },
+    description="What the OpenAI schema has no place for, from the engine's own figures",
+)
+VALIDATION = X_NEEDLE.fields["validation"]
 
 
 def x_needle(
@@ -57,28 +82,28 @@ def x_needle(
     kind = "call" if calls else ("respond" if content else "refuse")
     prefill, decode = stats.prefill_s, stats.decode_s
     request_text = " ".join(m.get("content") or "" for m in conversation).lower()
-    return {
-        "type": kind,
-        "confidence": _confidence(stats.logprob_sum, completion_tokens),
-        "reasoning": content if calls else "",
-        "validation": {
-            "ungrounded": _ungrounded(calls, request_text),
-            "negation": any(_NEGATION.search(m.get("content") or "") for m in conversation if m.get("role") == "user"),
-        },
-        "prefill_tps": round(prompt_tokens / prefill, 1) if prefill > 0 else None,
-        "decode_tps": round((completion_tokens - 1) / decode, 1) if decode > 0 and completion_tokens > 1 else None,
-        "peak_ram_mb": round(stats.peak_rss_mb, 1),
-        "replayed_turns": 1,
-        "reinitialized": True,
-        "queue_wait_seconds": round(stats.queue_wait_s, 4),
-        "compute_seconds": round(stats.compute_s, 4),
-        "warnings": warnings
+    return X_NEEDLE.build(
+        type=kind,
+        confidence=_confidence(stats.logprob_sum, completion_tokens),
+        reasoning=content if calls else "",
+        validation=VALIDATION.build(
+            ungrounded=_ungrounded(calls, request_text),
+            negation=any(_NEGATION.search(m.get("content") or "") for m in conversation if m.get("role") == "user"),
+        ),
+        prefill_tps=round(prompt_tokens / prefill, 1) if prefill > 0 else None,
+        decode_tps=round((completion_tokens - 1) / decode, 1) if decode > 0 and completion_tokens > 1 else None,
+        peak_ram_mb=round(stats.peak_rss_mb, 1),
+        replayed_turns=1,
+        reinitialized=True,
+        queue_wait_seconds=round(stats.queue_wait_s, 4),
+        compute_seconds=round(stats.compute_s, 4),
+        warnings=warnings
         + (
             []
             if stats.logprob_sum is not None
             else ["confidence is null: this model's engine reports no token probabilities"]
         ),
-    }
+    )
 
 
 def _confidence(logprob_sum: float | None, completion_tokens: int) -> float | None:

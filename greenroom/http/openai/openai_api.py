@@ -13,7 +13,9 @@ from quart import Quart, request
 from greenroom.engines.base import ModelInfo
 from greenroom.errors import GreenroomError
 from greenroom.http.core import contracts, routes
+from greenroom.http.core.contracts import AnyOf, ListOf, Schema
 from greenroom.http.core.headers import STEERING_HEADER
+from greenroom.http.core.objects import COUNT, FLOAT, INTEGER, TEXT, Object, const
 from greenroom.http.manage import steering_api
 from greenroom.http.openai import chat_body, chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.pipeline import events as typed
@@ -21,9 +23,34 @@ from greenroom.http.pipeline import generation, sae_activations, structured
 from greenroom.http.pipeline.answering import single, vectors
 from greenroom.http.pipeline.generation import Planned, Prepared, prepare
 from greenroom.http.pipeline.request import Streaming
-from greenroom.protocol import Admitted, Generate, Score
+from greenroom.protocol import Admitted, Embedded, Generate, Score
 from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
+
+# --- the objects (openapi.py renders them) -------------------------------------------------
+
+EMBEDDING = Object(
+    name="Embedding",
+    fields={
+        "object": const("embedding"),
+        "index": COUNT,
+        "embedding": AnyOf(
+            options=(ListOf(items=FLOAT), Schema(schema={"type": "string", "contentEncoding": "base64"}))
+        ),
+    },
+)
+EMBEDDING_USAGE = Object(name="EmbeddingUsage", fields={"prompt_tokens": COUNT, "total_tokens": COUNT})
+EMBEDDING_LIST = Object(
+    name="EmbeddingList",
+    fields={"object": const("list"), "data": ListOf(items=EMBEDDING.ref()), "model": TEXT, "usage": EMBEDDING_USAGE},
+)
+MODEL = Object(
+    name="Model",
+    fields={"id": TEXT, "object": const("model"), "created": INTEGER, "owned_by": TEXT},
+    closed=False,
+)
+MODEL_LIST = Object(name="ModelList", fields={"object": const("list"), "data": ListOf(items=MODEL.ref())}, closed=False)
+OBJECTS = (EMBEDDING_LIST, MODEL, MODEL_LIST)
 
 
 @attrs.frozen
@@ -108,18 +135,7 @@ def register(app: Quart, tree: Tree) -> None:
         embed, fmt = openai_params.embedding_request(req.body, req.model)
         headers = req.headers()
         client, _ = await tree.client_for(req.model)
-        event = await single(client, embed)
-        floats = vectors(event) if fmt == "float" else None
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": base64.b64encode(v).decode() if floats is None else floats[i],
-            }
-            for i, v in enumerate(event.vectors)
-        ]
-        usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
-        return {"object": "list", "data": data, "model": req.model, "usage": usage}, 200, headers
+        return embedding_list(await single(client, embed), fmt, req.model), 200, headers
 
     @routes.view(app, "POST", "/v1/needle/extract")
     async def needle_extract():
@@ -135,23 +151,34 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "GET", "/v1/models")
     async def list_models():
         """Every available model; while one is locked for steering, that one alone (spec: Models)."""
-        return {
-            "object": "list",
-            "data": [_model_card(m["id"]) for m in tree.models() if tree.locked_model in (None, m["id"])],
-        }
+        ids = [m["id"] for m in tree.models() if tree.locked_model in (None, m["id"])]
+        return MODEL_LIST.build(object="list", data=[model_card(i) for i in ids])
 
     @routes.view(app, "GET", "/v1/models/{id}")
     async def get_model(id: str):  # noqa: A002 (the route's path parameter)
         if any(m["id"] == id for m in tree.models()):
-            return _model_card(id)
+            return model_card(id)
         raise GreenroomError("model_not_found", f"The model '{id}' does not exist", "model")
 
 
 _CREATED = int(time.time())
 
 
-def _model_card(model_id: str) -> dict:
-    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "greenroom"}
+def model_card(model_id: str) -> dict:
+    return MODEL.build(id=model_id, object="model", created=_CREATED, owned_by="greenroom")
+
+
+def embedding_list(event: Embedded, fmt: str, model: str) -> dict:
+    """The embeddings of `event`: floats, or with encoding_format base64 the float32 bytes."""
+    floats = vectors(event) if fmt == "float" else None
+    data = [
+        EMBEDDING.build(
+            object="embedding", index=i, embedding=base64.b64encode(v).decode() if floats is None else floats[i]
+        )
+        for i, v in enumerate(event.vectors)
+    ]
+    usage = EMBEDDING_USAGE.build(prompt_tokens=event.prompt_tokens, total_tokens=event.prompt_tokens)
+    return EMBEDDING_LIST.build(object="list", data=data, model=model, usage=usage)
 
 
 def fingerprint(info: ModelInfo) -> str:
@@ -210,7 +237,4 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, serving = await tree.client_for(score.model)
     event = await single(client, score)
-    response = shape(score, event, req.body, fingerprint(serving.info))
-    if event.sae_activations is not None:
-        response["millm"] = sae_activations.millm(event.sae_activations)
-    return response, 200, headers
+    return shape(score, event, req.body, fingerprint(serving.info)), 200, headers

@@ -17,9 +17,118 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 
 from greenroom.http.core import framing
+from greenroom.http.core.contracts import AnyOf, Anything, Choice, ListOf, Named, Schema, Text
+from greenroom.http.core.objects import AN_OBJECT, BOOLEAN, COUNT, FLOAT, INTEGER, TEXT, Events, Object, const, or_null
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import sae_activations
+
+# --- the objects (openapi.py renders them) -------------------------------------------------
+
+OUTPUT_TEXT = Object(
+    name="OutputText",
+    fields={
+        "type": const("output_text"),
+        "text": TEXT,
+        "annotations": ListOf(items=Anything()),
+        "logprobs": ListOf(items=Anything()),
+    },
+)
+_STATUS = Choice(values=("in_progress", "completed"))
+MESSAGE_ITEM = Object(
+    name="ResponseMessage",
+    fields={
+        "id": TEXT,
+        "type": const("message"),
+        "status": _STATUS,
+        "role": const("assistant"),
+        "content": ListOf(items=OUTPUT_TEXT),
+    },
+)
+CALL_ITEM = Object(
+    name="ResponseFunctionCall",
+    fields={
+        "id": TEXT,
+        "type": const("function_call"),
+        "status": _STATUS,
+        "call_id": TEXT,
+        "name": TEXT,
+        "arguments": Text(description="JSON text"),
+    },
+)
+OUTPUT_ITEM = AnyOf(options=(MESSAGE_ITEM, CALL_ITEM))
+USAGE = Object(
+    name="ResponseUsage",
+    fields={
+        "input_tokens": COUNT,
+        "input_tokens_details": Object(name="InputTokensDetails", fields={"cached_tokens": COUNT}),
+        "output_tokens": COUNT,
+        "output_tokens_details": Object(name="OutputTokensDetails", fields={"reasoning_tokens": COUNT}),
+        "total_tokens": COUNT,
+    },
+)
+ERROR = Object(name="ResponseError", fields={"code": TEXT, "message": TEXT})
+INCOMPLETE = Object(name="IncompleteDetails", fields={"reason": const("max_output_tokens")})
+TEXT_FORMAT = Object(name="ResponseTextConfig", fields={"format": AN_OBJECT})
+TOOL = Object(
+    name="ResponseTool",
+    fields={
+        "type": const("function"),
+        "name": TEXT,
+        "description": or_null(TEXT),
+        "parameters": or_null(AN_OBJECT),
+        "strict": Schema(schema={"type": "boolean"}, description="true unless sent false (OpenAI's default)"),
+    },
+)
+RESPONSE = Object(
+    name="Response",
+    fields={
+        "id": TEXT,
+        "object": const("response"),
+        "created_at": INTEGER,
+        "status": Choice(values=("in_progress", "completed", "incomplete", "failed")),
+        "error": or_null(ERROR),
+        "incomplete_details": or_null(INCOMPLETE),
+        "instructions": or_null(TEXT),
+        "max_output_tokens": or_null(INTEGER),
+        "model": TEXT,
+        "output": ListOf(items=Named(name="ResponseOutputItem", field=OUTPUT_ITEM)),
+        "parallel_tool_calls": BOOLEAN,
+        "previous_response_id": or_null(TEXT),
+        "store": BOOLEAN,
+        "temperature": FLOAT,
+        "text": TEXT_FORMAT,
+        "tool_choice": Anything(description="As the request sent it"),
+        "tools": ListOf(items=TOOL, description="The function tools sent, as OpenAI echoes them"),
+        "top_p": FLOAT,
+        "truncation": const("disabled"),
+        "metadata": Schema(schema={"type": "object", "properties": {}, "additionalProperties": {"type": "string"}}),
+        "usage": USAGE.ref("Absent until the response is done (OpenAI's schema)"),
+        "millm": sae_activations.MILLM.ref("Only when the request sent return_sae_activations"),
+    },
+    optional=("usage", "millm"),
+    description="status incomplete when max_output_tokens cut the answer",
+)
+_WHERE = {"item_id": TEXT, "output_index": COUNT}
+_PART = {**_WHERE, "content_index": COUNT}
+EVENTS = Events.of(
+    "ResponseStreamEvent",
+    {
+        **{
+            f"response.{kind}": {"response": RESPONSE.ref()}
+            for kind in ("created", "in_progress", "completed", "incomplete", "failed")
+        },
+        **{f"response.output_item.{kind}": {"output_index": COUNT, "item": OUTPUT_ITEM} for kind in ("added", "done")},
+        **{f"response.content_part.{kind}": {**_PART, "part": OUTPUT_TEXT} for kind in ("added", "done")},
+        "response.output_text.delta": {**_PART, "delta": TEXT, "logprobs": ListOf(items=Anything())},
+        "response.output_text.done": {**_PART, "text": TEXT, "logprobs": ListOf(items=Anything())},
+        "response.function_call_arguments.delta": {**_WHERE, "delta": TEXT},
+        "response.function_call_arguments.done": {**_WHERE, "name": TEXT, "arguments": TEXT},
+        "error": {"code": TEXT, "message": TEXT, "param": or_null(TEXT)},
+    },
+    {"sequence_number": COUNT},
+)
+OBJECTS = (RESPONSE, EVENTS)
 
 
 @attrs.frozen
@@ -40,94 +149,96 @@ def item_id(prefix: str) -> str:
 def _echoed(tool: dict) -> dict:
     """A function tool as OpenAI echoes it: description and parameters null when not sent, strict
     true unless sent false (OpenAI's default; calls are validated against the parameters either way)."""
-    return {
-        "type": "function",
-        "name": tool["name"],
-        "description": tool.get("description"),
-        "parameters": tool.get("parameters"),
-        "strict": tool.get("strict") is not False,
-    }
+    return TOOL.build(
+        type="function",
+        name=tool["name"],
+        description=tool.get("description"),
+        parameters=tool.get("parameters"),
+        strict=tool.get("strict") is not False,
+    )
 
 
 def _part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return OUTPUT_TEXT.build(type="output_text", text=text, annotations=[], logprobs=[])
 
 
 def message_item(text: str, item: str, status: str = "completed") -> dict:
     part = _part(text)
-    return {
-        "id": item,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [part] if text or status == "completed" else [],
-    }
+    return MESSAGE_ITEM.build(
+        id=item,
+        type="message",
+        status=status,
+        role="assistant",
+        content=[part] if text or status == "completed" else [],
+    )
 
 
 def call_item(call_id: str, name: str, arguments: str, item: str, status: str = "completed") -> dict:
-    return {
-        "id": item,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    }
+    return CALL_ITEM.build(
+        id=item, type="function_call", status=status, call_id=call_id, name=name, arguments=arguments
+    )
 
 
 def _usage(counted: ev.Usage) -> dict:
-    return {
-        "input_tokens": counted.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": counted.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": counted.prompt_tokens + counted.completion_tokens,
-    }
+    details = USAGE.fields
+    return USAGE.build(
+        input_tokens=counted.prompt_tokens,
+        input_tokens_details=details["input_tokens_details"].build(cached_tokens=0),
+        output_tokens=counted.completion_tokens,
+        output_tokens_details=details["output_tokens_details"].build(reasoning_tokens=0),
+        total_tokens=counted.prompt_tokens + counted.completion_tokens,
+    )
 
 
 def response(
-    ctx: Context, status: str, output: list[dict], usage: ev.Usage | None = None, error: dict | None = None
+    ctx: Context,
+    status: str,
+    output: list[dict],
+    usage: ev.Usage | None = None,
+    error: dict | None = None,
+    activations: ev.Read | None = None,
 ) -> dict:
     body = ctx.body
 
     def sent(key: str, default):
         return default if body.get(key) is None else body[key]
 
-    out = {
-        "id": ctx.id,
-        "object": "response",
-        "created_at": ctx.created,
-        "status": status,
-        "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": ctx.model,
-        "output": output,
-        "parallel_tool_calls": sent("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "store": ctx.store,
-        "temperature": sent("temperature", openai_params.TEMPERATURE.default),
-        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
-        "tool_choice": sent("tool_choice", "auto"),
-        "tools": [_echoed(tool) for tool in sent("tools", [])],
-        "top_p": sent("top_p", openai_params.TOP_P.default),
-        "truncation": "disabled",
-        "metadata": sent("metadata", {}),
-    }
+    extra = {}
     if usage is not None:  # OpenAI's schema has usage absent, not null, until it is known
-        out["usage"] = _usage(usage)
-    return out
+        extra["usage"] = _usage(usage)
+    if activations is not None:
+        extra["millm"] = sae_activations.millm(activations)
+    return RESPONSE.build(
+        id=ctx.id,
+        object="response",
+        created_at=ctx.created,
+        status=status,
+        error=error,
+        incomplete_details=INCOMPLETE.build(reason="max_output_tokens") if status == "incomplete" else None,
+        instructions=body.get("instructions"),
+        max_output_tokens=body.get("max_output_tokens"),
+        model=ctx.model,
+        output=output,
+        parallel_tool_calls=sent("parallel_tool_calls", True),
+        previous_response_id=body.get("previous_response_id"),
+        store=ctx.store,
+        temperature=sent("temperature", openai_params.TEMPERATURE.default),
+        text=TEXT_FORMAT.build(format=(body.get("text") or {}).get("format") or {"type": "text"}),
+        tool_choice=sent("tool_choice", "auto"),
+        tools=[_echoed(tool) for tool in sent("tools", [])],
+        top_p=sent("top_p", openai_params.TOP_P.default),
+        truncation="disabled",
+        metadata=sent("metadata", {}),
+        **extra,
+    )
 
 
 def finished(
     ctx: Context, finish_reason: str | None, output: list[dict], usage: ev.Usage | None, activations: ev.Read | None
 ) -> dict:
     """The finished Response: completed, or incomplete where max_output_tokens cut it."""
-    out = response(ctx, "incomplete" if finish_reason == "length" else "completed", output, usage)
-    if activations is not None:
-        out["millm"] = sae_activations.millm(activations)
-    return out
+    status = "incomplete" if finish_reason == "length" else "completed"
+    return response(ctx, status, output, usage, activations=activations)
 
 
 def whole(completion: ev.Completion, ctx: Context) -> dict:
@@ -144,7 +255,7 @@ async def stream(
     numbers = itertools.count()
 
     def event(kind: str, **fields) -> bytes:
-        return framing.sse({"type": kind, **fields, "sequence_number": next(numbers)}, kind)
+        return framing.sse(EVENTS.build(kind, **fields, sequence_number=next(numbers)), kind)
 
     output: list[dict] = []
     yield event("response.created", response=response(ctx, "in_progress", []))
@@ -178,7 +289,7 @@ async def stream(
         if isinstance(e, ev.Failure):  # the one place a failure becomes this surface's events
             error = e.error
             yield event("error", code=error.code, message=error.message, param=error.param)
-            failed = response(ctx, "failed", output, error={"code": error.code, "message": error.message})
+            failed = response(ctx, "failed", output, error=ERROR.build(code=error.code, message=error.message))
             yield event("response.failed", response=failed)
             return
         if isinstance(e, ev.Delta):

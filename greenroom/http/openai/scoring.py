@@ -18,9 +18,10 @@ import attrs
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core.contracts import INT64, NULL, AnyOf, Boolean, Choice, ListOf, Number, Shape, needs, sent, when
-from greenroom.http.openai import logprobs, openai_params
+from greenroom.http.core.objects import Object
+from greenroom.http.openai import chat_format, logprobs, openai_params
 from greenroom.http.openai.openai_params import new_rid
-from greenroom.http.pipeline import structured
+from greenroom.http.pipeline import sae_activations, structured
 from greenroom.http.pipeline.request import Streaming
 from greenroom.protocol import Generate, Score, Scores
 
@@ -401,8 +402,8 @@ def completion_response(score: Score, result: Scores, body: dict, fingerprint: s
                     echoed.offset if row.prompt is not None else row.prompt_chars,
                 )
         text = row.prompt_text + answer if score.echo else answer
-        choices.append({"index": i, "text": text, "logprobs": written, "finish_reason": "length"})
-    return _response(score, result, choices, "text_completion", fingerprint)
+        choices.append(chat_format.TEXT_CHOICE.build(index=i, text=text, logprobs=written, finish_reason="length"))
+    return _response(score, result, choices, chat_format.TEXT_COMPLETION, fingerprint)
 
 
 def chat_response(score: Score, result: Scores, body: dict, fingerprint: str) -> dict:
@@ -412,29 +413,27 @@ def chat_response(score: Score, result: Scores, body: dict, fingerprint: str) ->
         written = None
         if body.get("logprobs") is True:
             top = [logprobs.entry(_key(alt, as_ids), alt[1], alt[3]) for alt in row.top]
-            written = logprobs.chat(
-                [{**logprobs.entry(_key(row.token, as_ids), row.token[1], row.logprob), "top_logprobs": top}]
-            )
+            written = logprobs.chat([logprobs.chat_entry(_key(row.token, as_ids), row.token[1], row.logprob, top)])
+        message = chat_format.MESSAGE.build(role="assistant", content=row.token[1], refusal=None)
         choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": row.token[1], "refusal": None},
-                "logprobs": written,
-                "finish_reason": "length",
-            }
+            chat_format.CHAT_CHOICE.build(index=i, message=message, logprobs=written, finish_reason="length")
         )
-    return _response(score, result, choices, "chat.completion", fingerprint)
+    return _response(score, result, choices, chat_format.CHAT_COMPLETION, fingerprint)
 
 
-def _response(score: Score, result: Scores, choices: list, kind: str, fingerprint: str) -> dict:
+def _response(score: Score, result: Scores, choices: list, kind: Object, fingerprint: str) -> dict:
     prompt_tokens = sum(r.prompt_tokens for r in result.rows)
     scored = sum(r.token is not None for r in result.rows)  # an echo with max_tokens 0 scores none
-    return {
-        "id": score.rid,
-        "object": kind,
-        "created": int(time.time()),
-        "model": score.model,
-        "system_fingerprint": fingerprint,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": scored, "total_tokens": prompt_tokens + scored},
-    }
+    read = {} if result.sae_activations is None else {"millm": sae_activations.millm(result.sae_activations)}
+    return kind.build(
+        id=score.rid,
+        object=kind.fields["object"].values[0],
+        created=int(time.time()),
+        model=score.model,
+        system_fingerprint=fingerprint,
+        choices=choices,
+        usage=chat_format.USAGE.build(
+            prompt_tokens=prompt_tokens, completion_tokens=scored, total_tokens=prompt_tokens + scored
+        ),
+        **read,
+    )

@@ -14,11 +14,34 @@ from quart import Quart
 from greenroom.errors import GreenroomError
 from greenroom.http.core import ledger, routes
 from greenroom.http.core.contracts import Boolean, ListOf, Number, Shape, Text, refused, sent
+from greenroom.http.core.objects import COUNT, TEXT, Object, or_null
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import generation, structured
 from greenroom.http.pipeline.answering import single
 from greenroom.protocol import Tokenize, Tokenized
 from greenroom.supervisor.tree import Tree
+
+TOKENIZED = Object(
+    name="Tokenized",
+    fields={
+        "count": COUNT,
+        "max_model_len": Number(integer=True, lo=0, description="The model's context window"),
+        "tokens": ListOf(items=COUNT),
+        "token_strs": or_null(ListOf(items=TEXT)),
+    },
+)
+DETOKENIZED = Object(name="Detokenized", fields={"prompt": TEXT})
+OBJECTS = (TOKENIZED, DETOKENIZED)
+
+
+def tokenized_answer(answer: Tokenized) -> dict:
+    return TOKENIZED.build(
+        count=len(answer.tokens),
+        max_model_len=answer.context_length,
+        tokens=answer.tokens,
+        token_strs=answer.token_strs,
+    )
+
 
 TOKENIZE = Shape(
     fields={
@@ -89,16 +112,7 @@ def register(app: Quart, tree: Tree) -> None:
             )
         headers = ledger.report_headers(req.ignored + unread, req.strict)
         answer = await tokenized(tree, message)
-        return (
-            {
-                "count": len(answer.tokens),
-                "max_model_len": answer.context_length,
-                "tokens": answer.tokens,
-                "token_strs": answer.token_strs,
-            },
-            200,
-            headers,
-        )
+        return tokenized_answer(answer), 200, headers
 
     @routes.view(app, "POST", "/detokenize")
     async def detokenize():
@@ -112,4 +126,4 @@ def register(app: Quart, tree: Tree) -> None:
             )
         headers = req.headers()
         answer = await tokenized(tree, Tokenize(openai_params.new_rid("detokenize"), req.model, token_ids=tokens))
-        return {"prompt": answer.text}, 200, headers
+        return DETOKENIZED.build(prompt=answer.text), 200, headers

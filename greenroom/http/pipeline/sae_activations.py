@@ -14,6 +14,8 @@ import attrs
 
 from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K, Activations, Positions, ReadoutRequest, Span
 from greenroom.errors import GreenroomError
+from greenroom.http.core.contracts import Choice, ListOf
+from greenroom.http.core.objects import COUNT, FLOAT, TEXT, Object
 from greenroom.protocol import Generate, GetSteering, Score
 from greenroom.supervisor.tree import Tree
 
@@ -33,6 +35,38 @@ NOTES = {
     "unsteered": "A scoring request runs with every SAE hook suppressed: these are the unsteered model's "
     "activations at this layer, whatever steering is live.",
 }
+
+MILLM = Object(
+    name="Millm",
+    fields={
+        "sae_activations": Object(
+            name="SaeActivations",
+            fields={
+                "sae_id": TEXT,
+                "layer": COUNT,
+                "read_point": Choice(
+                    values=(*READ_POINTS, "unsteered"),
+                    description="unsteered on a scoring request, whose pass runs with every SAE hook suppressed",
+                ),
+                "positions": ListOf(
+                    items=Object(
+                        name="PositionRead",
+                        fields={
+                            "position": COUNT,
+                            "token_id": COUNT,
+                            "features": ListOf(
+                                items=Object(name="FeatureValue", fields={"index": COUNT, "value": FLOAT})
+                            ),
+                        },
+                    ),
+                    description="The positions actually read (the last sampled token is never fed back, so it has none)",
+                ),
+                "note": TEXT,
+            },
+        )
+    },
+)
+SAE_ACTIVATIONS = MILLM.fields["sae_activations"]
 
 
 async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False) -> Generate | Score:
@@ -71,7 +105,9 @@ async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False
 
 def millm(activations: Activations) -> dict:
     """The response's `millm` object from the engine's readout."""
-    return {"sae_activations": {**attrs.asdict(activations), "note": NOTES[activations.read_point]}}
+    return MILLM.build(
+        sae_activations=SAE_ACTIVATIONS.build(**attrs.asdict(activations), note=NOTES[activations.read_point])
+    )
 
 
 def _refuse(param: str, why: str) -> None:
