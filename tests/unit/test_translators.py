@@ -373,6 +373,11 @@ def test_the_request_is_typed_and_names_no_surface():
             {"query": "q", "max_tokens": 0},
             ("'max_tokens' must be between 1 and 2147483647, got 0", "max_tokens"),
         ),
+        (  # a count enforces no schema, but one that is not an object is no schema (found by the OpenAPI fuzz)
+            lambda b: messages_api.translate(b, generating=False),
+            {**MESSAGES[0][0], "output_config": {"format": {"type": "json_schema", "schema": 0.0}}},
+            ("'output_config.format.schema' must be a JSON schema (an object)", "output_config.format.schema"),
+        ),
     ],
 )
 def test_a_translator_refuses_in_the_surface_fields(translate, body, refused):

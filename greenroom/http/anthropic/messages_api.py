@@ -351,7 +351,13 @@ def _response_format(body: dict, unread: list[str]):
             '\'output_config.format\' must be {"type": "json_schema", "schema": …}',
             "output_config.format",
         )
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+    if not isinstance(fmt.get("schema"), dict):  # a count checks no more of it than this, as its document says
+        raise GreenroomError(
+            "invalid_parameter",
+            "'output_config.format.schema' must be a JSON schema (an object)",
+            "output_config.format.schema",
+        )
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def translate(body: dict, generating: bool = True) -> tuple[ChatRequest, list[str], FieldPaths]:

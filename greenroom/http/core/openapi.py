@@ -824,6 +824,9 @@ def _management_schemas() -> dict:
             {"enum": ["loaded", "unloaded", "loading", "converting", "unloading"]},
             "converting: loading, its GGUF file being converted into the transformers engine's checkpoint",
         ),
+        "footprint_bytes": _described(
+            _nullable(_COUNT), "What the loaded model takes on its device, as its actor reported; null: not loaded"
+        ),
     }
     return {
         "ModelState": _closed(
