@@ -6,6 +6,7 @@ lacks (or a required one missing) fails at build time."""
 import array
 import json
 
+import attrs
 import jsonschema_rs
 import pytest
 import trio
@@ -38,6 +39,7 @@ from .test_formatters import (
     MESSAGES_CTX,
     NEEDLE_CTX,
     READ,
+    STATS,
     TOKEN,
     _each,
     called,
@@ -51,7 +53,9 @@ from .test_formatters import (
 from .test_ollama_format import TOK
 from .test_ollama_format import context as ollama_ctx
 
-READ_SOME = Activations("s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)])])
+READ_SOME = Activations(
+    "s", 1, "post_steering", [PositionRead(3, 42, [FeatureValue(5, 0.5)]), PositionRead(4, None, [])]
+)  # past the tokens fed: no token id
 _MADE = {
     "system": "Be brief.",
     "license": ["MIT"],
@@ -81,11 +85,16 @@ def _streamed(events, **context) -> list[dict]:
 
 _CALLED = called("add", ARGS, ("Let me add.",))
 _TEXT = [ev.Tokens(0, (TOKEN,)), ev.Delta(0, "Hi"), ev.Usage(5, 1), finished(0, "stop", "\n", 1)]
+_UNSCORED = [ev.Delta(0, "Hi"), ev.Usage(5, 1), finished(0, stats=attrs.evolve(STATS, logprob_sum=None))]
 
 # (object, what its formatter builds from sample inputs)
 SAMPLES = [
     (chat_format.CHAT_COMPLETION, lambda: [chat_format.whole(folded(*_CALLED), _ctx())]),
     (chat_format.CHAT_COMPLETION, lambda: [chat_format.whole(folded(*_CALLED), _ctx(extras=NEEDLE_CTX.extras))]),
+    (  # an engine that reports no token probabilities: x_needle's confidence is null
+        chat_format.CHAT_COMPLETION,
+        lambda: [chat_format.whole(folded(*_UNSCORED), _ctx(extras=NEEDLE_CTX.extras))],
+    ),
     (
         chat_format.CHAT_COMPLETION,
         lambda: [chat_format.whole(folded(*_TEXT, ev.Activations(READ_SOME)), _ctx(writers=_writers(True)))],

@@ -49,8 +49,10 @@ X_NEEDLE = Object(
     name="XNeedle",
     fields={
         "type": Choice(values=("call", "respond", "refuse")),
-        "confidence": Number(
-            lo=0, hi=1, description="Geometric mean of the produced tokens' probabilities; 0 for an empty answer"
+        "confidence": or_null(
+            Number(lo=0, hi=1),
+            "Geometric mean of the produced tokens' probabilities; 0 for an empty answer; null where the engine "
+            "reports no token probabilities (said in warnings)",
         ),
         "reasoning": Text(description="The text beside tool calls; empty without calls"),
         "validation": Object(name="Validation", fields={"ungrounded": ListOf(items=Text()), "negation": BOOLEAN}),

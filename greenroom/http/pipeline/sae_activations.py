@@ -15,7 +15,7 @@ import attrs
 from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K, Activations, Positions, ReadoutRequest, Span
 from greenroom.errors import GreenroomError
 from greenroom.http.core.contracts import Choice, ListOf
-from greenroom.http.core.objects import COUNT, FLOAT, TEXT, Object
+from greenroom.http.core.objects import COUNT, FLOAT, TEXT, Object, or_null
 from greenroom.protocol import Generate, GetSteering, Score
 from greenroom.supervisor.tree import Tree
 
@@ -53,7 +53,7 @@ MILLM = Object(
                         name="PositionRead",
                         fields={
                             "position": COUNT,
-                            "token_id": COUNT,
+                            "token_id": or_null(COUNT, "null: a position past the tokens fed"),
                             "features": ListOf(
                                 items=Object(name="FeatureValue", fields={"index": COUNT, "value": FLOAT})
                             ),
