@@ -251,15 +251,10 @@ class Lifecycle:
         held: dict[tuple[str | None, str], list[ModelState]] = {}
         for ms in self.table.replicas.values():
             for m in ms:
-                if m.state in (LoadState.LOADED, LoadState.UNLOADING) or m.holds_room:
+                if _holds_memory(m):
                     held.setdefault((m.slot.host, m.placement.device), []).append(m)
         return [
-            {
-                "host": host,
-                "device": device,
-                "models": [m.id for m in ms],
-                "bytes": sum(self._resident(m).footprint for m in ms),
-            }
+            {"host": host, "device": device, "models": [m.id for m in ms], "bytes": sum(map(_footprint, ms))}
             for (host, device), ms in held.items()
         ]
 
@@ -272,9 +267,7 @@ class Lifecycle:
             o
             for ms in self.table.replicas.values()
             for o in ms
-            if o is not m
-            and (o.slot.host, o.placement.device) == (slot.host, device)
-            and (o.state in (LoadState.LOADED, LoadState.UNLOADING) or o.holds_room)
+            if o is not m and (o.slot.host, o.placement.device) == (slot.host, device) and _holds_memory(o)
         ]
 
     def _busy(self, m: ModelState) -> bool:
@@ -283,10 +276,9 @@ class Lifecycle:
         return serving or trio.current_time() - m.last_used < HANDOFF_S
 
     def _resident(self, m: ModelState) -> eviction.Resident:
-        footprint = m.info.footprint_bytes if m.info is not None and m.info.footprint_bytes else None
         return eviction.Resident(
             m.id,
-            footprint if footprint is not None else checkpoint_bytes(m.placement) or 0,
+            _footprint(m),
             self._busy(m),
             m.pinned,
             m.last_used,
@@ -319,7 +311,7 @@ class Lifecycle:
             f"model {m.id!r} needs room on {m.placement.device}, and the models that must make it were still "
             f"answering requests after {bound:g} s; retry",
             "model",
-        ) from None
+        )
 
     async def _plan(
         self, m: ModelState, slot: ActorSlot, placement: Placement, residents: list[ModelState]
@@ -486,6 +478,17 @@ def _stage(m: ModelState, stage: str) -> float:
     m.stage = stage
     log.info("model %s: %s", m.id, _STAGES.get(stage, stage))
     return time.monotonic()
+
+
+def _holds_memory(m: ModelState) -> bool:
+    """Loaded, being unloaded, or loading past its room check: its memory is taken."""
+    return m.state in (LoadState.LOADED, LoadState.UNLOADING) or m.holds_room
+
+
+def _footprint(m: ModelState) -> int:
+    """What `m` takes on its device: its actor's report after loading, else the estimate."""
+    reported = m.info.footprint_bytes if m.info is not None else None
+    return reported or checkpoint_bytes(m.placement) or 0
 
 
 def _refuse_while_unloading(slot: ActorSlot) -> None:

@@ -93,6 +93,11 @@ def test_ollamas_scheduler_variables_set_the_limits_and_a_budget_reads_its_unit(
     assert load_config(env={"GREENROOM_MAX_LOADED_MODELS": "1", **env}).max_loaded_models == 1  # greenroom's first
 
 
+def test_a_negative_model_cap_stops_the_start():
+    with pytest.raises(ValueError, match="max_loaded_models is a count"):
+        load_config(env={"OLLAMA_MAX_LOADED_MODELS": "-1"})
+
+
 @pytest.mark.parametrize("budget", ["lots", "-1GiB", "0", "12 parsecs", "GiB"])
 def test_a_budget_that_is_not_a_size_stops_the_start(budget):
     with pytest.raises(ValueError, match="memory_budget is a size"):
