@@ -12,6 +12,7 @@ from .base import Engine, EngineError, default_cpu_threads
 
 PACKAGE = "package:"  # package:<top-level package>/<file inside it>
 CONVERTED = "gguf-converted:"  # gguf-converted:<a source naming a .gguf file>
+UNPACKED = "unpacked:"  # unpacked:<a source naming a .zip holding a checkpoint>
 
 
 def source_path(source: str, cache_dir: str | None) -> Path:
@@ -20,7 +21,8 @@ def source_path(source: str, cache_dir: str | None) -> Path:
     `demo-openvino:<size>` → the demo OpenVINO model directory, `package:<name>/<file>` →
     that file inside the installed package `name` (the source itself when it is not
     installed), `gguf-converted:<source>` → the cached transformers checkpoint converted from
-    that source's GGUF file; else the path itself. Builds nothing, imports no package."""
+    that source's GGUF file, `unpacked:<source>` → the cached folder that source's zip unpacks
+    to; else the path itself. Builds nothing, imports no package."""
     from .demo.demo_model import default_cache_dir
 
     if source.startswith(PACKAGE):
@@ -29,6 +31,10 @@ def source_path(source: str, cache_dir: str | None) -> Path:
         from .llama_cpp.gguf_convert import converted_dir
 
         return converted_dir(default_cache_dir(cache_dir), source_path(source[len(CONVERTED) :], cache_dir))
+    if source.startswith(UNPACKED):
+        from .unpacked import unpacked_dir
+
+        return unpacked_dir(default_cache_dir(cache_dir), source_path(source[len(UNPACKED) :], cache_dir))
     if source.startswith("demo:"):
         from .demo.demo_model import demo_model_dir
 
@@ -57,7 +63,7 @@ def checkpoint_json(path: Path, name: str = "config.json") -> dict:
 
 def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], None] | None = None) -> Path:
     """The checkpoint of a model source, building the demo model or converting a GGUF file
-    on first use. A source that is not there is EngineError model_load_failed. `stage(name)` is
+    on first use, unpacking a zipped one. A source that is not there is EngineError model_load_failed. `stage(name)` is
     told a long stage as it starts: "converting"."""
     if source.startswith(CONVERTED):
         from .demo.demo_model import default_cache_dir
@@ -70,6 +76,17 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
         except ValueError as exc:
             raise EngineError(
                 "model_load_failed", f"model source {source!r} could not be converted: {exc}", "model"
+            ) from None
+    if source.startswith(UNPACKED):
+        from .demo.demo_model import default_cache_dir
+        from .unpacked import ensure_unpacked
+
+        zip_file = resolve_source(source[len(UNPACKED) :], cache_dir)
+        try:
+            return ensure_unpacked(default_cache_dir(cache_dir), zip_file)
+        except ValueError as exc:
+            raise EngineError(
+                "model_load_failed", f"model source {source!r} could not be unpacked: {exc}", "model"
             ) from None
     if source.startswith(PACKAGE) and _package_file(source) is None:
         name = source[len(PACKAGE) :].partition("/")[0]
