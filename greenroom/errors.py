@@ -51,6 +51,9 @@ TABLE: dict[str, ErrorKind] = {
     "model_busy": ErrorKind(503, SERVER),
     "model_load_failed": ErrorKind(500, SERVER),
     "unsupported_quantization": ErrorKind(400, INVALID),
+    # a route the model cannot serve: chat or generation on an embedding model, as Ollama answers it
+    # ('"all-minilm" does not support chat')
+    "unsupported_capability": ErrorKind(400, INVALID),
     "insufficient_memory": ErrorKind(503, INVALID),  # the spec's type for it: the client asked too much
     "queue_full": ErrorKind(503, SERVER),
     "engine_busy": ErrorKind(429, SERVER),  # queue_full on /v1/needle/*, as Needle answers it

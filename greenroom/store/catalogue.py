@@ -7,7 +7,8 @@ filters it; both answer offline, so neither reports live Hub figures (downloads,
 many; `released` is the repository's first release (for sort=newest); the order of
 CATALOGUE is its popularity rank (sort=popular). An alias resolving to a repository does
 not mean the model was validated here: the `type: embedding` entries are BERT encoders,
-which greenroom's causal-LM engines cannot load yet (a pull downloads them; a load fails).
+which the transformers engine loads as embedding models (engines/transformers/encoder_engine.py;
+all-minilm is also installed and served as `all-minilm:transformers` by the default config).
 """
 
 from __future__ import annotations

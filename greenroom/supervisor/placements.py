@@ -11,7 +11,8 @@ import attrs
 import trio
 
 from greenroom.engines.base import ModelInfo
-from greenroom.engines.capabilities import Capabilities, common
+from greenroom.engines.capabilities import EMBEDDING_MODEL, Capabilities, capabilities_of, common
+from greenroom.engines.embedding_models import embedding_only
 from greenroom.engines.loader import source_path
 from greenroom.errors import GreenroomError
 from greenroom.supervisor.slots import ActorSlot
@@ -43,6 +44,14 @@ class Placement:
     def path(self) -> Path:
         """Where its checkpoint or file is, or will be once built (builds nothing)."""
         return source_path(self.source, self.cache_dir)
+
+    def embedding_model(self) -> bool:
+        """Whether it is an embedding model (engines/embedding_models.py; its files read once)."""
+        return embedding_only(self.source, self.cache_dir)
+
+    def capabilities(self) -> Capabilities:
+        """What it honours: its engine's, or an embedding model's."""
+        return EMBEDDING_MODEL if self.embedding_model() else capabilities_of(self.engine)
 
     def to_spec(self) -> dict:
         """The placement as it crosses to another process (protocol.Load, the engine session's
@@ -149,8 +158,12 @@ class ModelTable:
         raise GreenroomError("model_not_found", f"The model '{name}' does not exist", "model")
 
     def capabilities(self, model: str) -> tuple[str, Capabilities]:
-        """The engine(s) `model` is placed on (`a/b` for several) and what all of them honour."""
-        engines = tuple(dict.fromkeys(m.placement.engine for m in self.replicas_of(model)))
+        """The engine(s) `model` is placed on (`a/b` for several) and what all of them honour
+        (an embedding model's: what an embedding model has)."""
+        replicas = self.replicas_of(model)
+        engines = tuple(dict.fromkeys(m.placement.engine for m in replicas))
+        if any(m.placement.embedding_model() for m in replicas):
+            return "/".join(engines), EMBEDDING_MODEL
         return "/".join(engines), common(engines)
 
 

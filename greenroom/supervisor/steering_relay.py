@@ -10,7 +10,7 @@ import uuid
 import attrs
 
 from greenroom import steering_rules as rules
-from greenroom.engines.capabilities import ENGINES, capabilities_of
+from greenroom.engines.capabilities import ENGINES
 from greenroom.errors import GreenroomError
 from greenroom.protocol import (
     AttachDefaultSAE,
@@ -97,7 +97,7 @@ class SteeringRelay:
     async def push_steering(self, m: ModelState, state: SteeringState) -> bool:
         """Send `state` to the engine actor holding placement `m`; whether it is live there
         (a placement not loaded, or not steerable, holds none)."""
-        if not capabilities_of(m.placement.engine).steering or m.state != LoadState.LOADED or m.slot.client is None:
+        if not m.placement.capabilities().steering or m.state != LoadState.LOADED or m.slot.client is None:
             return False
         if state.version == 0:
             return True  # nothing was ever set: the engine's unsteered start is the state
@@ -142,7 +142,7 @@ class SteeringRelay:
     async def push_steering_quietly(self, m: ModelState) -> None:
         """After an engine (re)start or a load: the model's current state. A failure is
         logged, never the load's or the actor's: the model then runs as the engine holds it."""
-        if not capabilities_of(m.placement.engine).steering:
+        if not m.placement.capabilities().steering:
             return
         try:
             await self.push_steering(m, await self.steering(GetSteering(m.id)))

@@ -1,5 +1,5 @@
-"""POST /v1/embeddings: mean-pooled last hidden layer, float and base64, usage, refusals; on the
-transformers and llama.cpp engines alike."""
+"""POST /v1/embeddings: mean-pooled last hidden layer, float and base64, usage, `dimensions`,
+refusals; on the transformers and llama.cpp engines alike (an embedding model: test_minilm.py)."""
 
 import base64
 import math
@@ -73,3 +73,14 @@ def test_input_past_the_context_window_is_refused(server):
 def test_bad_embedding_requests_are_typed_400(server, body, param):
     r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("model", [MODEL, "greenroom-demo-gguf:Q8_0"])
+def test_dimensions_cut_a_causal_lm_vector_to_unit_length(client, model):
+    """The spec's mean-pooled vector is not unit length; `dimensions` answers as OpenAI's: its
+    first coordinates, at unit length (it was refused as not implemented before)."""
+    whole = client.embeddings.create(model=model, input="the sea", encoding_format="float").data[0].embedding
+    cut = client.embeddings.create(model=model, input="the sea", dimensions=8).data[0].embedding
+    norm = math.sqrt(sum(x * x for x in whole[:8]))
+    assert cut == pytest.approx([x / norm for x in whole[:8]], rel=1e-5)
+    assert not math.isclose(math.sqrt(sum(x * x for x in whole)), 1.0, abs_tol=1e-3)  # the whole one is as pooled

@@ -62,7 +62,6 @@ EMBEDDING_REFUSED = [
     ("profile", "p"),
     ("steering_intensity", 1),
     ("steering", {"0": 1}),
-    ("dimensions", 8),
     ("tools", [{"type": "function"}]),
     ("tool_choice", "auto"),
     ("logit_bias", {"5": 1}),

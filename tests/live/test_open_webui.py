@@ -27,9 +27,16 @@ SLOW_TO_PREFILL = {"smollm2-135m-instruct", "smollm2-135m-instruct:Q4_1"}
 
 
 def served(server) -> list[str]:
-    """The served models, less SLOW_TO_PREFILL."""
+    """The served models Open WebUI offers for chat — those whose /api/show capabilities have
+    `completion` (an embedding model's are ["embedding"]) — less SLOW_TO_PREFILL."""
     listed = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]]
-    return [m for m in listed if m not in SLOW_TO_PREFILL]
+    chat = [
+        m
+        for m in listed
+        if "completion" in httpx.post(server.url + "/api/show", json={"model": m}, timeout=60).json()["capabilities"]
+    ]
+    assert len(chat) < len(listed)  # the default config's all-minilm is told apart
+    return [m for m in chat if m not in SLOW_TO_PREFILL]
 
 
 @pytest.fixture(autouse=True)

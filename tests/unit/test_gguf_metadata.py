@@ -15,6 +15,7 @@ from gguf_reference import agrees
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from greenroom.engines.capabilities import ENGINES
 from greenroom.engines.llama_cpp import gguf_meta
 from greenroom.http.ollama import model_facts
 from greenroom.supervisor.placements import Placement
@@ -78,7 +79,7 @@ def test_a_split_model_is_counted_over_all_its_files(tmp_path):
     placed = model_facts.Placed("big:Q8_0", Placement("big:Q8_0", str(parts[0]), "llama.cpp", "cpu"), None)
     (row,) = model_facts.tags([placed])
     assert row["size"] == sum(p.stat().st_size for p in parts) and row["details"]["parameter_size"] == "300"
-    assert model_facts.show(placed, False, False)["model_info"]["general.parameter_count"] == 300
+    assert model_facts.show(placed, ENGINES["llama.cpp"], False)["model_info"]["general.parameter_count"] == 300
     parts[1].unlink()  # a part missing: no count rather than the first part's alone
     (row,) = model_facts.tags([placed])
     assert row["size"] == parts[0].stat().st_size and row["details"]["parameter_size"] == ""

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from greenroom.engines.base import Activations, FeatureValue, PositionRead
+from greenroom.engines.capabilities import EMBEDDING_MODEL, ENGINES
 from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
 from greenroom.http.core.contracts import Named
@@ -188,7 +189,15 @@ SAMPLES = [
     (tokenize_api.DETOKENIZED, lambda: [tokenize_api.DETOKENIZED.build(prompt="Hi")]),
     (model_facts.TAGS, lambda: [model_facts.TAGS.build(models=model_facts.tags(PLACED))]),
     (model_facts.PS, lambda: [model_facts.PS.build(models=model_facts.ps(PLACED))]),
-    (model_facts.SHOWN, lambda: [model_facts.show(p, tools, False) for p, tools in zip(PLACED, (True, False))]),
+    (
+        model_facts.SHOWN,
+        lambda: [
+            model_facts.show(p, caps, False)
+            for p, caps in zip(
+                PLACED * 2, (ENGINES["transformers"], ENGINES["openvino"], EMBEDDING_MODEL, EMBEDDING_MODEL)
+            )
+        ],
+    ),
 ]
 
 

@@ -422,7 +422,7 @@ class _Answer:
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/messages")
     async def create_message():
-        req = await generation.prepare(tree, REQUEST, "on messages", translated=True)
+        req = await generation.prepare(tree, REQUEST, "on messages", translated=True, generates="chat")
         asked, unread, field_paths = translate(req.body)
         with field_paths.renaming():
             answer = _Answer(req.model)
@@ -430,7 +430,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/messages/count_tokens")
     async def count_tokens():
-        req = await generation.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True)
+        req = await generation.prepare(tree, COUNT_REQUEST, "on count_tokens", translated=True, generates="chat")
         asked, unread, field_paths = translate(req.body, generating=False)
         req = req.asking(asked, unread, field_paths)
         headers = req.headers()

@@ -55,6 +55,13 @@ def media_refused(where: str) -> GreenroomError:
     return GreenroomError("field_not_honoured", f"'{where}' cannot be honoured: {TEXT_ONLY}", where)
 
 
+def serves(caps: Capabilities, sent_model, what: str) -> None:
+    """Refuse, as Ollama refuses it, a request that `what`s (chat, generate) on a model that
+    generates nothing (an embedding model), naming the model as it was sent."""
+    if not caps.generation:
+        raise GreenroomError("unsupported_capability", f'"{sent_model}" does not support {what}', "model")
+
+
 def check(shape: Shape, body: dict, caps: Capabilities, where: str, translated: bool = False) -> list[str]:
     """Refuse what cannot be honoured; return the locations of every field not read. Each field's
     rule is its declaration's (`shape`'s); a field it does not declare is reported.

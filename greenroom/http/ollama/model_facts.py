@@ -4,7 +4,9 @@ checkpoint's config.json and safetensors headers, an OpenVINO directory's config
 IR. A model built at its first load is described by what it is built from until then: a model
 converted from a GGUF file (`gguf-converted:`) by that file, a demo GGUF or OpenVINO model by
 the demo checkpoint it is made from, a demo checkpoint not built yet by its definition
-(engines/demo/demo_model.py). The routes take a `Placed` snapshot in the trio thread and read the
+(engines/demo/demo_model.py); a zipped checkpoint (`unpacked:`) is unpacked to be described
+(a second's work its first load would do). An embedding model's capability is `embedding`
+alone, as Ollama shows one; its window is the length its checkpoint was trained for. The routes take a `Placed` snapshot in the trio thread and read the
 files in a worker.
 
 Rendering is total: whatever a file or a stored deadline holds, these routes answer — a
@@ -25,10 +27,12 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from greenroom.engines.base import ModelInfo
+from greenroom.engines.base import EngineError, ModelInfo
+from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.demo import demo_model
 from greenroom.engines.llama_cpp import gguf_files, gguf_meta
-from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
+from greenroom.engines.loader import CONVERTED, UNPACKED, checkpoint_json, resolve_source, source_path
+from greenroom.engines.text.pooling import max_seq_length
 from greenroom.http.core.contracts import Choice, ListOf, Text
 from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Object, or_null
 from greenroom.http.ollama import ollama_params
@@ -50,6 +54,8 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # IR constants that are not weights (shapes, indices, masks): left out of its storage type, as
 # the OpenVINO engine leaves them out
 _IR_NOT_WEIGHTS = {"i64", "i32", "boolean"}
+# safetensors element types that are not weights
+_SAFETENSORS_NOT_WEIGHTS = {"I64", "I32", "BOOL"}
 # Ollama's GGUF keys that /api/show leaves out of model_info (the template has its own field)
 _NOT_INFO = {"general.name", "tokenizer.chat_template"}
 
@@ -107,6 +113,8 @@ def facts(p: Placed) -> Facts:
     config = checkpoint_json(path)
     family = _text(config.get("model_type"))
     context = _count(config.get("max_position_embeddings"))
+    if context is not None:  # a sentence-transformers checkpoint's trained length, within its positions
+        context = min(max_seq_length(path) or context, context)
     template = p.placement.chat_template or _chat_template(path)
     info = _config_info(config, family, context)
     if (path / "openvino_model.xml").is_file():
@@ -131,9 +139,15 @@ def facts(p: Placed) -> Facts:
 
 
 def _described_by(placement: Placement) -> Path | str:
-    """The files that describe a model now (builds nothing, imports no torch): its own, or
-    while it is not built yet those it is built from; a demo size (str) when nothing is built."""
+    """The files that describe a model now (imports no torch; builds nothing but a zipped
+    checkpoint's folder): its own, or while it is not built yet those it is built from; a demo
+    size (str) when nothing is built."""
     path, source = placement.path(), placement.source
+    if source.startswith(UNPACKED) and not (path / "config.json").is_file():
+        try:
+            return resolve_source(source, placement.cache_dir)
+        except EngineError:  # no such zip: described as it is (nothing)
+            return path
     if source.startswith(CONVERTED) and not (path / "config.json").is_file():
         return source_path(source[len(CONVERTED) :], placement.cache_dir)  # not converted yet: its GGUF
     if source.startswith(("demo-gguf:", "demo-openvino:")) and not path.exists():
@@ -212,7 +226,7 @@ SHOWN = Object(
             "null when the files say nothing of the model (the ollama CLI dies on an object "
             "without general.architecture; the Python SDK needs the key)",
         ),
-        "capabilities": ListOf(items=Choice(values=("completion", "tools"))),
+        "capabilities": ListOf(items=Choice(values=("completion", "tools", "embedding"))),
         "modified_at": TEXT,
     },
     optional=("system", "license", "messages"),
@@ -260,8 +274,9 @@ def template_of(p: Placed, f: Facts | None = None) -> str:
     return (p.placement.defaults or {}).get("template") or (f or facts(p)).template
 
 
-def show(p: Placed, tools: bool, verbose: bool) -> dict:
-    """/api/show's answer; `tools`: whether the model's engine honours tools. A created
+def show(p: Placed, caps: Capabilities, verbose: bool) -> dict:
+    """/api/show's answer; `caps`: what the model honours (tools; an embedding model: embedding
+    alone, which is how chat front ends such as Open WebUI tell one). A created
     model's own system prompt, template, parameters, license and messages are shown, and the
     model it was made from as details.parent_model (Ollama leaves empty fields out)."""
     f = facts(p)
@@ -289,7 +304,7 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
     lines += [f"MESSAGE {m['role']} {_quoted(m['content'])}" for m in messages]
     # every engine that honours tools serves them on every template: one that does not render them
     # gets them described in its system message (engines/text/chat.py), so Ollama clients may send them
-    caps = ["completion"] + (["tools"] if tools else [])
+    shown = ["completion"] + (["tools"] if caps.tools else []) if caps.generation else ["embedding"]
     own = {"system": system, "license": "\n".join(licenses), "messages": messages}
     info = _model_info(f, verbose)
     return SHOWN.build(
@@ -301,7 +316,7 @@ def show(p: Placed, tools: bool, verbose: bool) -> dict:
         # null when empty, where Ollama leaves it out: the `ollama` CLI reads an object it is sent
         # as having general.architecture, and dies on one without it; the Python SDK needs the key
         model_info=info or None,
-        capabilities=caps,
+        capabilities=shown,
         modified_at=rfc3339(f.modified),
     )
 
@@ -423,7 +438,8 @@ def _safetensors_parameters(path: Path) -> int | None:
         if not isinstance(header, dict):
             return None
         for name, t in header.items():
-            if name == "__metadata__":
+            # integer tensors are buffers (a BERT's position_ids), not parameters
+            if name == "__metadata__" or isinstance(t, dict) and t.get("dtype") in _SAFETENSORS_NOT_WEIGHTS:
                 continue
             shape = t.get("shape") if isinstance(t, dict) else None
             if not isinstance(shape, list) or not all(

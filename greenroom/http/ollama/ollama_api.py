@@ -436,7 +436,7 @@ def register(app: Quart, tree: Tree) -> None:
         req = await prepare(tree, SHOW_REQUEST, "on /api/show")
         placed = model_facts.Placed.of(tree, req.model, trio.current_time())
         verbose = openai_params.boolean(req.body, "verbose", False)
-        shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps.tools, verbose)
+        shown = await trio.to_thread.run_sync(model_facts.show, placed, req.caps, verbose)
         return shown, 200, req.headers()
 
     @routes.view(app, "GET", "/api/version")

@@ -6,7 +6,6 @@ length answered is said in X-Greenroom-Dimensions."""
 
 from __future__ import annotations
 
-import math
 import time
 
 from quart import Quart
@@ -20,7 +19,7 @@ from greenroom.http.ollama import ollama_api, ollama_params
 from greenroom.http.ollama.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama.ollama_request import Prepared, prepare
 from greenroom.http.openai import openai_params
-from greenroom.http.pipeline.answering import single, vectors
+from greenroom.http.pipeline.answering import cut, single, unit, vectors
 from greenroom.protocol import Embed, Embedded
 from greenroom.supervisor.tree import Tree
 
@@ -106,11 +105,6 @@ async def _embed(tree: Tree, req: Prepared, inputs: list[str]) -> tuple[Embedded
     return await single(client, Embed(openai_params.new_rid("embd"), req.model, texts=inputs)), load_ns
 
 
-def _normalised(v: list[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in v))
-    return [x / norm for x in v] if norm > 0 else v
-
-
 EMBEDDED = Object(
     name="OllamaEmbedded",
     fields={
@@ -139,13 +133,14 @@ def register(app: Quart, tree: Tree) -> None:
         embedded, load_ns = await _embed(tree, req, inputs)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
-        floats = vectors(embedded)
-        if dimensions is not None and 0 < dimensions < len(floats[0]):
-            floats = [v[:dimensions] for v in floats]
+        # Ollama's EmbedHandler: every vector at unit length, then a `dimensions` below the width cut
+        floats = [unit(v) for v in vectors(embedded)]
+        if dimensions is not None:
+            floats = cut(floats, dimensions)
         headers[DIMENSIONS_HEADER] = str(len(floats[0]))
         body = EMBEDDED.build(
             model=req.sent_model,
-            embeddings=[_normalised(v) for v in floats],
+            embeddings=floats,
             total_duration=time.monotonic_ns() - req.started_ns,
             load_duration=load_ns,
             prompt_eval_count=embedded.prompt_tokens,

@@ -3,6 +3,7 @@ models. Every request goes through the field ledger before anything is loaded.""
 
 from __future__ import annotations
 
+import array
 import base64
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,7 @@ from greenroom.http.manage import steering_api
 from greenroom.http.openai import chat_body, chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import generation, sae_activations, structured
-from greenroom.http.pipeline.answering import single, vectors
+from greenroom.http.pipeline.answering import cut, single, vectors
 from greenroom.http.pipeline.generation import Planned, Prepared, prepare
 from greenroom.http.pipeline.request import Streaming
 from greenroom.protocol import Admitted, Embedded, Generate, Score
@@ -108,7 +109,7 @@ def _chat(req: Prepared, job: Planned, serving: Serving, extras: bool = False, c
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/chat/completions")
     async def chat_completions():
-        req = await prepare(tree, CHAT, "on chat completions")
+        req = await prepare(tree, CHAT, "on chat completions", generates="chat")
         if scoring.is_chat_scoring(req.body):
             stream = openai_params.streaming(req.body)
             score = await _readout(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
@@ -119,7 +120,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/completions")
     async def completions():
-        req = await prepare(tree, COMPLETION, "on text completions")
+        req = await prepare(tree, COMPLETION, "on text completions", generates="generate")
         stream = openai_params.streaming(req.body)
         if scoring.is_completion_scoring(req.body):
             score = await _readout(tree, req.body, scoring.completion_score(req.body, req.model, stream.on))
@@ -132,10 +133,10 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/embeddings")
     async def embeddings():
         req = await prepare(tree, openai_params.EMBEDDING, "on embeddings")
-        embed, fmt = openai_params.embedding_request(req.body, req.model)
+        embed, fmt, dimensions = openai_params.embedding_request(req.body, req.model)
         headers = req.headers()
         client, _ = await tree.client_for(req.model)
-        return embedding_list(await single(client, embed), fmt, req.model), 200, headers
+        return embedding_list(await single(client, embed), fmt, req.model, dimensions), 200, headers
 
     @routes.view(app, "POST", "/v1/needle/extract")
     async def needle_extract():
@@ -168,14 +169,27 @@ def model_card(model_id: str) -> dict:
     return MODEL.build(id=model_id, object="model", created=_CREATED, owned_by="greenroom")
 
 
-def embedding_list(event: Embedded, fmt: str, model: str) -> dict:
-    """The embeddings of `event`: floats, or with encoding_format base64 the float32 bytes."""
-    floats = vectors(event) if fmt == "float" else None
+def embedding_list(event: Embedded, fmt: str, model: str, dimensions: int | None = None) -> dict:
+    """The embeddings of `event`: floats, or with encoding_format base64 the float32 bytes;
+    `dimensions`: each cut to that many, at unit length again (400 past the model's width)."""
+    raw = event.vectors
+    if dimensions is not None:
+        width = len(raw[0]) // 4
+        if dimensions > width:
+            raise GreenroomError(
+                "invalid_parameter",
+                f"'dimensions' is {dimensions}, past this model's {width}: it can shorten its vectors, not lengthen "
+                "them",
+                "dimensions",
+            )
+        raw = [array.array("f", v).tobytes() for v in cut(vectors(event), dimensions)]
     data = [
         EMBEDDING.build(
-            object="embedding", index=i, embedding=base64.b64encode(v).decode() if floats is None else floats[i]
+            object="embedding",
+            index=i,
+            embedding=array.array("f", v).tolist() if fmt == "float" else base64.b64encode(v).decode(),
         )
-        for i, v in enumerate(event.vectors)
+        for i, v in enumerate(raw)
     ]
     usage = EMBEDDING_USAGE.build(prompt_tokens=event.prompt_tokens, total_tokens=event.prompt_tokens)
     return EMBEDDING_LIST.build(object="list", data=data, model=model, usage=usage)

@@ -455,7 +455,12 @@ EMBEDDING = Shape(
         ),
         "encoding_format": Choice(values=("float", "base64"), default="float"),
         "user": reported(),
-        "dimensions": refused(why=NOT_YET),
+        "dimensions": Number(
+            lo=1,
+            integer=True,
+            description="The first this many of each vector, at unit length again; the model's width: the whole "
+            "vector; more: 400",
+        ),
         "n": refused(1, why=_NOT_EMBEDDINGS),
         **{
             f: refused(*noop, why=_NOT_EMBEDDINGS)
@@ -871,7 +876,8 @@ def completion_request(body: dict, model: str, stream: Streaming) -> Generate:
     )
 
 
-def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
+def embedding_request(body: dict, model: str) -> tuple[Embed, str, int | None]:
+    """The Embed a /v1/embeddings body asks for, its encoding_format and its dimensions (None: whole)."""
     value = body.get("input")
     if value is None:
         raise GreenroomError("missing_parameter", "'input' is a required property", "input")
@@ -880,6 +886,9 @@ def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
         fmt = EMBEDDING.fields["encoding_format"].default
     if fmt not in EMBEDDING.fields["encoding_format"].values:
         raise GreenroomError("invalid_parameter", "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and not EMBEDDING.fields["dimensions"].holds(dimensions):
+        raise GreenroomError("invalid_parameter", "'dimensions' must be an integer of at least 1", "dimensions")
     rid = new_rid("embd")
     if isinstance(value, str):
         value = [value]
@@ -898,4 +907,4 @@ def embedding_request(body: dict, model: str) -> tuple[Embed, str]:
         embed = Embed(rid, model, token_ids=token_ids)
     if len(embed.texts or embed.token_ids) > MAX_EMBEDDING_INPUTS:
         raise GreenroomError("invalid_parameter", f"at most {MAX_EMBEDDING_INPUTS} inputs per request", "input")
-    return embed, fmt
+    return embed, fmt, dimensions

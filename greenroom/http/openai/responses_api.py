@@ -514,7 +514,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "POST", "/v1/responses")
     async def create_response():
-        req = await generation.prepare(tree, REQUEST, "on responses", translated=True)
+        req = await generation.prepare(tree, REQUEST, "on responses", translated=True, generates="chat")
         previous = openai_params.string(req.body, "previous_response_id")
         history = (await stored(previous, "previous_response_id")).conversation if previous is not None else []
         asked, messages, unread, field_paths = translate(req.body, history)

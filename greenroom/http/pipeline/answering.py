@@ -1,9 +1,11 @@
 """The answer of an engine request answered whole (Embed, Score, Tokenize): one event, or its
-typed error. A generation's answer goes through generation.py."""
+typed error; an Embedded's vectors, unit length or cut to fewer dimensions as the embedding
+routes ask. A generation's answer goes through generation.py."""
 
 from __future__ import annotations
 
 import array
+import math
 
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Embedded, Failed
@@ -22,3 +24,16 @@ async def single(client: EngineClient, message):
 def vectors(embedded: Embedded) -> list[list[float]]:
     """An Embedded's float32 vectors as lists."""
     return [array.array("f", raw).tolist() for raw in embedded.vectors]
+
+
+def unit(vector: list[float]) -> list[float]:
+    """`vector` scaled to length 1 (a zero vector stays as it is)."""
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 else vector
+
+
+def cut(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
+    """The first `dimensions` of each vector, at unit length again (as OpenAI's and Ollama's
+    `dimensions` answer: a shortened unit vector, the way Matryoshka-trained models are read);
+    vectors no longer than that are kept whole."""
+    return [unit(v[:dimensions]) if 0 < dimensions < len(v) else v for v in vectors]

@@ -72,13 +72,18 @@ class Prepared:
         return attrs.evolve(self, ignored=self.ignored + list(unread), paths=paths, request=request)
 
 
-async def prepare(tree: Tree, shape: Shape, where: str, translated: bool = False) -> Prepared:
+async def prepare(
+    tree: Tree, shape: Shape, where: str, translated: bool = False, generates: str | None = None
+) -> Prepared:
     """Parse, find the model's engine, and run the ledger: refusals happen here, before
-    any engine is asked for anything. `translated`: see ledger.check."""
+    any engine is asked for anything. `translated`: see ledger.check. `generates`: what the
+    route does ("chat", "generate"), which a model that generates nothing refuses."""
     strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
     body = openai_params.parse_json(await request.get_data())
     model = tree.resolve(openai_params.model_name(body))
     engine, caps = tree.capabilities(model)
+    if generates is not None:
+        ledger.serves(caps, openai_params.model_name(body), generates)
     where = f"{where} with the {engine} engine"
     ignored = ledger.check(shape, body, caps, where, translated)
     return Prepared(body, model, ignored, strict, caps, where)
