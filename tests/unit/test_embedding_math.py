@@ -1,5 +1,5 @@
 """The pure pieces of embeddings: the encoder's pooling over a padded batch and how it cuts
-inputs into batches (engines/transformers/encoder_engine.py), `dimensions`' cut and unit length
+inputs into batches (engines/transformers/pooled_batches.py), `dimensions`' cut and unit length
 (http/pipeline/answering.py), and which models are embedding models (engines/embedding_models.py)."""
 
 import json
@@ -11,7 +11,7 @@ import torch
 
 from greenroom.engines.embedding_models import embedding_only
 from greenroom.engines.text.pooling import Pooling, max_seq_length
-from greenroom.engines.transformers.encoder_engine import BATCH_TOKENS, batches, pool
+from greenroom.engines.transformers.pooled_batches import BATCH_TOKENS, batches, pool
 from greenroom.http.pipeline.answering import cut, unit
 
 # two rows, the second padded after its two tokens (the padding's states are garbage: 100)

@@ -1,11 +1,8 @@
 """An embedding model on the transformers engine: a BERT-family encoder (a sentence-transformers
 checkpoint such as all-MiniLM-L6-v2) loaded with AutoModel, which pools one vector per input
-as the checkpoint's own modules say (engines/text/pooling.py) and generates nothing — the
-front end refuses chat and generation on it before it is asked (engines/embedding_models.py).
-
-Many inputs run as padded batches: sorted by length (so a batch pads little), cut where a
-batch would pass BATCH_TOKENS padded positions, each batch one forward pass with its
-attention mask; the pooling reads only the unpadded positions."""
+as the checkpoint's own modules say (engines/text/pooling.py), in padded batches
+(pooled_batches.py), and generates nothing — the front end refuses chat and generation on it
+before it is asked (engines/embedding_models.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +14,7 @@ from transformers import AutoModel, AutoTokenizer
 from ..base import EngineError, ModelInfo, default_cpu_threads
 from ..capabilities import EMBEDDING_MODEL
 from ..text.pooling import Pooling, max_seq_length, read_pooling
-
-# padded positions one forward pass takes at most: 128 inputs of ~40 tokens run as one batch;
-# inputs at the 256-token window run 32 at a time (~100 MB of attention scores in float32)
-BATCH_TOKENS = 8192
+from .pooled_batches import embed_batched
 
 
 class EncoderEngine:
@@ -74,51 +68,16 @@ class EncoderEngine:
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled vector per tokenised input, in the inputs' order, in padded batches."""
-        out: list[list[float] | None] = [None] * len(inputs)
         with torch.inference_mode():
-            for batch in batches([len(ids) for ids in inputs], BATCH_TOKENS):
-                width = max(len(inputs[i]) for i in batch)
-                ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for row, i in enumerate(batch):
-                    ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
-                    mask[row, : len(inputs[i])] = 1
-                ids, mask = ids.to(self.device), mask.to(self.device)
-                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-                for i, vector in zip(batch, pool(hidden, mask, self.pooling).tolist(), strict=True):
-                    out[i] = vector
-        return out
+            return embed_batched(
+                lambda ids, mask: self.model(input_ids=ids, attention_mask=mask).last_hidden_state,
+                inputs,
+                self.pooling,
+                self.pad_id,
+                self.device,
+            )
 
     def unload(self) -> None:
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """The inputs' indices in batches, shortest first: each batch as many as fit in `budget`
-    padded positions (its count × its longest), at least one."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    for i in order:
-        if out and (len(out[-1]) + 1) * lengths[i] <= budget:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
-    """One float32 vector per row of `hidden` (rows × positions × width, right-padded), pooled
-    over the positions `mask` (rows × positions, 1 for a token) marks, as sentence-transformers'
-    Pooling module pools them; unit length when the checkpoint has a Normalize module."""
-    hidden, keep = hidden.float(), mask.unsqueeze(-1).float()
-    if pooling.mode == "cls":
-        vectors = hidden[:, 0]
-    elif pooling.mode == "max":
-        vectors = hidden.masked_fill(keep == 0, float("-inf")).max(dim=1).values
-    elif pooling.mode == "lasttoken":
-        vectors = hidden[torch.arange(hidden.shape[0]), mask.sum(dim=1) - 1]
-    else:
-        vectors = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(vectors, p=2, dim=1) if pooling.normalize else vectors

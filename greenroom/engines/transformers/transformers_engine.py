@@ -21,8 +21,10 @@ from ..scoring import Echoed, Scored, prompt_tokens, score_row
 from ..steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
 from ..text.chat import ChatTemplate
 from ..text.constraints import Constraints
+from ..text.pooling import MEAN
 from .fixed_shape import FixedShape
 from .fixed_shape import supported as fixed_shape_supported
+from .pooled_batches import embed_batched
 from .prefix_cache import PrefixCache
 from .sampling import new_generator, sample, token_logprob
 
@@ -287,12 +289,15 @@ class TransformersEngine:
         return Echoed(tokens, scored)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        out = []
+        """The spec's rule: the mean of the last hidden layer over each input's tokens, in padded batches."""
         with torch.inference_mode(), self.steering.suppressed():  # embeddings are never steered
-            for ids in inputs:
-                hidden = self.model.model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state
-                out.append(hidden[0].float().mean(dim=0).tolist())
-        return out
+            return embed_batched(
+                lambda ids, mask: self.model.model(input_ids=ids, attention_mask=mask).last_hidden_state,
+                inputs,
+                MEAN,
+                self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0,
+                self.device,
+            )
 
     def unload(self) -> None:
         del self.model
