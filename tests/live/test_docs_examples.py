@@ -73,6 +73,12 @@ OUTPUTS = {
     "# tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')": [
         re.escape("tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')")
     ],
+    # all-MiniLM-L6-v2's cosines (ollama.md): two sentences about music, and one about markets
+    "# 0.67 -0.05": [r"^0\.67 -0\.05$"],
+    # a batch of 128 on all-minilm: one 384-wide vector each
+    "# 128 384": [r"^128 384$"],
+    # /v1/embeddings' dimensions: the cut vector, at unit length
+    "# 64 1.0": [r"^64 1\.0$"],
     # scoring with allowed_token_ids: the distribution is renormalised over the listed ids
     "# normalised over the two ids": [normalised],
     # /tokenize of the demo model: its BOS and four tokens, each token's own text
