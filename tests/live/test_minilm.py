@@ -214,6 +214,8 @@ def test_chat_and_generation_are_refused_as_ollama_refuses_them(srv):
             call()
         # Ollama's words; greenroom's envelope adds the request id, as the spec's errors do
         assert err.value.status_code == 400 and err.value.error.startswith(f'"{MINILM}" does not support {what} (')
+    # `ollama stop` (no prompt, keep_alive 0) unloads it, as Ollama answers an unload before it asks
+    assert oc.generate(model=MINILM, keep_alive=0).done_reason == "unload"
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
     for call in (
         lambda: client.chat.completions.create(model=MINILM, messages=[{"role": "user", "content": "hi"}]),

@@ -323,7 +323,13 @@ async def _load(tree: Tree, req: Prepared, chat: bool, keep_alive: float | None)
 async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
     """What /api/generate and /api/chat read alike: the ledger, the options, `stream`
     (Ollama streams by default) and `keep_alive`."""
-    req = await prepare(tree, shape, where, defaults="chat" if shape is CHAT_REQUEST else "generate")
+    what = "chat" if shape is CHAT_REQUEST else "generate"
+    req = await prepare(tree, shape, where, defaults=what)
+    keep_alive = parse_keep_alive(req.body)
+    # a model that generates nothing (an embedding model) is refused as Ollama refuses it — but
+    # for an unload (`ollama stop`: no prompt, keep_alive 0), which Ollama's handlers answer first
+    if not (keep_alive == 0 and not req.body.get("messages" if what == "chat" else "prompt")):
+        ledger.serves(req.caps, req.sent_model, what)
     _no_thinking(req)
     options = ollama_params.resolve(req.body.get("options"), req.caps)
     req = attrs.evolve(req, unread=req.unread + options.unread)
@@ -332,7 +338,7 @@ async def _generation_request(tree: Tree, shape: contracts.Shape, where: str):
         options = attrs.evolve(options, params=attrs.evolve(options.params, logprobs=top))
     elif req.body.get("top_logprobs"):  # Ollama reads it only with logprobs
         req = attrs.evolve(req, unread=req.unread + ["top_logprobs"])
-    return req, options, openai_params.boolean(req.body, "stream", True), parse_keep_alive(req.body)
+    return req, options, openai_params.boolean(req.body, "stream", True), keep_alive
 
 
 def _no_thinking(req: Prepared) -> None:

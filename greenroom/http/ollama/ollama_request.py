@@ -58,8 +58,7 @@ def served(tree: Tree, name) -> str:
 
 
 async def prepare(tree: Tree, shape: Shape, where: str, defaults: str | None = None) -> Prepared:
-    """`defaults`: "generate" or "chat" — the route generates (a model that cannot is refused
-    as Ollama refuses it), and a model made by /api/create brings its defaults
+    """`defaults`: "generate" or "chat" — a model made by /api/create brings its defaults
     (ollama_defaults.py), merged before the ledger sees the body."""
     started = time.monotonic_ns()
     strict = ledger.strict_mode(request.headers.get(STRICT_HEADER))
@@ -70,7 +69,5 @@ async def prepare(tree: Tree, shape: Shape, where: str, defaults: str | None = N
         _, placement = tree.placement(model)
         body = ollama_defaults.apply(body, placement, chat=defaults == "chat")
     engine, caps = tree.capabilities(model)
-    if defaults is not None:
-        ledger.serves(caps, sent_model, defaults)
     unread = ledger.check(shape, body, caps, f"{where} with the {engine} engine")
     return Prepared(body, model, sent_model, caps, unread, strict, started)
