@@ -81,6 +81,13 @@ class SteeringRelay:
         """400 steering_unsupported unless `model` can steer; `done`: what the refusal says only
         steering engines' models are (steered, monitored)."""
         if not self.steers(model):
+            if not self.table.capabilities(model)[1].generation:
+                raise GreenroomError(
+                    "steering_unsupported",
+                    f"model {model!r} is an embedding model: it generates nothing to steer, and embeddings are "
+                    "never steered",
+                    "model",
+                )
             engines = "/".join(e for e, caps in ENGINES.items() if caps.steering)
             raise GreenroomError(
                 "steering_unsupported",

@@ -225,6 +225,10 @@ def test_chat_and_generation_are_refused_as_ollama_refuses_them(srv):
         with pytest.raises(openai.BadRequestError) as err:
             call()
         assert err.value.body["code"] == "unsupported_capability"
+    # nor is it steered: an SAE is refused before anything is read
+    r = httpx.post(srv.url + "/api/saes/attach", json={"model": MINILM, "sae": "random:384:3"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "steering_unsupported", r.text
+    assert "embedding model" in r.json()["error"]["message"]
     messages = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="does not support chat"):
         messages.messages.create(model=MINILM, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
