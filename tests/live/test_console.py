@@ -136,7 +136,7 @@ def test_the_files_are_served_open_with_a_strict_policy(console):
     assert httpx.get(console.url + "/", timeout=10).json()["api_key_required"] is True
 
 
-def test_tree_with_the_key_and_the_pages_weight(desktop, artifacts):
+def test_tree_with_the_key_and_the_pages_weight(desktop, artifacts, request):
     page = desktop.page
     page.wait_for_selector("#actors tbody tr")
     assert {"supervisor", "steering", "cpu"} <= set(page.locator("#actors tbody tr td:first-child").all_inner_texts())
@@ -152,6 +152,7 @@ def test_tree_with_the_key_and_the_pages_weight(desktop, artifacts):
     }"""
     )
     (artifacts / "page.json").write_text(json.dumps(figures))
+    request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"console page: {figures}")
     assert figures["files"] == 3 and figures["bytes"] < 64_000, figures  # the page, its script, its style
     assert figures["first_contentful_paint_ms"] is not None
     desktop.shot(artifacts, "tree-1280")

@@ -15,7 +15,7 @@ from pathlib import Path
 from quart import Quart, Response, request
 
 from greenroom.errors import GreenroomError
-from greenroom.http.core import contracts, routes
+from greenroom.http.core import contracts, headers, routes
 
 PREFIX = "/ui/"
 _FOLDER = Path(__file__).parent / "static"
@@ -26,7 +26,7 @@ FILE = contracts.Choice(values=FILES, description="one of the console's files")
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
+    headers.NOSNIFF_HEADER: "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }

@@ -98,7 +98,9 @@ async function refreshModels() {
   const select = $("model");
   const chosen = select.value || localStorage.getItem("greenroom.model");
   const steerable = ui.models.find((m) => ui.steering[m.id] && m.state === "loaded") || ui.models[0];
-  select.replaceChildren(...ui.models.map((m) => h("option", { value: m.id }, m.id)));
+  if ([...select.options].map((o) => o.value).join() !== ui.models.map((m) => m.id).join()) {
+    select.replaceChildren(...ui.models.map((m) => h("option", { value: m.id }, m.id))); // an open list stays open
+  }
   select.value = ui.models.some((m) => m.id === chosen) ? chosen : steerable ? steerable.id : "";
 }
 
