@@ -238,6 +238,8 @@ def test_a_monitoring_plot_draws(desktop, artifacts, console):
     page.wait_for_function("() => document.querySelectorAll('#mon-plot circle').length >= 6")
     assert page.locator("#mon-legend span").count() >= 3
     assert page.locator("#mon-plot polyline").count() == page.locator("#mon-legend span").count()
+    page.select_option("#mon-value", "mean")  # each feature's mean over the positions fed, not its max
+    assert "mean activation" in page.inner_text("#mon-note") and page.locator("#mon-plot circle").count() >= 6
     desktop.shot(artifacts, "monitoring-1280")
 
 

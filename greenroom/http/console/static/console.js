@@ -456,11 +456,18 @@ async function setLive(body) {
 
 // --- monitoring --------------------------------------------------------------------------------
 
+// Writes run one after another, each reading the controls as they are when it runs; while one is
+// pending a refresh leaves the controls alone, so a poll's older answer never undoes a click.
+let monitoringWrites = Promise.resolve();
+let monitoringPending = 0;
+
 async function refreshMonitoring() {
   const config = (await api("/api/monitoring")).models.find((m) => m.model === model());
-  $("mon-enabled").checked = Boolean(config && config.enabled);
-  $("mon-enabled").disabled = $("mon-topk").disabled = !config;
-  if (config && document.activeElement !== $("mon-topk")) $("mon-topk").value = config.top_k;
+  if (!monitoringPending) {
+    $("mon-enabled").checked = Boolean(config && config.enabled);
+    $("mon-enabled").disabled = $("mon-topk").disabled = !config;
+    if (config && document.activeElement !== $("mon-topk")) $("mon-topk").value = config.top_k;
+  }
   const page = await api(`/api/monitoring/records?model=${encodeURIComponent(model())}&since=${ui.since}&limit=500`);
   if (page.next > ui.since) { // a poll and a write's refresh may both ask for the same page: kept once
     ui.records = [...ui.records, ...page.records.filter((r) => r.id > ui.since)].slice(-1000);
@@ -469,32 +476,43 @@ async function refreshMonitoring() {
   plot();
 }
 
-async function setMonitoring() {
-  const top_k = Number($("mon-topk").value);
-  await api("/api/monitoring", { method: "PUT", body: { model: model(), enabled: $("mon-enabled").checked, top_k } });
-  say(`monitoring ${$("mon-enabled").checked ? "on" : "off"}, top ${top_k}`);
-  await refreshMonitoring();
+function setMonitoring() {
+  monitoringPending++;
+  const write = async () => {
+    try {
+      const [enabled, top_k] = [$("mon-enabled").checked, Number($("mon-topk").value)];
+      await api("/api/monitoring", { method: "PUT", body: { model: model(), enabled, top_k } });
+      say(`monitoring ${enabled ? "on" : "off"}, top ${top_k}`);
+    } finally {
+      monitoringPending--;
+    }
+    await refreshMonitoring();
+  };
+  monitoringWrites = monitoringWrites.then(write, write);
+  return monitoringWrites;
 }
 
-// Each monitored feature's max over time: the features seen most often in the window, one line each.
+// Each monitored feature's max (or mean) per request over time: the features seen most often in the
+// window, one line each.
 function plot() {
   const svg = $("mon-plot");
-  const window = Number($("mon-window").value);
+  const measure = $("mon-value").value;
+  const span = Number($("mon-window").value); // seconds shown; 0: every record kept
   const now = Date.now() / 1000;
-  const records = ui.records.filter((r) => r.model === model() && (!window || r.time >= now - window));
+  const records = ui.records.filter((r) => r.model === model() && (!span || r.time >= now - span));
   const W = 640, H = 260, L = 44, R = 10, T = 10, B = 28;
   const shapes = [];
   const line = (x1, y1, x2, y2, stroke) => svgNode("line", { x1, y1, x2, y2, stroke });
   shapes.push(line(L, H - B, W - R, H - B, "#999"), line(L, T, L, H - B, "#999"));
   $("mon-note").textContent = records.length
-    ? `${records.length} records; each point a request's max activation of the feature (over every position fed)`
+    ? `${records.length} records; each point a request's ${measure} activation of the feature (over every position fed)`
     : "no records in this window: turn monitoring on and chat";
   const counts = new Map();
   for (const r of records) for (const f of r.features) counts.set(f.index, (counts.get(f.index) || 0) + 1);
   const top = [...counts.entries()].sort((a, b) => b[1] - a[1]).slice(0, PALETTE.length).map(([index]) => index);
-  const t0 = window ? now - window : records.length ? Math.min(...records.map((r) => r.time)) : now - 60;
+  const t0 = span ? now - span : records.length ? Math.min(...records.map((r) => r.time)) : now - 60;
   const t1 = Math.max(t0 + 1, now);
-  const ymax = Math.max(1e-9, ...records.flatMap((r) => r.features.map((f) => f.max)));
+  const ymax = Math.max(1e-9, ...records.flatMap((r) => r.features.map((f) => f[measure])));
   const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const y = (v) => H - B - (v / ymax) * (H - T - B);
   for (const v of [0, ymax / 2, ymax]) {
@@ -504,7 +522,7 @@ function plot() {
   shapes.push(svgNode("text", { x: W - R - 60, y: H - 8 }, new Date(t1 * 1000).toLocaleTimeString()));
   top.forEach((index, i) => {
     const points = records
-      .map((r) => [r.time, (r.features.find((f) => f.index === index) || {}).max])
+      .map((r) => [r.time, (r.features.find((f) => f.index === index) || {})[measure]])
       .filter(([, v]) => v !== undefined);
     const color = PALETTE[i];
     shapes.push(svgNode("polyline", { points: points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.5 }));
@@ -587,6 +605,7 @@ $("steering-clear").addEventListener("click", guarded(() => setLive({ strengths:
 $("mon-enabled").addEventListener("change", guarded(setMonitoring));
 $("mon-topk").addEventListener("change", guarded(setMonitoring));
 $("mon-window").addEventListener("change", plot);
+$("mon-value").addEventListener("change", plot);
 setInterval(() => {
   const name = tab();
   if (ui.models.length && POLLED[name] && POLLED[name]() && !document.hidden) guarded(VIEWS[name])();
