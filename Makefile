@@ -17,7 +17,7 @@ LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=
                -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 PORT   ?= 8000
 
-.PHONY: install serve lint test test-fast docs bench clean
+.PHONY: install serve lint chromium test test-fast docs bench clean
 
 install: $(STAMP)
 
@@ -55,8 +55,22 @@ lint: install
 	$(VENV)/bin/ruff check greenroom tests bench
 	$(VENV)/bin/ruff format --check greenroom tests bench
 
+# The console's browser tests (tests/live/test_console.py) drive Debian's chromium through
+# Playwright (no browser download): installed here as root where it is missing.
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing chromium for the console's browser tests"; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else \
+			echo "the console's browser tests need Debian's chromium at $(CHROMIUM):"; \
+			echo "  sudo apt-get install chromium   (make test installs it itself when run as root)"; \
+			exit 1; \
+		fi; }
+
 # both tiers, the unit tier first: a broken pure function fails in seconds, before any server starts
-test: lint
+test: lint chromium
 	$(PY) -m compileall -q greenroom tests  # greenroom's own bytecode, for the same reason
 	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests/unit tests/live
 

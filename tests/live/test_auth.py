@@ -114,7 +114,7 @@ def keyed(tmp_path_factory, model_cache):
 
 # what each path parameter is walked with: a blob's digest is an empty body's (POST stores it, 201)
 EMPTY_BLOB = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-PARAMETERS = {"{id}": MODEL, "{name}": "auth-profile", "{digest}": EMPTY_BLOB}
+PARAMETERS = {"{id}": MODEL, "{name}": "auth-profile", "{digest}": EMPTY_BLOB, "{file}": "console.js"}
 
 
 def walked(srv):
@@ -149,12 +149,12 @@ def call(srv, method, path, headers):
     )
 
 
-def test_every_route_needs_the_key_but_health_and_index(keyed):
+def test_every_route_needs_the_key_but_health_index_and_the_consoles_files(keyed):
     # /api/create before /api/delete removes what it made; the SAE attached before the cluster is made
     for method, path, surface in sorted(
         walked(keyed), key=lambda r: r[1] in LAST or any(f"{r[0]} {r[1]}".startswith(last) for last in LAST)
     ):
-        open_route = path in ("/", "/health")
+        open_route = path in ("/", "/health") or path.startswith("/ui/")  # the console's page asks for the key
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = call(keyed, method, path, headers)
             if open_route:

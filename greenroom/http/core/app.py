@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from greenroom import __version__, metrics
 from greenroom.errors import RETRY_AFTER_S, RETRYABLE, GreenroomError, anthropic_status
+from greenroom.http import console
 from greenroom.http.anthropic import messages_api
 from greenroom.http.core import cors, openapi, routes
 from greenroom.http.core.headers import REQUEST_ID_HEADER
@@ -52,7 +53,9 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
             return jsonify(body), anthropic_status(err.code), headers
         return jsonify(err.openai_body()), err.status, headers
 
-    open_paths = frozenset({"/", "/health"})  # orchestrators probe these without credentials
+    # orchestrators probe these without credentials; a browser opens the console's page (its files
+    # hold no data) before it can ask for the key the page then sends
+    open_paths = frozenset({"/", "/health"})
     key = tree.config.api_key.encode() if tree.config.api_key else None
     origins = cors.Origins(tree.config.cors_origins)
 
@@ -67,7 +70,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
             origins.check(origin)
             if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
                 return "", 204, cors.preflight_headers(origin, request.headers.get("Access-Control-Request-Headers"))
-        if key is None or request.path in open_paths:
+        if key is None or request.path in open_paths or request.path.startswith(console.PREFIX):
             return None
         # RFC 7235: the scheme is case-insensitive ("bearer" works); Anthropic's clients send the key
         # as x-api-key. Compared in constant time, so its timing is no oracle
@@ -113,6 +116,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
         return {
             "name": "greenroom",
             "version": __version__,
+            "api_key_required": key is not None,
             "endpoints": [{"method": r.method, "path": r.path, "description": r.description} for r in routes.TABLE],
         }
 
@@ -159,6 +163,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     steering_api.register(app, tree)
     clusters_api.register(app, tree)
     monitoring_api.register(app, tree)
+    console.register(app)
     store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)  # one for uploads and creates
     ollama_models.register(app, tree, store)
     ollama_blobs.register(app, store)

@@ -32,3 +32,7 @@ TRUNCATED_HEADER = "X-Greenroom-Truncated"
 DEVICE_HEADER = "X-NPU-Proxy-Device"  # the device that computed: CPU, GPU or NPU
 ROUTE_REASON_HEADER = "X-NPU-Proxy-Route-Reason"  # why the router chose that placement
 TOKEN_COUNT_HEADER = "X-NPU-Proxy-Token-Count"  # the prompt's token count the router classifies by
+
+# --- standard ---------------------------------------------------------------------------------
+
+NOSNIFF_HEADER = "X-Content-Type-Options"  # the console's files: "nosniff", their type is the one sent

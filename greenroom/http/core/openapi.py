@@ -29,6 +29,7 @@ import copy
 
 from greenroom import __version__
 from greenroom.errors import TABLE, anthropic_status, anthropic_type
+from greenroom.http import console
 from greenroom.http.anthropic import messages_api, messages_format
 from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
@@ -295,6 +296,7 @@ _PATH_PARAMETERS = {
     "name": steering_api.PROFILE_NAME,
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
+    "file": console.FILE,
 }
 
 
@@ -365,6 +367,10 @@ def _response_schemas() -> dict:
             {
                 "name": _string(),
                 "version": _string(),
+                "api_key_required": {
+                    "type": "boolean",
+                    "description": "Whether the other routes need the API key (the console asks for it when they do)",
+                },
                 "endpoints": _array(
                     _obj(
                         {"method": _string(), "path": _string(), "description": _string()},
@@ -372,7 +378,7 @@ def _response_schemas() -> dict:
                     )
                 ),
             },
-            ("name", "version", "endpoints"),
+            ("name", "version", "api_key_required", "endpoints"),
         ),
         "Health": _obj(
             {
@@ -1224,6 +1230,8 @@ def _answer(route: Route) -> dict:
     (the fields `event`, `data`, `id`, `retry`; `data` a string), as OpenAPI 3.2's `itemSchema`
     does; an NDJSON stream is described as the array of its lines."""
     documented = {_HEADER_NAMES[h]: _ref(h, "headers") for h in route.headers} or None
+    if route.framing is Framing.FILE:
+        return {"description": route.answer, "content": {t: {"schema": _string()} for t in console.MEDIA_TYPES}}
     if route.response is None:  # no body (a HEAD's, an upload's)
         return {"description": route.answer}
     if route.framing is Framing.TEXT:

@@ -39,6 +39,7 @@ class Framing(enum.Enum):
     ONLY_SSE = "only_sse"  # always server-sent events
     NDJSON = "ndjson"  # newline-delimited JSON unless "stream": false (Ollama streams by default)
     TEXT = "text"  # text/plain
+    FILE = "file"  # a static file of the console (http/console): HTML, JavaScript or CSS
 
 
 OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
@@ -424,6 +425,24 @@ TABLE: tuple[Route, ...] = (
         query="ModelQuery",
         framing=Framing.ONLY_SSE,
         stream="MonitoringEvent",
+    ),
+    Route(
+        "GET",
+        "/ui/",
+        OPENAI,
+        "the steering console, a web page (open without the API key: the page asks for it)",
+        "console",
+        answer="The console's page",
+        framing=Framing.FILE,
+    ),
+    Route(
+        "GET",
+        "/ui/{file}",
+        OPENAI,
+        "the console's script and style",
+        "consoleFile",
+        answer="The file",
+        framing=Framing.FILE,
     ),
     Route("GET", "/v1/models", OPENAI, "models served", "listModels", "ModelList", "The models served"),
     Route("GET", "/v1/models/{id}", OPENAI, "one model card", "getModel", "Model", "The model's card"),
