@@ -2,7 +2,8 @@
 from its files without loading it: a GGUF file's header (engines/llama_cpp/gguf_meta.py), a
 checkpoint's config.json and safetensors headers, an OpenVINO directory's config.json and
 IR. A model built at its first load is described by what it is built from until then: a model
-converted from a GGUF file (`gguf-converted:`) by that file, a demo GGUF or OpenVINO model by
+converted from a GGUF file (`gguf-converted:`) by that file, a GGUF written from a checkpoint
+(`gguf-from:`) by that checkpoint, a demo GGUF or OpenVINO model by
 the demo checkpoint it is made from, a demo checkpoint not built yet by its definition
 (engines/demo/demo_model.py). The routes take a `Placed` snapshot in the trio thread and read the
 files in a worker.
@@ -28,7 +29,7 @@ import attrs
 from greenroom.engines.base import ModelInfo
 from greenroom.engines.demo import demo_model
 from greenroom.engines.llama_cpp import gguf_files, gguf_meta
-from greenroom.engines.loader import CONVERTED, checkpoint_json, source_path
+from greenroom.engines.loader import CONVERTED, GGUF_FROM, checkpoint_json, source_path
 from greenroom.http.core.contracts import Choice, ListOf, Text
 from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Object, or_null
 from greenroom.http.ollama import ollama_params
@@ -136,6 +137,8 @@ def _described_by(placement: Placement) -> Path | str:
     path, source = placement.path(), placement.source
     if source.startswith(CONVERTED) and not (path / "config.json").is_file():
         return source_path(source[len(CONVERTED) :], placement.cache_dir)  # not converted yet: its GGUF
+    if source.startswith(GGUF_FROM) and not path.is_file():
+        return source_path(source[len(GGUF_FROM) :], placement.cache_dir)  # not written yet: its checkpoint
     if source.startswith(("demo-gguf:", "demo-openvino:")) and not path.exists():
         size = source.partition(":")[2] if source.startswith("demo-openvino:") else "tiny"
         source = f"demo:{size}"  # the demo GGUF and OpenVINO models are made from the demo checkpoint
