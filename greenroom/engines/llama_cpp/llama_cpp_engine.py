@@ -305,8 +305,8 @@ class LlamaCppEngine:
     ) -> _internals.LlamaContext:
         """`observed`: with the eval callback, so residuals can be read (a call per graph node).
         `flash_attn` only where it was measured faster (`_decode_plan`), for the contexts that
-        generate; those that score, echo and embed compute as llama-cpp-python's `Llama` does
-        by default."""
+        generate, and the one that embeds (`_embedding_context`); those that score and echo
+        compute as llama-cpp-python's `Llama` does by default."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         params.n_threads = params.n_threads_batch = self.threads
@@ -561,7 +561,10 @@ class LlamaCppEngine:
     def _embedding_context(self) -> _internals.LlamaContext:
         if self._embedder is None:
             size = gguf_meta.embedding_ubatch(self.n_ctx)
-            self._embedder = self._context(size, size, EMBED_SEQUENCES, embeddings=True)
+            # flash attention, as llama-server embeds: all-MiniLM's 128 inputs of ~40 tokens in
+            # 512-token ubatches took a third of the time with it (one thread; the masked
+            # attention across a ubatch's sequences is most of the work without it)
+            self._embedder = self._context(size, size, EMBED_SEQUENCES, flash_attn=True, embeddings=True)
         return self._embedder
 
     def _generative(self) -> None:
