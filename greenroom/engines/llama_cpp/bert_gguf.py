@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
 from ..built_dirs import ensure_built
 from ..text.pooling import read_pooling
+from .gguf_write import write_file
 
 ARCH = "bert"
 # bump when the written file would change; cached files of another version are rewritten
@@ -186,12 +186,7 @@ def write_bert_gguf(checkpoint: str | Path, out: str | Path) -> Path:
         out.unlink(missing_ok=True)
         raise ValueError(f"{checkpoint}: the checkpoint lacks {sorted(wanted - written)[:5]}")
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.chmod(out, 0o644)
-    return out
+    return write_file(w, out)
 
 
 def bert_gguf_path(cache_dir: Path, checkpoint: Path) -> Path:
