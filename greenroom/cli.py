@@ -72,15 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         "convert",
         help="export a Hugging Face checkpoint directory to an OpenVINO model "
         'directory (source of an engine = "openvino" model); with --from-gguf, turn a GGUF '
-        "file into a Hugging Face checkpoint directory (float32, for the transformers engine)",
+        "file into a Hugging Face checkpoint directory (float32, for the transformers engine); "
+        "with --to-gguf, write a BERT embedding checkpoint (BertModel) as an F16 GGUF file (for llama.cpp)",
     )
     p.add_argument("--from-gguf", metavar="FILE", help="a GGUF file to dequantise into OUT")
+    p.add_argument("--to-gguf", action="store_true", help="write CHECKPOINT as the GGUF file OUT")
     p.add_argument("checkpoint", nargs="?", help="a Hugging Face checkpoint directory (not with --from-gguf)")
-    p.add_argument("out", help="the directory to write")
+    p.add_argument("out", help="the directory to write (with --to-gguf: the file)")
 
     args = parser.parse_args(argv)
-    if args.command == "convert" and (args.checkpoint is None) == (args.from_gguf is None):
-        parser.error("convert takes CHECKPOINT OUT, or --from-gguf FILE OUT")
+    if args.command == "convert" and (
+        (args.checkpoint is None) == (args.from_gguf is None) or (args.to_gguf and args.from_gguf)
+    ):
+        parser.error("convert takes CHECKPOINT OUT, --to-gguf CHECKPOINT OUT, or --from-gguf FILE OUT")
     return {"serve": _serve, "worker": _worker, "ps": _ps, "demo-model": _demo_model, "convert": _convert}[
         args.command
     ](args)
@@ -219,6 +223,8 @@ def _convert(args) -> int:
     from pathlib import Path
 
     out = Path(args.out).expanduser()
+    if args.to_gguf:
+        return _convert_to_gguf(Path(args.checkpoint).expanduser(), out)
     if out.exists() and any(out.iterdir()):
         print(f"greenroom convert: {out} exists and is not empty", file=sys.stderr)
         return 2
@@ -265,6 +271,32 @@ def _convert_gguf(gguf_file, out) -> int:
         return 2
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(out)
+    return 0
+
+
+def _convert_to_gguf(checkpoint, out) -> int:
+    """The `gguf-from:` source's writer (engines/llama_cpp/bert_gguf.py), written beside OUT and
+    renamed into place: a failed conversion leaves nothing behind, and OUT is never overwritten."""
+    import tempfile
+    from pathlib import Path
+
+    from greenroom.engines.llama_cpp.bert_gguf import write_bert_gguf
+
+    if out.exists():
+        print(f"greenroom convert: {out} exists", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        write_bert_gguf(checkpoint, tmp)
+        os.rename(tmp, out)
+    except (OSError, ValueError) as exc:
+        print(f"greenroom convert: {checkpoint}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     print(out)
     return 0
 

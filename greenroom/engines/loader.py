@@ -13,6 +13,7 @@ from .base import Engine, EngineError, default_cpu_threads
 PACKAGE = "package:"  # package:<top-level package>/<file inside it>
 CONVERTED = "gguf-converted:"  # gguf-converted:<a source naming a .gguf file>
 UNPACKED = "unpacked:"  # unpacked:<a source naming a .zip holding a checkpoint>
+GGUF_FROM = "gguf-from:"  # gguf-from:<a source naming a BERT checkpoint folder>
 
 
 def source_path(source: str, cache_dir: str | None) -> Path:
@@ -22,7 +23,8 @@ def source_path(source: str, cache_dir: str | None) -> Path:
     that file inside the installed package `name` (the source itself when it is not
     installed), `gguf-converted:<source>` → the cached transformers checkpoint converted from
     that source's GGUF file, `unpacked:<source>` → the cached folder that source's zip unpacks
-    to; else the path itself. Builds nothing, imports no package."""
+    to, `gguf-from:<source>` → the cached F16 GGUF written from that source's BERT checkpoint;
+    else the path itself. Builds nothing, imports no package."""
     from .demo.demo_model import default_cache_dir
 
     if source.startswith(PACKAGE):
@@ -35,6 +37,10 @@ def source_path(source: str, cache_dir: str | None) -> Path:
         from .unpacked import unpacked_dir
 
         return unpacked_dir(default_cache_dir(cache_dir), source_path(source[len(UNPACKED) :], cache_dir))
+    if source.startswith(GGUF_FROM):
+        from .llama_cpp.bert_gguf import bert_gguf_path
+
+        return bert_gguf_path(default_cache_dir(cache_dir), source_path(source[len(GGUF_FROM) :], cache_dir))
     if source.startswith("demo:"):
         from .demo.demo_model import demo_model_dir
 
@@ -63,8 +69,9 @@ def checkpoint_json(path: Path, name: str = "config.json") -> dict:
 
 def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], None] | None = None) -> Path:
     """The checkpoint of a model source, building the demo model or converting a GGUF file
-    on first use, unpacking a zipped one. A source that is not there is EngineError model_load_failed. `stage(name)` is
-    told a long stage as it starts: "converting"."""
+    on first use, unpacking a zipped one, writing a BERT checkpoint's GGUF. A source that is not
+    there (or cannot be built) is EngineError model_load_failed. `stage(name)` is told a long
+    stage as it starts: "converting"."""
     if source.startswith(CONVERTED):
         from .demo.demo_model import default_cache_dir
         from .llama_cpp.gguf_convert import ensure_converted
@@ -87,6 +94,17 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
         except ValueError as exc:
             raise EngineError(
                 "model_load_failed", f"model source {source!r} could not be unpacked: {exc}", "model"
+            ) from None
+    if source.startswith(GGUF_FROM):
+        from .demo.demo_model import default_cache_dir
+        from .llama_cpp.bert_gguf import ensure_bert_gguf
+
+        checkpoint = resolve_source(source[len(GGUF_FROM) :], cache_dir)
+        try:
+            return ensure_bert_gguf(default_cache_dir(cache_dir), checkpoint)
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                "model_load_failed", f"model source {source!r} could not be written as GGUF: {exc}", "model"
             ) from None
     if source.startswith(PACKAGE) and _package_file(source) is None:
         name = source[len(PACKAGE) :].partition("/")[0]

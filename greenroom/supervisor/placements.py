@@ -24,7 +24,7 @@ class Placement:
     model made again is placed anew)."""
 
     id: str  # the served model id
-    source: str  # demo:<size>, demo-gguf:<QUANT>, package:…, gguf-converted:…, a directory or a .gguf file
+    source: str  # demo:<size>, demo-gguf:<QUANT>, package:…, gguf-converted:…, gguf-from:…, unpacked:…, a directory or a .gguf file
     engine: str  # transformers | llama.cpp | openvino (engines/capabilities.py)
     device: str  # where the engine runs it: cpu, cuda:N, npu:N
     dtype: str | None = None  # the loaded weights' dtype; None: the engine's default for the device

@@ -44,10 +44,12 @@ def test_each_engine_embeds_each_input_deterministically(client, model):
     a, b = (d.embedding for d in out.data)
     assert len(a) == 128 and a != b
     assert out.usage.prompt_tokens > 2
-    again = client.embeddings.create(model=model, input=["the sea", "a dog"]).data[0].embedding
-    assert again == a  # deterministic
-    # alone, it runs in a batch of its own (one row, no padding): equal but for float rounding
-    assert client.embeddings.create(model=model, input="the sea").data[0].embedding == pytest.approx(a, abs=1e-5)
+    again = client.embeddings.create(model=model, input=["the sea", "a dog"])
+    assert [d.embedding for d in again.data] == [a, b]  # deterministic: the same request, the same bits
+    # inputs are embedded together (one decode for many): alone, an input's vector is the same to
+    # float32 rounding, not bit for bit (ggml's matrix kernels tile by a ubatch's row count)
+    alone = client.embeddings.create(model=model, input="the sea").data[0].embedding
+    assert alone == pytest.approx(a, rel=1e-4, abs=1e-5)
 
 
 def test_token_inputs(client):

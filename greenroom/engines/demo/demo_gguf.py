@@ -7,10 +7,10 @@ a second. Both engines therefore tokenise identically and, at F16, answer alike.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..built_dirs import ensure_built
+from ..llama_cpp.gguf_write import write_file
 from .demo_model import DEMO_MODEL_NAME, GENERATOR_VERSION, SIZES, TOOL_CALL_TAGS, ensure_demo_model
 
 DEMO_GGUF_REPO = f"{DEMO_MODEL_NAME}-gguf"
@@ -144,9 +144,4 @@ def write_gguf(checkpoint: Path, out: Path, quant: str) -> Path:
     tensor("output_norm.weight", weights["model.norm.weight"])
     tensor("output.weight", weights["lm_head.weight"])
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.chmod(out, 0o644)
-    return out
+    return write_file(w, out)

@@ -145,6 +145,10 @@ KV_CELL_BYTES = 2
 # the llama.cpp engine's generation context decodes in ubatches of up to this many tokens; its compute
 # buffer is sized for a ubatch whose every row has float32 logits
 GENERATION_UBATCH = 512
+# an embedding request's inputs are packed into decodes of at most this many tokens (llama-server's
+# default ubatch; 128 to 512 embed all-MiniLM's 128 inputs of ~40 tokens alike, 2048 is 1.6× slower:
+# attention spans every sequence of the ubatch, masked)
+EMBED_TOKENS = 512
 LOGIT_BYTES = 4
 
 
@@ -187,10 +191,36 @@ def context_bytes(kv_per_token: int, n_vocab: int, cells: int) -> int:
     return cells * kv_per_token + min(cells, GENERATION_UBATCH) * n_vocab * LOGIT_BYTES
 
 
+def embedding_only(meta) -> bool:
+    """Whether the model is an embedding model, by Ollama's rule: its header names a pooling type
+    (`{arch}.pooling_type`: BERT and the sentence-embedding models llama.cpp's converter writes).
+    llama.cpp runs one to pooled vectors; it generates nothing. `meta`: a GGUFMeta or llama.cpp's
+    metadata dict."""
+    return meta.get(f"{meta.get('general.architecture')}.pooling_type") is not None
+
+
+def embedding_ubatch(n_ctx: int) -> int:
+    """The ubatch of a model's embeddings context: the packing's EMBED_TOKENS, or its window when
+    one input may be longer (llama.cpp pools a sequence within one ubatch)."""
+    return max(n_ctx, EMBED_TOKENS)
+
+
+def encoder_bytes(head_count: int, n_ctx: int) -> int:
+    """The bulk of an embedding model's context beside its weights: no KV cache (llama.cpp keeps
+    none for an encoder), the attention scores of a ubatch's every row against every other."""
+    ubatch = embedding_ubatch(n_ctx)
+    return ubatch * ubatch * head_count * LOGIT_BYTES
+
+
 def load_bytes(meta: GGUFMeta, file_bytes: int, n_ctx: int | None, parallel: int) -> int:
     """About what loading the model takes before it is loaded: its file, and the generation
-    context `parallel` sequences of `n_ctx` (`window`) take (`context_bytes`); the file alone
-    when its header does not say how wide its cache is."""
+    context `parallel` sequences of `n_ctx` (`window`) take (`context_bytes`; an embedding model's
+    context: `encoder_bytes`); the file alone when its header does not say how wide its cache is."""
+    arch = meta.get("general.architecture")
+    heads = meta.get(f"{arch}.attention.head_count")
+    if embedding_only(meta) and isinstance(heads, int):
+        trained = meta.get(f"{arch}.context_length")
+        return file_bytes + encoder_bytes(heads, window(n_ctx, trained if isinstance(trained, int) else 0))
     per_token = kv_bytes_per_token(meta)
     if per_token is None:
         return file_bytes

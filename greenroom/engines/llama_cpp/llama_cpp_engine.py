@@ -66,6 +66,7 @@ from ..text.chat import ChatTemplate
 from ..text.constraints import Constraints
 from ..text.tool_calls import HERMES
 from . import gguf_meta
+from .bert_gguf import NORMALIZE_KEY
 from .gguf_files import quant_label, revision
 
 log = logging.getLogger("greenroom.llama_cpp")
@@ -74,6 +75,7 @@ PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefi
 # a prompt's positions are prefilled in the ubatches [128k, 128(k+1)) of this grid, however much
 # of it a slot had cached: the module's docstring says why
 PREFILL_GRID = 128
+EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.EMBED_TOKENS tokens)
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
 # 0.3.36 maps them wrongly and prints to the terminal; ours sends them to greenroom's log at
@@ -140,21 +142,30 @@ class LlamaCppEngine:
         self._eval_callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
         self._taps: dict = {}  # what the decode running in an observed context reads (llama_steering.py)
         self._tapping = None  # who takes the tensor the eval callback asked for last
-        self.flash_attn, self.decode_together = self._decode_plan()
+        meta = self.model.metadata()
+        # an embedding model (BERT: its file names a pooling type) is run to pooled vectors
+        # only: no generation context, no decode plan, no chat template
+        self.embedding_only = gguf_meta.embedding_only(meta)
+        self.batchable = not self.embedding_only
+        self.normalize = self.embedding_only and meta.get(NORMALIZE_KEY, "true") == "true"
+        self.flash_attn, self.decode_together = (False, False) if self.embedding_only else self._decode_plan()
         # every sequence may fill its whole window: the shared cache holds `parallel` of them
-        self.gen = _Slots(
-            self._context(
-                self.n_ctx * self.parallel,
-                min(self.n_ctx * self.parallel, gguf_meta.GENERATION_UBATCH),
+        self.gen = (
+            None
+            if self.embedding_only
+            else _Slots(
+                self._context(
+                    self.n_ctx * self.parallel,
+                    min(self.n_ctx * self.parallel, gguf_meta.GENERATION_UBATCH),
+                    self.parallel,
+                    self.flash_attn,
+                ),
+                self.model.n_vocab(),
                 self.parallel,
-                self.flash_attn,
-            ),
-            self.model.n_vocab(),
-            self.parallel,
+            )
         )
         self._reader: _Slots | None = None  # one sequence whose residuals are read, made on first use
         self._embedder: _internals.LlamaContext | None = None  # an embeddings context, made on first use
-        meta = self.model.metadata()
         self.vocab_size = self.scoring_vocab = self.model.n_vocab()
         self._bos = _token_text(self.model, meta.get("tokenizer.ggml.bos_token_id"))
         self._eos = _token_text(self.model, meta.get("tokenizer.ggml.eos_token_id"))
@@ -166,7 +177,7 @@ class LlamaCppEngine:
         vocab = ctypes.c_void_p(self.model.vocab)
         self.eos_token_ids = frozenset(t for t in range(self.vocab_size) if is_eog(vocab, t))
         source = chat_template or meta.get("tokenizer.chat_template")  # the config's, over the file's
-        template = _environment().from_string(source) if source else None
+        template = _environment().from_string(source) if source and not self.embedding_only else None
         self.has_chat_template = template is not None
         # the file's template takes no variables: chat_template_kwargs are reported, never passed
         self.chat = (
@@ -194,7 +205,11 @@ class LlamaCppEngine:
             revision=revision(self.path),
             quantization=quant,
             footprint_bytes=llama_cpp.llama_model_size(self.model.model)
-            + gguf_meta.context_bytes(self._kv_bytes(meta), self.vocab_size, self.n_ctx * self.parallel),
+            + (
+                gguf_meta.encoder_bytes(llama_cpp.llama_model_n_head(self.model.model), self.n_ctx)
+                if self.embedding_only
+                else gguf_meta.context_bytes(self._kv_bytes(meta), self.vocab_size, self.n_ctx * self.parallel)
+            ),
         )
 
     def _kv_bytes(self, meta: dict) -> int:
@@ -290,8 +305,8 @@ class LlamaCppEngine:
     ) -> _internals.LlamaContext:
         """`observed`: with the eval callback, so residuals can be read (a call per graph node).
         `flash_attn` only where it was measured faster (`_decode_plan`), for the contexts that
-        generate; those that score, echo and embed compute as llama-cpp-python's `Llama` does
-        by default."""
+        generate, and the one that embeds (`_embedding_context`); those that score and echo
+        compute as llama-cpp-python's `Llama` does by default."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         params.n_threads = params.n_threads_batch = self.threads
@@ -304,7 +319,12 @@ class LlamaCppEngine:
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         if embeddings:
-            params.embeddings, params.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            # the file's pooling for an embedding model; the spec's mean for a causal LM. Its
+            # sequences are packed into one ubatch and cleared after it: one cache they share
+            params.embeddings, params.kv_unified = True, True
+            params.pooling_type = (
+                llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED if self.embedding_only else llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            )
         if observed:
             params.cb_eval = self._eval_callback
         return _internals.LlamaContext(model=self.model, params=params, verbose=True)
@@ -415,6 +435,7 @@ class LlamaCppEngine:
         the module's docstring says why) and sample the first token. A forward that reads the
         last layer's residuals computes every position there (llama.cpp keeps only the rows it
         outputs in the last layer)."""
+        self._generative()
         slots = slots or self.gen
         if not slots.free:
             raise EngineError("queue_full", f"all {len(slots.live)} sequence slots of the model are in use")
@@ -491,6 +512,7 @@ class LlamaCppEngine:
         of a read sequence is computed and read), made or remade to hold `n_tokens` — a window
         of the smallest power of two holding them (at least 512, at most the model's). Only the
         serial path reads, so it is free whenever this is asked."""
+        self._generative()
         size = min(self.n_ctx, max(512, 1 << max(n_tokens - 1, 1).bit_length()))
         if self._reader is None or self._reader.ctx.n_ctx() < size:
             if self._reader is not None:
@@ -512,20 +534,48 @@ class LlamaCppEngine:
         slots.free[seq.slot] = (seq.vector, seq.prefilled)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """Mean-pooled final hidden states (after the output norm), one per input, from a
-        second context in embeddings mode (the weights are shared)."""
-        if self._embedder is None:
-            self._embedder = self._context(self.n_ctx, self.n_ctx, 1, embeddings=True)
+        """One pooled vector per input, from a context of their own in embeddings mode (the
+        weights are shared). Inputs are packed in order into decodes of up to gguf_meta.EMBED_TOKENS
+        tokens and EMBED_SEQUENCES sequences, each input whole in one decode (llama.cpp pools a
+        sequence within its ubatch; a longer input is decoded alone): a 128-input request is ~10
+        decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
+        of its last hidden states) and L2-normalised as it says (bert_gguf.NORMALIZE_KEY; an
+        embedding model that does not say is normalised, as llama-server does)."""
+        ctx = self._embedding_context()
         width, out = self.model.n_embd(), []
-        for ids in inputs:
-            llama_cpp.llama_memory_clear(self._embedder.memory, True)
-            batch = _internals.LlamaBatch(n_tokens=len(ids), embd=0, n_seq_max=1, verbose=False)
-            batch.add_sequence(ids, 0, True)
-            code = llama_cpp.llama_decode(self._embedder.ctx, batch.batch)
+        for group in _packed([len(ids) for ids in inputs], gguf_meta.EMBED_TOKENS, EMBED_SEQUENCES):
+            if ctx.memory is not None:  # an encoder (BERT) keeps no cache
+                llama_cpp.llama_memory_clear(ctx.memory, True)
+            rows = [(token, pos, seq, True) for seq, i in enumerate(group) for pos, token in enumerate(inputs[i])]
+            code = llama_cpp.llama_decode(ctx.ctx, _batch(rows).batch)
             if code != 0:
-                raise EngineError("generation_failed", f"llama_decode failed (code {code})")
-            out.append(llama_cpp.llama_get_embeddings_seq(self._embedder.ctx, 0)[:width])
+                raise EngineError("generation_failed", f"llama_decode failed while embedding (code {code})")
+            for seq in range(len(group)):
+                vector = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq), shape=(width,))
+                vector = vector.astype(np.float64)
+                if self.normalize:
+                    vector /= max(float(np.linalg.norm(vector)), 1e-12)
+                out.append(vector.tolist())
         return out
+
+    def _embedding_context(self) -> _internals.LlamaContext:
+        if self._embedder is None:
+            size = gguf_meta.embedding_ubatch(self.n_ctx)
+            # flash attention, as llama-server embeds: all-MiniLM's 128 inputs of ~40 tokens in
+            # 512-token ubatches took a third of the time with it (one thread; the masked
+            # attention across a ubatch's sequences is most of the work without it)
+            self._embedder = self._context(size, size, EMBED_SEQUENCES, flash_attn=True, embeddings=True)
+        return self._embedder
+
+    def _generative(self) -> None:
+        """Refuse what only a generating model does (generation, scoring, residual reads) on an
+        embedding model: it has no output head, only pooled vectors."""
+        if self.embedding_only:
+            raise EngineError(
+                "invalid_parameter",
+                f"model {self.info.id!r} is an embedding model: it serves embeddings only, no generation or scoring",
+                "model",
+            )
 
     # scoring ------------------------------------------------------------------------
     def score(
@@ -616,6 +666,7 @@ class LlamaCppEngine:
         actor's one worker thread runs both, never at once). Made at the first scoring request and
         remade larger for a longer prompt: a window of the smallest power of two holding it (at
         least 512 cells, at most the model's window), so a short judge prompt keeps a small cache."""
+        self._generative()
         ctx = self.__dict__.get("_scorer")
         if ctx is not None and ctx.n_ctx() >= n_tokens:
             return ctx
@@ -640,7 +691,12 @@ class LlamaCppEngine:
         return self._constraints.matcher(grammar)
 
     def unload(self) -> None:
-        contexts = (self._embedder, self.__dict__.get("_scorer"), self._reader and self._reader.ctx, self.gen.ctx)
+        contexts = (
+            self._embedder,
+            self.__dict__.get("_scorer"),
+            self._reader and self._reader.ctx,
+            self.gen and self.gen.ctx,
+        )
         for ctx in contexts:  # the contexts before the model
             if ctx is not None:
                 ctx.close()
@@ -795,6 +851,19 @@ def _batch(rows: list[tuple[int, int, int, bool]]) -> _internals.LlamaBatch:
         b.seq_id[i][0] = seq_id
     b.n_tokens = len(rows)
     return batch
+
+
+def _packed(lengths: list[int], tokens: int, sequences: int) -> list[list[int]]:
+    """The indices of inputs of these lengths, in order, in groups of at most `tokens` tokens
+    (an input longer than that in a group of its own) and `sequences` inputs."""
+    groups, size = [], 0
+    for i, n in enumerate(lengths):
+        if not groups or size + n > tokens or len(groups[-1]) == sequences:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
 
 
 def _timed_step(ctx, token: int, rows: list[tuple[int, int]], logits: bool = True) -> float:

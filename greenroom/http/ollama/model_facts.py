@@ -2,7 +2,8 @@
 from its files without loading it: a GGUF file's header (engines/llama_cpp/gguf_meta.py), a
 checkpoint's config.json and safetensors headers, an OpenVINO directory's config.json and
 IR. A model built at its first load is described by what it is built from until then: a model
-converted from a GGUF file (`gguf-converted:`) by that file, a demo GGUF or OpenVINO model by
+converted from a GGUF file (`gguf-converted:`) by that file, a GGUF written from a checkpoint
+(`gguf-from:`) by that checkpoint, a demo GGUF or OpenVINO model by
 the demo checkpoint it is made from, a demo checkpoint not built yet by its definition
 (engines/demo/demo_model.py); a zipped checkpoint (`unpacked:`) is unpacked to be described
 (a second's work its first load would do). An embedding model's capability is `embedding`
@@ -31,7 +32,7 @@ from greenroom.engines.base import EngineError, ModelInfo
 from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.demo import demo_model
 from greenroom.engines.llama_cpp import gguf_files, gguf_meta
-from greenroom.engines.loader import CONVERTED, UNPACKED, checkpoint_json, resolve_source, source_path
+from greenroom.engines.loader import CONVERTED, GGUF_FROM, UNPACKED, checkpoint_json, resolve_source, source_path
 from greenroom.engines.text.pooling import max_seq_length
 from greenroom.http.core.contracts import Choice, ListOf, Text
 from greenroom.http.core.objects import AN_OBJECT, COUNT, TEXT, Object, or_null
@@ -150,6 +151,8 @@ def _described_by(placement: Placement) -> Path | str:
             return path
     if source.startswith(CONVERTED) and not (path / "config.json").is_file():
         return source_path(source[len(CONVERTED) :], placement.cache_dir)  # not converted yet: its GGUF
+    if source.startswith(GGUF_FROM) and not path.is_file():
+        return source_path(source[len(GGUF_FROM) :], placement.cache_dir)  # not written yet: its checkpoint
     if source.startswith(("demo-gguf:", "demo-openvino:")) and not path.exists():
         size = source.partition(":")[2] if source.startswith("demo-openvino:") else "tiny"
         source = f"demo:{size}"  # the demo GGUF and OpenVINO models are made from the demo checkpoint
