@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from .llama_cpp import gguf_meta
-from .loader import UNPACKED, source_path
+from .loader import GGUF_FROM, UNPACKED, source_path
 
 # GGUF architectures that are encoders (llama.cpp's names): they embed, they do not generate
 ENCODER_ARCHITECTURES = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "neo-bert", "modern-bert"})
@@ -23,7 +23,10 @@ def embedding_only(source: str, cache_dir: str | None) -> bool:
     (modules.json: its pooling is the model's own), a bare encoder body (config.json's
     architectures all `…Model`, none with a language-model head), a zipped one not unpacked
     yet, or a GGUF file of an encoder architecture or with a pooling type. A file that cannot
-    be read is no embedding model here (its load says what is wrong)."""
+    be read is no embedding model here (its load says what is wrong). A GGUF written from a
+    checkpoint (`gguf-from:`) is what that checkpoint is, written or not."""
+    if source.startswith(GGUF_FROM):
+        return embedding_only(source[len(GGUF_FROM) :], cache_dir)
     path = source_path(source, cache_dir)
     try:
         if path.is_dir():

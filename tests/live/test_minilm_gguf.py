@@ -148,9 +148,13 @@ def test_v1_input_past_the_window_is_refused(srv):
     assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "512" in err["message"]
 
 
-def test_generation_on_it_is_refused(srv):
+def test_generation_on_it_is_refused_and_show_says_embedding(srv):
     r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4}, timeout=300)
-    assert r.status_code == 400, r.text
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_capability", r.text
+    # Ollama's words, whether or not the GGUF is written yet (the checkpoint it is written from says)
+    with pytest.raises(ollama.ResponseError, match=f'"{MODEL}" does not support chat'):
+        ollama.Client(host=srv.url).chat(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert ollama.Client(host=srv.url).show(MODEL).capabilities == ["embedding"]
 
 
 def convert(*args) -> subprocess.CompletedProcess:
