@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import ollama
 import pytest
-from conftest import Server
+from conftest import Server, minilm_reference
 from openai import OpenAI
 
 from greenroom.engines.llama_cpp import gguf_meta
@@ -52,24 +52,17 @@ def checkpoint(model_cache):
     return resolve_source(CHECKPOINT, str(model_cache))
 
 
-# TODO(lead): use conftest's minilm_reference after the merge
 @pytest.fixture(scope="module")
 def reference(checkpoint):
-    """transformers' AutoModel on the checkpoint, mean-pooled over the attention mask and L2
-    normalised (its modules.json: Pooling mean, Normalize), in this process."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+    """conftest's minilm_reference (the checkpoint in this process) as an array, with the
+    tokens the checkpoint's own tokenizer counts."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    model = AutoModel.from_pretrained(checkpoint).eval()
 
     def embed(texts: list[str]) -> tuple[np.ndarray, int]:
-        batch = tokenizer(texts, padding=True, return_tensors="pt")
-        with torch.inference_mode():
-            hidden = model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        pooled = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
-        return pooled.numpy().astype(np.float64), int(batch["attention_mask"].sum())
+        vectors = np.asarray(minilm_reference(texts, checkpoint), dtype=np.float64)
+        return vectors, sum(len(tokenizer(t)["input_ids"]) for t in texts)
 
     return embed
 
