@@ -105,6 +105,8 @@ class ModelInfo:
     # what the loaded model takes on its device — weights, KV cache, buffers: the larger of the
     # engine's own figure and what the load took there (engine_actor.py); None: not known
     footprint_bytes: int | None = None
+    # an embedding model (engines/embedding_models.py): it pools vectors and generates nothing
+    embedding_only: bool = False
 
 
 # What a request asks of an engine beside its prompt, and what the engine reads back: typed
@@ -289,7 +291,9 @@ class Engine(Protocol):
 
     # An engine that decodes sequences together also has `batchable: bool` (True when it can
     # batch its model now) and `new_batch(sampling) -> Batch`; the engine actor reads both
-    # with getattr, so the others need neither.
+    # with getattr, so the others need neither. An engine whose pipeline embeds text (OpenVINO's
+    # TextEmbeddingPipeline) also has `embed_texts(texts) -> vectors`, which the actor calls
+    # for text inputs instead of `embed` on their ids.
 
 
 class Batch(Protocol):

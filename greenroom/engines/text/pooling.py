@@ -2,7 +2,8 @@
 sentence-transformers checkpoint's modules.json names its Pooling module (whose config.json
 picks CLS, mean, max or last-token pooling) and whether a Normalize module follows. Every
 engine reads its model's pooling here; a checkpoint without modules.json (a causal LM) pools
-by the spec's rule, the mean over the input's tokens, not normalised."""
+by the spec's rule, the mean over the input's tokens, not normalised. `max_seq_length` reads
+the longest input the checkpoint was trained for (sentence_bert_config.json)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ def read_pooling(checkpoint: Path) -> Pooling:
             f"{folder}/config.json asks for pooling {unsupported + chosen or 'none'}: one of {MODES} is served"
         )
     return Pooling(chosen[0], normalize, True)
+
+
+def max_seq_length(checkpoint: Path) -> int | None:
+    """The longest input, in tokens, a sentence-transformers checkpoint says it was trained for
+    (sentence_bert_config.json's max_seq_length: sentence-transformers cuts its inputs there,
+    often short of the position table); None when it does not say."""
+    try:
+        value = json.loads((Path(checkpoint) / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
