@@ -186,6 +186,9 @@ def test_the_static_profile_runs_batches(npu, model_cache):
     one = npu.embed_texts(SENTENCES[:1])  # a lone text: the one-row shape, the same vector
     assert set(npu.embedder._pipelines) == {1, text_embedding.BATCH}
     assert cosines(one, vectors[:1])[0] >= 0.99999
+    # an embedding request's texts are counted in one tokenizer call: the same ids as one by one
+    texts = SENTENCES + ["Ünïcödé café 東京 🙂", "a"]
+    assert npu.tokenize_many(texts) == [npu.tokenize(t) for t in texts]
     # token ids that are a text's tokenisation embed as that text; others are refused
     assert cosines(npu.embed([npu.tokenize(SENTENCES[0])]), vectors[:1])[0] >= 0.99999
     with pytest.raises(EngineError) as refused:

@@ -20,7 +20,7 @@ from ..capabilities import Capabilities
 from ..loader import checkpoint_json
 from ..text.pooling import max_seq_length, read_pooling
 from .openvino_engine import Plugin, _file_bytes, _weights
-from .text_embedding import TextEmbedder, texts_of
+from .text_embedding import TextEmbedder, texts_of, token_rows
 
 
 def is_encoder_ir(path: Path) -> bool:
@@ -82,6 +82,9 @@ class OpenVINOEncoder:
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return token_rows(self.tokenizer, texts)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

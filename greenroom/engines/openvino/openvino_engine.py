@@ -41,7 +41,7 @@ from ..capabilities import ENGINES
 from ..loader import checkpoint_json
 from ..text.chat import ChatTemplate
 from ..text.pooling import read_pooling
-from .text_embedding import TextEmbedder, texts_of
+from .text_embedding import TextEmbedder, texts_of, token_rows
 
 # where a model directory keeps its feature-extraction graph (demo_openvino.py writes one)
 EMBEDDING_SUBDIR = "embedding"
@@ -184,6 +184,9 @@ class OpenVINOEngine:
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return token_rows(self.tokenizer, texts)
 
     def render_chat(
         self,

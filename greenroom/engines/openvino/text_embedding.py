@@ -77,6 +77,14 @@ def calls(count: int, static: bool) -> list[tuple[int, int, int | None]]:
     return [(start, min(start + BATCH, count), BATCH if static else None) for start in range(0, count, BATCH)]
 
 
+def token_rows(tokenizer: ov_genai.Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text's ids (special tokens added), the texts tokenised in one call: its rows come
+    padded, and a row's ids are those its attention mask keeps (either padding side)."""
+    encoded = tokenizer.encode(texts)
+    ids, mask = encoded.input_ids.data, encoded.attention_mask.data.astype(bool)
+    return [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
+
+
 def texts_of(engine, inputs: list[list[int]]) -> list[str]:
     """Each token array as the text that tokenises back to it, the pipeline embedding text:
     a token array that is no text's tokenisation (a special token inside it, pieces of
