@@ -24,12 +24,15 @@ MESSAGES = [
 # to prefill the whole ~7,000-token prompt on this 2-core machine; its engines answer it as the
 # demo models on them do.
 SLOW_TO_PREFILL = {"smollm2-135m-instruct", "smollm2-135m-instruct:Q4_1"}
+# embedding models, which Open WebUI does not offer for chat (test_openvino_minilm.py refuses chat on them)
+# TODO(lead): tell them by /api/show's capabilities (helper hf) after the merge
+EMBEDDING_MODELS = {"all-minilm"}
 
 
 def served(server) -> list[str]:
-    """The served models, less SLOW_TO_PREFILL."""
+    """The served chat models, less SLOW_TO_PREFILL."""
     listed = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]]
-    return [m for m in listed if m not in SLOW_TO_PREFILL]
+    return [m for m in listed if m not in SLOW_TO_PREFILL | EMBEDDING_MODELS]
 
 
 @pytest.fixture(autouse=True)
