@@ -190,23 +190,15 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
 
     if is_encoder_checkpoint(path):  # a sentence-transformers checkpoint: its IR, exported once
         path = ensure_encoder_ir(default_cache_dir(spec.get("cache_dir")), path)
+    placed = {key: spec.get(key) for key in ("dtype", "threads", "max_prompt_len")}
+    placed["device"] = spec.get("device", "cpu")
     if is_encoder_ir(path):
-        return OpenVINOEncoder(
-            spec["id"],
-            path,
-            device=spec.get("device", "cpu"),
-            dtype=spec.get("dtype"),
-            threads=spec.get("threads"),
-            max_prompt_len=spec.get("max_prompt_len"),
-        )
+        return OpenVINOEncoder(spec["id"], path, **placed)
     # openvino: compiled NPU blobs beside the models, under the same cache root
     return engine(
         spec["id"],
         path,
-        device=spec.get("device", "cpu"),
-        dtype=spec.get("dtype"),
-        threads=spec.get("threads"),
-        max_prompt_len=spec.get("max_prompt_len"),
+        **placed,
         min_response_len=spec.get("min_response_len"),
         chat_template=spec.get("chat_template"),
         compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache",

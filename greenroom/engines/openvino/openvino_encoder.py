@@ -19,8 +19,8 @@ from ..base import EngineError, ModelInfo
 from ..capabilities import Capabilities
 from ..loader import checkpoint_json
 from ..text.pooling import max_seq_length, read_pooling
-from .openvino_engine import Plugin, _file_bytes, _weights
-from .text_embedding import TextEmbedder, texts_of, token_rows
+from .openvino_engine import OpenVINOText, Plugin, _file_bytes, _weights
+from .text_embedding import TextEmbedder
 
 
 def is_encoder_ir(path: Path) -> bool:
@@ -32,7 +32,7 @@ def is_encoder_ir(path: Path) -> bool:
     return "last_hidden_state" in names and "logits" not in names
 
 
-class OpenVINOEncoder:
+class OpenVINOEncoder(OpenVINOText):
     capabilities = Capabilities(embeddings=True)  # TODO(lead): capabilities.EMBEDDING_MODEL after the merge
     eos_token_ids: frozenset[int] = frozenset()
     has_chat_template = False
@@ -79,21 +79,6 @@ class OpenVINOEncoder:
             footprint_bytes=_file_bytes(self.path / "openvino_model.bin"),
             embedding_only=True,
         )
-
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
-
-    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
-        return token_rows(self.tokenizer, texts)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        return self.embed_texts(texts_of(self, inputs))
 
     def embed_texts(self, texts: list[str]) -> list[list[float]]:
         """Pooled and normalised as the model's sentence-transformers modules say."""

@@ -106,7 +106,30 @@ class Plugin:
         return cls(ov_device, npu, computes_on, precision, properties, embedding)
 
 
-class OpenVINOEngine:
+class OpenVINOText:
+    """What both OpenVINO engines do with text alike, through openvino-genai's Tokenizer
+    (`self.tokenizer`): tokenising, decoding, and embedding token arrays as the texts they are
+    (the pipeline embeds text: `embed_texts`)."""
+
+    tokenizer: ov_genai.Tokenizer
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return token_rows(self.tokenizer, texts)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        return self.embed_texts(texts_of(self, inputs))  # each engine's embed_texts
+
+
+class OpenVINOEngine(OpenVINOText):
     capabilities = ENGINES["openvino"]
 
     def __init__(
@@ -182,12 +205,6 @@ class OpenVINOEngine:
             footprint_bytes=_file_bytes(self.path / "openvino_model.bin"),
         )
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
-
-    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
-        return token_rows(self.tokenizer, texts)
-
     def render_chat(
         self,
         messages: list[dict],
@@ -199,12 +216,6 @@ class OpenVINOEngine:
         variables. The rendered text carries the template's own BOS."""
         text = self.chat.render(messages, tools, template_kwargs, generation_prompt)
         return self.tokenize(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
         """(token id, 0.0) per step: LLMPipeline reports no per-token log-probabilities."""
@@ -257,9 +268,6 @@ class OpenVINOEngine:
             # `seed` would be ignored silently; an unseeded request must not repeat the last one
             config.rng_seed = params.seed if params.seed is not None else random.getrandbits(32)
         return config
-
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        return self.embed_texts(texts_of(self, inputs))
 
     def embed_texts(self, texts: list[str]) -> list[list[float]]:
         """Final hidden states from the directory's `embedding/` graph, pooled as the model
