@@ -85,7 +85,8 @@ class OpenVINOEncoder(OpenVINOText):
         return self.embedder.embed(texts)
 
     def _refuse(self, what: str, param: str):
-        return EngineError("field_not_honoured", f"{self.model_id!r} is an embedding model: it does not {what}", param)
+        """In Ollama's words for an embedding model (the front end refuses most before this)."""
+        return EngineError("field_not_honoured", f'"{self.model_id}" does not support {what}', param)
 
     def render_chat(self, messages, template_kwargs=None, tools=None, generation_prompt=True):
         raise self._refuse("chat", "messages")
@@ -94,16 +95,16 @@ class OpenVINOEncoder(OpenVINOText):
         raise self._refuse("generate", "model")
 
     def score(self, prompt_ids, temperature, allowed, report, readout=None):
-        raise self._refuse("score", "logprobs")
+        raise self._refuse("scoring", "logprobs")
 
     def prompt_logprobs(self, prompt_ids, temperature, report, allowed=None, next_report=None, readout=None):
-        raise self._refuse("score", "logprobs")
+        raise self._refuse("scoring", "logprobs")
 
     def compile_constraint(self, spec):
-        raise self._refuse("decode under constraints", "response_format")
+        raise self._refuse("constrained decoding", "response_format")
 
     def matcher(self, grammar):
-        raise self._refuse("decode under constraints", "response_format")
+        raise self._refuse("constrained decoding", "response_format")
 
     def unload(self) -> None:
         self.embedder.close()
