@@ -6,7 +6,7 @@ nothing, scores nothing and has no chat template, and says so when asked.
 
 Its window is the longest input the model was trained to embed (sentence_bert_config.json's
 max_seq_length, else its position table), and on the NPU the profile's row length, which
-is that window unless the placement's max_prompt_len sets it."""
+is that window unless the placement's max_prompt_len sets it (within the position table)."""
 
 from __future__ import annotations
 
@@ -53,11 +53,12 @@ class OpenVINOEncoder(OpenVINOText):
         self.model_id = model_id
         plugin = Plugin.of(device, dtype, threads)
         self.device, self.npu = plugin.device, plugin.npu
-        config = checkpoint_json(self.path)
-        trained = max_seq_length(self.path) or config.get("max_position_embeddings")
-        if not isinstance(trained, int) or trained <= 0:
-            raise ValueError(f"{self.path} gives no input length (sentence_bert_config.json, config.json)")
-        self.context_length = (max_prompt_len or trained) if self.npu else trained
+        positions = checkpoint_json(self.path).get("max_position_embeddings")
+        if not isinstance(positions, int) or positions <= 0:
+            raise ValueError(f"{self.path}/config.json gives no max_position_embeddings")
+        trained = min(max_seq_length(self.path) or positions, positions)
+        # never past the position table, whatever the placement asks
+        self.context_length = min(max_prompt_len or trained, positions) if self.npu else trained
         self.tokenizer = ov_genai.Tokenizer(self.path)
         self.vocab_size = len(self.tokenizer.get_vocab_vector())
         self.embedder = TextEmbedder(
