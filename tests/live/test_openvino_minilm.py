@@ -199,3 +199,11 @@ def test_the_static_profile_runs_batches(npu, model_cache):
     assert (
         refused.value.code == "field_not_honoured" and refused.value.message == '"all-minilm" does not support generate'
     )
+
+
+def test_the_npu_row_length_is_the_placements_within_the_position_table(model_cache):
+    for asked, window in [(128, 128), (4096, 512)]:  # MiniLM's position table: 512
+        engine = load_engine(
+            {"id": MINILM, "source": SOURCE, "engine": "openvino", "device": "npu:0", "max_prompt_len": asked}
+        )
+        assert engine.info.context_length == engine.embedder.static_length == window
