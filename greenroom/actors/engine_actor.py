@@ -646,9 +646,11 @@ class EngineLoop:
         )
 
     def _embed(self, engine, req: Embed) -> None:
-        rows = embed_rows(engine, req)
+        rows = embed_rows(engine, req)  # each input's tokens counted and checked against the window
         self.counters.admitted += 1
-        vectors = [array.array("f", v).tobytes() for v in engine.embed(rows)]
+        # an engine whose pipeline takes text (OpenVINO's) gets the texts, not their ids
+        by_text = getattr(engine, "embed_texts", None) if req.texts is not None else None
+        vectors = [array.array("f", v).tobytes() for v in (by_text(req.texts) if by_text else engine.embed(rows))]
         self.counters.completed += 1
         self._outbox.put_from_thread(Embedded(req.rid, vectors, sum(len(ids) for ids in rows)))
 

@@ -291,7 +291,10 @@ class Engine(Protocol):
 
     # An engine that decodes sequences together also has `batchable: bool` (True when it can
     # batch its model now) and `new_batch(sampling) -> Batch`; the engine actor reads both
-    # with getattr, so the others need neither.
+    # with getattr, so the others need neither. An engine whose pipeline embeds text (OpenVINO's
+    # TextEmbeddingPipeline) also has `embed_texts(texts) -> vectors`, which the actor calls
+    # for text inputs instead of `embed` on their ids; one whose tokenizer takes many texts in
+    # one call has `tokenize_many(texts) -> rows`, which counts an embedding request's tokens.
 
 
 class Batch(Protocol):

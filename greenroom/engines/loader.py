@@ -175,7 +175,8 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
     {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
     the model's own, or None)}, for transformers "prefix_cache_tokens" and "fixed_shape",
     "fixed_shape_slots", "fixed_shape_length", and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
-    "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len".
+    "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len" — a
+    sentence-transformers checkpoint is exported to IR first and served by OpenVINOEncoder.
     `stage`: told a long stage of the load as it starts (resolve_source)."""
     path = resolve_source(spec["source"], spec.get("cache_dir"), stage)
     engine = engine_class(spec["engine"])
@@ -207,15 +208,20 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             chat_template=spec.get("chat_template"),
         )
     from .demo.demo_model import default_cache_dir
+    from .openvino.encoder_export import ensure_encoder_ir, is_encoder_checkpoint
+    from .openvino.openvino_encoder import OpenVINOEncoder, is_encoder_ir
 
+    if is_encoder_checkpoint(path):  # a sentence-transformers checkpoint: its IR, exported once
+        path = ensure_encoder_ir(default_cache_dir(spec.get("cache_dir")), path)
+    placed = {key: spec.get(key) for key in ("dtype", "threads", "max_prompt_len")}
+    placed["device"] = spec.get("device", "cpu")
+    if is_encoder_ir(path):
+        return OpenVINOEncoder(spec["id"], path, **placed)
     # openvino: compiled NPU blobs beside the models, under the same cache root
     return engine(
         spec["id"],
         path,
-        device=spec.get("device", "cpu"),
-        dtype=spec.get("dtype"),
-        threads=spec.get("threads"),
-        max_prompt_len=spec.get("max_prompt_len"),
+        **placed,
         min_response_len=spec.get("min_response_len"),
         chat_template=spec.get("chat_template"),
         compile_cache=default_cache_dir(spec.get("cache_dir")).parent / "openvino-cache",

@@ -168,6 +168,7 @@ def test_repetition_penalty_changes_greedy_text(engine):
 
 def test_embeddings(cpu, npu):
     rows = [cpu.tokenize(PROMPT), cpu.tokenize("The capital of France is Paris.")]
+    assert cpu.tokenize_many([PROMPT, "The capital of France is Paris."]) == rows  # one call
     on_cpu = np.array(cpu.embed(rows))
     assert on_cpu.shape == (2, 128) and not np.allclose(on_cpu[0], on_cpu[1])
     # the NPU pipeline's static, padded rows pool to the same means (up to its precision)

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import numpy as np
 import openvino as ov
 import openvino_genai as ov_genai
@@ -39,6 +40,8 @@ from ..base import (
 from ..capabilities import ENGINES
 from ..loader import checkpoint_json
 from ..text.chat import ChatTemplate
+from ..text.pooling import read_pooling
+from .text_embedding import TextEmbedder, texts_of, token_rows
 
 # where a model directory keeps its feature-extraction graph (demo_openvino.py writes one)
 EMBEDDING_SUBDIR = "embedding"
@@ -71,7 +74,62 @@ def openvino_device(device: str) -> tuple[str, bool]:
     raise ValueError(f"the OpenVINO engine runs on 'cpu' or 'npu[:<n>]', not {device!r}")
 
 
-class OpenVINOEngine:
+@attrs.frozen
+class Plugin:
+    """Where an OpenVINO model computes, and the properties each of its pipelines compiles with."""
+
+    device: str  # OpenVINO's: CPU, NPU, NPU.1, …
+    npu: bool  # the NPU pipeline (static shapes)
+    computes_on: str  # the device that computes: CPU for the NPU pipeline with no NPU present
+    precision: str | None  # the inference precision (float32, bfloat16, float16) as greenroom names it
+    properties: dict  # precision and CPU threads: what every pipeline of the model is given
+    embedding_properties: dict  # what TextEmbeddingPipeline is given besides
+
+    @classmethod
+    def of(cls, device: str, dtype: str | None, threads: int | None) -> Plugin:
+        """`dtype` sets the inference precision; None keeps the device's default (bf16 on a CPU
+        with AVX-512 BF16 or AMX). `threads`: the CPU device's inference threads."""
+        ov_device, npu = openvino_device(device)
+        core = ov.Core()
+        computes_on = "CPU" if npu and ov_device not in core.available_devices else ov_device
+        properties: dict = {}
+        if dtype is not None:
+            if dtype not in _PRECISION:
+                raise ValueError(f"the OpenVINO engine computes in {sorted(_PRECISION)}, not {dtype!r}")
+            properties["INFERENCE_PRECISION_HINT"] = _PRECISION[dtype]
+        if ov_device == "CPU":
+            properties["INFERENCE_NUM_THREADS"] = threads or default_cpu_threads()
+        embedding = dict(properties)
+        if npu and computes_on == "CPU":
+            embedding.update(NPU_ON_CPU, NPU_USE_NPUW="YES")
+        precision = dtype or _DTYPE.get(core.get_property(computes_on, "INFERENCE_PRECISION_HINT").get_type_name())
+        return cls(ov_device, npu, computes_on, precision, properties, embedding)
+
+
+class OpenVINOText:
+    """What both OpenVINO engines do with text alike, through openvino-genai's Tokenizer
+    (`self.tokenizer`): tokenising, decoding, and embedding token arrays as the texts they are
+    (the pipeline embeds text: `embed_texts`)."""
+
+    tokenizer: ov_genai.Tokenizer
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return token_rows(self.tokenizer, texts)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        return self.embed_texts(texts_of(self, inputs))  # each engine's embed_texts
+
+
+class OpenVINOEngine(OpenVINOText):
     capabilities = ENGINES["openvino"]
 
     def __init__(
@@ -91,20 +149,11 @@ class OpenVINOEngine:
         device's inference threads. `max_prompt_len` and `min_response_len` size the NPU
         pipeline; `compile_cache` keeps its compiled blobs."""
         self.path = Path(path)
-        self.device, self.npu = openvino_device(device)
-        core = ov.Core()
-        # the NPU pipeline with no NPU present computes on the CPU
-        computes_on = "CPU" if self.npu and self.device not in core.available_devices else self.device
+        plugin = Plugin.of(device, dtype, threads)
+        self.device, self.npu = plugin.device, plugin.npu
         config = checkpoint_json(self.path)
         trained = next((int(config[k]) for k in _CONTEXT_KEYS if config.get(k)), None)
-        properties: dict = {}
-        if dtype is not None:
-            if dtype not in _PRECISION:
-                raise ValueError(f"the OpenVINO engine computes in {sorted(_PRECISION)}, not {dtype!r}")
-            properties["INFERENCE_PRECISION_HINT"] = _PRECISION[dtype]
-        if self.device == "CPU":
-            properties["INFERENCE_NUM_THREADS"] = threads or default_cpu_threads()
-        self._embed_properties = dict(properties)
+        properties = dict(plugin.properties)
         self.max_prompt_len = None
         if self.npu:
             self.max_prompt_len = max_prompt_len or MAX_PROMPT_LEN
@@ -112,9 +161,8 @@ class OpenVINOEngine:
             properties.update(MAX_PROMPT_LEN=self.max_prompt_len, MIN_RESPONSE_LEN=response)
             if compile_cache is not None:
                 properties["CACHE_DIR"] = str(compile_cache)
-            if computes_on == "CPU":
+            if plugin.computes_on == "CPU":
                 properties.update(NPU_ON_CPU)
-                self._embed_properties.update(NPU_ON_CPU, NPU_USE_NPUW="YES")
             # the KV cache holds exactly this many tokens (measured: prompt + generated)
             window = self.max_prompt_len + response
             self.context_length = min(window, trained or window)
@@ -124,11 +172,11 @@ class OpenVINOEngine:
             self.context_length = trained
         self.pipe = ov_genai.LLMPipeline(self.path, self.device, **properties)
         self.tokenizer = self.pipe.get_tokenizer()
-        self._embedder: ov_genai.TextEmbeddingPipeline | None = None  # made on first use
+        self._plugin = plugin
+        self._embedder: TextEmbedder | None = None  # made on first use
 
         gen = self.pipe.get_generation_config()
         self.eos_token_ids = frozenset(int(t) for t in {gen.eos_token_id, *gen.stop_token_ids} if t >= 0)
-        self._bos = self.tokenizer.get_bos_token_id()
         if chat_template:  # the config's, over the model's own
             self.tokenizer.set_chat_template(chat_template)
         self.has_chat_template = bool(self.tokenizer.chat_template)
@@ -141,25 +189,21 @@ class OpenVINOEngine:
             if self.has_chat_template
             else None
         )
-        precision = dtype or _DTYPE.get(core.get_property(computes_on, "INFERENCE_PRECISION_HINT").get_type_name())
-        graph = core.read_model(self.path / "openvino_model.xml")  # maps the weights; nothing is copied
+        graph = ov.Core().read_model(self.path / "openvino_model.xml")  # maps the weights; nothing is copied
         self.vocab_size = self.scoring_vocab = graph.output("logits").get_partial_shape()[-1].get_length()
         parameters, quantization = _weights(graph)
         self.info = ModelInfo(
             id=model_id,
             engine="openvino",
             context_length=self.context_length,
-            dtype=precision or "unrecorded",
-            device=computes_on,
+            dtype=plugin.precision or "unrecorded",
+            device=plugin.computes_on,
             parameters=parameters,
             revision=_revision(self.path),
             quantization=quantization,
             # the weights the pipeline maps (what it compiles beside them only the measured load shows)
             footprint_bytes=_file_bytes(self.path / "openvino_model.bin"),
         )
-
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
 
     def render_chat(
         self,
@@ -172,12 +216,6 @@ class OpenVINOEngine:
         variables. The rendered text carries the template's own BOS."""
         text = self.chat.render(messages, tools, template_kwargs, generation_prompt)
         return self.tokenize(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams, matcher=None) -> Iterator[tuple[int, float]]:
         """(token id, 0.0) per step: LLMPipeline reports no per-token log-probabilities."""
@@ -231,43 +269,29 @@ class OpenVINOEngine:
             config.rng_seed = params.seed if params.seed is not None else random.getrandbits(32)
         return config
 
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """Mean-pooled final hidden states from the directory's `embedding/` graph through
-        TextEmbeddingPipeline. The pipeline takes text: each input is decoded and must
-        tokenise back to the same ids (token arrays that are not a text's are refused)."""
-        embedding_dir = self.path / EMBEDDING_SUBDIR
-        if not (embedding_dir / "openvino_model.xml").exists():
-            raise EngineError(
-                "field_not_honoured",
-                (
-                    f"this OpenVINO model has no embedding graph ({EMBEDDING_SUBDIR}/openvino_model.xml), "
-                    f"so it serves no embeddings"
-                ),
-                "model",
-            )
-        texts = []
-        for ids in inputs:
-            body = ids[1:] if ids and ids[0] == self._bos else ids
-            text = self.tokenizer.decode(body, skip_special_tokens=False)
-            if self.tokenize(text) != ids:
-                raise EngineError(
-                    "invalid_parameter",
-                    ("OpenVINO embeds text: this token array does not decode to a text that tokenises back to it"),
-                    "input",
-                )
-            texts.append(text)
+    def embed_texts(self, texts: list[str]) -> list[list[float]]:
+        """Final hidden states from the directory's `embedding/` graph, pooled as the model
+        says (a causal LM: the mean, not normalised) by TextEmbeddingPipeline, BATCH texts a
+        call; on the NPU its static-shape profile, MAX_PROMPT_LEN tokens a row."""
         if self._embedder is None:
-            config = ov_genai.TextEmbeddingPipeline.Config()
-            config.pooling_type = ov_genai.TextEmbeddingPipeline.PoolingType.MEAN
-            config.normalize = False  # as the other engines: the raw mean
-            if self.npu:  # static shapes: one padded row of the prompt length at a time
-                config.max_length, config.pad_to_max_length, config.batch_size = self.max_prompt_len, True, 1
-            self._embedder = ov_genai.TextEmbeddingPipeline(
-                embedding_dir, self.device, config, **self._embed_properties
+            embedding_dir = self.path / EMBEDDING_SUBDIR
+            if not (embedding_dir / "openvino_model.xml").exists():
+                raise EngineError(
+                    "field_not_honoured",
+                    (
+                        f"this OpenVINO model has no embedding graph ({EMBEDDING_SUBDIR}/openvino_model.xml), "
+                        f"so it serves no embeddings"
+                    ),
+                    "model",
+                )
+            self._embedder = TextEmbedder(
+                embedding_dir,
+                self.device,
+                self._plugin.embedding_properties,
+                read_pooling(self.path),
+                self.max_prompt_len,
             )
-        if self.npu:
-            return [list(self._embedder.embed_documents([t])[0]) for t in texts]
-        return [list(v) for v in self._embedder.embed_documents(texts)]
+        return self._embedder.embed(texts)
 
     def score(self, prompt_ids, temperature, allowed, report, readout=None):
         raise EngineError("field_not_honoured", "scoring is not available on OpenVINO", "logprobs")
@@ -280,6 +304,8 @@ class OpenVINOEngine:
 
     def unload(self) -> None:
         del self.pipe, self.tokenizer
+        if self._embedder is not None:
+            self._embedder.close()
         self._embedder = None
 
 

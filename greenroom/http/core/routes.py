@@ -48,8 +48,9 @@ OPENAI, OLLAMA, ANTHROPIC = Surface.OPENAI, Surface.OLLAMA, Surface.ANTHROPIC
 IGNORED = ("IgnoredFields",)
 SEEDED = ("IgnoredFields", "Seed", "DrawnSeed", "Steering", "CircuitRung")
 CONSTRAINED = SEEDED + ("Constrained", "SteeringIntensity")
-OLLAMA_GENERATED = ("IgnoredFields", "DrawnSeed", "NumCtx", "Truncated", "Device", "RouteReason", "TokenCount")
-OLLAMA_EMBEDDED = ("IgnoredFields", "Dimensions")
+ROUTED = ("Device", "RouteReason", "TokenCount")  # where an Ollama request ran (the NPU proxy's headers)
+OLLAMA_GENERATED = ("IgnoredFields", "DrawnSeed", "NumCtx", "Truncated", *ROUTED)
+OLLAMA_EMBEDDED = ("IgnoredFields", "Dimensions", *ROUTED)
 
 
 @attrs.frozen
@@ -663,7 +664,7 @@ TABLE: tuple[Route, ...] = (
         "ollamaEmbeddings",
         "OllamaEmbedding",
         "OllamaEmbeddingsRequest",
-        headers=IGNORED,
+        headers=IGNORED + ROUTED,
         answer="The model's own embedding of the prompt",
     ),
     _ollama("GET", "/api/tags", "Ollama: models available", "ollamaTags", "OllamaTags", answer="Every model"),

@@ -96,13 +96,17 @@ def texts(value, param: str) -> list[str]:
     return items
 
 
-async def _embed(tree: Tree, req: Prepared, inputs: list[str]) -> tuple[Embedded, int]:
+async def _embed(tree: Tree, req: Prepared, inputs: list[str], headers: dict) -> tuple[Embedded, int]:
+    """The vectors and the load's nanoseconds; `headers` gain the routing headers (where it ran,
+    the inputs' token count), as a generation's do."""
     if not req.caps.embeddings:
         raise GreenroomError("field_not_honoured", "this model's engine serves no embeddings", "model")
     load_started = time.monotonic_ns()
-    client, _ = await tree.client_for(req.model, wait_unload=True)
+    client, serving = await tree.client_for(req.model, wait_unload=True)
     load_ns = time.monotonic_ns() - load_started
-    return await single(client, Embed(openai_params.new_rid("embd"), req.model, texts=inputs)), load_ns
+    embedded = await single(client, Embed(openai_params.new_rid("embd"), req.model, texts=inputs))
+    headers.update(ollama_api.routing_headers(serving, embedded.prompt_tokens))
+    return embedded, load_ns
 
 
 EMBEDDED = Object(
@@ -130,7 +134,7 @@ def register(app: Quart, tree: Tree) -> None:
         keep_alive = parse_keep_alive(body)
         also = ["truncate"] if body.get("truncate") is True else []  # never truncated: a long input is refused
         headers = req.headers(also)
-        embedded, load_ns = await _embed(tree, req, inputs)
+        embedded, load_ns = await _embed(tree, req, inputs, headers)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         # Ollama's EmbedHandler: every vector at unit length, then a `dimensions` below the width cut
@@ -154,7 +158,7 @@ def register(app: Quart, tree: Tree) -> None:
         inputs = texts(req.body.get("prompt"), "prompt")
         keep_alive = parse_keep_alive(req.body)
         headers = req.headers()
-        embedded, _ = await _embed(tree, req, inputs)
+        embedded, _ = await _embed(tree, req, inputs, headers)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         return EMBEDDING.build(embedding=vectors(embedded)[0]), 200, headers
