@@ -73,6 +73,11 @@ OUTPUTS = {
     "# tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')": [
         re.escape("tool_calls Function(arguments='{\"city\": \"Paris\"}', name='get_weather')")
     ],
+    # steering.md: SmolLM2 steered by its random SAE's feature 1 at a strength of 12 (bench/steering_units.py)
+    '# … "content": "L\'Étoile, the capital of France."': [
+        r"toile, the capital of France\.",
+        r'"residual_norm":\s*17\d\.',
+    ],
     # scoring with allowed_token_ids: the distribution is renormalised over the listed ids
     "# normalised over the two ids": [normalised],
     # /tokenize of the demo model: its BOS and four tokens, each token's own text

@@ -22,6 +22,7 @@ import attrs
 from quart import Quart, request
 
 from greenroom import steering_rules as rules
+from greenroom import strength_units as units
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.engines.demo.demo_model import SIZES
 from greenroom.engines.demo.demo_sae import demo_sae_layers
@@ -35,10 +36,12 @@ from greenroom.protocol import (
     ActiveCircuit,
     AttachSAE,
     CircuitSummary,
+    ConvertStrengths,
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
     DeleteProfile,
+    DescribeSAE,
     DetachSAE,
     Generate,
     GetProfile,
@@ -71,6 +74,23 @@ STRENGTHS = MapOf(
     "percentage of the layer's typical residual norm added along the feature's unit decoder direction "
     "(docs/architecture.md)",
 )
+STRENGTH_UNIT = Choice(
+    values=units.UNITS,
+    default=units.PERCENT,
+    description=f'The unit of the strengths given: "{units.PERCENT}" (the spec\'s ±{STRENGTH_MAX:g} scale: a '
+    f'percentage of the hook point\'s residual norm) or "{units.COEFFICIENT}" (SAELens/Neuronpedia: the '
+    "coefficient × the feature's decoder row). Coefficients are converted and stored in percent "
+    "(strength = 100 × coefficient × decoder_norm[i] / residual_norm, GET /api/saes/{sae_id}), which must "
+    f"land within ±{STRENGTH_MAX:g}; they need the SAE's residual norm measured (its model loaded once)",
+)
+# strengths as a request gives them: in either unit (`strength_unit`), so unbounded here
+GIVEN_STRENGTHS = attrs.evolve(
+    STRENGTHS,
+    values=attrs.evolve(STRENGTHS.values, values=Number()),
+    description=f"Per attached SAE (by sae_id), feature index → strength: in ±{STRENGTH_MAX:g} (a percentage "
+    "of the layer's typical residual norm along the feature's unit decoder direction, docs/architecture.md), "
+    'or a SAELens coefficient with strength_unit "coefficient"',
+)
 MODEL = openai_params.MODEL
 ATTACH = Shape(
     fields={
@@ -94,10 +114,11 @@ SET = Shape(
         "model": MODEL,
         "enabled": Boolean(),
         "strengths": attrs.evolve(
-            STRENGTHS,
+            GIVEN_STRENGTHS,
             description="Replaces every strength of the model ({} clears them); zeros "
-            "are dropped. Left out: the strengths stay",
+            "are dropped. Left out: the strengths stay. " + GIVEN_STRENGTHS.description,
         ),
+        "strength_unit": STRENGTH_UNIT,
     },
     required=("model",),
     closed=True,
@@ -109,8 +130,11 @@ PROFILE = Shape(
         "model": MODEL,
         "description": DESCRIPTION,
         "strengths": attrs.evolve(
-            STRENGTHS, description="Checked against the SAEs attached to the model now (default {})"
+            GIVEN_STRENGTHS,
+            description="Checked against the SAEs attached to the model now (default {}). "
+            + GIVEN_STRENGTHS.description,
         ),
+        "strength_unit": STRENGTH_UNIT,
     },
     required=("name", "model"),
     closed=True,
@@ -118,7 +142,11 @@ PROFILE = Shape(
 UPDATE = Shape(
     fields={
         "description": DESCRIPTION,
-        "strengths": attrs.evolve(STRENGTHS, description="Replaces the profile's strengths; left out: they stay"),
+        "strengths": attrs.evolve(
+            GIVEN_STRENGTHS,
+            description="Replaces the profile's strengths; left out: they stay. " + GIVEN_STRENGTHS.description,
+        ),
+        "strength_unit": STRENGTH_UNIT,
     },
     closed=True,
 )
@@ -190,6 +218,26 @@ def register(app: Quart, tree: Tree) -> None:
             ],
         }
 
+    @routes.view(app, "GET", "/api/saes/{sae_id}")
+    async def sae(sae_id: str):
+        """One attached SAE (`?model=` while several models have one of that name): its record,
+        what a strength means there (residual_norm, decoder norms, coefficient_per_strength)
+        and ‖W_dec[i]‖ for every feature."""
+        name = request.args.get("model")
+        models = [tree.resolve(name)] if name else tree.steerable()
+        having = [m for m in models if any(s["sae_id"] == sae_id for s in (await tree.steering(GetSteering(m))).saes)]
+        if not having:
+            where = f" to {name!r}" if name else ""
+            raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached{where}", "sae_id")
+        if len(having) > 1:
+            raise GreenroomError(
+                "invalid_parameter",
+                f"SAE {sae_id!r} is attached to several models ({', '.join(having)}): name one with ?model=",
+                "model",
+            )
+        described = await tree.steering(DescribeSAE(having[0], sae_id))
+        return {"model": having[0], **described.sae, "decoder_norms": described.decoder_norms}
+
     @routes.view(app, "POST", "/api/saes/attach")
     async def attach():
         body = await read_body(ATTACH)
@@ -223,7 +271,7 @@ def register(app: Quart, tree: Tree) -> None:
         enabled = body.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
-        return await write(tree, SetSteering(model, enabled, _strengths(body.get("strengths"))))
+        return await write(tree, SetSteering(model, enabled, await given_strengths(tree, model, body)))
 
     @routes.view(app, "GET", "/api/steering/lock")
     async def steering_lock():
@@ -249,7 +297,7 @@ def register(app: Quart, tree: Tree) -> None:
         model = tree.resolve(openai_params.model_name(body))
         return document_json(
             await tree.steering(
-                CreateProfile(model, *name_and_description(body), _strengths(body.get("strengths")) or {})
+                CreateProfile(model, *name_and_description(body), await given_strengths(tree, model, body) or {})
             )
         )
 
@@ -260,8 +308,9 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "PUT", "/api/profiles/{name}")
     async def update_profile(name: str):
         body = await read_body(UPDATE)
-        description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
+        description = check_description(body.get("description"))
         model = (await tree.steering(GetProfile(name))).model
+        strengths = await given_strengths(tree, model, body)
         return document_json(await tree.steering(UpdateProfile(model, name, description, strengths)))
 
     @routes.view(app, "DELETE", "/api/profiles/{name}")
@@ -314,7 +363,7 @@ def register(app: Quart, tree: Tree) -> None:
                 "saes",
             )
         model = tree.resolve(openai_params.model_name(profile))
-        strengths = _strengths(profile.get("strengths")) or {}
+        strengths = await given_strengths(tree, model, profile) or {}
         listed = {sae["sae_id"] for sae in saes}
         for sae_id in strengths:
             if sae_id not in listed:
@@ -372,7 +421,10 @@ def intensity(value) -> float | str | None:
 async def write(tree: Tree, request: ModelRequest) -> dict:
     """A steering write answered with the model's state, once pushed to its engine actors."""
     state = await tree.steering(request)
-    return state_json(state, await tree.push_model_steering(state.model, state))
+    live = await tree.push_model_steering(state.model, state)
+    # an attach's push had the engine measure the SAE's residual norm: the record with it
+    latest = tree.last_steering_states.get(state.model)
+    return state_json(latest if latest is not None and latest.version == state.version else state, live)
 
 
 async def delete(tree: Tree, request: DeleteProfile | DeleteCluster | DeleteCircuit) -> dict:
@@ -467,18 +519,48 @@ def check_description(value) -> str | None:
     return value
 
 
-def _strengths(value) -> dict | None:
-    """{sae_id: {feature: strength}}: the shape and the ±200 range here; which SAEs are
-    attached and how wide they are, the coordinator checks."""
+def strength_unit(body: dict) -> str:
+    """The body's `strength_unit` (default percent); anything else is a 400."""
+    unit = body.get("strength_unit")
+    if unit is None:
+        return units.PERCENT
+    if unit not in units.UNITS:
+        raise GreenroomError(
+            "invalid_parameter",
+            f"'strength_unit' must be one of {', '.join(units.UNITS)} (got {json.dumps(unit)})",
+            "strength_unit",
+        )
+    return unit
+
+
+async def in_percent(tree: Tree, model: str, unit: str, strengths: dict, param: str | None = None) -> dict:
+    """{sae_id: {feature: value}} in the spec's scale: coefficients converted by the coordinator
+    (strength_units.py: through the SAE's residual norm and decoder rows, ±200 checked after)."""
+    if unit == units.PERCENT or not strengths:
+        return strengths
+    return (await tree.steering(ConvertStrengths(model, strengths, param))).strengths
+
+
+async def given_strengths(tree: Tree, model: str, body: dict) -> dict | None:
+    """The body's `strengths` in the unit its `strength_unit` names, checked, in percent."""
+    unit = strength_unit(body)
+    value = _strengths(body.get("strengths"), unit)
+    return None if value is None else await in_percent(tree, model, unit, value)
+
+
+def _strengths(value, unit: str, param: str = "strengths") -> dict | None:
+    """{sae_id: {feature: strength}}: the shape, and the ±200 range of percent strengths, here;
+    which SAEs are attached and how wide they are (and a coefficient's range), the coordinator
+    checks."""
     if value is None:
         return None
     if not isinstance(value, dict) or not all(isinstance(f, dict) for f in value.values()):
         raise GreenroomError(
-            "invalid_parameter", "'strengths' must be an object {sae_id: {feature: strength}}", "strengths"
+            "invalid_parameter", f"'{param}' must be an object {{sae_id: {{feature: strength}}}}", param
         )
     for sae_id, features in value.items():
         for feature, strength in features.items():
-            where = f"strengths.{sae_id}.{feature}"
+            where = f"{param}.{sae_id}.{feature}"
             if not STRENGTHS.values.keys.matches(feature):
                 raise GreenroomError(
                     "invalid_feature_index",
@@ -487,7 +569,7 @@ def _strengths(value) -> dict | None:
                 )
             if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
                 raise GreenroomError("invalid_parameter", f"the strength of {where} must be a number", where)
-            if not STRENGTHS.values.values.within(strength):
+            if unit == units.PERCENT and not STRENGTHS.values.values.within(strength):
                 raise GreenroomError(
                     "invalid_parameter",
                     f"the strength of {where} is {strength}: strengths are in ±{STRENGTH_MAX:g}",
