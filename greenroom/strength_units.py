@@ -1,14 +1,14 @@
 """The two units a steering strength may be given in, and the conversion between them (pure).
 
-- `percent` (the default, the spec's scale): a strength s in ±200 adds (ρ_L / 100) · s along
-  the feature's *unit* decoder direction, ρ_L being the calibrated residual norm of the SAE's
-  hook point (engines/steering.py): s is a percentage of the typical norm there.
-- `coefficient` (SAELens' and Neuronpedia's convention): a coefficient c adds c · W_dec[i], the
+- a number (the default, the spec's scale): a strength s in ±200 adds (ρ_L / 100) · s along the
+  feature's *unit* decoder direction, ρ_L being the calibrated residual norm of the SAE's hook
+  point (engines/steering.py): s is a percentage of the typical norm there;
+- `{"coefficient": c}` (SAELens' and Neuronpedia's convention): c · W_dec[i] is added, the
   decoder row as the SAE stores it, whatever its norm.
 
-So s = 100 · c · ‖W_dec[i]‖ / ρ_L. Strengths are stored and applied in percent; a coefficient is
-converted when it is written (the coordinator knows ρ_L once an engine has measured it, and
-‖W_dec[i]‖ from the SAE's file), and must land within ±200 like any strength.
+So s = 100 · c · ‖W_dec[i]‖ / ρ_L. Strengths are stored and applied in the spec's scale; a
+coefficient is converted when it is written (the coordinator knows ρ_L once an engine has
+measured it, and ‖W_dec[i]‖ from the SAE's file), and must land within ±200 like any strength.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import math
 
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.errors import GreenroomError
-
-PERCENT, COEFFICIENT = "percent", "coefficient"
-UNITS = (PERCENT, COEFFICIENT)
 
 
 def to_percent(coefficient: float, residual_norm: float, decoder_norm: float) -> float:
@@ -48,7 +45,7 @@ def converted(
         raise GreenroomError(
             "invalid_parameter",
             f"SAE {sae_id!r}'s residual norm is not measured yet (it is, once its model is loaded: "
-            "POST /api/models/load), so a coefficient cannot be converted; give strengths in percent",
+            "POST /api/models/load), so a coefficient cannot be converted; give the strength as a number",
             param,
         )
     out = {}

@@ -231,7 +231,7 @@ def test_a_coefficient_steers_the_real_model_as_its_strength_does(srv, client):
         steer({"strengths": {sae["sae_id"]: {"1": 12}}})
         steered = greedy(client, HF_MODEL, **question).message.content
         c = to_coefficient(12, sae["residual_norm"], sae["decoder_norms"][1])
-        state = steer({"strength_unit": "coefficient", "strengths": {sae["sae_id"]: {"1": c}}})
+        state = steer({"strengths": {sae["sae_id"]: {"1": {"coefficient": c}}}})
         assert state["strengths"][sae["sae_id"]]["1"] == pytest.approx(12, rel=1e-12)
         assert greedy(client, HF_MODEL, **question).message.content == steered != plain
         assert "France" in steered and len(set(steered.split())) > 3  # changed, not collapsed into a loop

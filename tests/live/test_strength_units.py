@@ -1,8 +1,8 @@
 """Strength units and SAE hook points against a live server on the demo model (the real model's
 checks are in test_real_model.py): GET /api/saes and /api/saes/{sae_id} say what a strength
 means (the calibrated residual norm, the decoder norms, the coefficient a strength of 1 is);
-`strength_unit: "coefficient"` steers exactly as the equivalent percent strength, on every
-route that takes strengths; bad units and unconvertible coefficients are typed 400s; SAEs on
+a strength given as `{"coefficient": c}` steers exactly as the equivalent percent strength, on
+every route that takes strengths; malformed and unconvertible coefficients are typed 400s; SAEs on
 attention and MLP out steer on transformers and are refused, naming the hook, where the engine
 cannot serve them."""
 
@@ -115,7 +115,7 @@ def test_a_coefficient_steers_as_its_strength_does(srv):
             assert put(srv, {"strengths": {SAE_ID: {"5": strength}}}).json()["live"]
             percent = chat(srv)
             c = coefficient(sae, 5, strength)
-            r = put(srv, {"strength_unit": "coefficient", "strengths": {SAE_ID: {"5": c}}})
+            r = put(srv, {"strengths": {SAE_ID: {"5": {"coefficient": c}}}})
             assert r.status_code == 200 and r.json()["live"], r.text
             assert r.json()["strengths"][SAE_ID]["5"] == pytest.approx(strength, rel=1e-12)  # stored in percent
             assert chat(srv) == percent
@@ -130,14 +130,12 @@ def test_profiles_clusters_and_circuits_take_coefficients(srv):
     c5, c9 = coefficient(sae, 5, 80.0), coefficient(sae, 9, -40.0)
     r = httpx.post(
         srv.url + "/api/profiles",
-        json={"name": "coef", "model": MODEL, "strength_unit": "coefficient", "strengths": {SAE_ID: {"5": c5}}},
+        json={"name": "coef", "model": MODEL, "strengths": {SAE_ID: {"5": {"coefficient": c5}}}},
         timeout=30,
     )
     assert r.status_code == 200 and r.json()["strengths"][SAE_ID]["5"] == pytest.approx(80.0), r.text
-    r = httpx.put(
-        srv.url + "/api/profiles/coef", json={"strength_unit": "coefficient", "strengths": {SAE_ID: {"9": c9}}}
-    )
-    assert r.status_code == 200 and r.json()["strengths"] == {SAE_ID: {"9": pytest.approx(-40.0)}}, r.text
+    r = httpx.put(srv.url + "/api/profiles/coef", json={"strengths": {SAE_ID: {"9": {"coefficient": c9}, "5": 12}}})
+    assert r.status_code == 200 and r.json()["strengths"] == {SAE_ID: {"5": 12, "9": pytest.approx(-40.0)}}, r.text
     assert httpx.delete(srv.url + "/api/profiles/coef").status_code == 200
     r = httpx.post(
         srv.url + "/api/clusters/import",
@@ -146,8 +144,7 @@ def test_profiles_clusters_and_circuits_take_coefficients(srv):
             "name": "coefc",
             "model": MODEL,
             "sae_id": SAE_ID,
-            "strength_unit": "coefficient",
-            "members": [{"feature": 5, "strength": c5}, {"feature": 9, "strength": c9}],
+            "members": [{"feature": 5, "strength": {"coefficient": c5}}, {"feature": 9, "strength": -40}],
         },
     )
     assert r.status_code == 200, r.text
@@ -160,8 +157,7 @@ def test_profiles_clusters_and_circuits_take_coefficients(srv):
             "name": "coefk",
             "model": MODEL,
             "rung": 1,
-            "strength_unit": "coefficient",
-            "layers": [{"layer": 1, "members": [{"feature": 5, "strength": c5}]}],
+            "layers": [{"layer": 1, "members": [{"feature": 5, "strength": {"coefficient": c5}}]}],
         },
     )
     assert r.status_code == 200, r.text
@@ -170,61 +166,44 @@ def test_profiles_clusters_and_circuits_take_coefficients(srv):
 
 
 def _bad_bodies(sae: dict) -> list[tuple[str, str, dict, str, str]]:
-    past = coefficient(sae, 5, 201.0)
+    past = {"coefficient": coefficient(sae, 5, 201.0)}
     steering = ("PUT", "/api/steering")
+    where = f"strengths.{SAE_ID}.5"
+
+    def strengths(value) -> dict:
+        return {"model": MODEL, "strengths": {SAE_ID: {"5": value}}}
+
+    def cluster(strength) -> dict:
+        return {
+            "format": "greenroom.cluster.v1",
+            "name": "c",
+            "model": MODEL,
+            "sae_id": SAE_ID,
+            "members": [{"feature": 5, "strength": strength}],
+        }
+
     return [
+        (*steering, strengths({"coefficient": "x"}), "invalid_parameter", where),
+        (*steering, strengths({"coefficient": 1, "unit": "c"}), "invalid_parameter", where),
+        (*steering, strengths({"percent": 1}), "invalid_parameter", where),
+        (*steering, strengths({"coefficient": None}), "invalid_parameter", where),
+        (*steering, strengths("1c"), "invalid_parameter", where),
+        (*steering, strengths(past), "invalid_parameter", where),
         (
             *steering,
-            {"model": MODEL, "strength_unit": "furlongs", "strengths": {}},
-            "invalid_parameter",
-            "strength_unit",
-        ),
-        (*steering, {"model": MODEL, "strength_unit": 1, "strengths": {}}, "invalid_parameter", "strength_unit"),
-        (
-            *steering,
-            {"model": MODEL, "strength_unit": "coefficient", "strengths": {SAE_ID: {"5": past}}},
-            "invalid_parameter",
-            f"strengths.{SAE_ID}.5",
-        ),
-        (
-            *steering,
-            {"model": MODEL, "strength_unit": "coefficient", "strengths": {SAE_ID: {"5": "x"}}},
-            "invalid_parameter",
-            f"strengths.{SAE_ID}.5",
-        ),
-        (
-            *steering,
-            {"model": MODEL, "strength_unit": "coefficient", "strengths": {SAE_ID: {"512": 1}}},
+            {"model": MODEL, "strengths": {SAE_ID: {"512": {"coefficient": 1}}}},
             "invalid_feature_index",
             f"strengths.{SAE_ID}.512",
         ),
         (
             *steering,
-            {"model": MODEL, "strength_unit": "coefficient", "strengths": {"sae_nope": {"5": 1}}},
+            {"model": MODEL, "strengths": {"sae_nope": {"5": {"coefficient": 1}}}},
             "sae_not_attached",
             "strengths.sae_nope",
         ),
-        (
-            "POST",
-            "/api/profiles",
-            {"name": "p", "model": MODEL, "strength_unit": "percents", "strengths": {}},
-            "invalid_parameter",
-            "strength_unit",
-        ),
-        (
-            "POST",
-            "/api/clusters/import",
-            {
-                "format": "greenroom.cluster.v1",
-                "name": "c",
-                "model": MODEL,
-                "sae_id": SAE_ID,
-                "strength_unit": "coefficient",
-                "members": [{"feature": 5, "strength": past}],
-            },
-            "invalid_parameter",
-            "members",
-        ),
+        ("POST", "/api/profiles", {"name": "p", **strengths(past)}, "invalid_parameter", where),
+        ("POST", "/api/clusters/import", cluster(past), "invalid_parameter", "members"),
+        ("POST", "/api/clusters/import", cluster({"coefficient": 0}), "invalid_parameter", "members[0].strength"),
         (
             "POST",
             "/api/circuits/import",
@@ -233,8 +212,7 @@ def _bad_bodies(sae: dict) -> list[tuple[str, str, dict, str, str]]:
                 "name": "k",
                 "model": MODEL,
                 "rung": 0,
-                "strength_unit": "coefficient",
-                "layers": [{"layer": 3, "members": [{"feature": 5, "strength": 1}]}],
+                "layers": [{"layer": 3, "members": [{"feature": 5, "strength": {"coefficient": 1}}]}],
             },
             "sae_not_attached",
             "layers[0].layer",
@@ -242,7 +220,7 @@ def _bad_bodies(sae: dict) -> list[tuple[str, str, dict, str, str]]:
     ]
 
 
-def test_bad_units_and_unconvertible_coefficients_are_typed(srv):
+def test_malformed_and_unconvertible_coefficients_are_typed(srv):
     before = httpx.get(srv.url + "/api/steering").json()
     for method, path, body, code, param in _bad_bodies(described(srv)):
         r = httpx.request(method, srv.url + path, json=body, timeout=30)
@@ -261,13 +239,13 @@ def test_a_coefficient_waits_for_the_residual_norm(srv):
     try:
         (record,) = r.json()["saes"]
         assert record["residual_norm"] is None and record["coefficient_per_strength"] is None
-        r = put(srv, {"strength_unit": "coefficient", "strengths": {record["sae_id"]: {"7": 1}}}, COLD)
+        r = put(srv, {"strengths": {record["sae_id"]: {"7": {"coefficient": 1}}}}, COLD)
         assert r.status_code == 400 and "not measured yet" in r.json()["error"]["message"], r.text
         assert put(srv, {"strengths": {record["sae_id"]: {"7": 10}}}, COLD).status_code == 200
         assert httpx.post(srv.url + "/api/models/load", json={"model": COLD}, timeout=120).status_code == 200
         measured = described(srv, record["sae_id"], model=COLD)["residual_norm"]
         assert 5 < measured < 60
-        r = put(srv, {"strength_unit": "coefficient", "strengths": {record["sae_id"]: {"7": measured / 10}}}, COLD)
+        r = put(srv, {"strengths": {record["sae_id"]: {"7": {"coefficient": measured / 10}}}}, COLD)
         assert r.status_code == 200 and r.json()["strengths"][record["sae_id"]]["7"] == pytest.approx(10.0), r.text
     finally:
         httpx.post(srv.url + "/api/saes/detach", json={"model": COLD, "sae_id": "sae_demo_tiny_l2"}, timeout=60)
@@ -296,9 +274,7 @@ def test_attention_and_mlp_out_steer_on_transformers(srv, tmp_path):
                     "attn_out": "block 2's attention output",
                 }[hook.split("hook_")[1]]
             )
-            r = put(srv, {"strength_unit": "coefficient", "strengths": {"s": {"7": 1.5 * sae["residual_norm"]}}})
-            if r.status_code == 400:  # the coefficient is past ±200 of this hook point's norm: half of it
-                r = put(srv, {"strength_unit": "coefficient", "strengths": {"s": {"7": 10.0}}})
+            r = put(srv, {"strengths": {"s": {"7": {"coefficient": 1.5 * sae["residual_norm"]}}}})
             assert r.status_code == 200 and r.json()["live"], r.text
             answers[hook] = chat(srv)
             read = httpx.post(
@@ -324,8 +300,8 @@ def test_the_mlp_out_delta_is_the_block_outputs(srv, tmp_path):
         try:
             if coefficients is None:
                 rho = described(srv, "m")["residual_norm"]
-                coefficients = {"7": 0.8 * rho, "11": -0.5 * rho}
-            r = put(srv, {"strength_unit": "coefficient", "strengths": {"m": coefficients}})
+                coefficients = {"7": {"coefficient": 0.8 * rho}, "11": {"coefficient": -0.5 * rho}}
+            r = put(srv, {"strengths": {"m": coefficients}})
             assert r.status_code == 200 and r.json()["live"], r.text
             answers.append(chat(srv))
         finally:

@@ -24,24 +24,23 @@ import attrs
 from quart import Quart, request
 
 from greenroom import steering_rules as rules
-from greenroom import strength_units as units
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.errors import GreenroomError
 from greenroom.http.core import routes
-from greenroom.http.core.contracts import INT64, Choice, ListOf, Number, Schema, Shape, Text
+from greenroom.http.core.contracts import INT64, AnyOf, Choice, ListOf, Number, Schema, Shape, Text
 from greenroom.http.manage.steering_api import (
+    COEFFICIENT,
     DESCRIPTION,
     MODEL,
     PROFILE_NAME,
     SAE_ID,
-    STRENGTH_UNIT,
     delete,
     document_json,
+    given_strength,
     in_percent,
     name_and_description,
     read_body,
     state_json,
-    strength_unit,
     write,
 )
 from greenroom.http.openai import openai_params
@@ -75,10 +74,15 @@ DIAL = Number(lo=rules.ENVELOPE[0], hi=rules.ENVELOPE[1])
 _MEMBER = Shape(
     fields={
         "feature": Number(lo=0, hi=INT64[1], integer=True),
-        "strength": Number(
-            nonzero=True,
-            description=f"Within ±{STRENGTH_MAX:g} (percent), or a SAELens coefficient with the "
-            'document\'s strength_unit "coefficient" (converted to percent, within ±200 once converted)',
+        "strength": AnyOf(
+            options=(
+                Number(lo=-STRENGTH_MAX, hi=STRENGTH_MAX, nonzero=True),
+                attrs.evolve(
+                    COEFFICIENT,
+                    fields={"coefficient": attrs.evolve(COEFFICIENT.fields["coefficient"], nonzero=True)},
+                ),
+            ),
+            description=f'Non-zero: within ±{STRENGTH_MAX:g}, or {{"coefficient": c}} in SAELens\' unit',
         ),
         "label": Text(max_length=LABEL_MAX),
     },
@@ -111,7 +115,6 @@ _DOCUMENT = {
         description=f"[low, high], 0 ≤ low ≤ high, low ≤ {rules.ENVELOPE[1]:g}; intersected with the [0, 2] envelope",
     ),
     "intensity": attrs.evolve(DIAL, default=1.0, description="The persistent dial"),
-    "strength_unit": STRENGTH_UNIT,
 }
 CLUSTER = Shape(
     fields={
@@ -169,9 +172,8 @@ def register(app: Quart, tree: Tree) -> None:
         sae_id = body.get("sae_id")
         if not SAE_ID.matches(sae_id):
             raise GreenroomError.wrong(sae_id, "'sae_id' must name the attached SAE the members belong to", "sae_id")
-        unit = strength_unit(body)
-        members, labels = _members(body.get("members"), "members", unit)
-        members = (await in_percent(tree, model, unit, {sae_id: members}, "members"))[sae_id]
+        members, labels = _members(body.get("members"), "members")
+        members = (await in_percent(tree, model, {sae_id: members}, "members"))[sae_id]
         return document_json(
             await tree.steering(
                 ImportCluster(model, *name_and_description(body), sae_id, members, labels, *_dialled(body))
@@ -194,8 +196,7 @@ def register(app: Quart, tree: Tree) -> None:
         if fallback is not None and not PROFILE_NAME.matches(fallback):
             raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
         name, description = name_and_description(body)
-        unit = strength_unit(body)
-        layers = await _layers_in_percent(tree, model, unit, _layers(body.get("layers"), unit))
+        layers = await _layers_in_percent(tree, model, _layers(body.get("layers")))
         return document_json(
             await tree.steering(ImportCircuit(model, name, description, rung, layers, *_dialled(body), fallback))
         )
@@ -315,9 +316,9 @@ def _number(body: dict, key: str) -> float:
     return float(value)
 
 
-def _members(value, where: str, unit: str) -> tuple[dict[str, float], dict[str, str]]:
-    """[{feature, strength, label?}] → ({feature: strength}, {feature: label}), features as
-    decimal strings like every strength map; strengths in `unit` (percent: within ±200)."""
+def _members(value, where: str) -> tuple[dict[str, tuple[bool, float]], dict[str, str]]:
+    """[{feature, strength, label?}] → ({feature: (is_coefficient, strength)}, {feature: label}),
+    features as decimal strings like every strength map (steering_api.given_strength)."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_MEMBERS:  # _listed
         raise GreenroomError.wrong(
             value, f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}", where
@@ -336,36 +337,28 @@ def _members(value, where: str, unit: str) -> tuple[dict[str, float], dict[str, 
             )
         if str(feature) in strengths:
             raise GreenroomError("invalid_parameter", f"feature {feature} is listed twice", f"{at}.feature")
-        bounded = unit == units.PERCENT
-        if not (
-            _MEMBER.fields["strength"].holds(strength)
-            and math.isfinite(strength)
-            and (not bounded or abs(strength) <= STRENGTH_MAX)
-        ):
-            raise GreenroomError(
-                "invalid_parameter",
-                f"'{at}.strength' must be a non-zero number" + (f" within ±{STRENGTH_MAX:g}" if bounded else ""),
-                f"{at}.strength",
-            )
+        given = given_strength(strength, f"{at}.strength", nonzero=True)
         if label is not None and not _MEMBER.fields["label"].matches(label):
             raise GreenroomError(
                 "invalid_parameter", f"'{at}.label' must be a string of at most {LABEL_MAX} characters", f"{at}.label"
             )
-        strengths[str(feature)] = float(strength)
+        strengths[str(feature)] = given
         if label is not None:
             labels[str(feature)] = label
     return strengths, labels
 
 
-async def _layers_in_percent(tree: Tree, model: str, unit: str, layers: list[dict]) -> list[dict]:
+async def _layers_in_percent(tree: Tree, model: str, layers: list[dict]) -> list[dict]:
     """A circuit's layers with coefficients converted through the SAE each layer names, else the
     one attached at that layer (a layer with none cannot convert: sae_not_attached)."""
-    if unit == units.PERCENT:
-        return layers
-    saes = (await tree.steering(GetSteering(model))).saes
+    saes = None
     out = []
     for i, layer in enumerate(layers):
         at = f"layers[{i}]"
+        if not any(c for c, _ in layer["members"].values()):
+            out.append({**layer, "members": {f: v for f, (_, v) in layer["members"].items()}})
+            continue
+        saes = saes if saes is not None else (await tree.steering(GetSteering(model))).saes
         sae_id = layer["sae_id"] or next((s["sae_id"] for s in saes if s["layer"] == layer["layer"]), None)
         if sae_id is None:
             raise GreenroomError(
@@ -373,12 +366,12 @@ async def _layers_in_percent(tree: Tree, model: str, unit: str, layers: list[dic
                 f"no SAE is attached at layer {layer['layer']} of {model!r}: its coefficients cannot be converted",
                 f"{at}.layer",
             )
-        members = await in_percent(tree, model, unit, {sae_id: layer["members"]}, f"{at}.members")
+        members = await in_percent(tree, model, {sae_id: layer["members"]}, f"{at}.members")
         out.append({**layer, "members": members[sae_id]})
     return out
 
 
-def _layers(value, unit: str) -> list[dict]:
+def _layers(value) -> list[dict]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_LAYERS:  # CIRCUIT's layers
         raise GreenroomError.wrong(
             value, f"'layers' must list 1–{MAX_LAYERS} layers {{layer, sae_id?, members}}", "layers"
@@ -396,6 +389,6 @@ def _layers(value, unit: str) -> list[dict]:
         if sae_id is not None and not SAE_ID.matches(sae_id):
             raise GreenroomError("invalid_parameter", f"'{at}.sae_id' must name an SAE", f"{at}.sae_id")
         seen.add(number)
-        members, labels = _members(layer["members"], f"{at}.members", unit)
+        members, labels = _members(layer["members"], f"{at}.members")
         out.append({"layer": number, "sae_id": sae_id, "members": members, "labels": labels})
     return out

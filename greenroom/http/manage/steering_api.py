@@ -22,7 +22,6 @@ import attrs
 from quart import Quart, request
 
 from greenroom import steering_rules as rules
-from greenroom import strength_units as units
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.engines.demo.demo_model import SIZES
 from greenroom.engines.demo.demo_sae import demo_sae_layers
@@ -74,22 +73,25 @@ STRENGTHS = MapOf(
     "percentage of the layer's typical residual norm added along the feature's unit decoder direction "
     "(docs/architecture.md)",
 )
-STRENGTH_UNIT = Choice(
-    values=units.UNITS,
-    default=units.PERCENT,
-    description=f'The unit of the strengths given: "{units.PERCENT}" (the spec\'s ±{STRENGTH_MAX:g} scale: a '
-    f'percentage of the hook point\'s residual norm) or "{units.COEFFICIENT}" (SAELens/Neuronpedia: the '
-    "coefficient × the feature's decoder row). Coefficients are converted and stored in percent "
-    "(strength = 100 × coefficient × decoder_norm[i] / residual_norm, GET /api/saes/{sae_id}), which must "
-    f"land within ±{STRENGTH_MAX:g}; they need the SAE's residual norm measured (its model loaded once)",
+# a strength as a request gives it: a number in the spec's scale, or a SAELens coefficient
+COEFFICIENT = Shape(
+    fields={
+        "coefficient": Number(
+            description="A SAELens/Neuronpedia coefficient: coefficient × the feature's decoder row is added. "
+            "Converted to the spec's scale and stored so (strength = 100 × coefficient × decoder_norm[i] / "
+            f"residual_norm: GET /api/saes/{{sae_id}}), where it must land within ±{STRENGTH_MAX:g}; it needs the "
+            "SAE's residual norm measured (its model loaded once)"
+        )
+    },
+    required=("coefficient",),
+    closed=True,
 )
-# strengths as a request gives them: in either unit (`strength_unit`), so unbounded here
 GIVEN_STRENGTHS = attrs.evolve(
     STRENGTHS,
-    values=attrs.evolve(STRENGTHS.values, values=Number()),
-    description=f"Per attached SAE (by sae_id), feature index → strength: in ±{STRENGTH_MAX:g} (a percentage "
-    "of the layer's typical residual norm along the feature's unit decoder direction, docs/architecture.md), "
-    'or a SAELens coefficient with strength_unit "coefficient"',
+    values=attrs.evolve(STRENGTHS.values, values=AnyOf(options=(STRENGTHS.values.values, COEFFICIENT))),
+    description=f"Per attached SAE (by sae_id), feature index → strength: a number in ±{STRENGTH_MAX:g} (a "
+    "percentage of the layer's typical residual norm added along the feature's unit decoder direction, "
+    'docs/architecture.md), or {"coefficient": c} in SAELens\' unit',
 )
 MODEL = openai_params.MODEL
 ATTACH = Shape(
@@ -118,7 +120,6 @@ SET = Shape(
             description="Replaces every strength of the model ({} clears them); zeros "
             "are dropped. Left out: the strengths stay. " + GIVEN_STRENGTHS.description,
         ),
-        "strength_unit": STRENGTH_UNIT,
     },
     required=("model",),
     closed=True,
@@ -134,7 +135,6 @@ PROFILE = Shape(
             description="Checked against the SAEs attached to the model now (default {}). "
             + GIVEN_STRENGTHS.description,
         ),
-        "strength_unit": STRENGTH_UNIT,
     },
     required=("name", "model"),
     closed=True,
@@ -146,7 +146,6 @@ UPDATE = Shape(
             GIVEN_STRENGTHS,
             description="Replaces the profile's strengths; left out: they stay. " + GIVEN_STRENGTHS.description,
         ),
-        "strength_unit": STRENGTH_UNIT,
     },
     closed=True,
 )
@@ -519,60 +518,66 @@ def check_description(value) -> str | None:
     return value
 
 
-def strength_unit(body: dict) -> str:
-    """The body's `strength_unit` (default percent); anything else is a 400."""
-    unit = body.get("strength_unit")
-    if unit is None:
-        return units.PERCENT
-    if unit not in units.UNITS:
+def given_strength(value, where: str, nonzero: bool = False) -> tuple[bool, float]:
+    """A strength as a request gives it — a number in ±200, or {"coefficient": c} (any finite
+    non-zero-if-asked number) — as (whether it is a coefficient, its value); else a 400."""
+    coefficient = isinstance(value, dict) and value.keys() == {"coefficient"}
+    number = value["coefficient"] if coefficient else value
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, (int, float))
+        or not math.isfinite(number)
+        or (nonzero and number == 0)
+        or (not coefficient and abs(number) > STRENGTH_MAX)
+    ):
+        kind = "a non-zero number" if nonzero else "a number"
         raise GreenroomError(
             "invalid_parameter",
-            f"'strength_unit' must be one of {', '.join(units.UNITS)} (got {json.dumps(unit)})",
-            "strength_unit",
+            f"the strength of {where} must be {kind} within ±{STRENGTH_MAX:g}, or "
+            f'{{"coefficient": c}} with c {kind} (got {json.dumps(value)})',
+            where,
         )
-    return unit
+    return coefficient, float(number)
 
 
-async def in_percent(tree: Tree, model: str, unit: str, strengths: dict, param: str | None = None) -> dict:
-    """{sae_id: {feature: value}} in the spec's scale: coefficients converted by the coordinator
-    (strength_units.py: through the SAE's residual norm and decoder rows, ±200 checked after)."""
-    if unit == units.PERCENT or not strengths:
-        return strengths
-    return (await tree.steering(ConvertStrengths(model, strengths, param))).strengths
+async def in_percent(tree: Tree, model: str, given: dict, param: str | None = None) -> dict:
+    """{sae_id: {feature: (is_coefficient, value)}} in the spec's scale: coefficients converted by
+    the coordinator (strength_units.py: through the SAE's residual norm and decoder rows, ±200
+    checked after); `param`: what a conversion's refusal names (None: each strength's place)."""
+    coefficients = {sae: {f: v for f, (c, v) in features.items() if c} for sae, features in given.items()}
+    coefficients = {sae: features for sae, features in coefficients.items() if features}
+    converted = (await tree.steering(ConvertStrengths(model, coefficients, param))).strengths if coefficients else {}
+    return {
+        sae: {f: converted[sae][f] if c else v for f, (c, v) in features.items()} for sae, features in given.items()
+    }
 
 
 async def given_strengths(tree: Tree, model: str, body: dict) -> dict | None:
-    """The body's `strengths` in the unit its `strength_unit` names, checked, in percent."""
-    unit = strength_unit(body)
-    value = _strengths(body.get("strengths"), unit)
-    return None if value is None else await in_percent(tree, model, unit, value)
+    """The body's `strengths` (each a number or {"coefficient": c}), checked, in percent."""
+    value = _strengths(body.get("strengths"))
+    return None if value is None else await in_percent(tree, model, value)
 
 
-def _strengths(value, unit: str, param: str = "strengths") -> dict | None:
-    """{sae_id: {feature: strength}}: the shape, and the ±200 range of percent strengths, here;
-    which SAEs are attached and how wide they are (and a coefficient's range), the coordinator
-    checks."""
+def _strengths(value) -> dict | None:
+    """{sae_id: {feature: strength}} → {sae_id: {feature: (is_coefficient, value)}}: the shape
+    and the ±200 range of percent strengths here; which SAEs are attached and how wide they are
+    (and a coefficient's range), the coordinator checks."""
     if value is None:
         return None
     if not isinstance(value, dict) or not all(isinstance(f, dict) for f in value.values()):
         raise GreenroomError(
-            "invalid_parameter", f"'{param}' must be an object {{sae_id: {{feature: strength}}}}", param
+            "invalid_parameter", "'strengths' must be an object {sae_id: {feature: strength}}", "strengths"
         )
+    out = {}
     for sae_id, features in value.items():
+        out[sae_id] = {}
         for feature, strength in features.items():
-            where = f"{param}.{sae_id}.{feature}"
+            where = f"strengths.{sae_id}.{feature}"
             if not STRENGTHS.values.keys.matches(feature):
                 raise GreenroomError(
                     "invalid_feature_index",
                     f"feature {feature!r} of SAE {sae_id!r} is not a feature index (a non-negative integer)",
                     where,
                 )
-            if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
-                raise GreenroomError("invalid_parameter", f"the strength of {where} must be a number", where)
-            if unit == units.PERCENT and not STRENGTHS.values.values.within(strength):
-                raise GreenroomError(
-                    "invalid_parameter",
-                    f"the strength of {where} is {strength}: strengths are in ±{STRENGTH_MAX:g}",
-                    where,
-                )
-    return value
+            out[sae_id][feature] = given_strength(strength, where)
+    return out
