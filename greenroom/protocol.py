@@ -242,6 +242,31 @@ class SetSteering(ModelRequest):
 
 
 @attrs.frozen
+class CalibrateSAEs(ModelRequest):
+    """Record the residual norm (ρ_L) an engine measured for each attached SAE named, where
+    the record has none yet; not a steering change (the version stays)."""
+
+    residual_norms: dict[str, float]
+
+
+@attrs.frozen
+class ConvertStrengths(ModelRequest):
+    """{sae_id: {feature: coefficient}} (SAELens' unit) as spec-scale strengths, through each
+    attached SAE's ρ_L and decoder norms (strength_units.py); `param`: what a refusal names
+    (None: strengths.<sae_id>[.<feature>], as PUT /api/steering's body has them)."""
+
+    coefficients: dict[str, dict[str, float]]
+    param: str | None = None
+
+
+@attrs.frozen
+class DescribeSAE(ModelRequest):
+    """One attached SAE's record with its decoder norms, feature by feature (a read)."""
+
+    sae_id: str
+
+
+@attrs.frozen
 class ResolveRequestSteering(ModelRequest):
     """A chat request's own steering (a read): its `profile` and/or `intensity` dial."""
 
@@ -400,6 +425,9 @@ SteeringRequest = (
     | AttachDefaultSAE
     | DetachSAE
     | SetSteering
+    | CalibrateSAEs
+    | ConvertStrengths
+    | DescribeSAE
     | ResolveRequestSteering
     | ListProfiles
     | GetProfile
@@ -439,6 +467,21 @@ class SteeringState:
     strengths: dict[str, dict[str, float]]
     active: dict | None  # {"kind": "profile" | "circuit", "name"}
     serving: dict | None
+
+
+@attrs.frozen
+class Converted:
+    """ConvertStrengths' answer: {sae_id: {feature: strength}} in the spec's ±200 scale."""
+
+    strengths: dict[str, dict[str, float]]
+
+
+@attrs.frozen
+class SAEDescription:
+    """DescribeSAE's answer: the SAE's record (as a state lists it) and ‖W_dec[i]‖ for every feature."""
+
+    sae: dict
+    decoder_norms: list[float]
 
 
 @attrs.frozen
@@ -597,7 +640,17 @@ class SteeringLock:
     model: str | None  # None: unlocked
 
 
-SteeringAnswer = SteeringState | ResolvedSteering | Dialled | Deleted | ActiveCircuit | SteeringLock | SteeringDocument
+SteeringAnswer = (
+    SteeringState
+    | Converted
+    | SAEDescription
+    | ResolvedSteering
+    | Dialled
+    | Deleted
+    | ActiveCircuit
+    | SteeringLock
+    | SteeringDocument
+)
 
 
 @attrs.frozen
@@ -735,10 +788,12 @@ class Status:
 @attrs.frozen
 class Steered:
     """The engine's answer to a SteerUpdate: the version it now holds (older than the
-    update's when it could not apply it)."""
+    update's when it could not apply it) and each attached SAE's calibrated ρ_L (what the
+    coordinator records, CalibrateSAEs)."""
 
     rid: str
     version: int
+    residual_norms: dict[str, float] = attrs.Factory(dict)
 
 
 @attrs.frozen

@@ -440,7 +440,8 @@ class EngineLoop:
             "version": steering.state.version,
             "saes": [i.sae_id for i in steering.attached()],
         }
-        self._outbox.put_from_thread(Steered(update.rid, steering.state.version))
+        norms = {i.sae_id: i.residual_norm for i in steering.attached()}
+        self._outbox.put_from_thread(Steered(update.rid, steering.state.version, norms))
 
     def _score(self, engine, req: Score) -> None:
         rows, names = score_rows(engine, req)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ import attrs
 import trio
 
 from greenroom import steering_rules as rules
+from greenroom import strength_units as units
 from greenroom.actors import steering_bases as bases
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.errors import GreenroomError
@@ -33,15 +35,19 @@ from greenroom.protocol import (
     ActiveCircuit,
     AttachDefaultSAE,
     AttachSAE,
+    CalibrateSAEs,
     Circuits,
     CircuitSummary,
     Clusters,
     ClusterSummary,
+    Converted,
+    ConvertStrengths,
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
     Deleted,
     DeleteProfile,
+    DescribeSAE,
     DetachSAE,
     DialCircuit,
     DialCluster,
@@ -65,6 +71,7 @@ from greenroom.protocol import (
     Profiles,
     ResolvedSteering,
     ResolveRequestSteering,
+    SAEDescription,
     SetSteering,
     Status,
     StatusQuery,
@@ -117,6 +124,8 @@ class Coordinator:
     store: SteeringStore
     cache_dir: str | None
     limits: rules.Limits
+    # an SAE file's ‖W_dec[i]‖, by path: read once (what ConvertStrengths and DescribeSAE need)
+    _decoder_norms: dict[str, list[float]] = attrs.field(factory=dict)
 
     def handle(self, request: SteeringRequest) -> SteeringAnswer:
         return HANDLERS[type(request)](self, request)
@@ -173,6 +182,60 @@ class Coordinator:
         if req.enabled is not None:
             state = attrs.evolve(state, enabled=req.enabled)
         return self._put(state)
+
+    def calibrate(self, req: CalibrateSAEs) -> SteeringState:
+        """Record each measured ρ_L on the SAE's record, unless it has one (the first engine to
+        measure it is kept: a strength's meaning stays put while the SAE is attached)."""
+        state = self.store.get(req.model)
+        saes = [
+            {**sae, **self._calibrated(sae, req.residual_norms[sae["sae_id"]])}
+            if sae.get("residual_norm") is None and sae["sae_id"] in req.residual_norms
+            else sae
+            for sae in state.saes
+        ]
+        if saes != state.saes:
+            self.store.put_saes(state.model, saes)
+            state = attrs.evolve(state, saes=saes)
+        return answer(self.store, state, self.limits)
+
+    def convert(self, req: ConvertStrengths) -> Converted:
+        state = self.store.get(req.model)
+        out = {}
+        for sae_id, coefficients in req.coefficients.items():
+            where = req.param or f"strengths.{sae_id}"
+            sae = bases.attached(state, sae_id, where)
+            bases.checked(state, {sae_id: coefficients}, req.param)  # feature indices inside the width
+            norms = self._norms(sae)
+            out[sae_id] = units.converted(
+                sae_id, coefficients, sae.get("residual_norm"), norms, where, per_feature=req.param is None
+            )
+        return Converted(out)
+
+    def describe(self, req: DescribeSAE) -> SAEDescription:
+        sae = bases.attached(self.store.get(req.model), req.sae_id, "sae_id")
+        return SAEDescription(sae, self._norms(sae))
+
+    def _calibrated(self, sae: dict, residual_norm: float) -> dict:
+        """ρ_L and what a strength of 1 is as a SAELens coefficient (strength_units.py): over the
+        SAE's features, from the largest decoder row's to the smallest's (null where a row is zero)."""
+        norm = sae.get("decoder_norm") or _summary(self._norms(sae))  # a record from before it was kept
+        per = {
+            k: units.to_coefficient(1.0, residual_norm, norm[n]) if norm[n] else None
+            for k, n in (("min", "max"), ("median", "median"), ("max", "min"))
+        }
+        return {"decoder_norm": norm, "residual_norm": residual_norm, "coefficient_per_strength": per}
+
+    def _norms(self, sae: dict) -> list[float]:
+        if sae["path"] not in self._decoder_norms:
+            from greenroom.engines.sae import SAEFormatError, load_sae  # torch: only once an SAE is attached
+
+            try:
+                self._decoder_norms[sae["path"]] = load_sae(sae["path"]).W_dec.norm(dim=1).tolist()
+            except (SAEFormatError, OSError) as exc:
+                raise GreenroomError(
+                    "invalid_sae", f"SAE {sae['sae_id']!r} can no longer be read: {exc}", "sae_id"
+                ) from None
+        return self._decoder_norms[sae["path"]]
 
     def resolve_request(self, req: ResolveRequestSteering) -> ResolvedSteering:
         return bases.request(self.store, self.store.get(req.model), req.profile, req.intensity, self.limits)
@@ -390,6 +453,9 @@ HANDLERS: dict[type, Callable[[Coordinator, SteeringRequest], SteeringAnswer]] =
     AttachDefaultSAE: Coordinator.attach_default,
     DetachSAE: Coordinator.detach,
     SetSteering: Coordinator.set_live,
+    CalibrateSAEs: Coordinator.calibrate,
+    ConvertStrengths: Coordinator.convert,
+    DescribeSAE: Coordinator.describe,
     ResolveRequestSteering: Coordinator.resolve_request,
     ListProfiles: Coordinator.list_profiles,
     GetProfile: Coordinator.get_profile,
@@ -499,6 +565,9 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
             "invalid_sae", f"{source!r} reads layer {sae.layer} ({sae.hook_name}), not layer {layer}", "layer"
         )
     width_in, blocks = _residual_shape(placement)
+    why = _unservable_site(sae, placement)
+    if why is not None:
+        raise GreenroomError("invalid_sae", f"{source!r}: {why}", "sae")
     if placement.get("engine") == "llama.cpp":
         from greenroom.engines.llama_cpp.llama_steering import unsteerable
 
@@ -525,7 +594,36 @@ def _resolve_sae(cache_dir: str | None, source: str, layer: int | None, sae_id: 
         "width": sae.d_sae,
         "d_in": sae.d_in,
         "architecture": sae.architecture,
+        "reads": sae.reads,
+        "decoder_norm": _summary(sae.W_dec.norm(dim=1).tolist()),
+        "residual_norm": None,  # ρ_L, once an engine measured it (CalibrateSAEs)
+        "coefficient_per_strength": None,
     }
+
+
+def _summary(norms: list[float]) -> dict:
+    """min, median (the lower middle one, as torch's) and max of an SAE's decoder norms."""
+    return {"min": min(norms), "median": statistics.median_low(norms), "max": max(norms)}
+
+
+def _unservable_site(sae, placement: dict) -> str | None:
+    """Why the engine of `placement` cannot serve `sae`'s hook point, or None: a site it has no
+    hook for (capabilities.HOOK_SITES), or a sublayer's output on a transformers model that may
+    decode in fixed shapes (on CUDA by default: fixed_shape.py steers the residual stream only)."""
+    from greenroom.engines.capabilities import capabilities_of
+
+    engine = placement.get("engine", "transformers")
+    sites = capabilities_of(engine).hook_sites
+    if sae.site not in sites:
+        return f"{sae.hook_name} reads {sae.reads}; {engine} models steer {', '.join(sites)} hook points only"
+    fixed = placement.get("fixed_shape") or "auto"
+    if not sae.residual and (fixed == "on" or fixed == "auto" and placement.get("device", "").startswith("cuda")):
+        return (
+            f"{sae.hook_name} reads {sae.reads}; this model decodes in fixed shapes (fixed_shape "
+            f"{fixed!r} on {placement.get('device')}), which steer the residual stream only: "
+            'set fixed_shape = "off" for it to serve attention and MLP out'
+        )
+    return None
 
 
 def _residual_shape(placement: dict) -> tuple[int | None, int | None]:

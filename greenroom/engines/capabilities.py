@@ -25,6 +25,11 @@ class Capabilities:
     sae_activations: bool = False  # return_sae_activations: SAE hooks on the model's residual stream
     # each generated token's log-probability: `logprobs` on a generation (/v1 and Ollama), x_needle's confidence
     token_logprobs: bool = False
+    # the SAE hook points it reads and steers, by site (engines/sae.py SITES): an SAE on another is refused
+    hook_sites: tuple[str, ...] = ()
+
+
+RESIDUAL_SITES = ("resid_post", "resid_pre")
 
 
 ENGINES: dict[str, Capabilities] = {
@@ -42,6 +47,9 @@ ENGINES: dict[str, Capabilities] = {
         profile=True,
         steering=True,
         token_logprobs=True,
+        # forward hooks on the block, or on its self_attn / mlp module (attention and MLP out: while
+        # the model decodes eagerly, transformers_engine.BlockHooks)
+        hook_sites=(*RESIDUAL_SITES, "attn_out", "mlp_out"),
     ),
     # llama.cpp: its repeat penalty honours ours; tools are rendered by the file's template (or
     # described in the system message, engines/text/chat.py) and parsed, with every tool_choice (required
@@ -65,6 +73,7 @@ ENGINES: dict[str, Capabilities] = {
         steering=True,
         profile=True,
         sae_activations=True,
+        hook_sites=RESIDUAL_SITES,  # a control vector adds to a layer's output (l_out) only
     ),
     # OpenVINO GenAI: rng_seed reproduces (CPU and NPU pipeline alike), its repetition penalty is
     # HF's rule (measured: greedy ids equal transformers'), the template takes variables and tools
@@ -108,4 +117,8 @@ def common(engines: tuple[str, ...]) -> Capabilities:
     """What every one of these engines honours: a model placed on several engines is
     routed to any of them, so a field is honoured only where all of them honour it."""
     caps = [ENGINES[e] for e in engines]
-    return Capabilities(**{f.name: all(getattr(c, f.name) for c in caps) for f in attrs.fields(Capabilities)})
+    sites = tuple(s for s in caps[0].hook_sites if all(s in c.hook_sites for c in caps))
+    return Capabilities(
+        **{f.name: all(getattr(c, f.name) for c in caps) for f in attrs.fields(Capabilities) if f.name != "hook_sites"},
+        hook_sites=sites,
+    )

@@ -14,8 +14,11 @@ the top level; every one of them is read. Supported, as SAELens computes them:
 into the weights when it saves, and applies nothing at inference); the run-time
 normalisations (constant_norm_rescale, layer_norm), hook_z reshaping, gated, top-k and
 other architectures are refused with SAEFormatError naming what the file asks for.
-Only residual-stream hooks are accepted: `blocks.L.hook_resid_post` is the output of
-decoder block L; `blocks.L.hook_resid_pre` (L ≥ 1) is the output of block L − 1.
+Hook points (`SITES`): `blocks.L.hook_resid_post` is the output of decoder block L;
+`blocks.L.hook_resid_pre` (L ≥ 1) the output of block L − 1; `blocks.L.hook_attn_out` and
+`blocks.L.hook_mlp_out` the output of block L's attention and MLP (what is added to the
+residual stream there). Which of them an engine serves is its own (engines/capabilities.py
+HOOK_SITES); other hooks (hook_z, hook_mlp_in, …) are refused here, naming the hook.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from safetensors.torch import save_file
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "jumprelu")
-_HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
+_HOOK = re.compile(r"^blocks\.(\d+)\.hook_(resid_post|resid_pre|attn_out|mlp_out)$")
+# where a hook point reads, by its site: the residual stream after a block, or one of its two
+# sublayers' outputs
+SITES = {
+    "resid_post": "the residual stream after block {block}",
+    "resid_pre": "the residual stream after block {block} (before block {layer})",
+    "attn_out": "block {block}'s attention output",
+    "mlp_out": "block {block}'s MLP output",
+}
 # SAELens applies nothing for these at inference; the other values it knows are run-time maps
 _NORMALIZE_NOOP = ("none", "expected_average_only_in")
 
@@ -54,7 +65,19 @@ class SAE:
         self.apply_b_dec_to_input = apply_b_dec_to_input
         m = _HOOK.match(hook_name)
         self.layer = int(m.group(1))  # SAELens' layer number, as the hook names it
-        self.block = self.layer if m.group(2) == "post" else self.layer - 1  # the decoder block whose output it reads
+        self.site = m.group(2)  # resid_post | resid_pre | attn_out | mlp_out
+        # the decoder block it reads (its output, or its attention's or MLP's)
+        self.block = self.layer - 1 if self.site == "resid_pre" else self.layer
+
+    @property
+    def residual(self) -> bool:
+        """Whether it reads the residual stream (a block's output), not a sublayer's output."""
+        return self.site.startswith("resid_")
+
+    @property
+    def reads(self) -> str:
+        """What its hook point reads, in words (the SAE's description)."""
+        return SITES[self.site].format(block=self.block, layer=self.layer)
 
     @property
     def d_in(self) -> int:
@@ -116,10 +139,10 @@ def load_sae(path: str | Path) -> SAE:
         raise SAEFormatError("SAE finetuning_scaling_factor is not supported")
     hook_name = meta.get("hook_name") or cfg.get("hook_name")
     m = _HOOK.match(hook_name or "")
-    if not m or (m.group(2) == "pre" and m.group(1) == "0"):
+    if not m or (m.group(2) == "resid_pre" and m.group(1) == "0"):
         raise SAEFormatError(
-            f"SAE hook {hook_name!r} is not a residual-stream hook greenroom can attach "
-            "(blocks.L.hook_resid_post, or blocks.L.hook_resid_pre with L ≥ 1)"
+            f"SAE hook {hook_name!r} is not a hook point greenroom can attach (blocks.L.hook_resid_post, "
+            "blocks.L.hook_resid_pre with L ≥ 1, blocks.L.hook_attn_out, blocks.L.hook_mlp_out)"
         )
     try:
         d_in, d_sae = int(cfg["d_in"]), int(cfg["d_sae"])

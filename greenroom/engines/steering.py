@@ -1,10 +1,11 @@
 """SAE steering, feature readouts, monitors and suppression, the same for every engine that
 steers: the SAEs attached, the state, the deltas and who reads what are decided here; where a
 delta is added and a residual read is the engine's (`Steering`'s subclasses). On transformers
-an attached SAE owns one forward hook on the decoder block whose output its hook point names
-(`model.model.layers[block]`, sae.py); on llama.cpp the deltas are a control vector added to
-that layer's output and residuals are read through the eval callback (llama_steering.py).
-Several SAEs attach at once, one per block.
+an attached SAE owns one forward hook on the module whose output its hook point names (the
+decoder block `model.model.layers[block]`, or its `self_attn` / `mlp` for attention and MLP
+out: sae.py SITES); on llama.cpp the deltas are a control vector added to that layer's output
+and residuals are read through the eval callback (llama_steering.py). Which hook points an
+engine serves is capabilities.HOOK_SITES's. Several SAEs attach at once, one per block.
 
 **Steering formula.** For every forward pass that is not suppressed, at each attached
 block L, at every position t (prompt and generated alike):
@@ -14,7 +15,10 @@ block L, at every position t (prompt and generated alike):
 - s_i is feature i's strength, in miLLM's range [−200, 200] (clamped there at apply time);
 - ρ_L is the layer's *typical residual norm*: the median ‖h_L[t]‖ of the unsteered model
   over a fixed calibration text (CALIBRATION_TEXT, the first position left out: a BOS
-  attention sink has an outsized norm in real models), measured once at attach.
+  attention sink has an outsized norm in real models), measured once at attach. For an SAE
+  on a sublayer's output (attention or MLP out), h_L is that output and ρ_L its typical norm.
+  A raw SAELens coefficient c (c · W_dec[i]) is the strength 100 · c · ‖W_dec[i]‖ / ρ_L
+  (greenroom/strength_units.py).
 
 So a strength is **a percentage of the residual norm at that layer**, added along the
 feature's unit decoder direction: ±1 nudges by 1 % of a typical residual, ±100 adds a
@@ -74,6 +78,7 @@ from .base import (
     Positions,
     Span,
 )
+from .capabilities import capabilities_of
 from .sae import SAE
 
 READ_POINTS = ("pre_steering", "post_steering")
@@ -104,7 +109,7 @@ class AttachedSAE:
     width: int
     d_in: int
     architecture: str
-    residual_norm: float  # ρ_L: what a strength of 100 adds
+    residual_norm: float  # ρ_L: the norm a strength of 100 adds (of the hook point's typical vector)
 
 
 @attrs.define(eq=False)
@@ -286,6 +291,8 @@ class Steering:
     vectors and eval callback (llama_steering.py). Either reads a forward's view of a block
     through `_at`, so what is steered and read is decided here, once."""
 
+    engine = ""  # the engine's name in capabilities.ENGINES: the hook points it serves
+
     def __init__(self, d_model: int, n_blocks: int, device, dtype: torch.dtype):
         self._d_model, self._n_blocks = d_model, n_blocks
         self._device, self._dtype = torch.device(device), dtype
@@ -307,9 +314,9 @@ class Steering:
         """Stop: the block computes exactly what it did before the attach."""
         raise NotImplementedError
 
-    def _residual_norm(self, block: int) -> float:
-        """ρ_L: the median residual norm after `block` over CALIBRATION_TEXT, unsteered
-        (`median_norm` of what the block gives)."""
+    def _residual_norm(self, sae: SAE) -> float:
+        """ρ_L: the median norm of what `sae`'s hook point reads over CALIBRATION_TEXT, unsteered
+        (`median_norm` of what the block, or its sublayer, gives)."""
         raise NotImplementedError
 
     # -- SAEs ---------------------------------------------------------------------------
@@ -320,6 +327,11 @@ class Steering:
             raise ValueError(f"an SAE named {sae_id!r} is already attached")
         if not 0 <= sae.block < self._n_blocks:
             raise ValueError(f"SAE hook {sae.hook_name} reads block {sae.block}; the model has {self._n_blocks}")
+        if sae.site not in capabilities_of(self.engine).hook_sites:
+            raise ValueError(
+                f"SAE hook {sae.hook_name} reads {sae.reads}, which the {self.engine} engine cannot steer "
+                f"(it serves {', '.join(capabilities_of(self.engine).hook_sites)})"
+            )
         if sae.d_in != self._d_model:
             raise ValueError(
                 f"the SAE reads {sae.d_in}-wide vectors; this model's residual stream is {self._d_model} wide"
@@ -337,7 +349,7 @@ class Steering:
             sae.d_sae,
             sae.d_in,
             sae.architecture,
-            self._residual_norm(sae.block),
+            self._residual_norm(sae),
         )
         entry = Hooked(info, sae)
         self._install(entry)

@@ -99,10 +99,19 @@ def parameters() -> str:
     return "\n".join(out)
 
 
+# the last row: the SAE hook points each engine reads and steers (capabilities.hook_sites)
+HOOK_POINTS = "SAE hook points read and steered (`blocks.L.…`)"
+
+
+def hook_points(sites: tuple[str, ...]) -> str:
+    return ", ".join(f"`hook_{site}`" for site in sites) or "—"
+
+
 def capabilities() -> str:
     rows = ["| capability | " + " | ".join(ENGINES) + " |", "| --- |" + " --- |" * len(ENGINES)]
     for label, field in CAPABILITIES:
         rows.append(f"| {label} | " + " | ".join("yes" if getattr(c, field) else "no" for c in ENGINES.values()) + " |")
+    rows.append(f"| {HOOK_POINTS} | " + " | ".join(hook_points(c.hook_sites) for c in ENGINES.values()) + " |")
     return "\n".join(rows)
 
 

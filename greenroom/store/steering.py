@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS steering (
     model TEXT PRIMARY KEY,
     version INTEGER NOT NULL,
     enabled INTEGER NOT NULL,
-    saes TEXT NOT NULL,       -- JSON: [{sae_id, source, path, layer, block, hook_point, width, d_in, architecture}]
+    saes TEXT NOT NULL,       -- JSON: [{sae_id, source, path, layer, block, hook_point, width, d_in, architecture,
+                              --         reads, decoder_norm, residual_norm, coefficient_per_strength}]
     strengths TEXT NOT NULL,  -- JSON: {sae_id: {feature: strength}}, features as decimal strings
     active TEXT               -- JSON: {"kind": "profile" | "circuit", "name"}: what the live values came from
 );
@@ -108,6 +109,12 @@ class SteeringStore:
                 ),
             )
         return state
+
+    def put_saes(self, model: str, saes: list[dict]) -> None:
+        """Rewrite the records of `model`'s attached SAEs in place (what was measured of them):
+        not a steering change, so the version stays."""
+        with self._db() as db:
+            db.execute("UPDATE steering SET saes = ? WHERE model = ?", (json.dumps(saes), model))
 
     def profiles(self) -> list[dict]:
         with self._db() as db:

@@ -15,6 +15,7 @@ from greenroom.errors import GreenroomError
 from greenroom.protocol import (
     AttachDefaultSAE,
     AttachSAE,
+    CalibrateSAEs,
     Deleted,
     Dialled,
     Failed,
@@ -127,7 +128,16 @@ class SteeringRelay:
                 reply.error["message"],
             )
             return False
+        await self._calibrated(m.id, state, reply.residual_norms)
         return reply.version >= state.version
+
+    async def _calibrated(self, model: str, state: SteeringState, norms: dict[str, float]) -> None:
+        """Record the ρ_L the engine measured for SAEs whose record has none yet (strength
+        units: GET /api/saes/{sae_id}); `last_steering_states` then holds the records with it."""
+        missing = {s["sae_id"] for s in state.saes if s.get("residual_norm") is None}
+        measured = {sae_id: norm for sae_id, norm in norms.items() if sae_id in missing}
+        if measured:
+            await self.steering(CalibrateSAEs(model, measured))
 
     async def push_model_steering(self, model: str, state: SteeringState) -> bool:
         """`state` to every placement of `model`; whether each loaded one now holds it."""

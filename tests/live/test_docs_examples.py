@@ -79,6 +79,11 @@ OUTPUTS = {
     "# 128 384": [r"^128 384$"],
     # /v1/embeddings' dimensions: the cut vector, at unit length
     "# 64 1.0": [r"^64 1\.0$"],
+    # steering.md: SmolLM2 steered by its random SAE's feature 1 at a strength of 12 (bench/steering_units.py)
+    '# … "content": "L\'Étoile, the capital of France."': [
+        r"toile, the capital of France\.",
+        r'"residual_norm":\s*17\d\.',
+    ],
     # scoring with allowed_token_ids: the distribution is renormalised over the listed ids
     "# normalised over the two ids": [normalised],
     # /tokenize of the demo model: its BOS and four tokens, each token's own text

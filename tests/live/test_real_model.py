@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from greenroom.engines.base import EngineError
 from greenroom.engines.loader import load_engine, source_path
+from greenroom.strength_units import to_coefficient
 
 GGUF_MODEL = "smollm2-135m-instruct:Q4_1"
 HF_MODEL = "smollm2-135m-instruct"
@@ -209,6 +210,35 @@ def test_steering_a_random_sae_feature_changes_the_answer(srv, client):
     assert greedy(client, HF_MODEL, **question).message.content == plain
 
 
+def test_a_coefficient_steers_the_real_model_as_its_strength_does(srv, client):
+    """What a strength means on SmolLM2 (GET /api/saes/{sae_id}: the residual norm after block 15
+    and the random SAE's unit decoder rows), and a strength from the useful range that
+    bench/steering_units.py measured (12: the capital answer changes, coherently) given as the
+    SAELens coefficient it converts to steers the same greedy text."""
+    question = {"messages": [{"role": "user", "content": CAPITAL}], "max_tokens": TOKENS}
+    plain = greedy(client, HF_MODEL, **question).message.content  # loaded: its SAE's ρ_L is measured
+    sae = httpx.get(srv.url + "/api/saes/sae_random_d576_l15", params={"model": HF_MODEL}, timeout=30).json()
+    assert 150 < sae["residual_norm"] < 200  # 173.9 on an AMD EPYC, float32
+    assert len(sae["decoder_norms"]) == 2304 and sae["decoder_norm"]["median"] == pytest.approx(1, abs=1e-5)
+    assert sae["coefficient_per_strength"]["median"] == pytest.approx(sae["residual_norm"] / 100, rel=1e-5)
+
+    def steer(body: dict) -> dict:
+        r = httpx.put(srv.url + "/api/steering", json={"model": HF_MODEL, **body}, timeout=60)
+        assert r.status_code == 200 and r.json()["live"], r.text
+        return r.json()
+
+    try:
+        steer({"strengths": {sae["sae_id"]: {"1": 12}}})
+        steered = greedy(client, HF_MODEL, **question).message.content
+        c = to_coefficient(12, sae["residual_norm"], sae["decoder_norms"][1])
+        state = steer({"strengths": {sae["sae_id"]: {"1": {"coefficient": c}}}})
+        assert state["strengths"][sae["sae_id"]]["1"] == pytest.approx(12, rel=1e-12)
+        assert greedy(client, HF_MODEL, **question).message.content == steered != plain
+        assert "France" in steered and len(set(steered.split())) > 3  # changed, not collapsed into a loop
+    finally:
+        steer({"strengths": {}})
+
+
 def test_steering_and_reading_the_gguf_model_with_a_random_sae(srv, client):
     """The same generated SAE attached to the GGUF model: a control vector changes its answer
     and leaves it as it was once zeroed; the residual read through llama.cpp's eval callback
@@ -225,6 +255,9 @@ def test_steering_and_reading_the_gguf_model_with_a_random_sae(srv, client):
 
     try:
         plain = greedy(client, GGUF_MODEL, **question).message.content
+        # loaded with the SAE attached: llama.cpp measured ρ_L (174.6 here; 173.9 on transformers)
+        sae = httpx.get(f"{url}/{sae_id}", params={"model": GGUF_MODEL}, timeout=30).json()
+        assert 150 < sae["residual_norm"] < 200, sae
         steer({sae_id: {"7": 60}})
         assert greedy(client, GGUF_MODEL, **question).message.content != plain
         steer({})

@@ -127,8 +127,10 @@ def edit_cfg(path, **changes):
         (dict(architecture="gated"), "architecture 'gated' is not supported"),
         (dict(normalize_activations="layer_norm"), "normalize_activations 'layer_norm' is not supported"),
         (dict(reshape_activations="hook_z"), "reshape_activations 'hook_z' is not supported"),
-        (dict(metadata={"hook_name": "blocks.1.hook_mlp_out"}), "not a residual-stream hook"),
-        (dict(metadata={"hook_name": "blocks.0.hook_resid_pre"}), "not a residual-stream hook"),
+        # attention and MLP out are hook points now (test_strength_units.py steers them); these are not
+        (dict(metadata={"hook_name": "blocks.1.hook_z"}), "'blocks.1.hook_z' is not a hook point"),
+        (dict(metadata={"hook_name": "blocks.1.hook_mlp_in"}), "'blocks.1.hook_mlp_in' is not a hook point"),
+        (dict(metadata={"hook_name": "blocks.0.hook_resid_pre"}), "'blocks.0.hook_resid_pre' is not a hook point"),
         (dict(d_sae=100), "W_enc has shape"),
     ],
 )

@@ -53,6 +53,8 @@ class CvecSteering(Steering):
     """`engine`: a LlamaCppEngine — its model's width and layers, and `residuals` for the
     calibration pass."""
 
+    engine = "llama.cpp"
+
     def __init__(self, engine, n_layers: int):
         torch.set_num_threads(1)  # one SAE row a step: llama.cpp's threads keep the cores
         self._engine = engine
@@ -73,9 +75,9 @@ class CvecSteering(Steering):
     def _remove(self, entry: Hooked) -> None:
         del self._by_name[residual_name(entry.info.block)]
 
-    def _residual_norm(self, block: int) -> float:
+    def _residual_norm(self, sae: SAE) -> float:
         seen: list[np.ndarray] = []
-        self._probe = (residual_name(block), seen.append)
+        self._probe = (residual_name(sae.block), seen.append)
         try:
             self._engine.residuals(self._engine.tokenize(CALIBRATION_TEXT))  # unsteered: the scoring context
         finally:

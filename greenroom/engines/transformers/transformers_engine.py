@@ -310,9 +310,12 @@ class TransformersEngine:
 
 
 class BlockHooks(Steering):
-    """Steering on a transformers model: each attached SAE owns a forward hook on its decoder
-    block (`model.model.layers[block]`), which adds the forward's delta to the block's output
-    and feeds the observers (steering.Steering._at says which)."""
+    """Steering on a transformers model: each attached SAE owns a forward hook on the module its
+    hook point reads — its decoder block (`model.model.layers[block]`) for the residual stream,
+    the block's `self_attn` or `mlp` for attention or MLP out — which adds the forward's delta to
+    the module's output and feeds the observers (steering.Steering._at says which)."""
+
+    engine = "transformers"
 
     def __init__(self, engine: TransformersEngine):
         # the engine, not its layers: holding them would keep an unloaded model's weights alive
@@ -322,16 +325,33 @@ class BlockHooks(Steering):
             model.config.hidden_size, len(model.model.layers), engine.device, next(model.parameters()).dtype
         )
 
-    @property
-    def _blocks(self):
-        return self._engine.model.model.layers
+    def _module(self, sae):
+        """The module whose output `sae`'s hook point is."""
+        block = self._engine.model.model.layers[sae.block]
+        if sae.residual:
+            return block
+        module = getattr(block, _SUBLAYERS[sae.site], None)
+        if module is None:
+            raise ValueError(f"SAE hook {sae.hook_name}: this model's blocks have no {_SUBLAYERS[sae.site]} module")
+        return module
+
+    def _check(self, sae) -> None:
+        self._module(sae)
+        # the fixed-shape step adds residual deltas from its buffer (Steering.deltas) and, compiled,
+        # runs no hook a later attach adds: a sublayer's delta would be lost there
+        if not sae.residual and self._engine.fixed_shape:
+            raise ValueError(
+                f"SAE hook {sae.hook_name} reads {sae.reads}: this model decodes in fixed shapes, which "
+                'steer the residual stream only (fixed_shape = "off" serves attention and MLP out)'
+            )
 
     def _install(self, entry) -> None:
         def hook(module, args, output):
             delta, observers = self._at(entry)
             if delta is None and not observers:
                 return None
-            # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a tuple
+            # transformers 5.2x returns the hidden states; older releases (the H200 image's 5.17) a
+            # tuple, as attention modules do (output, weights)
             hidden = output[0] if isinstance(output, tuple) else output
             steered = hidden if delta is None else hidden + delta
             feed(observers, entry.sae, hidden, steered)
@@ -339,14 +359,14 @@ class BlockHooks(Steering):
                 return None
             return (steered, *output[1:]) if isinstance(output, tuple) else steered
 
-        entry.handle = self._blocks[entry.info.block].register_forward_hook(hook)
+        entry.handle = self._module(entry.sae).register_forward_hook(hook)
 
     def _remove(self, entry) -> None:
         entry.handle.remove()
 
-    def _residual_norm(self, block: int) -> float:
+    def _residual_norm(self, sae) -> float:
         seen = []
-        handle = self._blocks[block].register_forward_hook(
+        handle = self._module(sae).register_forward_hook(
             lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output)
         )
         try:
@@ -356,6 +376,10 @@ class BlockHooks(Steering):
         finally:
             handle.remove()
         return median_norm(seen[0][0])
+
+
+# the module of a decoder block whose output a sublayer hook point reads (Llama-family names)
+_SUBLAYERS = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 
 # prompt positions run (and reduced) at a time by prompt_logprobs: 256 × a 128k vocabulary is 128 MB of logits

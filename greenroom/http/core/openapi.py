@@ -294,6 +294,7 @@ _QUERIES: dict[str, contracts.Shape] = {
 _PATH_PARAMETERS = {
     "id": openai_params.MODEL,
     "name": steering_api.PROFILE_NAME,
+    "sae_id": steering_api.SAE_ID,
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
     "file": console.FILE,
@@ -514,6 +515,7 @@ def _response_schemas() -> dict:
 # --- steering management (http/manage/steering_api.py) ----------------------------------------
 
 _STRENGTHS = steering_api.STRENGTHS.render({})
+_SUMMARY = _obj({k: _number() for k in ("min", "median", "max")}, ("min", "median", "max"))
 _PROFILE_NAME = steering_api.PROFILE_NAME.render({})
 
 
@@ -529,6 +531,20 @@ def _steering_schemas() -> dict:
             "width": _described(_COUNT, "Features (d_sae)"),
             "d_in": _COUNT,
             "architecture": _string(),
+            "reads": _described(
+                _string(), "What its hook point reads, in words (the residual stream after block N, attention/MLP out)"
+            ),
+            "decoder_norm": _described(_SUMMARY, "‖W_dec[i]‖ over its features (every one: GET /api/saes/{sae_id})"),
+            "residual_norm": _described(
+                _nullable(_number()),
+                "ρ_L: the calibrated typical norm at its hook point; a strength of 100 adds a vector this long "
+                "(null until an engine holding the model measured it)",
+            ),
+            "coefficient_per_strength": _described(
+                _nullable(_obj({k: _nullable(_number()) for k in ("min", "median", "max")})),
+                "The SAELens/Neuronpedia coefficient a strength of 1 is (residual_norm / (100 × decoder_norm[i])), "
+                "over its features; null until residual_norm is measured",
+            ),
         },
         ("sae_id", "source", "layer", "hook_point", "width", "d_in"),
     )
@@ -551,6 +567,18 @@ def _steering_schemas() -> dict:
     )
     return {
         "AttachedSAE": sae,
+        "SAE": {
+            "allOf": [
+                sae,
+                _obj(
+                    {
+                        "model": _string(),
+                        "decoder_norms": _described(_array(_number()), "‖W_dec[i]‖ of every feature, by index"),
+                    },
+                    ("model", "decoder_norms"),
+                ),
+            ]
+        },
         "ModelSteering": state,
         "SteeringList": _obj({"models": _array(_ref("ModelSteering"))}, ("models",)),
         "SAEList": _obj(

@@ -223,6 +223,17 @@ TABLE: tuple[Route, ...] = (
         "SAEList",
         "Per model: its steering state with each SAE's width, layer and hook point; the demo SAEs",
     ),
+    Route(
+        "GET",
+        "/api/saes/{sae_id}",
+        OPENAI,
+        "one attached SAE (?model=: of that model): what a strength means there — its residual norm, "
+        "each feature's decoder norm, the coefficient a strength of 1 is — and its hook point",
+        "getSAE",
+        "SAE",
+        "The SAE's record, its units and every feature's decoder norm",
+        query="ModelQuery",
+    ),
     _steering(
         "POST",
         "/api/saes/attach",

@@ -27,14 +27,17 @@ from greenroom import steering_rules as rules
 from greenroom.engines.base import STRENGTH_MAX
 from greenroom.errors import GreenroomError
 from greenroom.http.core import routes
-from greenroom.http.core.contracts import INT64, Choice, ListOf, Number, Schema, Shape, Text
+from greenroom.http.core.contracts import INT64, AnyOf, Choice, ListOf, Number, Schema, Shape, Text
 from greenroom.http.manage.steering_api import (
+    COEFFICIENT,
     DESCRIPTION,
     MODEL,
     PROFILE_NAME,
     SAE_ID,
     delete,
     document_json,
+    given_strength,
+    in_percent,
     name_and_description,
     read_body,
     state_json,
@@ -51,6 +54,7 @@ from greenroom.protocol import (
     GetActiveCircuit,
     GetCircuit,
     GetCluster,
+    GetSteering,
     ImportCircuit,
     ImportCluster,
     ListCircuits,
@@ -70,7 +74,16 @@ DIAL = Number(lo=rules.ENVELOPE[0], hi=rules.ENVELOPE[1])
 _MEMBER = Shape(
     fields={
         "feature": Number(lo=0, hi=INT64[1], integer=True),
-        "strength": Number(lo=-STRENGTH_MAX, hi=STRENGTH_MAX, nonzero=True),
+        "strength": AnyOf(
+            options=(
+                Number(lo=-STRENGTH_MAX, hi=STRENGTH_MAX, nonzero=True),
+                attrs.evolve(
+                    COEFFICIENT,
+                    fields={"coefficient": attrs.evolve(COEFFICIENT.fields["coefficient"], nonzero=True)},
+                ),
+            ),
+            description=f'Non-zero: within ±{STRENGTH_MAX:g}, or {{"coefficient": c}} in SAELens\' unit',
+        ),
         "label": Text(max_length=LABEL_MAX),
     },
     required=("feature", "strength"),
@@ -83,7 +96,7 @@ def _listed(where: str) -> ListOf:
         items=_MEMBER,
         min_items=1,
         max_items=MAX_MEMBERS,
-        description=f"1–{MAX_MEMBERS} members, each feature once, strengths non-zero within ±{STRENGTH_MAX:g}; {where}",
+        description=f"1–{MAX_MEMBERS} members, each feature once, strengths non-zero; {where}",
     )
 
 
@@ -160,6 +173,7 @@ def register(app: Quart, tree: Tree) -> None:
         if not SAE_ID.matches(sae_id):
             raise GreenroomError.wrong(sae_id, "'sae_id' must name the attached SAE the members belong to", "sae_id")
         members, labels = _members(body.get("members"), "members")
+        members = (await in_percent(tree, model, {sae_id: members}, "members"))[sae_id]
         return document_json(
             await tree.steering(
                 ImportCluster(model, *name_and_description(body), sae_id, members, labels, *_dialled(body))
@@ -182,7 +196,7 @@ def register(app: Quart, tree: Tree) -> None:
         if fallback is not None and not PROFILE_NAME.matches(fallback):
             raise GreenroomError("invalid_parameter", "'slice_fallback' must name a cluster", "slice_fallback")
         name, description = name_and_description(body)
-        layers = _layers(body.get("layers"))
+        layers = await _layers_in_percent(tree, model, _layers(body.get("layers")))
         return document_json(
             await tree.steering(ImportCircuit(model, name, description, rung, layers, *_dialled(body), fallback))
         )
@@ -302,9 +316,9 @@ def _number(body: dict, key: str) -> float:
     return float(value)
 
 
-def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
-    """[{feature, strength, label?}] → ({feature: strength}, {feature: label}), features as
-    decimal strings like every strength map."""
+def _members(value, where: str) -> tuple[dict[str, tuple[bool, float]], dict[str, str]]:
+    """[{feature, strength, label?}] → ({feature: (is_coefficient, strength)}, {feature: label}),
+    features as decimal strings like every strength map (steering_api.given_strength)."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_MEMBERS:  # _listed
         raise GreenroomError.wrong(
             value, f"'{where}' must list 1–{MAX_MEMBERS} members {{feature, strength, label?}}", where
@@ -323,20 +337,38 @@ def _members(value, where: str) -> tuple[dict[str, float], dict[str, str]]:
             )
         if str(feature) in strengths:
             raise GreenroomError("invalid_parameter", f"feature {feature} is listed twice", f"{at}.feature")
-        if not (_MEMBER.fields["strength"].holds(strength) and math.isfinite(strength)):
-            raise GreenroomError(
-                "invalid_parameter",
-                f"'{at}.strength' must be a non-zero number within ±{STRENGTH_MAX:g}",
-                f"{at}.strength",
-            )
+        given = given_strength(strength, f"{at}.strength", nonzero=True)
         if label is not None and not _MEMBER.fields["label"].matches(label):
             raise GreenroomError(
                 "invalid_parameter", f"'{at}.label' must be a string of at most {LABEL_MAX} characters", f"{at}.label"
             )
-        strengths[str(feature)] = float(strength)
+        strengths[str(feature)] = given
         if label is not None:
             labels[str(feature)] = label
     return strengths, labels
+
+
+async def _layers_in_percent(tree: Tree, model: str, layers: list[dict]) -> list[dict]:
+    """A circuit's layers with coefficients converted through the SAE each layer names, else the
+    one attached at that layer (a layer with none cannot convert: sae_not_attached)."""
+    saes = None
+    out = []
+    for i, layer in enumerate(layers):
+        at = f"layers[{i}]"
+        if not any(c for c, _ in layer["members"].values()):
+            out.append({**layer, "members": {f: v for f, (_, v) in layer["members"].items()}})
+            continue
+        saes = saes if saes is not None else (await tree.steering(GetSteering(model))).saes
+        sae_id = layer["sae_id"] or next((s["sae_id"] for s in saes if s["layer"] == layer["layer"]), None)
+        if sae_id is None:
+            raise GreenroomError(
+                "sae_not_attached",
+                f"no SAE is attached at layer {layer['layer']} of {model!r}: its coefficients cannot be converted",
+                f"{at}.layer",
+            )
+        members = await in_percent(tree, model, {sae_id: layer["members"]}, f"{at}.members")
+        out.append({**layer, "members": members[sae_id]})
+    return out
 
 
 def _layers(value) -> list[dict]:

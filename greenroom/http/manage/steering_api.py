@@ -35,10 +35,12 @@ from greenroom.protocol import (
     ActiveCircuit,
     AttachSAE,
     CircuitSummary,
+    ConvertStrengths,
     CreateProfile,
     DeleteCircuit,
     DeleteCluster,
     DeleteProfile,
+    DescribeSAE,
     DetachSAE,
     Generate,
     GetProfile,
@@ -71,6 +73,26 @@ STRENGTHS = MapOf(
     "percentage of the layer's typical residual norm added along the feature's unit decoder direction "
     "(docs/architecture.md)",
 )
+# a strength as a request gives it: a number in the spec's scale, or a SAELens coefficient
+COEFFICIENT = Shape(
+    fields={
+        "coefficient": Number(
+            description="A SAELens/Neuronpedia coefficient: coefficient × the feature's decoder row is added. "
+            "Converted to the spec's scale and stored so (strength = 100 × coefficient × decoder_norm[i] / "
+            f"residual_norm: GET /api/saes/{{sae_id}}), where it must land within ±{STRENGTH_MAX:g}; it needs the "
+            "SAE's residual norm measured (its model loaded once)"
+        )
+    },
+    required=("coefficient",),
+    closed=True,
+)
+GIVEN_STRENGTHS = attrs.evolve(
+    STRENGTHS,
+    values=attrs.evolve(STRENGTHS.values, values=AnyOf(options=(STRENGTHS.values.values, COEFFICIENT))),
+    description=f"Per attached SAE (by sae_id), feature index → strength: a number in ±{STRENGTH_MAX:g} (a "
+    "percentage of the layer's typical residual norm added along the feature's unit decoder direction, "
+    'docs/architecture.md), or {"coefficient": c} in SAELens\' unit',
+)
 MODEL = openai_params.MODEL
 ATTACH = Shape(
     fields={
@@ -94,9 +116,9 @@ SET = Shape(
         "model": MODEL,
         "enabled": Boolean(),
         "strengths": attrs.evolve(
-            STRENGTHS,
+            GIVEN_STRENGTHS,
             description="Replaces every strength of the model ({} clears them); zeros "
-            "are dropped. Left out: the strengths stay",
+            "are dropped. Left out: the strengths stay. " + GIVEN_STRENGTHS.description,
         ),
     },
     required=("model",),
@@ -109,7 +131,9 @@ PROFILE = Shape(
         "model": MODEL,
         "description": DESCRIPTION,
         "strengths": attrs.evolve(
-            STRENGTHS, description="Checked against the SAEs attached to the model now (default {})"
+            GIVEN_STRENGTHS,
+            description="Checked against the SAEs attached to the model now (default {}). "
+            + GIVEN_STRENGTHS.description,
         ),
     },
     required=("name", "model"),
@@ -118,7 +142,10 @@ PROFILE = Shape(
 UPDATE = Shape(
     fields={
         "description": DESCRIPTION,
-        "strengths": attrs.evolve(STRENGTHS, description="Replaces the profile's strengths; left out: they stay"),
+        "strengths": attrs.evolve(
+            GIVEN_STRENGTHS,
+            description="Replaces the profile's strengths; left out: they stay. " + GIVEN_STRENGTHS.description,
+        ),
     },
     closed=True,
 )
@@ -190,6 +217,26 @@ def register(app: Quart, tree: Tree) -> None:
             ],
         }
 
+    @routes.view(app, "GET", "/api/saes/{sae_id}")
+    async def sae(sae_id: str):
+        """One attached SAE (`?model=` while several models have one of that name): its record,
+        what a strength means there (residual_norm, decoder norms, coefficient_per_strength)
+        and ‖W_dec[i]‖ for every feature."""
+        name = request.args.get("model")
+        models = [tree.resolve(name)] if name else tree.steerable()
+        having = [m for m in models if any(s["sae_id"] == sae_id for s in (await tree.steering(GetSteering(m))).saes)]
+        if not having:
+            where = f" to {name!r}" if name else ""
+            raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached{where}", "sae_id")
+        if len(having) > 1:
+            raise GreenroomError(
+                "invalid_parameter",
+                f"SAE {sae_id!r} is attached to several models ({', '.join(having)}): name one with ?model=",
+                "model",
+            )
+        described = await tree.steering(DescribeSAE(having[0], sae_id))
+        return {"model": having[0], **described.sae, "decoder_norms": described.decoder_norms}
+
     @routes.view(app, "POST", "/api/saes/attach")
     async def attach():
         body = await read_body(ATTACH)
@@ -223,7 +270,7 @@ def register(app: Quart, tree: Tree) -> None:
         enabled = body.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise GreenroomError("invalid_parameter", "'enabled' must be true or false", "enabled")
-        return await write(tree, SetSteering(model, enabled, _strengths(body.get("strengths"))))
+        return await write(tree, SetSteering(model, enabled, await given_strengths(tree, model, body)))
 
     @routes.view(app, "GET", "/api/steering/lock")
     async def steering_lock():
@@ -249,7 +296,7 @@ def register(app: Quart, tree: Tree) -> None:
         model = tree.resolve(openai_params.model_name(body))
         return document_json(
             await tree.steering(
-                CreateProfile(model, *name_and_description(body), _strengths(body.get("strengths")) or {})
+                CreateProfile(model, *name_and_description(body), await given_strengths(tree, model, body) or {})
             )
         )
 
@@ -260,8 +307,9 @@ def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "PUT", "/api/profiles/{name}")
     async def update_profile(name: str):
         body = await read_body(UPDATE)
-        description, strengths = check_description(body.get("description")), _strengths(body.get("strengths"))
+        description = check_description(body.get("description"))
         model = (await tree.steering(GetProfile(name))).model
+        strengths = await given_strengths(tree, model, body)
         return document_json(await tree.steering(UpdateProfile(model, name, description, strengths)))
 
     @routes.view(app, "DELETE", "/api/profiles/{name}")
@@ -314,7 +362,7 @@ def register(app: Quart, tree: Tree) -> None:
                 "saes",
             )
         model = tree.resolve(openai_params.model_name(profile))
-        strengths = _strengths(profile.get("strengths")) or {}
+        strengths = await given_strengths(tree, model, profile) or {}
         listed = {sae["sae_id"] for sae in saes}
         for sae_id in strengths:
             if sae_id not in listed:
@@ -372,7 +420,10 @@ def intensity(value) -> float | str | None:
 async def write(tree: Tree, request: ModelRequest) -> dict:
     """A steering write answered with the model's state, once pushed to its engine actors."""
     state = await tree.steering(request)
-    return state_json(state, await tree.push_model_steering(state.model, state))
+    live = await tree.push_model_steering(state.model, state)
+    # an attach's push had the engine measure the SAE's residual norm: the record with it
+    latest = tree.last_steering_states.get(state.model)
+    return state_json(latest if latest is not None and latest.version == state.version else state, live)
 
 
 async def delete(tree: Tree, request: DeleteProfile | DeleteCluster | DeleteCircuit) -> dict:
@@ -467,16 +518,59 @@ def check_description(value) -> str | None:
     return value
 
 
+def given_strength(value, where: str, nonzero: bool = False) -> tuple[bool, float]:
+    """A strength as a request gives it — a number in ±200, or {"coefficient": c} (any finite
+    non-zero-if-asked number) — as (whether it is a coefficient, its value); else a 400."""
+    coefficient = isinstance(value, dict) and value.keys() == {"coefficient"}
+    number = value["coefficient"] if coefficient else value
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, (int, float))
+        or not math.isfinite(number)
+        or (nonzero and number == 0)
+        or (not coefficient and abs(number) > STRENGTH_MAX)
+    ):
+        kind = "a non-zero number" if nonzero else "a number"
+        raise GreenroomError(
+            "invalid_parameter",
+            f"the strength of {where} must be {kind} within ±{STRENGTH_MAX:g}, or "
+            f'{{"coefficient": c}} with c {kind} (got {json.dumps(value)})',
+            where,
+        )
+    return coefficient, float(number)
+
+
+async def in_percent(tree: Tree, model: str, given: dict, param: str | None = None) -> dict:
+    """{sae_id: {feature: (is_coefficient, value)}} in the spec's scale: coefficients converted by
+    the coordinator (strength_units.py: through the SAE's residual norm and decoder rows, ±200
+    checked after); `param`: what a conversion's refusal names (None: each strength's place)."""
+    coefficients = {sae: {f: v for f, (c, v) in features.items() if c} for sae, features in given.items()}
+    coefficients = {sae: features for sae, features in coefficients.items() if features}
+    converted = (await tree.steering(ConvertStrengths(model, coefficients, param))).strengths if coefficients else {}
+    return {
+        sae: {f: converted[sae][f] if c else v for f, (c, v) in features.items()} for sae, features in given.items()
+    }
+
+
+async def given_strengths(tree: Tree, model: str, body: dict) -> dict | None:
+    """The body's `strengths` (each a number or {"coefficient": c}), checked, in percent."""
+    value = _strengths(body.get("strengths"))
+    return None if value is None else await in_percent(tree, model, value)
+
+
 def _strengths(value) -> dict | None:
-    """{sae_id: {feature: strength}}: the shape and the ±200 range here; which SAEs are
-    attached and how wide they are, the coordinator checks."""
+    """{sae_id: {feature: strength}} → {sae_id: {feature: (is_coefficient, value)}}: the shape
+    and the ±200 range of percent strengths here; which SAEs are attached and how wide they are
+    (and a coefficient's range), the coordinator checks."""
     if value is None:
         return None
     if not isinstance(value, dict) or not all(isinstance(f, dict) for f in value.values()):
         raise GreenroomError(
             "invalid_parameter", "'strengths' must be an object {sae_id: {feature: strength}}", "strengths"
         )
+    out = {}
     for sae_id, features in value.items():
+        out[sae_id] = {}
         for feature, strength in features.items():
             where = f"strengths.{sae_id}.{feature}"
             if not STRENGTHS.values.keys.matches(feature):
@@ -485,12 +579,5 @@ def _strengths(value) -> dict | None:
                     f"feature {feature!r} of SAE {sae_id!r} is not a feature index (a non-negative integer)",
                     where,
                 )
-            if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
-                raise GreenroomError("invalid_parameter", f"the strength of {where} must be a number", where)
-            if not STRENGTHS.values.values.within(strength):
-                raise GreenroomError(
-                    "invalid_parameter",
-                    f"the strength of {where} is {strength}: strengths are in ±{STRENGTH_MAX:g}",
-                    where,
-                )
-    return value
+            out[sae_id][feature] = given_strength(strength, where)
+    return out
