@@ -33,7 +33,7 @@ from greenroom.http.anthropic import messages_api, messages_format
 from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
-from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
+from greenroom.http.manage import clusters_api, features_api, manage_api, monitoring_api, steering_api
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import model_facts, ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import (
@@ -269,6 +269,10 @@ _REQUESTS: dict[str, contracts.Shape] = {
     "CircuitDocument": clusters_api.CIRCUIT,
     "IntensityRequest": clusters_api.INTENSITY,
     "MonitoringRequest": monitoring_api.CONFIGURE,
+    "DashboardsRequest": features_api.DASHBOARDS,
+    "FeatureLabelRequest": features_api.LABEL,
+    "FeatureSearchRequest": features_api.SEARCH,
+    "ContrastRequest": features_api.CONTRAST,
     "OllamaGenerateRequest": ollama_api.GENERATE_REQUEST,
     "OllamaChatRequest": ollama_api.CHAT_REQUEST,
     "OllamaShowRequest": ollama_api.SHOW_REQUEST,
@@ -295,6 +299,9 @@ _PATH_PARAMETERS = {
     "name": steering_api.PROFILE_NAME,
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
+    "sae_id": steering_api.SAE_ID,
+    "job_id": features_api.JOB_ID,
+    "index": features_api.INDEX,
 }
 
 
@@ -312,6 +319,7 @@ _OBJECTS = (
     *ollama_embed.OBJECTS,
     *tokenize_api.OBJECTS,
     *model_facts.OBJECTS,
+    *features_api.OBJECTS,
 )
 
 
