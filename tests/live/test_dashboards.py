@@ -54,6 +54,8 @@ TEXTS = [
 def srv(tmp_path_factory, model_cache):
     tmp = tmp_path_factory.mktemp("dashboards")
     server = Server(tmp, server_cache(tmp, model_cache), CONFIG)
+    # on demand: loaded first, its steering live (its SAE attached) once the load answers
+    assert call(server, "POST", "/api/models/load", {"model": GGUF}).status_code == 200
     yield server
     server.stop()
 
@@ -307,3 +309,25 @@ def test_jobs_results_and_labels_survive_a_restart(tmp_path, model_cache, corpus
         assert interrupted["status"] == "interrupted" and "stopped" in interrupted["error"]
     finally:
         server.stop()
+
+
+def test_a_readout_carries_the_labels(srv):
+    call(srv, "PUT", f"/api/saes/{SAE}/features/12/label", {"model": MODEL, "label": "twelve"})
+    try:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 3,
+            "return_sae_activations": {"sae_id": SAE, "features": [12, 99], "positions": "prompt"},
+        }
+        read = call(srv, "POST", "/v1/chat/completions", body).json()["millm"]["sae_activations"]
+        features = [f for p in read["positions"] for f in p["features"]]
+        assert {f["index"] for f in features} == {12, 99}
+        assert all(f.get("label") == ("twelve" if f["index"] == 12 else None) for f in features)
+        # on the GGUF model the same SAE id is another model's: its features are not labelled
+        answer = call(srv, "POST", "/v1/chat/completions", {**body, "model": GGUF})
+        assert answer.status_code == 200, answer.text
+        gguf = answer.json()["millm"]["sae_activations"]
+        assert not any("label" in f for p in gguf["positions"] for f in p["features"])
+    finally:
+        call(srv, "PUT", f"/api/saes/{SAE}/features/12/label", {"model": MODEL, "label": ""})

@@ -291,7 +291,7 @@ OBJECTS = (JOB, JOBS, FEATURE, SEARCHED, CONTRASTED)
 
 
 def register(app: Quart, tree: Tree) -> None:
-    store = DashboardStore(tree.config.cache_dir)
+    store = tree.dashboards
     store.interrupt_unfinished()  # what a previous server was running: its runner is gone
 
     @routes.view(app, "POST", "/api/saes/{sae_id}/dashboards")
