@@ -184,6 +184,14 @@ def test_contrast_ranks_features_and_saves_a_profile(srv):
     assert profile["strengths"] == {
         SAE: {str(f["index"]): measure["suggested"] for f in saved["features"] if f["difference"] > 0}
     }
+    # a label set on one of its features comes back with the profile
+    first = next(iter(profile["strengths"][SAE]))
+    call(srv, "PUT", f"/api/saes/{SAE}/features/{first}/label", {"model": MODEL, "label": "frenchness"})
+    again = call(srv, "GET", "/api/profiles/contrasted").json()
+    assert again == {**profile, "labels": {SAE: {first: "frenchness"}}}
+    listed = call(srv, "GET", "/api/profiles").json()["profiles"]
+    assert again in listed
+    call(srv, "PUT", f"/api/saes/{SAE}/features/{first}/label", {"model": MODEL, "label": ""})
     assert call(srv, "DELETE", "/api/profiles/contrasted").status_code == 200
 
 

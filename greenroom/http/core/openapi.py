@@ -593,6 +593,11 @@ def _steering_schemas() -> dict:
                     ),
                     "A cluster's dial, range and member labels (GET /api/clusters/{name}); null for a plain profile",
                 ),
+                "labels": _described(
+                    {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _string()}},
+                    "Per SAE, feature → the user's label (PUT /api/saes/{sae_id}/features/{index}/label), for "
+                    "the features its strengths name that have one; left out when none has",
+                ),
             },
             ("name", "model", "description", "strengths", "saes", "created_at", "updated_at"),
         ),

@@ -33,7 +33,14 @@ from greenroom.errors import GreenroomError
 from greenroom.http.core import routes
 from greenroom.http.core.contracts import AnyOf, Choice, Field, ListOf, Number, Shape, Text
 from greenroom.http.core.objects import AN_OBJECT, COUNT, FLOAT, TEXT, Object, or_null
-from greenroom.http.manage.steering_api import DESCRIPTION, PROFILE_NAME, SAE_ID, document_json, read_body
+from greenroom.http.manage.steering_api import (
+    DESCRIPTION,
+    PROFILE_NAME,
+    SAE_ID,
+    document_json,
+    labelled,
+    read_body,
+)
 from greenroom.http.openai.tokenize_api import tokenized
 from greenroom.http.pipeline.answering import single
 from greenroom.protocol import (
@@ -457,7 +464,8 @@ def register(app: Quart, tree: Tree) -> None:
             description = body.get("description") or (
                 f"contrast of {len(positive)} prompts against {len(negative)}; strength measured on a held-out prompt"
             )
-            profile = document_json(await tree.steering(CreateProfile(model, body["save_as"], description, strengths)))
+            created = await tree.steering(CreateProfile(model, body["save_as"], description, strengths))
+            profile = labelled(tree, document_json(created))
         return CONTRASTED.build(model=model, sae_id=sae_id, features=top, measure=measure, profile=profile)
 
 
