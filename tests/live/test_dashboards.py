@@ -23,8 +23,9 @@ from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_mod
 from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
 from greenroom.engines.sae import load_sae
 
-GGUF = "greenroom-demo-gguf:F16"
-SAE = "sae_demo_tiny_l1"  # 512 features at layer 1, attached to both by the config
+from .test_gguf_steering import CONFIG, GGUF  # the demo model, and its F16 GGUF file: each with the demo SAE
+
+SAE = "sae_demo_tiny_l1"  # 512 features at layer 1, attached to both models by CONFIG
 ONE = f"""
 npu_actors = []
 [[models]]
@@ -32,17 +33,6 @@ id = "{MODEL}"
 source = "demo:tiny"
 sae = "demo:tiny"
 """
-CONFIG = (
-    ONE
-    + f"""
-[[models]]
-id = "{GGUF}"
-source = "demo-gguf:F16"
-engine = "llama.cpp"
-n_ctx = 2048
-sae = "demo:tiny"
-"""
-)
 TEXTS = [
     "The river winds through the valley, past orchards and under old stone bridges.",
     "Paris is the capital of France, and the Seine runs through it.",

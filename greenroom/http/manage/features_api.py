@@ -178,12 +178,12 @@ JOB = Object(
     },
 )
 JOBS = Object(name="DashboardJobs", fields={"jobs": ListOf(items=JOB.ref())})
+_ABOUT = {"model": TEXT, "sae_id": TEXT}  # whose features an answer is about
 _TOKEN_VALUE = Object(name="TokenValue", fields={"id": COUNT, "text": TEXT, "value": FLOAT})
 FEATURE = Object(
     name="FeatureDashboard",
     fields={
-        "model": TEXT,
-        "sae_id": TEXT,
+        **_ABOUT,
         "index": COUNT,
         "label": or_null(TEXT),
         "logit_effects": or_null(
@@ -232,8 +232,7 @@ _POSITION = Object(name="FeaturePosition", fields={"position": COUNT, "token": T
 SEARCHED = Object(
     name="FeatureSearch",
     fields={
-        "model": TEXT,
-        "sae_id": TEXT,
+        **_ABOUT,
         "tokens": ListOf(items=TEXT, description="By text: the text's tokens"),
         "features": ListOf(
             items=Object(
@@ -256,8 +255,7 @@ SEARCHED = Object(
 CONTRASTED = Object(
     name="Contrast",
     fields={
-        "model": TEXT,
-        "sae_id": TEXT,
+        **_ABOUT,
         "features": ListOf(
             items=Object(
                 name="ContrastFeature",
