@@ -12,6 +12,8 @@ sink with an outsized residual in real models (steering.median_norm leaves it ou
 reason), so it is shown but never counted (top contexts, histogram, density).
 
 `read_features` is the same reading for a few texts at once (feature search by text, contrast).
+torch is imported where a job or a reading runs, not with the module: the front end reads its
+defaults, and an engine actor imports it only once an SAE is read (as llama_steering.py).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from .base import EngineError, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 # the default corpus: what the model itself writes after each of these (seeded sampling)
 SEEDS = (
@@ -113,6 +118,8 @@ class _Capture:
 def activations(engine, sae_id: str, ids: list[int]) -> torch.Tensor:
     """[positions, width]: SAE `sae_id`'s activations at every position of one unsteered pass
     over `ids` (the engine's scoring pass, which both engines read through)."""
+    import torch
+
     capture = _Capture(sae_id)
     engine.score(ids, 1.0, None, 0, capture)
     if not capture.rows:
@@ -169,6 +176,8 @@ class DashboardJob:
         max_tokens: int,
         logit_k: int,
     ):
+        import torch
+
         self.engine, self.sae_id, self.corpus = engine, sae_id, corpus
         self.features = torch.tensor(features, dtype=torch.long)
         self.top_k, self.context_tokens, self.max_tokens, self.logit_k = top_k, context_tokens, max_tokens, logit_k
@@ -281,6 +290,8 @@ class DashboardJob:
     # -- reading a context ---------------------------------------------------------------
 
     def _read(self, ids: list[int]) -> None:
+        import torch
+
         acts = activations(self.engine, self.sae_id, ids)[:, self.features]  # [T, F]
         context = len(self._ctx_ids)
         self._ctx_ids.append(ids)
