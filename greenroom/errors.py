@@ -85,6 +85,7 @@ TABLE: dict[str, ErrorKind] = {
     "sae_not_attached": ErrorKind(400, INVALID),  # an sae_id no SAE attached to the model has
     "invalid_sae": ErrorKind(400, INVALID),  # not a loadable SAE, or not one this model can take
     "steering_unsupported": ErrorKind(400, INVALID),  # OpenVINO models have no SAE hooks
+    "dashboard_job_not_found": ErrorKind(404, INVALID),  # an unknown dashboards job (/api/saes/{sae_id}/dashboards)
     "profile_not_found": ErrorKind(404, INVALID),  # an unknown steering profile (the spec's code)
     "profile_exists": ErrorKind(409, INVALID),  # creating or importing a profile under a name in use
     "circuit_not_found": ErrorKind(404, INVALID),  # an unknown circuit

@@ -148,6 +148,40 @@ class Tokenize:
 
 
 @attrs.frozen
+class ReadFeatures:
+    """SAE `sae_id`'s activations on one unsteered pass over each of `texts` (tokenised as a
+    /v1/completions prompt): feature search by text and contrast. Answered with `FeaturesRead`."""
+
+    rid: str
+    model: str
+    sae_id: str
+    texts: list[str]
+    top_k: int  # features listed per position
+
+
+@attrs.frozen
+class StartDashboards:
+    """Start dashboards job `rid` (engines/dashboards.py) over `features` of SAE `sae_id`: its
+    corpus is the texts of `files`, else what the model writes after `seeds`. Checked when it
+    is taken (answered with Done, or Failed), then run in the engine actor's spare time
+    (actors/dashboard_runner.py), which writes its progress and results to the store of cache
+    directory `store`."""
+
+    rid: str
+    model: str
+    sae_id: str
+    features: list[int]
+    files: list[str]
+    seeds: list[str]
+    generated_tokens: int
+    top_k: int
+    context_tokens: int
+    max_tokens: int
+    logit_k: int
+    store: str | None
+
+
+@attrs.frozen
 class Load:
     """Load a model into the engine actor (queued behind the requests before it)."""
 
@@ -757,6 +791,23 @@ class Tokenized:
 
 
 @attrs.frozen
+class TextFeatures:
+    """One text of a ReadFeatures: its tokens, each feature's mean activation over its positions
+    after the first (an attention sink), and per position its `top_k` active features."""
+
+    tokens: list[int]
+    token_texts: list[str]
+    mean: bytes  # float32, little-endian, one per feature
+    top: list[list[list]]  # per position [[index, value], …], largest first
+
+
+@attrs.frozen
+class FeaturesRead:
+    rid: str
+    rows: list[TextFeatures]
+
+
+@attrs.frozen
 class Loading:
     """A Load has entered a long stage: "converting" (a GGUF file into the transformers engine's
     checkpoint, once: 25 s to minutes). Done or Failed follows."""
@@ -799,7 +850,18 @@ class Steered:
 @attrs.frozen
 class Events:
     events: list[
-        Admitted | Text | Embedded | Scores | Tokenized | Loading | Done | Failed | Status | Steered | SteeringReply
+        Admitted
+        | Text
+        | Embedded
+        | Scores
+        | Tokenized
+        | FeaturesRead
+        | Loading
+        | Done
+        | Failed
+        | Status
+        | Steered
+        | SteeringReply
     ]
 
 
@@ -892,6 +954,8 @@ _TAGS: dict[str, type] = {
         Embed,
         Score,
         Tokenize,
+        ReadFeatures,
+        StartDashboards,
         Load,
         Unload,
         Cancel,
@@ -901,6 +965,7 @@ _TAGS: dict[str, type] = {
         Embedded,
         Scores,
         Tokenized,
+        FeaturesRead,
         Loading,
         Done,
         Failed,

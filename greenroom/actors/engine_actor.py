@@ -31,6 +31,7 @@ import attrs
 import trio
 
 from greenroom.actors.admission import admit, embed_rows, score_rows, tokenized
+from greenroom.actors.dashboard_runner import DashboardRunner
 from greenroom.actors.outbox import Outbox
 from greenroom.actors.runtime import die_with_parent, tractor
 from greenroom.actors.scheduling import FIXED_SAMPLING, Lane, ModelBatching, Request, SchedulingPolicy, Start
@@ -44,18 +45,22 @@ from greenroom.protocol import (
     Embed,
     Embedded,
     Failed,
+    FeaturesRead,
     Generate,
     GenerationStats,
     Load,
     Loading,
+    ReadFeatures,
     Score,
     ScoredRow,
     Scores,
+    StartDashboards,
     Status,
     StatusQuery,
     Steered,
     SteerUpdate,
     Text,
+    TextFeatures,
     Tokenize,
     Tokenized,
     Unload,
@@ -166,6 +171,7 @@ class EngineLoop:
         self._enqueued: dict[str, float] = {}  # rid → arrival, for queue-wait figures
         self._steers: collections.deque[SteerUpdate] = collections.deque()  # applied between steps, in order
         self._applied: dict[str, dict] = {}  # model → what _steer left applied, read by status()
+        self._dashboards = DashboardRunner()  # run a step at a time while nothing else runs
 
     async def serve(self, stream) -> None:
         self._outbox = Outbox()
@@ -178,6 +184,7 @@ class EngineLoop:
                 nursery.cancel_scope.cancel()
         finally:
             with self._wakeup:
+                self._dashboards.drop()
                 self._closing = True
                 self._cancelled.update(g.rid for g in self._queue)
                 self._cancelled.update(self._running)
@@ -185,7 +192,7 @@ class EngineLoop:
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
-        if isinstance(msg, (Generate, Embed, Score, Tokenize)):
+        if isinstance(msg, (Generate, Embed, Score, Tokenize, ReadFeatures, StartDashboards)):
             if len(self._queue) + len(self._running) >= self.max_queue:
                 self._outbox.put(
                     Failed(
@@ -276,13 +283,19 @@ class EngineLoop:
         rejoin = False  # the last turn skipped its step for requests that came during its prefills
         while True:
             with self._wakeup:
-                while not self._queue and not self._running and not self._steers and not self._closing:
+                while (
+                    not self._queue and not self._running and not self._steers and not self._closing
+                ) and not self._dashboards:
                     self._wakeup.wait()
                 if self._closing:
                     return
                 steers = list(self._steers)
                 self._steers.clear()
                 starting = self._take()
+            if self._dashboards and (steers or starting):
+                # before anything else enters the engine: a dashboards job's open generation holds
+                # per-thread state (torch's inference mode) that must close before another opens
+                self._dashboards.pause()
             for update in steers:  # between steps: a forward never sees half a change
                 self._guard(update.rid, self._steer, update)
             one_by_one = self._join([start.request for start in starting if start.lane is Lane.BATCH])
@@ -302,6 +315,15 @@ class EngineLoop:
                 if self._guard(req.rid, next, steps, None) is None:  # finished, cancelled or failed
                     self._serial = None
                     self._finish(req.rid)
+            if self._dashboards:
+                self._spare_time()
+
+    def _spare_time(self) -> None:
+        """A dashboards job's step while nothing else runs or waits (it was paused when they started)."""
+        with self._wakeup:
+            idle = not self._queue and not self._running and not self._steers and not self._closing
+        if idle:
+            self._dashboards.step()
 
     def _take(self) -> list[Start]:
         """The requests that start now, as the policy says (scheduling.py), off the queue."""
@@ -382,6 +404,11 @@ class EngineLoop:
             return self._score(engine, req)
         if isinstance(req, Tokenize):
             return self._tokenize(engine, req)
+        if isinstance(req, ReadFeatures):
+            return self._read_features(engine, req)
+        if isinstance(req, StartDashboards):
+            self._dashboards.start(engine, req)
+            return self._outbox.put_from_thread(Done(req.rid))
         return self._generate(engine, req)
 
     def _engine(self, req):
@@ -407,6 +434,7 @@ class EngineLoop:
                 self._models[req.spec["id"]] = ModelBatching.of(self.engines[req.spec["id"]])
             self._outbox.put_from_thread(Done(req.rid, self.engines[req.spec["id"]].info))
             return
+        self._dashboards.drop(req.model)
         engine = self.engines.pop(req.model, None)
         self._models.pop(req.model, None)
         self._applied.pop(req.model, None)  # a reload starts unsteered, at version 0
@@ -645,6 +673,23 @@ class EngineLoop:
                 [engine.token_text(i) for i in ids] if req.token_strs else None,
             )
         )
+
+    def _read_features(self, engine, req: ReadFeatures) -> None:
+        from greenroom.engines.dashboards import read_features
+
+        rows = []
+        for read in read_features(engine, req.sae_id, req.texts):
+            values, index = read.acts.topk(min(req.top_k, read.acts.shape[1]), dim=1)
+            top = [[[i, v] for i, v in zip(idx, vals) if v > 0] for idx, vals in zip(index.tolist(), values.tolist())]
+            rows.append(
+                TextFeatures(
+                    read.tokens,
+                    [engine.token_text(i) for i in read.tokens],
+                    read.mean.numpy().astype("<f4").tobytes(),
+                    top,
+                )
+            )
+        self._outbox.put_from_thread(FeaturesRead(req.rid, rows))
 
     def _embed(self, engine, req: Embed) -> None:
         rows = embed_rows(engine, req)  # each input's tokens counted and checked against the window

@@ -20,14 +20,14 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from greenroom.engines.base import SamplingParams
-from greenroom.protocol import Embed, Generate, Load, Score, Tokenize, Unload
+from greenroom.protocol import Embed, Generate, Load, ReadFeatures, Score, StartDashboards, Tokenize, Unload
 
 # The server's fixed sampling parameters under continuous batching (the request defaults:
 # temperature 1, top_p 1, no top_k, no penalty): only requests asking for exactly these join
 # the batch, which samples every row alike from one generator.
 FIXED_SAMPLING = SamplingParams()
 
-Request = Generate | Embed | Score | Tokenize | Load | Unload
+Request = Generate | Embed | Score | Tokenize | ReadFeatures | StartDashboards | Load | Unload
 
 
 @attrs.frozen
@@ -129,7 +129,7 @@ class SchedulingPolicy:
             if isinstance(req, (Load, Unload)):
                 if not serial and not any(batched.values()) and not starts:
                     starts.append(Start(req, Lane.LIFECYCLE))
-            elif isinstance(req, Tokenize):
+            elif isinstance(req, (Tokenize, StartDashboards)):  # a dashboards job is only queued here
                 starts.append(Start(req, Lane.BESIDE))
             elif not serial and not full:  # a Generate needs one of its engine's sequences too
                 starts.append(Start(req, Lane.SERIAL))

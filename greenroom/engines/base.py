@@ -170,6 +170,7 @@ class ReadoutRequest:
 class FeatureValue:
     index: int
     value: float
+    label: str | None = None  # the user's label of the feature (the front end adds it: store/dashboards.py)
 
 
 @attrs.frozen

@@ -368,6 +368,15 @@ class Steering:
     def attached(self) -> list[AttachedSAE]:
         return [entry.info for entry in self._hooked.values()]
 
+    def sae(self, sae_id: str) -> SAE:
+        """The attached SAE `sae_id` (its weights, on the engine's device)."""
+        entry = self._hooked.get(sae_id)
+        if entry is None:
+            raise EngineError(
+                "sae_not_attached", f"no SAE named {sae_id!r} is attached (attached: {sorted(self._hooked)})", "sae_id"
+            )
+        return entry.sae
+
     # -- steering ------------------------------------------------------------------------
 
     def apply(self, state: SteeringState) -> bool:

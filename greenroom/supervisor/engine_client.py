@@ -22,9 +22,12 @@ from greenroom.protocol import (
     Embed,
     Embedded,
     Failed,
+    FeaturesRead,
     Generate,
+    ReadFeatures,
     Score,
     Scores,
+    StartDashboards,
     Status,
     StatusQuery,
     Steered,
@@ -41,7 +44,7 @@ CANCEL_SEND_TIMEOUT_S = 1.0
 
 class RequestEvents:
     """The events of one request, ending after a Failed, an Embedded, a Scores, a Tokenized, a
-    Done, a Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
+    FeaturesRead, a Done, a Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
     request has choices."""
 
     def __init__(self, recv: trio.MemoryReceiveChannel, choices: int, clock: TokenClock | None = None):
@@ -76,7 +79,7 @@ class RequestEvents:
             if event.finish_reason:
                 self._unfinished -= 1
         if (
-            isinstance(event, (Failed, Embedded, Scores, Tokenized, Done, Steered, SteeringReply))
+            isinstance(event, (Failed, Embedded, Scores, Tokenized, FeaturesRead, Done, Steered, SteeringReply))
             or self._unfinished == 0
         ):
             self.finished = True
@@ -86,7 +89,7 @@ class RequestEvents:
 # what a client's request asks of an engine: refused while the actor is unresponsive (lifecycle
 # and steering messages wait for it: one may be what keeps it busy, as an SAE's first load
 # importing torch holds the steering coordinator's GIL for seconds)
-CLIENT_REQUESTS = (Generate, Embed, Score, Tokenize)
+CLIENT_REQUESTS = (Generate, Embed, Score, Tokenize, ReadFeatures, StartDashboards)
 
 
 class EngineClient:
@@ -125,7 +128,7 @@ class EngineClient:
             raise self.unresponsive
         send, recv = trio.open_memory_channel(math.inf)
         self._inbox[request.rid] = send
-        if isinstance(request, (Generate, Embed, Score, Tokenize)):
+        if isinstance(request, CLIENT_REQUESTS):
             self._model_of[request.rid] = request.model
         if isinstance(request, Generate):
             self._unstarted.add(request.rid)

@@ -20,6 +20,7 @@ from greenroom.engines.llama_cpp import gguf_files
 from greenroom.errors import GreenroomError
 from greenroom.hosts.tls import token_from_env
 from greenroom.protocol import SteeringAnswer, SteeringRequest, SteeringState
+from greenroom.store.dashboards import DashboardStore
 from greenroom.supervisor import memory
 from greenroom.supervisor.engine_client import EngineClient
 from greenroom.supervisor.lifecycle import Lifecycle, Serving
@@ -73,6 +74,7 @@ class Tree:
         )
         self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
         self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
+        self.dashboards = DashboardStore(config.cache_dir)  # feature dashboards, their jobs, labels
         for model in config.models:  # the same id on several actors: replicas, preferred first
             if model.source is not None:  # else a file model_dirs holds: placed once found (_discover)
                 self._place(model, model.source)

@@ -16,6 +16,7 @@ from greenroom.engines.capabilities import EMBEDDING_MODEL, ENGINES
 from greenroom.http.anthropic import messages_format
 from greenroom.http.core import objects, openapi
 from greenroom.http.core.contracts import Named
+from greenroom.http.manage import features_api
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import model_facts, ollama_embed
 from greenroom.http.openai import (
@@ -198,7 +199,89 @@ SAMPLES = [
             )
         ],
     ),
+    (features_api.JOB, lambda: [features_api.JOB.build(**job) for job in _JOBS]),
+    (features_api.JOBS, lambda: [features_api.JOBS.build(jobs=[features_api.JOB.build(**job) for job in _JOBS])]),
+    (
+        features_api.FEATURE,
+        lambda: [features_api.feature_answer("m", "s", 3, held) for held in (_HELD, dict.fromkeys(_HELD))],
+    ),
+    (
+        features_api.SEARCHED,
+        lambda: [
+            features_api.SEARCHED.build(
+                model="m",
+                sae_id="s",
+                tokens=["The", " city"],
+                features=[
+                    features_api.hit(
+                        {
+                            "index": 4,
+                            "label": None,
+                            "value": 2.5,
+                            "mean": 0.5,
+                            "positions": [{"position": 1, "token": " city", "value": 2.5}],
+                        }
+                    )
+                ],
+            ),
+            features_api.SEARCHED.build(model="m", sae_id="s", features=[features_api.hit({"index": 4, "label": "x"})]),
+        ],
+    ),
+    (
+        features_api.CONTRASTED,
+        lambda: [
+            features_api.CONTRASTED.build(
+                model="m",
+                sae_id="s",
+                features=[{"index": 1, "label": None, "difference": 0.5, "mean_positive": 0.75, "mean_negative": 0.25}],
+                measure=measure,
+                profile=profile,
+            )
+            for measure, profile in ((None, None), (_MEASURE, {"name": "p"}))
+        ],
+    ),
 ]
+_JOBS = [
+    {
+        "id": "dash_0123456789abcdef",
+        "model": "m",
+        "sae_id": "s",
+        "status": status,
+        "features": [0, 1],
+        "corpus": {"files": [], "seeds": ["Hi"], "generated_tokens": 8},
+        "top_k": 8,
+        "context_tokens": 32,
+        "max_tokens": 4096,
+        "logit_k": 10,
+        "progress": {},
+        "error": error,
+        "created_at": 1.5,
+        "updated_at": 2.5,
+    }
+    for status, error in (("running", None), ("interrupted", "stopped"))
+]
+_HELD = {
+    "logits": {
+        "promoted": [{"id": 1, "text": "a", "value": 0.5}],
+        "suppressed": [{"id": 2, "text": "b", "value": -0.5}],
+    },
+    "logits_job": "dash_0123456789abcdef",
+    "stats": {
+        "tokens": 10,
+        "density": 0.5,
+        "histogram": {"edges": [0.001, 0.01], "counts": [0, 1, 0]},
+        "contexts": [{"max": 1.5, "max_position": 1, "tokens": [{"id": 1, "text": "a", "activation": 0.0}]}],
+    },
+    "stats_job": "dash_0123456789abcdef",
+    "label": "a label",
+}
+_MEASURE = {
+    "held_out": "Hi",
+    "baseline": 0.1,
+    "target": 0.9,
+    "tried": [{"strength": 5.0, "score": 0.5, "progress": 0.5, "text": "there"}],
+    "suggested": 5.0,
+}
 
 
 def _ollama_text() -> ev.Completion:

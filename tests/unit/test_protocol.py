@@ -136,7 +136,7 @@ def test_activations_keep_the_response_key_order():
     assert wire["sae_activations"]["positions"][0] == {
         "position": 4,
         "token_id": 17,
-        "features": [{"index": 12, "value": 1.5}, {"index": 3, "value": 0.25}],
+        "features": [{"index": 12, "value": 1.5, "label": None}, {"index": 3, "value": 0.25, "label": None}],
     }
     assert list(wire["monitor"]) == ["sae_id", "layer", "positions", "features"]
 

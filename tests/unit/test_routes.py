@@ -60,6 +60,8 @@ def test_one_surface_per_route_and_its_envelope_by_path():
         ("/api/circuits/active/x", Surface.OPENAI),
         ("/api/saes/x/y", Surface.OPENAI),
         ("/api/nothing/here", Surface.OLLAMA),  # anywhere else under /api/: Ollama's
+        ("/api/saes/x/nothing", Surface.OPENAI),  # /api/saes/{sae_id}/… (features_api.py) made it one
+        ("/api/steering/x", Surface.OLLAMA),  # anywhere else under /api/: Ollama's
         ("/api/nothing", Surface.OLLAMA),
         ("/api/models/known/x", Surface.OLLAMA),
         ("/v1/messages/batches", Surface.ANTHROPIC),  # under Anthropic's Messages routes: its envelope

@@ -378,6 +378,18 @@ class LlamaCppEngine:
         for _ in self._scoring_pass(prompt_ids, every=False):
             pass
 
+    def unembedding(self):
+        """W_U [rows, n_embd] as a float32 torch tensor, dequantised from the file (its `output`
+        tensor, else the tied token embeddings): what a feature's logit effects go through
+        (engines/dashboards.py). Read when asked, not kept."""
+        import torch
+        from gguf import GGUFReader, dequantize
+
+        tensors = {t.name: t for t in GGUFReader(self.path).tensors}
+        weight = tensors.get("output.weight") or tensors["token_embd.weight"]
+        rows = dequantize(weight.data, weight.tensor_type).reshape(-1, self.model.n_embd())
+        return torch.from_numpy(rows.astype("float32", copy=True))
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # as transformers does: special tokens written in the text are parsed as such
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_special_tokens and self._add_bos, special=True)

@@ -235,6 +235,11 @@ class TransformersEngine:
             )
         return self._batch_step
 
+    def unembedding(self) -> torch.Tensor:
+        """W_U [rows, d_model], the output projection: what a feature's logit effects go through
+        (engines/dashboards.py)."""
+        return self.model.get_output_embeddings().weight.detach()
+
     def new_batch(self, sampling: SamplingParams):
         """A continuous batch of sequences sampled under `sampling` (batching.py)."""
         from .batching import DecodeBatch

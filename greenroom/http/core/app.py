@@ -22,7 +22,7 @@ from greenroom.http.core.pacing import Pacer
 from greenroom.http.core.request_ids import request_id
 from greenroom.http.core.routes import Surface
 from greenroom.http.core.shutdown import Shutdown
-from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
+from greenroom.http.manage import clusters_api, features_api, manage_api, monitoring_api, steering_api
 from greenroom.http.ollama import ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import openai_api, responses_api, tokenize_api
 from greenroom.store import blobs
@@ -164,6 +164,7 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     clusters_api.register(app, tree)
     monitoring_api.register(app, tree)
     console.register(app)
+    features_api.register(app, tree)
     store = blobs.BlobStore(tree.config.cache_dir, tree.config.max_blob_bytes)  # one for uploads and creates
     ollama_models.register(app, tree, store)
     ollama_blobs.register(app, store)

@@ -34,7 +34,7 @@ from greenroom.http.anthropic import messages_api, messages_format
 from greenroom.http.core import contracts, headers
 from greenroom.http.core.routes import TABLE as ROUTES
 from greenroom.http.core.routes import Framing, Route, Surface
-from greenroom.http.manage import clusters_api, manage_api, monitoring_api, steering_api
+from greenroom.http.manage import clusters_api, features_api, manage_api, monitoring_api, steering_api
 from greenroom.http.ollama import format as ollama_format
 from greenroom.http.ollama import model_facts, ollama_api, ollama_blobs, ollama_embed, ollama_models
 from greenroom.http.openai import (
@@ -270,6 +270,10 @@ _REQUESTS: dict[str, contracts.Shape] = {
     "CircuitDocument": clusters_api.CIRCUIT,
     "IntensityRequest": clusters_api.INTENSITY,
     "MonitoringRequest": monitoring_api.CONFIGURE,
+    "DashboardsRequest": features_api.DASHBOARDS,
+    "FeatureLabelRequest": features_api.LABEL,
+    "FeatureSearchRequest": features_api.SEARCH,
+    "ContrastRequest": features_api.CONTRAST,
     "OllamaGenerateRequest": ollama_api.GENERATE_REQUEST,
     "OllamaChatRequest": ollama_api.CHAT_REQUEST,
     "OllamaShowRequest": ollama_api.SHOW_REQUEST,
@@ -298,6 +302,8 @@ _PATH_PARAMETERS = {
     "response_id": responses_api.RESPONSE_ID,
     "digest": ollama_blobs.DIGEST,
     "file": console.FILE,
+    "job_id": features_api.JOB_ID,
+    "index": features_api.INDEX,
 }
 
 
@@ -315,6 +321,7 @@ _OBJECTS = (
     *ollama_embed.OBJECTS,
     *tokenize_api.OBJECTS,
     *model_facts.OBJECTS,
+    *features_api.OBJECTS,
 )
 
 
@@ -618,6 +625,11 @@ def _steering_schemas() -> dict:
                         )
                     ),
                     "A cluster's dial, range and member labels (GET /api/clusters/{name}); null for a plain profile",
+                ),
+                "labels": _described(
+                    {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _string()}},
+                    "Per SAE, feature → the user's label (PUT /api/saes/{sae_id}/features/{index}/label), for "
+                    "the features its strengths name that have one; left out when none has",
                 ),
             },
             ("name", "model", "description", "strengths", "saes", "created_at", "updated_at"),

@@ -288,7 +288,8 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/profiles")
     async def profiles():
-        return document_json(await tree.steering(ListProfiles()))
+        listed = document_json(await tree.steering(ListProfiles()))
+        return {**listed, "profiles": [labelled(tree, profile) for profile in listed["profiles"]]}
 
     @routes.view(app, "POST", "/api/profiles")
     async def create_profile():
@@ -302,7 +303,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/profiles/{name}")
     async def profile(name: str):
-        return document_json(await tree.steering(GetProfile(name)))
+        return labelled(tree, document_json(await tree.steering(GetProfile(name))))
 
     @routes.view(app, "PUT", "/api/profiles/{name}")
     async def update_profile(name: str):
@@ -454,6 +455,18 @@ def document_json(doc: SteeringDocument | ActiveCircuit) -> dict:
 
 
 _DEFINITION = frozenset(f.name for f in attrs.fields(CircuitSummary)[7:])  # what an unparseable one lacks
+
+
+def labelled(tree: Tree, profile: dict) -> dict:
+    """A profile's answer with `labels`: the user's labels of the features its strengths name
+    (PUT /api/saes/{sae_id}/features/{index}/label), where any is set."""
+    labels = {}
+    for sae_id, strengths in profile["strengths"].items():
+        held = tree.dashboards.labels(profile["model"], sae_id)
+        named = {feature: held[int(feature)] for feature in strengths if int(feature) in held}
+        if named:
+            labels[sae_id] = named
+    return {**profile, "labels": labels} if labels else profile
 
 
 def _json(value):

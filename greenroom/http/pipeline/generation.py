@@ -206,7 +206,7 @@ async def run(
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
-        events = monitoring_api.recorded(tree, gen, request.path, events)
+        events = sae_activations.labelled(tree, gen, monitoring_api.recorded(tree, gen, request.path, events))
         answered = headers(first)
         if framing is not None:
             events = pacer().paced(events, stack)

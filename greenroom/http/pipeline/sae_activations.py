@@ -16,7 +16,7 @@ from greenroom.engines.base import SAE_ACTIVATIONS_MAX_TOP_K, Activations, Posit
 from greenroom.errors import GreenroomError
 from greenroom.http.core.contracts import Choice, ListOf
 from greenroom.http.core.objects import COUNT, FLOAT, TEXT, Object, or_null
-from greenroom.protocol import Generate, GetSteering, Score
+from greenroom.protocol import Generate, GetSteering, Score, Text
 from greenroom.supervisor.tree import Tree
 
 FIELD = "return_sae_activations"
@@ -55,7 +55,15 @@ MILLM = Object(
                             "position": COUNT,
                             "token_id": or_null(COUNT, "null: a position past the tokens fed"),
                             "features": ListOf(
-                                items=Object(name="FeatureValue", fields={"index": COUNT, "value": FLOAT})
+                                items=Object(
+                                    name="FeatureValue",
+                                    fields={
+                                        "index": COUNT,
+                                        "value": FLOAT,
+                                        "label": attrs.evolve(TEXT, description="Its label, where one is set"),
+                                    },
+                                    optional=("label",),
+                                )
                             ),
                         },
                     ),
@@ -104,10 +112,48 @@ async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False
 
 
 def millm(activations: Activations) -> dict:
-    """The response's `millm` object from the engine's readout."""
-    return MILLM.build(
-        sae_activations=SAE_ACTIVATIONS.build(**attrs.asdict(activations), note=NOTES[activations.read_point])
-    )
+    """The response's `millm` object from the engine's readout (a feature's label where it has one)."""
+    read = attrs.asdict(activations)
+    for position in read["positions"]:
+        for feature in position["features"]:
+            if feature["label"] is None:
+                del feature["label"]
+    return MILLM.build(sae_activations=SAE_ACTIVATIONS.build(**read, note=NOTES[activations.read_point]))
+
+
+def labelled(tree: Tree, gen: Generate, events):
+    """`events`, the features of the readout a request asked for carrying their labels (the
+    user's, PUT /api/saes/{sae_id}/features/{index}/label)."""
+    return events if gen.sae_activations is None else _Labelled(tree, gen.model, events)
+
+
+class _Labelled:
+    """A request's events (engine_client.RequestEvents), its readout's features labelled on their way past."""
+
+    def __init__(self, tree: Tree, model: str, events):
+        self._labels, self._model, self._events = tree.dashboards.labels, model, events
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return self._label(await self._events.__anext__())
+
+    def ready(self) -> list:
+        return [self._label(event) for event in self._events.ready()]
+
+    def _label(self, event):
+        read = getattr(event, "sae_activations", None)
+        if not isinstance(event, Text) or read is None:
+            return event
+        labels = self._labels(self._model, read.sae_id)
+        if not labels:
+            return event
+        positions = [
+            attrs.evolve(p, features=[attrs.evolve(f, label=labels.get(f.index)) for f in p.features])
+            for p in read.positions
+        ]
+        return attrs.evolve(event, sae_activations=attrs.evolve(read, positions=positions))
 
 
 def _refuse(param: str, why: str) -> None:
