@@ -174,10 +174,6 @@ _ENFORCED = (
         _FORMATTED, _UNTOOLED, "output_config.format cannot be combined with tools unless tool_choice is none"
     ),
 )
-_UNCALLED = {
-    "anyOf": [{"type": "string"}, {"type": "array", "items": {"not": contracts.at({"const": "tool_use"}, "type")}}]
-}
-_RULES += (openai_params.lone_assistant("messages", {"content": _UNCALLED}, ("system",), "a system prompt before it"),)
 COUNT_REQUEST = contracts.merge(_COUNTED, rules=_RULES, ledger=True)
 REQUEST = contracts.merge(
     _COMMON,

@@ -190,12 +190,6 @@ REQUEST = contracts.merge(
             "text.format json cannot be combined with tools unless tool_choice is none",
         ),
         contracts.when(_FORCED, {"not": _NO_TOOLS}, "tool_choice required or a named function needs tools"),
-        openai_params.lone_assistant(
-            "input",
-            {"type": {"enum": ["message", None]}},
-            ("instructions", "previous_response_id"),
-            "instructions or previous_response_id",
-        ),
         contracts.when(
             _FORCED,
             {"properties": {"tools": {"items": {"properties": {"parameters": SCHEMA}}}}},
