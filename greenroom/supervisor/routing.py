@@ -10,11 +10,10 @@ from greenroom.supervisor.slots import SlotState
 
 
 def route(replicas: list[ModelState]) -> tuple[ModelState, str]:
-    """The placement for the next request among a model's `replicas` (preferred first), and
-    why: the preferred one while it is idle; else the first idle one, else the least loaded —
-    so a busy or missing device falls back to another that holds the model."""
-    if len(replicas) == 1:
-        return replicas[0], "single_engine_runtime"
+    """The placement for the next request among a model's `replicas` (preferred first; several:
+    a model placed once is served there, "single_engine_runtime", without asking), and why: the
+    preferred one while it is idle; else the first idle one, else the least loaded — so a busy or
+    missing device falls back to another that holds the model."""
     up = [
         m
         for m in replicas

@@ -28,7 +28,7 @@ from greenroom.http.core.contracts import Shape
 from greenroom.http.core.framing import SSE, Framing, streamed
 from greenroom.http.core.headers import CONSTRAINED_HEADER, DRAWN_SEED_HEADER, SEED_HEADER, STRICT_HEADER
 from greenroom.http.core.pacing import Pacer
-from greenroom.http.manage import monitoring_api, steering_api
+from greenroom.http.manage import steering_api
 from greenroom.http.openai import openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import sae_activations, structured
@@ -191,7 +191,7 @@ async def run(
     request's (its tools parsed, its constrained document checked); None: a text completion's,
     read as it is. `paths`: the names a failure in the answer takes (a translated surface's own).
     `done` runs once the answer is complete — after the last frame, or once collected."""
-    gen = monitoring_api.monitored(tree, gen)
+    gen = tree.monitoring.monitored(gen)
 
     def native(events, admitted: Admitted):
         if not paths.names:  # a surface's own request: no layer per event to rename nothing
@@ -201,7 +201,7 @@ async def run(
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
-        events = monitoring_api.recorded(tree, gen, request.path, events)
+        events = tree.monitoring.recorded(gen, request.path, events)
         answered = headers(first)
         if framing is not None:
             events = pacer().paced(events, stack)
