@@ -59,6 +59,11 @@ class Prepared:
         skipped = [f for f in also_ignored if self.body.get(f) is not None and f not in self.ignored]
         return self.ignored + skipped
 
+    def unread_by(self, gen: Generate) -> list[str]:
+        """Every location a generation `gen` does not read: return_tokens_as_token_ids too while
+        it asks for no logprobs (scoring.SCORING_ONLY: read only where they are written)."""
+        return self.unread(scoring.SCORING_ONLY if gen.params.logprobs is None else ())
+
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
         return ledger.report_headers(self.unread(also_ignored), self.strict)
@@ -121,7 +126,8 @@ async def planned(tree: Tree, req: Prepared) -> Planned:
     plan = structured.plan(request.output, batching=tree.config.continuous_batching)
     gen = openai_params.chat_request(request, req.model, plan.tools, plan.constraint)
     several = len(request.conversations) > 1
-    gen = await sae_activations.attach(tree, request.sae_activations, gen, several)
+    if request.sae_activations is not None:  # a readout asked for: checked against the SAEs attached
+        gen = await sae_activations.attach(tree, request.sae_activations, gen, several)
     gen, steering = await steering_api.request_steering(tree, request.profile, request.steering_intensity, gen)
     return Planned(gen, plan, request.stream, steering)
 
@@ -154,7 +160,8 @@ def v1_headers(
     """The /v1 family's response headers, once admitted: the ledger's report (refused here under
     strict mode, before anything runs), the seed's, the steering's, the constraint's."""
     scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
-    headers = {**req.headers(scoring.unread(gen.params)), **seed_header(gen.params.seed, scope), **steering}
+    report = ledger.report_headers(req.unread_by(gen), req.strict)
+    headers = {**report, **seed_header(gen.params.seed, scope), **steering}
     if plan is not None and plan.header:
         headers[CONSTRAINED_HEADER] = plan.header
     return lambda first: {**headers, **drawn_seed(first, scope)}

@@ -70,11 +70,9 @@ SAE_ACTIVATIONS = MILLM.fields["sae_activations"]
 
 
 async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False) -> Generate | Score:
-    """`gen` carrying the validated field (`value`, as sent; unchanged without it); every refusal
-    a typed 400. `several`: extra_messages were sent. On a scoring request the pass is unsteered,
-    and so is what it reads: read_point is reported as "unsteered"."""
-    if value is None:
-        return gen
+    """`gen` carrying the validated field (`value`, as sent: its callers call this only when it
+    was); every refusal a typed 400. `several`: extra_messages were sent. On a scoring request the
+    pass is unsteered, and so is what it reads: read_point is reported as "unsteered"."""
     if not isinstance(value, dict):
         raise GreenroomError("invalid_parameter", f"'{FIELD}' must be an object with {', '.join(KEYS)}", FIELD)
     unknown = [k for k in value if k not in KEYS]
