@@ -6,7 +6,10 @@ and actor tree, the demo model loaded; no HTTP), it times:
   stream, the path a per-request "ask the scheduler" would take (`--actor`, default the
   steering coordinator, whose loop answers status as the scheduler actor's did);
 - the in-process decision: `routing.route` over the model's placements, and
-  `Lifecycle.client_for` on the loaded model (route, the keep-alive rearm, the client).
+  `Lifecycle.client_for` on the loaded model (route, the keep-alive rearm, the client);
+- the hop a request with a `profile` or a `steering_intensity` takes: `ResolveRequestSteering`
+  to the steering coordinator and its answer (`tree.steering`, the relay's path; the demo SAE
+  attached, a dial resolved against the store).
 
 Prints the median and p90 of each and the ratio.
 
@@ -29,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from greenroom.actors import runtime  # noqa: E402
 from greenroom.config import load_config  # noqa: E402
+from greenroom.protocol import ResolveRequestSteering  # noqa: E402
 from greenroom.supervisor.routing import route  # noqa: E402
 from greenroom.supervisor.slots import SlotState  # noqa: E402
 from greenroom.supervisor.tree import Tree  # noqa: E402
@@ -44,7 +48,10 @@ def _summary(name: str, seconds: list[float]) -> tuple[float, str]:
 
 async def _measure(args: argparse.Namespace) -> None:
     cfg = Path(tempfile.mkdtemp()) / "bench.toml"
-    cfg.write_text(f'defaults = false\nlog_level = "warning"\n[[models]]\nid = "{MODEL}"\nsource = "demo:tiny"\n')
+    cfg.write_text(
+        f'defaults = false\nlog_level = "warning"\nnpu_actors = []\n[[models]]\nid = "{MODEL}"\n'
+        'source = "demo:tiny"\nsae = "demo:tiny"\n'
+    )
     config = load_config(cfg, env={})
     async with runtime.open_root("supervisor", runtime.tractor_loglevel(config.log_level)):
         tree = Tree(config)
@@ -56,14 +63,19 @@ async def _measure(args: argparse.Namespace) -> None:
                     await trio.sleep(0.1)
             await tree.lifecycle.client_for(MODEL)  # loads it: what follows is the loaded model's path
 
-            for _ in range(20):  # warm both paths
+            resolve = ResolveRequestSteering(MODEL, None, 0.5)
+            for _ in range(20):  # warm every path
                 await slot.client.status()
                 await tree.lifecycle.client_for(MODEL)
-            trips = []
+                await tree.steering(resolve)
+            trips, resolves = [], []
             for _ in range(args.trips):
                 start = time.perf_counter()
                 assert await slot.client.status() is not None, f"{args.actor} did not answer its status"
                 trips.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await tree.steering(resolve)
+                resolves.append(time.perf_counter() - start)
             replicas = tree.table.replicas_of(MODEL)
             routes, clients = [], []
             for _ in range(args.calls):
@@ -78,7 +90,8 @@ async def _measure(args: argparse.Namespace) -> None:
     hop, hop_line = _summary(f"round trip to {args.actor!r} (StatusQuery → Status)", trips)
     routing, route_line = _summary("routing.route                          ", routes)
     decision, client_line = _summary("Lifecycle.client_for (loaded model)    ", clients)
-    print(hop_line, route_line, client_line, sep="\n")
+    _, resolve_line = _summary("a request's steering resolved (ResolveRequestSteering)", resolves)
+    print(hop_line, route_line, client_line, resolve_line, sep="\n")
     print(f"ratio of the medians: hop / client_for {hop / decision:.0f}x, hop / route {hop / routing:.0f}x")
 
 

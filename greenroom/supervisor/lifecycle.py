@@ -150,7 +150,8 @@ class Lifecycle:
         ]
 
     async def _client_for(self, model: str) -> tuple[EngineClient, Serving]:
-        m, reason = route(self.table.replicas_of(model))
+        replicas = self.table.replicas_of(model)
+        m, reason = (replicas[0], "single_engine_runtime") if len(replicas) == 1 else route(replicas)
         _refuse_while_unloading(m.slot)  # before a load: an unloading on-demand actor is still stopping
         if self.config.idle_unload_s > 0:  # idle from now on; a later keep_alive replaces it
             self.keep_alive(model, self.config.idle_unload_s)
@@ -159,14 +160,17 @@ class Lifecycle:
             await m.draining.wait()
         if unplaced or (m.slot.on_demand and m.state == LoadState.UNLOADED):
             await self._load(m)  # an auto placement's actor is the one this load chooses
-        await m.slot.wait_client(model, self.config.ready_timeout_s)
+        if m.slot.client is None:  # its actor (re)starting: waited for
+            await m.slot.wait_client(model, self.config.ready_timeout_s)
         while True:
             if m.draining is not None:  # making room for another model: queued behind that swap
                 await m.draining.wait()
                 continue
             _refuse_while_unloading(m.slot)
             if m.state == LoadState.LOADED:  # the client of its actor now: an auto placement may have moved
-                client = await m.slot.wait_client(model, self.config.ready_timeout_s)
+                client = m.slot.client
+                if client is None:
+                    client = await m.slot.wait_client(model, self.config.ready_timeout_s)
                 m.last_used = trio.current_time()
                 return client, Serving(m.info, m.slot.name, reason)
             if m.state == LoadState.UNLOADED:

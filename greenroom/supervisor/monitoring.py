@@ -1,6 +1,7 @@
-"""SAE monitoring in the front end: each model's configuration (persisted: store/monitoring.py)
-and the records generations bring back, kept in memory — the last RING_SIZE of them, and a
-copy to every live subscriber.
+"""SAE monitoring in the front end: each model's configuration (persisted: store/monitoring.py),
+what a generation of a monitored model asks its engine to read (`monitored`), and the records
+generations bring back (`recorded`), kept in memory — the last RING_SIZE of them, and a copy to
+every live subscriber.
 
 A record is one choice's top-k SAE features, read pre-steering over every position it fed
 the model (engines/steering.py, `Monitor`). A subscriber that does not keep up is never
@@ -12,12 +13,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
 
-from greenroom.engines.base import MonitorRecord
+from greenroom.engines.base import MonitorRecord, MonitorRequest
 from greenroom.errors import GreenroomError
+from greenroom.protocol import Generate, Text
 from greenroom.store.monitoring import MonitorConfig, MonitoringStore
 
 RING_SIZE = 1000
@@ -57,15 +60,29 @@ class Subscriber:
 
 
 class Monitoring:
-    def __init__(self, cache_dir: str | None):
+    """`steers(model)`: whether a model can steer (only those have the SAE hooks monitoring reads)."""
+
+    def __init__(self, cache_dir: str | None, steers: Callable[[str], bool]):
         self._store = MonitoringStore(cache_dir)
         self._configs = self._store.all()  # read once: the front end is the only writer
+        self._steers = steers
         self._ring: collections.deque[dict] = collections.deque(maxlen=RING_SIZE)
         self._last_id = 0
         self._subscribers: set[Subscriber] = set()
 
     def config(self, model: str) -> MonitorConfig:
         return self._configs.get(model) or MonitorConfig(model)
+
+    def monitored(self, gen: Generate) -> Generate:
+        """`gen` with its model's monitoring, when it is on (and the model can steer)."""
+        config = self._configs.get(gen.model)
+        if config is None or not config.enabled or not self._steers(gen.model):
+            return gen
+        return attrs.evolve(gen, monitor=MonitorRequest(config.sae_id, config.top_k))
+
+    def recorded(self, gen: Generate, endpoint: str, events):
+        """`events` (engine_client.RequestEvents), each finishing Text's monitor record kept on its way past."""
+        return events if gen.monitor is None else _Recorded(self, gen, endpoint, events)
 
     async def configure(self, config: MonitorConfig) -> MonitorConfig:
         await trio.to_thread.run_sync(self._store.put, config)  # a disk write off the event loop
@@ -114,3 +131,24 @@ class Monitoring:
             yield subscriber
         finally:
             self._subscribers.discard(subscriber)
+
+
+class _Recorded:
+    """A request's events that record what the monitor read."""
+
+    def __init__(self, monitoring: Monitoring, gen: Generate, endpoint: str, events):
+        self._monitoring, self._gen, self._endpoint, self._events = monitoring, gen, endpoint, events
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return self._keep(await self._events.__anext__())
+
+    def ready(self) -> list:
+        return [self._keep(event) for event in self._events.ready()]
+
+    def _keep(self, event):
+        if isinstance(event, Text) and event.monitor is not None:
+            self._monitoring.record(self._gen.model, self._gen.rid, self._endpoint, event.index, event.monitor)
+        return event

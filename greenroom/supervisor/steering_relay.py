@@ -61,7 +61,9 @@ class SteeringRelay:
         elif isinstance(request, GetSteering):
             self.table.state_of(request.model)  # 404 for an unknown name; a read for any engine
         model = request.model if isinstance(request, (ModelRequest, GetSteering)) else "steering"
-        client = await self._coordinator.wait_client(model, self._ready_timeout_s)
+        client = self._coordinator.client
+        if client is None:  # the coordinator (re)starting: waited for
+            client = await self._coordinator.wait_client(model, self._ready_timeout_s)
         async with client.submit(SteeringCall(f"steer-{uuid.uuid4().hex[:12]}", request)) as events:
             reply = await events.__anext__()
         if isinstance(reply, Failed):

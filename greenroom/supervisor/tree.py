@@ -14,16 +14,12 @@ import trio
 
 from greenroom import __version__
 from greenroom.config import Config, ModelConfig, detect_engine_actors, detect_npu_actors
-from greenroom.engines.base import ModelInfo
-from greenroom.engines.capabilities import Capabilities
 from greenroom.engines.llama_cpp import gguf_files
 from greenroom.errors import GreenroomError
 from greenroom.hosts.tls import token_from_env
-from greenroom.protocol import SteeringAnswer, SteeringRequest, SteeringState
 from greenroom.store.dashboards import DashboardStore
 from greenroom.supervisor import memory
-from greenroom.supervisor.engine_client import EngineClient
-from greenroom.supervisor.lifecycle import Lifecycle, Serving
+from greenroom.supervisor.lifecycle import Lifecycle
 from greenroom.supervisor.monitoring import Monitoring
 from greenroom.supervisor.placements import LoadState, ModelState, ModelTable, Placement, device_of
 from greenroom.supervisor.slots import DOWN, ActorSlot, SlotState
@@ -73,7 +69,17 @@ class Tree:
             candidates=self._auto_candidates,
         )
         self.supervisor = Supervisor(config, self.slots, self.lifecycle, self.relay.push_steering_quietly, self.workers)
-        self.monitoring = Monitoring(config.cache_dir)  # SAE monitoring: configuration and records
+        self.monitoring = Monitoring(config.cache_dir, self.relay.steers)  # SAE monitoring: its configuration, records
+        # The parts' own methods, reached through the tree (the front end talks to the tree only)
+        # without a forwarding layer in between: a request runs no code of the tree's.
+        self.resolve, self.capabilities = self.table.resolve, self.table.capabilities
+        self.replicas_of, self.state_of = self.table.replicas_of, self.table.state_of
+        self.client_for, self.load, self.unload = self.lifecycle.client_for, self.lifecycle.load, self.lifecycle.unload
+        self.keep_alive, self.actors = self.lifecycle.keep_alive, self.supervisor.actors
+        self.last_steering_states = self.relay.last_steering_states  # the relay's one cache, not a copy
+        self.steering, self.steers, self.steerable = self.relay.steering, self.relay.steers, self.relay.steerable
+        self.require_steering, self.push_model_steering = self.relay.require_steering, self.relay.push_model_steering
+        self.steering_live = self.relay.steering_live
         self.dashboards = DashboardStore(config.cache_dir)  # feature dashboards, their jobs, labels
         for model in config.models:  # the same id on several actors: replicas, preferred first
             if model.source is not None:  # else a file model_dirs holds: placed once found (_discover)
@@ -277,6 +283,11 @@ class Tree:
             s.state == SlotState.STARTING and not s.on_demand and s.host is None for s in self.slots.values()
         )
 
+    @property
+    def locked_model(self) -> str | None:
+        """The model locked for steering (steering_relay.py): /v1/models lists it alone."""
+        return self.relay.locked_model
+
     def model_ids(self) -> list[str]:
         return list(self.replicas)
 
@@ -306,25 +317,10 @@ class Tree:
                 out.append({"id": model_id, **rows[0], **({"replicas": rows} if len(replicas) > 1 else {})})
         return out
 
-    def capabilities(self, model: str) -> tuple[str, Capabilities]:
-        return self.table.capabilities(model)
-
-    def replicas_of(self, model: str) -> list[ModelState]:
-        return self.table.replicas_of(model)
-
-    def resolve(self, name: str) -> str:
-        return self.table.resolve(name)
-
-    def state_of(self, model: str) -> ModelState:
-        return self.table.state_of(model)
-
     def placement(self, model: str) -> tuple[ActorSlot, Placement]:
         """The actor slot and placement serving `model`, or 404 model_not_found."""
         m = self.table.state_of(model)
         return m.slot, m.placement
-
-    async def actors(self) -> list[dict]:
-        return await self.supervisor.actors()
 
     def server(self) -> dict:
         """What `greenroom ps` says of the server itself."""
@@ -337,43 +333,3 @@ class Tree:
             "limits": self.lifecycle.limits(),
             "devices": self.lifecycle.devices(),
         }
-
-    # lifecycle (lifecycle.py) -----------------------------------------------------------
-    async def client_for(self, model: str, wait_unload: bool = False) -> tuple[EngineClient, Serving]:
-        return await self.lifecycle.client_for(model, wait_unload)
-
-    async def load(self, model: str) -> ModelInfo:
-        return await self.lifecycle.load(model)
-
-    async def unload(self, model: str) -> None:
-        await self.lifecycle.unload(model)
-
-    def keep_alive(self, model: str, seconds: float | None) -> None:
-        self.lifecycle.keep_alive(model, seconds)
-
-    # steering (steering_relay.py) -------------------------------------------------------
-    @property
-    def last_steering_states(self) -> dict[str, SteeringState]:
-        return self.relay.last_steering_states
-
-    @property
-    def locked_model(self) -> str | None:
-        return self.relay.locked_model
-
-    async def steering(self, request: SteeringRequest) -> SteeringAnswer:
-        return await self.relay.steering(request)
-
-    def steers(self, model: str) -> bool:
-        return self.relay.steers(model)
-
-    def require_steering(self, model: str, done: str = "steered") -> None:
-        self.relay.require_steering(model, done)
-
-    def steerable(self) -> list[str]:
-        return self.relay.steerable()
-
-    async def push_model_steering(self, model: str, state: SteeringState) -> bool:
-        return await self.relay.push_model_steering(model, state)
-
-    async def steering_live(self, model: str, state: SteeringState) -> bool:
-        return await self.relay.steering_live(model, state)

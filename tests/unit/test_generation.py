@@ -6,7 +6,7 @@ import trio
 
 from greenroom.errors import GreenroomError
 from greenroom.http.core.headers import CONSTRAINED_HEADER, DRAWN_SEED_HEADER, IGNORED_FIELDS_HEADER, SEED_HEADER
-from greenroom.http.openai import chat_body, openai_params
+from greenroom.http.openai import openai_api, openai_params
 from greenroom.http.pipeline import events as ev
 from greenroom.http.pipeline import generation, structured
 from greenroom.http.pipeline.paths import FieldPaths
@@ -63,7 +63,7 @@ def prepared(body, ignored=(), strict=False):
 
 
 def gen_of(body):
-    return openai_params.chat_request(chat_body.parse(body), "m")
+    return openai_params.chat_request(openai_api.parse_chat(body), "m")
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

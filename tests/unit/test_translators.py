@@ -13,7 +13,7 @@ import pytest
 from greenroom.engines.base import SamplingParams
 from greenroom.errors import GreenroomError
 from greenroom.http.anthropic import messages_api
-from greenroom.http.openai import chat_body, needle, responses_api
+from greenroom.http.openai import needle, openai_api, responses_api
 from greenroom.http.pipeline.paths import FieldPaths
 from greenroom.http.pipeline.request import ChatRequest, Streaming
 from greenroom.http.pipeline.structured import Output
@@ -123,7 +123,7 @@ RESPONSES_ALWAYS = {
 @pytest.mark.parametrize("body,history,chat,paths", RESPONSES)
 def test_responses_translation(body, history, chat, paths):
     translated, own, _, field_paths = responses_api.translate(body, history)
-    assert translated == chat_body.parse(chat)
+    assert translated == openai_api.parse_chat(chat)
     assert own == chat["messages"][len(chat["messages"]) - len(own) :]  # what a stored response keeps
     assert field_paths.names == RESPONSES_ALWAYS | paths
 
@@ -223,7 +223,7 @@ MESSAGES_ALWAYS = {
 @pytest.mark.parametrize("body,chat,paths", MESSAGES)
 def test_messages_translation(body, chat, paths):
     translated, _, field_paths = messages_api.translate(body)
-    assert translated == chat_body.parse(chat)
+    assert translated == openai_api.parse_chat(chat)
     assert field_paths.names == MESSAGES_ALWAYS | paths
 
 
@@ -281,7 +281,7 @@ NEEDLE = [
 @pytest.mark.parametrize("translate,body,chat,paths", NEEDLE)
 def test_needle_translation(translate, body, chat, paths):
     translated, field_paths = translate(body)
-    assert translated == chat_body.parse(chat)
+    assert translated == openai_api.parse_chat(chat)
     assert field_paths.names == paths
 
 
@@ -307,7 +307,7 @@ def test_chat_completions_body_is_the_typed_request():
         "return_sae_activations": {"top_k": 3},
         "steering_intensity": "max",
     }
-    assert chat_body.parse(body) == ChatRequest(
+    assert openai_api.parse_chat(body) == ChatRequest(
         "m",
         [
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}],

@@ -4,9 +4,10 @@ choice; operators configure it and read the records here. JSON under /api/, with
 error envelope like the steering API.
 
 The configuration lives in SQLite (store/monitoring.py), the records in the front end's
-memory (supervisor/monitoring.py). Generation routes call `monitored` on their Generate and
-`recorded` on its events; scoring and embeddings never do, and the engine runs them with
-every SAE hook suppressed besides. A monitored request is served on the serial path.
+memory (supervisor/monitoring.py), which the generation path asks what to monitor and hands
+the records (`Monitoring.monitored`, `recorded`); scoring and embeddings never do, and the
+engine runs them with every SAE hook suppressed besides. A monitored request is served on the
+serial path.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import attrs
 import trio
 from quart import Quart, request
 
-from greenroom.engines.base import MonitorRequest
 from greenroom.errors import GreenroomError
 from greenroom.http.core import contracts, framing, routes
 from greenroom.http.manage.steering_api import read_body
 from greenroom.http.openai import openai_params
 from greenroom.http.pipeline import sae_activations
-from greenroom.protocol import Generate, Text
 from greenroom.store.monitoring import MonitorConfig
 from greenroom.supervisor.monitoring import RING_SIZE
 from greenroom.supervisor.tree import Tree
@@ -60,41 +59,6 @@ RECORDS_QUERY = contracts.Shape(
         ),
     }
 )
-
-
-def monitored(tree: Tree, gen: Generate) -> Generate:
-    """`gen` with the model's monitoring, when it is on (models that can steer only: the others
-    have no SAE hooks)."""
-    config = tree.monitoring.config(gen.model)
-    if not config.enabled or not tree.steers(gen.model):
-        return gen
-    return attrs.evolve(gen, monitor=MonitorRequest(config.sae_id, config.top_k))
-
-
-def recorded(tree: Tree, gen: Generate, endpoint: str, events):
-    """`events`, each finishing Text's monitor record kept on its way past."""
-    return events if gen.monitor is None else _Recorded(tree, gen, endpoint, events)
-
-
-class _Recorded:
-    """A request's events (engine_client.RequestEvents) that record what the monitor read."""
-
-    def __init__(self, tree: Tree, gen: Generate, endpoint: str, events):
-        self._monitoring, self._gen, self._endpoint, self._events = tree.monitoring, gen, endpoint, events
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        return self._keep(await self._events.__anext__())
-
-    def ready(self) -> list:
-        return [self._keep(event) for event in self._events.ready()]
-
-    def _keep(self, event):
-        if isinstance(event, Text) and event.monitor is not None:
-            self._monitoring.record(self._gen.model, self._gen.rid, self._endpoint, event.index, event.monitor)
-        return event
 
 
 def register(app: Quart, tree: Tree) -> None:

@@ -116,10 +116,8 @@ class Writer:
 
 
 def writers(gen: Generate, admitted: Admitted, chat: bool, as_ids: bool) -> dict[int, Writer]:
-    """A writer per choice of a generation that asks for logprobs ({} when it does not); a text
-    completion's first offset is its prompt's length (prompt plus completion: OpenAI's
-    convention, as scoring's)."""
-    if gen.params.logprobs is None:
-        return {}
+    """A writer per choice of a generation that asks for logprobs (one that does not needs none:
+    its callers ask only for one that does); a text completion's first offset is its prompt's
+    length (prompt plus completion: OpenAI's convention, as scoring's)."""
     chars = admitted.prompt_chars
     return {i: Writer(chat, as_ids, chars[i // gen.n] if chars else 0) for i in range(gen.choices)}

@@ -18,12 +18,12 @@ from greenroom.http.core.contracts import AnyOf, ListOf, Schema
 from greenroom.http.core.headers import STEERING_HEADER
 from greenroom.http.core.objects import COUNT, FLOAT, INTEGER, TEXT, Object, const
 from greenroom.http.manage import steering_api
-from greenroom.http.openai import chat_body, chat_format, logprobs, needle, needle_format, openai_params, scoring
+from greenroom.http.openai import chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import generation, sae_activations, structured
 from greenroom.http.pipeline.answering import cut, single, vectors
 from greenroom.http.pipeline.generation import Planned, Prepared, prepare
-from greenroom.http.pipeline.request import Streaming
+from greenroom.http.pipeline.request import ChatRequest, Streaming
 from greenroom.protocol import Admitted, Embedded, Generate, Score
 from greenroom.supervisor.lifecycle import Serving
 from greenroom.supervisor.tree import Tree
@@ -75,7 +75,7 @@ class _Chat:
             gen.choices,
             admitted.prompt_tokens,
             self.chat,
-            logprobs.writers(gen, admitted, self.chat, self.as_ids),
+            logprobs.writers(gen, admitted, self.chat, self.as_ids) if gen.params.logprobs is not None else {},
             self.include_usage,
             self.fingerprint,
             self.extras,
@@ -99,23 +99,51 @@ def _chat(req: Prepared, job: Planned, serving: Serving, extras: bool = False, c
     gen = job.gen
     block = None
     if extras:
-        block = chat_format.Extras(
-            gen.conversations[0], [f"ignored field: {w}" for w in req.unread(scoring.unread(gen.params))]
-        )
+        block = chat_format.Extras(gen.conversations[0], [f"ignored field: {w}" for w in req.unread_by(gen)])
     as_ids = (req.request.as_ids if req.request is not None else req.body.get("return_tokens_as_token_ids")) is True
     return _Chat(gen, chat, job.stream.include_usage, as_ids, fingerprint(serving.info), block)
+
+
+def parse_chat(body: dict) -> ChatRequest:
+    """Chat completions' translator: its body → the surface-neutral ChatRequest
+    (pipeline/request.py), each field checked as openai_params declares it; its locations are
+    chat's own, so its refusals need no renaming."""
+    stream = openai_params.streaming(body)
+    rows = openai_params.conversations(body)
+    n = openai_params.choices(rows, openai_params.choices_n(body, stream.on))
+    params = openai_params.sampling(body, openai_params.CHAT_MAX_TOKENS)
+    kwargs = openai_params.template_kwargs(body)
+    if _scores(body):
+        params = attrs.evolve(params, logprobs=scoring.generation_logprobs(body, chat=True))
+    return ChatRequest(
+        body.get("model"),
+        rows,
+        params,
+        stream,
+        n,
+        kwargs,
+        structured.Output.of(body),
+        as_ids=body.get("return_tokens_as_token_ids"),
+        **openai_params.millm(body),
+    )
+
+
+def _scores(body: dict) -> bool:
+    """Whether a chat body sends any of scoring's fields (logprobs, top_logprobs,
+    allowed_token_ids, return_tokens_as_token_ids): without one, none of scoring's checks applies."""
+    return not scoring.CHAT.fields.keys().isdisjoint(body)
 
 
 def register(app: Quart, tree: Tree) -> None:
     @routes.view(app, "POST", "/v1/chat/completions")
     async def chat_completions():
         req = await prepare(tree, CHAT, "on chat completions", generates="chat")
-        if scoring.is_chat_scoring(req.body):
+        if _scores(req.body) and scoring.is_chat_scoring(req.body):
             stream = openai_params.streaming(req.body)
             score = await _readout(tree, req.body, scoring.chat_score(req.body, req.model, stream.on))
             return await _score(tree, score, req, scoring.chat_response)
         extras = tree.config.expose_extras
-        req = req.asking(chat_body.parse(req.body))
+        req = req.asking(parse_chat(req.body))
         return await generation.chat(tree, req, lambda job, serving: _chat(req, job, serving, extras))
 
     @routes.view(app, "POST", "/v1/completions")
@@ -236,10 +264,12 @@ async def _needle_chat(
     return completion, ctx, plan
 
 
-def _readout(tree: Tree, body: dict, gen: Generate | Score):
-    """`gen` with the SAE readout its body asks for (return_sae_activations)."""
-    several = body.get("extra_messages") is not None
-    return sae_activations.attach(tree, body.get(sae_activations.FIELD), gen, several)
+async def _readout(tree: Tree, body: dict, gen: Generate | Score):
+    """`gen` with the SAE readout its body asks for (return_sae_activations), if it asks for one."""
+    value = body.get(sae_activations.FIELD)
+    if value is None:
+        return gen
+    return await sae_activations.attach(tree, value, gen, several=body.get("extra_messages") is not None)
 
 
 async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:

@@ -91,11 +91,6 @@ def reporting(gen: Generate, body: dict, chat: bool = True) -> Generate:
     return gen if top is None else attrs.evolve(gen, params=attrs.evolve(gen.params, logprobs=top))
 
 
-def unread(params) -> tuple[str, ...]:
-    """The fields a generation with these SamplingParams does not read."""
-    return SCORING_ONLY if params.logprobs is None else ()
-
-
 def _flag(body: dict) -> None:
     """return_tokens_as_token_ids is a boolean whether or not the request scores."""
     openai_params.boolean(body, "return_tokens_as_token_ids", False)
@@ -106,6 +101,7 @@ def _no_logprobs(body: dict) -> bool:
 
 
 # read only where log-probabilities are written: reported when a request generates without them
+# (generation.Prepared.unread_by)
 SCORING_ONLY = ("return_tokens_as_token_ids",)
 
 # --- the scoring fields (contracts.py), and what a scoring request is ---------------------

@@ -28,7 +28,7 @@ from greenroom.http.core.contracts import Shape
 from greenroom.http.core.framing import SSE, Framing, streamed
 from greenroom.http.core.headers import CONSTRAINED_HEADER, DRAWN_SEED_HEADER, SEED_HEADER, STRICT_HEADER
 from greenroom.http.core.pacing import Pacer
-from greenroom.http.manage import monitoring_api, steering_api
+from greenroom.http.manage import steering_api
 from greenroom.http.openai import openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import sae_activations, structured
@@ -58,6 +58,11 @@ class Prepared:
         surface that declares them; to one that does not, the ledger has them)."""
         skipped = [f for f in also_ignored if self.body.get(f) is not None and f not in self.ignored]
         return self.ignored + skipped
+
+    def unread_by(self, gen: Generate) -> list[str]:
+        """Every location a generation `gen` does not read: return_tokens_as_token_ids too while
+        it asks for no logprobs (scoring.SCORING_ONLY: read only where they are written)."""
+        return self.unread(scoring.SCORING_ONLY if gen.params.logprobs is None else ())
 
     def headers(self, also_ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """Refuse under strict mode, else the report of every field not read."""
@@ -126,7 +131,8 @@ async def planned(tree: Tree, req: Prepared) -> Planned:
     plan = structured.plan(request.output, batching=tree.config.continuous_batching)
     gen = openai_params.chat_request(request, req.model, plan.tools, plan.constraint)
     several = len(request.conversations) > 1
-    gen = await sae_activations.attach(tree, request.sae_activations, gen, several)
+    if request.sae_activations is not None:  # a readout asked for: checked against the SAEs attached
+        gen = await sae_activations.attach(tree, request.sae_activations, gen, several)
     gen, steering = await steering_api.request_steering(tree, request.profile, request.steering_intensity, gen)
     return Planned(gen, plan, request.stream, steering)
 
@@ -159,7 +165,8 @@ def v1_headers(
     """The /v1 family's response headers, once admitted: the ledger's report (refused here under
     strict mode, before anything runs), the seed's, the steering's, the constraint's."""
     scope = "batch-shape" if gen.conversations and len(gen.conversations) > 1 else "request"
-    headers = {**req.headers(scoring.unread(gen.params)), **seed_header(gen.params.seed, scope), **steering}
+    report = ledger.report_headers(req.unread_by(gen), req.strict)
+    headers = {**report, **seed_header(gen.params.seed, scope), **steering}
     if plan is not None and plan.header:
         headers[CONSTRAINED_HEADER] = plan.header
     return lambda first: {**headers, **drawn_seed(first, scope)}
@@ -196,7 +203,7 @@ async def run(
     request's (its tools parsed, its constrained document checked); None: a text completion's,
     read as it is. `paths`: the names a failure in the answer takes (a translated surface's own).
     `done` runs once the answer is complete — after the last frame, or once collected."""
-    gen = monitoring_api.monitored(tree, gen)
+    gen = tree.monitoring.monitored(gen)
 
     def native(events, admitted: Admitted):
         if not paths.names:  # a surface's own request: no layer per event to rename nothing
@@ -206,7 +213,9 @@ async def run(
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
-        events = sae_activations.labelled(tree, gen, monitoring_api.recorded(tree, gen, request.path, events))
+        events = tree.monitoring.recorded(gen, request.path, events)
+        if gen.sae_activations is not None:  # its module entered only by a request that asks for a readout
+            events = sae_activations.labelled(tree, gen, events)
         answered = headers(first)
         if framing is not None:
             events = pacer().paced(events, stack)

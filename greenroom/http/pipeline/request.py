@@ -4,7 +4,7 @@ needs, and nothing of any surface's JSON. Its locations (`messages[2].content`, 
 `tools[0].function.name`) are the names a refusal of it uses, which each translator's
 FieldPaths maps back to the field its client sent.
 
-What is checked where: each translator (chat completions' parser, chat_request.py, included)
+What is checked where: each translator (chat completions' own, openai_api.parse_chat, included)
 checks the conversation, the sampling, the streaming, n and the template variables as it builds
 this; what depends on the server is checked as the request is planned — the output's tools and
 format (structured.plan), the SAE readout (sae_activations.attach, against the SAEs attached)

@@ -78,11 +78,9 @@ SAE_ACTIVATIONS = MILLM.fields["sae_activations"]
 
 
 async def attach(tree: Tree, value, gen: Generate | Score, several: bool = False) -> Generate | Score:
-    """`gen` carrying the validated field (`value`, as sent; unchanged without it); every refusal
-    a typed 400. `several`: extra_messages were sent. On a scoring request the pass is unsteered,
-    and so is what it reads: read_point is reported as "unsteered"."""
-    if value is None:
-        return gen
+    """`gen` carrying the validated field (`value`, as sent: its callers call this only when it
+    was); every refusal a typed 400. `several`: extra_messages were sent. On a scoring request the
+    pass is unsteered, and so is what it reads: read_point is reported as "unsteered"."""
     if not isinstance(value, dict):
         raise GreenroomError("invalid_parameter", f"'{FIELD}' must be an object with {', '.join(KEYS)}", FIELD)
     unknown = [k for k in value if k not in KEYS]
@@ -122,9 +120,9 @@ def millm(activations: Activations) -> dict:
 
 
 def labelled(tree: Tree, gen: Generate, events):
-    """`events`, the features of the readout a request asked for carrying their labels (the
+    """`events` of a request that asked for a readout, its features carrying their labels (the
     user's, PUT /api/saes/{sae_id}/features/{index}/label)."""
-    return events if gen.sae_activations is None else _Labelled(tree, gen.model, events)
+    return _Labelled(tree, gen.model, events)
 
 
 class _Labelled:
