@@ -51,6 +51,16 @@ BODIES = {
     # steering of "other" (nothing else uses it): attached, then detached, so nothing is left behind
     "/api/saes/attach": {"model": "other", "sae": "demo:tiny:2", "sae_id": "auth_sae"},
     "/api/saes/detach": {"model": "other", "sae_id": "auth_sae"},
+    # auth_sae's dashboards: a job of one feature over one seed's token (cancelled), a label, a search, a contrast
+    "/api/saes/auth_sae/dashboards": {
+        "model": "other",
+        "features": [1],
+        "corpus": {"seeds": ["x"], "generated_tokens": 1},
+        "max_tokens": 16,
+    },
+    "/api/saes/auth_sae/features/1/label": {"model": "other", "label": "auth"},
+    "/api/saes/auth_sae/features/search": {"model": "other", "label": "auth"},
+    "/api/saes/auth_sae/contrast": {"model": "other", "positive": ["a"], "negative": ["b"], "top_k": 1},
     "/api/steering": {"model": "other", "strengths": {}},
     # a profile of "other" made, read, updated, activated, exported and deleted; the import's is
     # deleted by the fixture
@@ -85,6 +95,7 @@ BODIES = {
 STREAMS = ("/api/monitoring/stream",)  # answered as it comes, never ending: its status is enough
 # walked last: what earlier routes need is there until then (a stored response: GET before DELETE)
 LAST = ("/api/saes/detach", "/api/delete", "DELETE /v1/responses/")
+FIRST = "POST /api/saes/attach"  # walked first: the routes under /api/saes/{sae_id} read the SAE it attaches
 # past the key, these need the Hugging Face Hub, which tests never reach: any answer but 401 will do
 NEEDS_THE_HUB = {"/api/pull": {"model": "someone/some-repo", "stream": False}}
 
@@ -114,7 +125,14 @@ def keyed(tmp_path_factory, model_cache):
 
 # what each path parameter is walked with: a blob's digest is an empty body's (POST stores it, 201)
 EMPTY_BLOB = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-PARAMETERS = {"{id}": MODEL, "{name}": "auth-profile", "{digest}": EMPTY_BLOB, "{file}": "console.js"}
+PARAMETERS = {
+    "{id}": MODEL,
+    "{name}": "auth-profile",
+    "{digest}": EMPTY_BLOB,
+    "{file}": "console.js",
+    "{sae_id}": "auth_sae",
+    "{index}": "1",
+}
 
 
 def walked(srv):
@@ -151,9 +169,18 @@ def call(srv, method, path, headers):
 
 def test_every_route_needs_the_key_but_health_index_and_the_consoles_files(keyed):
     # /api/create before /api/delete removes what it made; the SAE attached before the cluster is made
+    job = None  # the dashboards job the walk starts: its GET and DELETE walked after it
     for method, path, surface in sorted(
-        walked(keyed), key=lambda r: r[1] in LAST or any(f"{r[0]} {r[1]}".startswith(last) for last in LAST)
+        walked(keyed),
+        key=lambda r: (
+            0
+            if f"{r[0]} {r[1]}" == FIRST
+            else 2
+            if r[1] in LAST or any(f"{r[0]} {r[1]}".startswith(x) for x in LAST)
+            else 1
+        ),
     ):
+        path = path.replace("{job_id}", str(job))
         open_route = path in ("/", "/health") or path.startswith("/ui/")  # the console's page asks for the key
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = call(keyed, method, path, headers)
@@ -173,6 +200,8 @@ def test_every_route_needs_the_key_but_health_index_and_the_consoles_files(keyed
         r = call(
             keyed, method, path, {"Authorization": f"Bearer {KEY}"} if path != "/v1/messages" else {"x-api-key": KEY}
         )
+        if path == "/api/saes/auth_sae/dashboards" and method == "POST":
+            job = r.json()["id"]
         if path in NEEDS_THE_HUB:
             assert r.status_code != 401 and r.json()["code"] == "hub_unavailable", (method, path, r.text)
         else:  # a blob stored: 201 (its HEAD, walked after it, 200)
