@@ -19,7 +19,7 @@ from greenroom.http.ollama import ollama_api, ollama_params
 from greenroom.http.ollama.keep_alive import parse as parse_keep_alive
 from greenroom.http.ollama.ollama_request import Prepared, prepare
 from greenroom.http.openai import openai_params
-from greenroom.http.pipeline.answering import cut, single, unit, vectors
+from greenroom.http.pipeline.answering import cut, single, unit, vectors, vectors_answer
 from greenroom.protocol import Embed, Embedded
 from greenroom.supervisor.tree import Tree
 
@@ -149,7 +149,7 @@ def register(app: Quart, tree: Tree) -> None:
             load_duration=load_ns,
             prompt_eval_count=embedded.prompt_tokens,
         )
-        return body, 200, headers
+        return vectors_answer(body, headers)
 
     @routes.view(app, "POST", "/api/embeddings")
     async def ollama_embeddings():
@@ -161,4 +161,4 @@ def register(app: Quart, tree: Tree) -> None:
         embedded, _ = await _embed(tree, req, inputs, headers)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
-        return EMBEDDING.build(embedding=vectors(embedded)[0]), 200, headers
+        return vectors_answer(EMBEDDING.build(embedding=vectors(embedded)[0]), headers)

@@ -21,7 +21,7 @@ from greenroom.http.manage import steering_api
 from greenroom.http.openai import chat_format, logprobs, needle, needle_format, openai_params, scoring
 from greenroom.http.pipeline import events as typed
 from greenroom.http.pipeline import generation, sae_activations, structured
-from greenroom.http.pipeline.answering import cut, single, vectors
+from greenroom.http.pipeline.answering import cut, single, vectors, vectors_answer
 from greenroom.http.pipeline.generation import Planned, Prepared, prepare
 from greenroom.http.pipeline.request import ChatRequest, Streaming
 from greenroom.protocol import Admitted, Embedded, Generate, Score
@@ -164,7 +164,7 @@ def register(app: Quart, tree: Tree) -> None:
         embed, fmt, dimensions = openai_params.embedding_request(req.body, req.model)
         headers = req.headers()
         client, _ = await tree.client_for(req.model)
-        return embedding_list(await single(client, embed), fmt, req.model, dimensions), 200, headers
+        return vectors_answer(embedding_list(await single(client, embed), fmt, req.model, dimensions), headers)
 
     @routes.view(app, "POST", "/v1/needle/extract")
     async def needle_extract():

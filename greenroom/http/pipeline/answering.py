@@ -1,11 +1,14 @@
 """The answer of an engine request answered whole (Embed, Score, Tokenize): one event, or its
 typed error; an Embedded's vectors, unit length or cut to fewer dimensions as the embedding
-routes ask. A generation's answer goes through generation.py."""
+routes ask, and encoded. A generation's answer goes through generation.py."""
 
 from __future__ import annotations
 
 import array
 import math
+
+import orjson
+from quart import Response
 
 from greenroom.errors import GreenroomError
 from greenroom.protocol import Embedded, Failed
@@ -37,3 +40,11 @@ def cut(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
     `dimensions` answer: a shortened unit vector, the way Matryoshka-trained models are read);
     vectors no longer than that are kept whole."""
     return [unit(v[:dimensions]) if 0 < dimensions < len(v) else v for v in vectors]
+
+
+def vectors_answer(body: dict, headers: dict) -> Response:
+    """An embedding route's answer (`body` holds its vectors as float lists), encoded by orjson:
+    128 vectors of 384 floats take the stdlib's encoder ~39 ms, a front-end cost the answer pays
+    beside an engine that embeds them in ~1.8 s (bench/embeddings.py), and orjson ~1.3 ms. Keys
+    sorted as the app's other answers are; floats as the shortest text that reads back the same."""
+    return Response(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), 200, headers, mimetype="application/json")
