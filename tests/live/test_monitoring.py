@@ -2,8 +2,9 @@
 read under suppression), then the front end against one live server with continuous batching on
 (monitored requests fall back to the serial path): records from chat, text completions and
 Ollama, per choice; pre-steering under strong steering, checked against return_sae_activations;
-the live stream; scoring and embeddings record nothing; monitoring off records nothing; each
-refusal typed; the configuration surviving a restart."""
+the live stream; scoring and embeddings record nothing; monitoring off records nothing; users'
+feature labels on the records, the stream and scoring readouts (issue 33); each refusal typed;
+the configuration surviving a restart."""
 
 from __future__ import annotations
 
@@ -228,6 +229,66 @@ def test_stream_scoring_embeddings_and_monitoring_off(srv):
     assert put(srv, {"enabled": False}).json() == {"model": MODEL, "enabled": False, "sae_id": SAE_ID, "top_k": 3}
     chat(srv)
     assert records(srv, record["id"])[0] == []
+
+
+def label(srv: Server, index: int, text: str) -> None:
+    r = httpx.put(
+        srv.url + f"/api/saes/{SAE_ID}/features/{index}/label", json={"model": MODEL, "label": text}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_records_the_stream_and_scoring_readouts_carry_labels(srv):
+    """Issue 33: a label set on a feature comes back on it in the records (as read now, an older
+    record too), on the stream and in a scoring request's readout; a feature without one has no
+    `label` key, so an unlabelled record reads as before."""
+    assert put(srv, {"enabled": True, "top_k": 8}).status_code == 200
+    _, since = records(srv, 0)
+    chat(srv, temperature=0)
+    (bare,), since = records(srv, since)
+    assert len(bare["features"]) > 1 and not any("label" in f for f in bare["features"])
+    top, other = bare["features"][0]["index"], bare["features"][1]["index"]
+
+    def labelled(features: list[dict]) -> bool:
+        return all(f.get("label") == ("rivers" if f["index"] == top else None) for f in features)
+
+    label(srv, top, "rivers")
+    try:
+        (again,), _ = records(srv, bare["id"] - 1, limit=1)
+        assert again == {
+            **bare,
+            "features": [{**f, "label": "rivers"} if f["index"] == top else f for f in bare["features"]],
+        }
+        with httpx.stream("GET", srv.url + "/api/monitoring/stream", params={"model": MODEL}, timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == ": monitoring"
+            chat(srv, temperature=0)  # greedy, the same prompt: the same features
+            data = next(line for line in lines if line.startswith("data: "))
+        streamed = json.loads(data.removeprefix("data: "))
+        assert top in {f["index"] for f in streamed["features"]} and labelled(streamed["features"])
+        assert records(srv, since)[0] == [streamed]
+
+        read = {"sae_id": SAE_ID, "features": [top, other], "positions": "all"}
+        r = httpx.post(
+            srv.url + "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Once upon",
+                "max_tokens": 1,
+                "logprobs": 2,
+                "return_sae_activations": read,
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        scored = r.json()["millm"]["sae_activations"]
+        features = [f for p in scored["positions"] for f in p["features"]]
+        assert scored["read_point"] == "unsteered" and {f["index"] for f in features} == {top, other}
+        assert labelled(features)
+    finally:
+        label(srv, top, "")
+        put(srv, {"enabled": False})
+    assert records(srv, bare["id"] - 1, limit=1)[0] == [bare]  # the label removed: as before
 
 
 @pytest.mark.parametrize(

@@ -831,7 +831,14 @@ def _monitoring_schemas() -> dict:
             "features": _described(
                 _array(
                     _obj(
-                        {"index": _COUNT, "max": _number(), "mean": _number()},
+                        {
+                            "index": _COUNT,
+                            "max": _number(),
+                            "mean": _number(),
+                            "label": _described(
+                                _string(), "Its label (PUT /api/saes/{sae_id}/features/{index}/label), where one is set"
+                            ),
+                        },
                         ("index", "max", "mean"),
                         additionalProperties=False,
                     )

@@ -8,7 +8,8 @@ search and contrast (docs/steering.md, "Features: dashboards, search, contrast")
   (store/dashboards.py); a job the server was running when it stopped is `interrupted` at the
   next start (not resumed).
 - `GET …/features/{index}` is one feature's dashboard and label; `PUT …/features/{index}/label`
-  sets the label (readouts, monitoring records and profiles carry it: `labels_of`).
+  sets the label (readouts — generations' and scoring's — carry it: sae_activations.py
+  `with_labels`; monitoring records: monitoring_api.py; profiles: steering_api.py `labelled`).
 - `POST …/features/search`: by text (the features that fire most on it, with their positions),
   by label, or by a token the features' logit effects promote.
 - `POST …/contrast`: features ranked by the difference of their mean activations over two sets

@@ -7,7 +7,9 @@ The configuration lives in SQLite (store/monitoring.py), the records in the fron
 memory (supervisor/monitoring.py), which the generation path asks what to monitor and hands
 the records (`Monitoring.monitored`, `recorded`); scoring and embeddings never do, and the
 engine runs them with every SAE hook suppressed besides. A monitored request is served on the
-serial path.
+serial path. A record's features carry the labels users set (PUT
+/api/saes/{sae_id}/features/{index}/label) as they are when it is read: the records kept stay
+bare.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def register(app: Quart, tree: Tree) -> None:
         model = _model_filter(tree)
         since, limit = _integer("since"), _integer("limit")
         out, after = tree.monitoring.records(model, since, limit)
-        return {"records": out, "next": after}
+        return {"records": _labelled(tree, out), "next": after}
 
     @routes.view(app, "GET", "/api/monitoring/stream")
     async def stream():
@@ -120,13 +122,28 @@ def register(app: Quart, tree: Tree) -> None:
                     elif item[0] == "dropped":  # this reader fell behind; /records still has them
                         yield framing.sse({"dropped": item[1]}, "dropped")
                     else:
-                        yield framing.sse(item[1])
+                        yield framing.sse(_labelled(tree, [item[1]])[0])
 
         return framing.streamed(events(), framing.SSE, {})
 
 
 def _config(config: MonitorConfig) -> dict:
     return attrs.asdict(config)
+
+
+def _labelled(tree: Tree, records: list[dict]) -> list[dict]:
+    """`records` with a `label` on each feature that has one, as a readout's features have it
+    (left out where none is set, so an unlabelled record reads as before)."""
+    held: dict[tuple[str, str], dict[int, str]] = {}
+    out = []
+    for record in records:
+        key = (record["model"], record["sae_id"])
+        if key not in held:
+            held[key] = tree.dashboards.labels(*key)
+        labels = held[key]
+        features = [{**f, "label": labels[f["index"]]} if f["index"] in labels else f for f in record["features"]]
+        out.append({**record, "features": features} if labels else record)
+    return out
 
 
 def _model_filter(tree: Tree) -> str | None:

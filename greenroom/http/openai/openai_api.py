@@ -280,5 +280,5 @@ async def _score(tree: Tree, score: Score, req: Prepared, shape) -> tuple:
     }  # the spec: scoring runs with every SAE hook suppressed
     openai_params.sampling(req.body)  # the seed and the rest are still validated
     client, serving = await tree.client_for(score.model)
-    event = await single(client, score)
+    event = sae_activations.with_labels(tree, score.model, await single(client, score))
     return shape(score, event, req.body, fingerprint(serving.info)), 200, headers

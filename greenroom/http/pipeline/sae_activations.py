@@ -120,16 +120,30 @@ def millm(activations: Activations) -> dict:
 
 
 def labelled(tree: Tree, gen: Generate, events):
-    """`events` of a request that asked for a readout, its features carrying their labels (the
-    user's, PUT /api/saes/{sae_id}/features/{index}/label)."""
+    """`events` of a request that asked for a readout, its features carrying their labels."""
     return _Labelled(tree, gen.model, events)
+
+
+def with_labels(tree: Tree, model: str, event):
+    """`event` (a generation's finishing Text, or Scores) with its readout's features carrying
+    their labels (the user's, PUT /api/saes/{sae_id}/features/{index}/label); as it was where
+    it has no readout or none of its SAE's features is labelled."""
+    read = event.sae_activations
+    labels = tree.dashboards.labels(model, read.sae_id) if read is not None else None
+    if not labels:
+        return event
+    positions = [
+        attrs.evolve(p, features=[attrs.evolve(f, label=labels.get(f.index)) for f in p.features])
+        for p in read.positions
+    ]
+    return attrs.evolve(event, sae_activations=attrs.evolve(read, positions=positions))
 
 
 class _Labelled:
     """A request's events (engine_client.RequestEvents), its readout's features labelled on their way past."""
 
     def __init__(self, tree: Tree, model: str, events):
-        self._labels, self._model, self._events = tree.dashboards.labels, model, events
+        self._tree, self._model, self._events = tree, model, events
 
     def __aiter__(self):
         return self
@@ -141,17 +155,7 @@ class _Labelled:
         return [self._label(event) for event in self._events.ready()]
 
     def _label(self, event):
-        read = getattr(event, "sae_activations", None)
-        if not isinstance(event, Text) or read is None:
-            return event
-        labels = self._labels(self._model, read.sae_id)
-        if not labels:
-            return event
-        positions = [
-            attrs.evolve(p, features=[attrs.evolve(f, label=labels.get(f.index)) for f in p.features])
-            for p in read.positions
-        ]
-        return attrs.evolve(event, sae_activations=attrs.evolve(read, positions=positions))
+        return with_labels(self._tree, self._model, event) if isinstance(event, Text) else event
 
 
 def _refuse(param: str, why: str) -> None:
