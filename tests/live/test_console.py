@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -179,7 +180,7 @@ def test_chat_streams_steered_and_unsteered_with_the_headers(desktop, artifacts)
     desktop.shot(artifacts, "chat-1280")
 
 
-def test_heatmap_token_features_and_a_slider_that_changes_the_text(desktop, artifacts, console):
+def test_heatmap_a_dashboard_and_a_slider_in_both_units_that_changes_the_text(desktop, artifacts, console, tmp_path):
     page = desktop.page
     answer = page.inner_text("#answer")
     page.click("a[href='#features']")
@@ -189,15 +190,60 @@ def test_heatmap_token_features_and_a_slider_that_changes_the_text(desktop, arti
     rows = page.locator("#token-features tbody tr")
     assert rows.count() == 8  # top_k 8 at that position
     feature = int(rows.first.locator("td").first.inner_text())
+    _dashboard(console, feature, tmp_path / "corpus.txt", answer)
     rows.first.locator("button").click()
-    assert page.inner_text("#feature-title") == f"{SAE} feature {feature}"
-    assert "no dashboard yet" in page.inner_text("#dashboard")  # the dashboards API is not served here
+    page.wait_for_selector("#dashboard .context")
+    assert page.inner_text("#feature-title") == f"{SAE} feature {feature} — seaside"  # its label
+    assert page.locator("#dashboard .logits code").count() == 6  # logit_k 3 promoted, 3 suppressed
+    assert page.locator("#dashboard .context span.picked").count() >= 1  # each context's peak token
+    sae = httpx.get(f"{console.url}/api/saes/{SAE}?model={MODEL}", headers=AUTH, timeout=10).json()
+    per = sae["residual_norm"] / (100 * sae["decoder_norms"][feature])  # the coefficient a strength of 1 is
     page.locator("#strength").fill("200")  # a range input: its input and change events fire
     page.wait_for_selector("#regenerated[data-done=true]")
-    assert page.inner_text("#regenerated").strip() and page.inner_text("#regenerated") != answer
-    live = httpx.get(console.url + "/api/steering", headers=AUTH, timeout=10).json()["models"][0]
-    assert live["strengths"] == {SAE: {str(feature): 200.0}}
+    loud = page.inner_text("#regenerated")
+    assert loud.strip() and loud != answer
+    assert float(page.input_value("#coefficient")) == pytest.approx(200 * per, rel=1e-5)  # shown beside it
+    assert _live(console) == {SAE: {str(feature): 200.0}}
+    coefficient = round(50 * per, 3)  # typed: the server converts it, the slider shows the strength
+    page.fill("#coefficient", str(coefficient))
+    page.locator("#coefficient").dispatch_event("change")
+    page.wait_for_selector("#regenerated[data-done=true]")
+    strength = _live(console)[SAE][str(feature)]
+    assert strength == pytest.approx(coefficient / per, rel=1e-6) and 49 < strength < 51
+    assert float(page.inner_text("#strength-value")) == pytest.approx(strength, rel=1e-5)
+    assert page.inner_text("#regenerated").strip() not in ("", loud, answer)
     desktop.shot(artifacts, "features-1280")
+
+
+def _live(console) -> dict:
+    return httpx.get(console.url + "/api/steering", headers=AUTH, timeout=10).json()["models"][0]["strengths"]
+
+
+def _dashboard(console, feature: int, corpus: Path, answer: str) -> None:
+    """A dashboard of `feature` on a small corpus (the answer it fired on, and a line), and a
+    label: what the feature panel shows."""
+    corpus.write_text(f"{answer}\nWaves break on the harbour wall at dusk.\n")
+    sae = f"{console.url}/api/saes/{SAE}"
+    job = httpx.post(
+        sae + "/dashboards",
+        headers=AUTH,
+        timeout=30,
+        json={
+            "features": [feature],
+            "corpus": {"files": [str(corpus)]},
+            "context_tokens": 8,
+            "top_k": 2,
+            "logit_k": 3,
+        },
+    ).json()
+    for _ in range(240):
+        status = httpx.get(f"{sae}/dashboards/{job['id']}", headers=AUTH, timeout=10).json()["status"]
+        if status != "queued" and status != "running":
+            break
+        time.sleep(0.25)
+    assert status == "done", status
+    labelled = httpx.put(f"{sae}/features/{feature}/label", headers=AUTH, json={"label": "seaside"}, timeout=10)
+    labelled.raise_for_status()
 
 
 def test_profiles_clusters_and_circuits(desktop, artifacts, console):

@@ -5,12 +5,11 @@ const $ = (id) => document.getElementById(id);
 const PALETTE = ["#1f6f4a", "#c0392b", "#2c5fa8", "#b7791f", "#7b3fa0", "#138d90", "#8a5a44", "#d6336c"];
 const ui = {
   key: sessionStorage.getItem("greenroom.key") || "",
-  routes: new Set(), // "GET /path" of every route the server answers (GET /): newer APIs light up by themselves
   models: [], // GET /api/models
   steering: {}, // model → its steering state (GET /api/steering)
-  labels: {}, // sae_id → feature → label (clusters' members; dashboards when the server has them)
+  labels: {}, // sae_id → feature → label (clusters' members, readouts, dashboards)
   last: null, // the last chat: {body, tokens, activations}
-  picked: null, // {sae_id, index}
+  picked: null, // {sae, index, perStrength: the SAELens coefficient a strength of 1 is, null while unknown}
   since: 0, // monitoring: the next `since`
   records: [],
 };
@@ -85,6 +84,11 @@ function table(id, columns, rows) {
   $(id).replaceChildren(h("thead", {}, head), h("tbody", {}, ...body));
 }
 
+const fmt = (x) => String(Number(x.toPrecision(6)));
+const at = (sae) => `/api/saes/${encodeURIComponent(sae)}`;
+const ofModel = () => `?model=${encodeURIComponent(model())}`;
+// An activation's shade, as the heatmap and a dashboard's contexts draw it.
+const shade = (value, peak) => `rgba(31, 111, 74, ${(0.08 + (0.8 * Math.max(0, value)) / peak).toFixed(3)})`;
 const num = (value) => h("td", { className: "num" }, value === null || value === undefined ? "-" : String(value));
 const mb = (bytes) => (bytes ? Math.round(bytes / 2 ** 20) : null);
 const model = () => $("model").value;
@@ -275,7 +279,7 @@ function renderHeatmap() {
     const top = read && read.features.length ? read.features[0].value : 0;
     const span = h("span", { title: read ? `position ${read.position}: top ${top.toFixed(2)}` : "not read (never fed back)" }, token);
     if (read) {
-      span.style.background = `rgba(31, 111, 74, ${(0.08 + 0.8 * Math.max(0, top) / peak).toFixed(3)})`;
+      span.style.background = shade(top, peak);
       span.addEventListener("click", () => pickToken(span, read, token));
     }
     return span;
@@ -288,6 +292,7 @@ function pickToken(span, read, token) {
   span.classList.add("picked");
   $("token-name").textContent = `of ${JSON.stringify(token)} (position ${read.position})`;
   const sae = ui.last.activations.sae_id;
+  for (const f of read.features) if (f.label) (ui.labels[sae] ||= {})[f.index] = f.label;
   table(
     "token-features",
     ["feature", "activation", "label", ""],
@@ -301,64 +306,110 @@ function pickToken(span, read, token) {
 }
 
 async function pickFeature(sae, index) {
-  ui.picked = { sae, index };
+  ui.picked = { sae, index, perStrength: null };
+  featureTitle();
+  $("feature-panel").hidden = false;
+  $("regenerated").textContent = "";
+  await Promise.all([showDashboard(sae, index), showUnits(ui.picked)]);
+}
+
+function featureTitle() {
+  const { sae, index } = ui.picked;
   const label = (ui.labels[sae] || {})[index];
   $("feature-title").textContent = `${sae} feature ${index}${label ? ` — ${label}` : ""}`;
-  $("feature-panel").hidden = false;
-  const strength = ((ui.steering[model()] || {}).strengths || {})[sae]?.[index] || 0;
-  $("strength").value = strength;
-  $("strength-value").value = strength;
-  $("regenerated").textContent = "";
-  await Promise.all([showDashboard(sae, index), showUnits(sae)]);
 }
 
-// The dashboards API (GET /api/saes/{id}/features/{index}) is newer than this page: used when served.
+// The feature's dashboard (GET /api/saes/{id}/features/{index}): its label, the tokens its decoder
+// direction promotes and suppresses, its density and its top-activating contexts, each token shaded.
 async function showDashboard(sae, index) {
-  const box = $("dashboard");
-  if (!ui.routes.has("GET /api/saes/{id}/features/{index}")) {
-    box.replaceChildren(h("p", { className: "hint" }, "no dashboard yet (this server has no dashboards API)"));
-    return;
-  }
-  try {
-    const feature = await api(`/api/saes/${encodeURIComponent(sae)}/features/${index}`);
-    if (feature.label) (ui.labels[sae] ||= {})[index] = feature.label;
-    box.replaceChildren(
-      h("dl", { className: "headers" }, ...Object.entries(feature).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))])),
+  const d = await api(`${at(sae)}/features/${index}${ofModel()}`);
+  if (d.label) (ui.labels[sae] ||= {})[index] = d.label;
+  featureTitle();
+  const chips = (list) => list.map((t) => h("code", { title: fmt(t.value) }, JSON.stringify(t.text)));
+  const parts = [];
+  if (d.logit_effects) {
+    parts.push(
+      h("p", { className: "logits" }, "promotes ", ...chips(d.logit_effects.promoted)),
+      h("p", { className: "logits" }, "suppresses ", ...chips(d.logit_effects.suppressed)),
     );
-  } catch (err) {
-    if (err.status !== 404) throw err;
-    box.replaceChildren(h("p", { className: "hint" }, "no dashboard yet for this feature"));
   }
+  if (d.density !== null) parts.push(h("p", { className: "hint" }, `active at ${fmt(100 * d.density)} % of ${d.tokens} corpus tokens`));
+  if (d.contexts && d.contexts.length) {
+    const peak = Math.max(1e-9, ...d.contexts.map((c) => c.max));
+    parts.push(
+      h("h4", {}, "Top contexts"),
+      ...d.contexts.map((c) =>
+        h("p", { className: "heatmap context" }, ...c.tokens.map((t, i) => {
+          const span = h("span", { title: fmt(t.activation), className: i === c.max_position ? "picked" : "" }, t.text);
+          span.style.background = shade(t.activation, peak);
+          return span;
+        })),
+      ),
+    );
+  }
+  $("dashboard").replaceChildren(
+    ...(parts.length ? parts : [h("p", { className: "hint" }, `no dashboard computed for feature ${index} yet (POST ${at(sae)}/dashboards)`)]),
+  );
 }
 
-// A strength is a percentage of the layer's typical residual norm (±200); where the server describes
-// an SAE's units (GET /api/saes/{id}), they are shown beside it.
-async function showUnits(sae) {
-  const note = $("strength-units");
-  note.textContent = "strength: % of the layer's typical residual norm, ±200";
-  if (!ui.routes.has("GET /api/saes/{id}")) return;
-  const info = await api(`/api/saes/${encodeURIComponent(sae)}`);
-  const units = Object.entries(info).filter(([k]) => /unit|norm|scale/i.test(k));
-  if (units.length) note.textContent += ` — ${units.map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join(", ")}`;
+// A strength in both units (docs/steering.md, "What a strength means"): the spec's (a % of the
+// hook point's typical residual norm ρ_L, ±200) and the SAELens coefficient it equals for this
+// feature, c = s × ρ_L / (100 × ‖W_dec[i]‖), from the server's residual_norm and decoder norm.
+async function showUnits(picked) {
+  const { sae, index } = picked;
+  const info = await api(`${at(sae)}${ofModel()}`);
+  if (ui.picked !== picked) return; // another feature was dialled meanwhile
+  const norm = info.decoder_norms[index];
+  const per = info.residual_norm === null || !norm ? null : info.residual_norm / (100 * norm);
+  picked.perStrength = per;
+  const coefficient = $("coefficient");
+  coefficient.disabled = per === null;
+  coefficient.min = per === null ? "" : -200 * per;
+  coefficient.max = per === null ? "" : 200 * per;
+  $("strength-units").textContent =
+    per === null
+      ? `strength: % of the layer's typical residual norm (±200); no SAELens coefficient: ${
+          info.residual_norm === null
+            ? "this SAE's residual norm is not measured yet (it is once the model loads with it)"
+            : "this feature's decoder row is zero"
+        }`
+      : `strength: % of the layer's typical residual norm ρ = ${fmt(info.residual_norm)} (±200); ` +
+        `coefficient: × W_dec[${index}], ‖W_dec[${index}]‖ = ${fmt(norm)}, so ${fmt(per)} per 1 %`;
+  showStrength(liveStrength());
 }
 
-// The slider writes the feature's live strength (PUT /api/steering, the other strengths kept) and
-// regenerates the last prompt under the live steering.
-async function setStrength() {
+const liveStrength = () => ((ui.steering[model()] || {}).strengths || {})[ui.picked.sae]?.[ui.picked.index] || 0;
+
+// The slider and the spec's value at `strength`, the coefficient beside them.
+function showStrength(strength, slider = true) {
+  if (slider) $("strength").value = strength;
+  $("strength-value").value = fmt(strength);
+  const per = ui.picked.perStrength;
+  $("coefficient").value = per === null ? "" : fmt(strength * per);
+}
+
+// Writes the feature's live strength — the slider's number, or {coefficient} typed, which the
+// server converts — with the model's other strengths kept (PUT /api/steering), shows what is
+// stored, and regenerates the last prompt under the live steering.
+async function setStrength(value) {
   const { sae, index } = ui.picked;
-  const value = Number($("strength").value);
-  const state = ui.steering[model()];
-  const strengths = structuredClone(state.strengths || {});
+  $("regenerated").dataset.done = "false";
+  const strengths = structuredClone(ui.steering[model()].strengths || {});
   (strengths[sae] ||= {})[index] = value;
-  if (!value) delete strengths[sae][index];
-  say(`feature ${index} at ${value}…`);
-  ui.steering[model()] = await api("/api/steering", { method: "PUT", body: { model: model(), strengths } });
+  if (value === 0) delete strengths[sae][index];
+  try {
+    ui.steering[model()] = await api("/api/steering", { method: "PUT", body: { model: model(), strengths } });
+  } finally {
+    showStrength(liveStrength()); // what is stored, a refused value undone
+  }
+  const stored = liveStrength();
+  const shown = `feature ${index} at ${fmt(stored)}${value.coefficient !== undefined ? ` (coefficient ${value.coefficient})` : ""}`;
+  say(`${shown}…`);
   const body = { ...ui.last.body };
   delete body.profile;
   delete body.steering_intensity;
-  $("regenerated").dataset.done = "false";
   const again = await stream(body, $("regenerated"), h("dl"));
-  say(`regenerated with feature ${index} at ${value}: ${again.text.length} characters`);
+  say(`regenerated with ${shown}: ${again.text.length} characters`);
 }
 
 // --- profiles, clusters, circuits -----------------------------------------------------------
@@ -570,7 +621,6 @@ async function show() {
 
 async function start() {
   const index = await (await fetch("/")).json();
-  ui.routes = new Set(index.endpoints.map((e) => `${e.method} ${e.path}`));
   if (index.api_key_required && !ui.key) {
     askKey();
     return;
@@ -598,8 +648,11 @@ $("chat-form").addEventListener("submit", (event) => {
   event.preventDefault();
   guarded(() => chat(chatBody()))();
 });
-$("strength").addEventListener("input", () => ($("strength-value").value = $("strength").value));
-$("strength").addEventListener("change", guarded(setStrength));
+$("strength").addEventListener("input", () => showStrength(Number($("strength").value), false));
+$("strength").addEventListener("change", guarded(() => setStrength(Number($("strength").value))));
+$("coefficient").addEventListener("change", guarded(async () => {
+  if ($("coefficient").value !== "") await setStrength({ coefficient: Number($("coefficient").value) });
+}));
 $("steering-enabled").addEventListener("change", guarded(() => setLive({ enabled: $("steering-enabled").checked })));
 $("steering-clear").addEventListener("click", guarded(() => setLive({ strengths: {} })));
 $("mon-enabled").addEventListener("change", guarded(setMonitoring));
