@@ -5,6 +5,7 @@ lacks (or a required one missing) fails at build time."""
 
 import array
 import json
+import re
 
 import attrs
 import jsonschema_rs
@@ -342,3 +343,11 @@ def test_a_key_the_declaration_lacks_or_a_required_key_missing_fails_at_build_ti
         )
     with pytest.raises(objects.Undeclared, match="ChatDelta: refusal not declared"):
         chat_format.DELTA.build(refusal=None)
+
+
+def test_every_reference_in_the_document_names_a_schema_it_holds():
+    """A route's stream names its line's object by name (routes.py): a renamed object left the
+    NDJSON streams of /api/generate and /api/chat pointing at nothing."""
+    document = openapi.document()
+    refs = set(re.findall(r'"#/components/(\w+)/([^"]+)"', json.dumps(document)))
+    assert {(kind, name) for kind, name in refs if name not in document["components"].get(kind, {})} == set()

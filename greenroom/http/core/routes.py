@@ -719,7 +719,7 @@ TABLE: tuple[Route, ...] = (
         "OllamaGenerated",
         "OllamaGenerateRequest",
         framing=Framing.NDJSON,
-        stream="OllamaGenerateLine",
+        stream="OllamaGeneratedLine",
         headers=OLLAMA_GENERATED,
         answer="The done: true object, or unless stream: false an NDJSON stream of deltas ending with it (or "
         "with the error envelope, when the stream fails after it started); with no prompt, the model loaded "
@@ -733,7 +733,7 @@ TABLE: tuple[Route, ...] = (
         "OllamaChatted",
         "OllamaChatRequest",
         framing=Framing.NDJSON,
-        stream="OllamaChatLine",
+        stream="OllamaChattedLine",
         headers=OLLAMA_GENERATED,
         answer="The done: true object, or unless stream: false an NDJSON stream of message deltas ending with "
         "it (or with the error envelope); with no messages, the model loaded (or with keep_alive 0 unloaded)",
