@@ -37,7 +37,7 @@ from greenroom.http.core.objects import AN_OBJECT, COUNT, FLOAT, TEXT, Object, o
 from greenroom.http.manage.steering_api import (
     DESCRIPTION,
     PROFILE_NAME,
-    SAE_ID,
+    attached,
     document_json,
     labelled,
     read_body,
@@ -304,7 +304,7 @@ def register(app: Quart, tree: Tree) -> None:
     async def start(sae_id: str):
         body = await read_body(DASHBOARDS)
         _check(DASHBOARDS, body, "")
-        model, sae = await _attached(tree, sae_id, body.get("model"))
+        model, sae = await attached(tree, sae_id, body.get("model"))
         features = _features(body.get("features"), sae["width"])
         corpus = body.get("corpus") or {}
         spec = {
@@ -344,7 +344,7 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/saes/{sae_id}/dashboards")
     async def jobs(sae_id: str):
-        model, _ = await _attached(tree, sae_id, request.args.get("model"))
+        model, _ = await attached(tree, sae_id, request.args.get("model"))
         return JOBS.build(jobs=[JOB.build(**job) for job in store.jobs(model, sae_id)])
 
     @routes.view(app, "GET", "/api/saes/{sae_id}/dashboards/{job_id}")
@@ -361,14 +361,14 @@ def register(app: Quart, tree: Tree) -> None:
 
     @routes.view(app, "GET", "/api/saes/{sae_id}/features/{index}")
     async def feature(sae_id: str, index: str):
-        model, sae = await _attached(tree, sae_id, request.args.get("model"))
+        model, sae = await attached(tree, sae_id, request.args.get("model"))
         return _feature(store, model, sae_id, _index(index, sae))
 
     @routes.view(app, "PUT", "/api/saes/{sae_id}/features/{index}/label")
     async def label(sae_id: str, index: str):
         body = await read_body(LABEL)
         _check(LABEL, body, "")
-        model, sae = await _attached(tree, sae_id, body.get("model"))
+        model, sae = await attached(tree, sae_id, body.get("model"))
         at = _index(index, sae)
         store.set_label(model, sae_id, at, body.get("label") or None)
         return _feature(store, model, sae_id, at)
@@ -384,7 +384,7 @@ def register(app: Quart, tree: Tree) -> None:
                 "give exactly one of 'text', 'label', 'token'",
                 asked[1] if len(asked) > 1 else "text",
             )
-        model, _ = await _attached(tree, sae_id, body.get("model"))
+        model, _ = await attached(tree, sae_id, body.get("model"))
         top_k = _given(body, SEARCH, "top_k")
         labels = store.labels(model, sae_id)
         out = {"model": model, "sae_id": sae_id}
@@ -436,7 +436,7 @@ def register(app: Quart, tree: Tree) -> None:
             raise GreenroomError(
                 "missing_parameter", "save_as needs held_out: the profile's strength is measured on it", "held_out"
             )
-        model, _ = await _attached(tree, sae_id, body.get("model"))
+        model, _ = await attached(tree, sae_id, body.get("model"))
         positive, negative = body["positive"], body["negative"]
         read = await _read(tree, model, sae_id, positive + negative, 1)
         means = [_floats(row.mean) for row in read.rows]
@@ -466,32 +466,6 @@ def register(app: Quart, tree: Tree) -> None:
             created = await tree.steering(CreateProfile(model, body["save_as"], description, strengths))
             profile = labelled(tree, document_json(created))
         return CONTRASTED.build(model=model, sae_id=sae_id, features=top, measure=measure, profile=profile)
-
-
-async def _attached(tree: Tree, sae_id: str, model: str | None) -> tuple[str, dict]:
-    """The model SAE `sae_id` is attached to (`model`, or left out the only one with it) and the SAE."""
-    if not SAE_ID.matches(sae_id):
-        raise GreenroomError("invalid_parameter", "an sae_id is 1–64 letters, digits, '_', '.' or '-'", "sae_id")
-    if model is not None:  # a body's was checked against its declaration; a query's any string
-        candidates = [tree.resolve(model)]
-        tree.require_steering(candidates[0])
-    else:
-        candidates = tree.steerable()
-    found = []
-    for name in candidates:
-        for sae in (await tree.steering(GetSteering(name))).saes:
-            if sae["sae_id"] == sae_id:
-                found.append((name, sae))
-    if not found:
-        where = f"model {model!r}" if model is not None else "any model"
-        raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to {where}", "sae_id")
-    if len(found) > 1:
-        raise GreenroomError(
-            "missing_parameter",
-            f"SAE {sae_id!r} is attached to several models; name one with 'model': {', '.join(m for m, _ in found)}",
-            "model",
-        )
-    return found[0]
 
 
 def _features(value, width: int) -> list[int]:

@@ -222,20 +222,9 @@ def register(app: Quart, tree: Tree) -> None:
         """One attached SAE (`?model=` while several models have one of that name): its record,
         what a strength means there (residual_norm, decoder norms, coefficient_per_strength)
         and ‖W_dec[i]‖ for every feature."""
-        name = request.args.get("model")
-        models = [tree.resolve(name)] if name else tree.steerable()
-        having = [m for m in models if any(s["sae_id"] == sae_id for s in (await tree.steering(GetSteering(m))).saes)]
-        if not having:
-            where = f" to {name!r}" if name else ""
-            raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached{where}", "sae_id")
-        if len(having) > 1:
-            raise GreenroomError(
-                "invalid_parameter",
-                f"SAE {sae_id!r} is attached to several models ({', '.join(having)}): name one with ?model=",
-                "model",
-            )
-        described = await tree.steering(DescribeSAE(having[0], sae_id))
-        return {"model": having[0], **described.sae, "decoder_norms": described.decoder_norms}
+        model, _ = await attached(tree, sae_id, request.args.get("model"))
+        described = await tree.steering(DescribeSAE(model, sae_id))
+        return {"model": model, **described.sae, "decoder_norms": described.decoder_norms}
 
     @routes.view(app, "POST", "/api/saes/attach")
     async def attach():
@@ -594,3 +583,31 @@ def _strengths(value) -> dict | None:
                 )
             out[sae_id][feature] = given_strength(strength, where)
     return out
+
+
+async def attached(tree: Tree, sae_id: str, model: str | None) -> tuple[str, dict]:
+    """The model SAE `sae_id` is attached to (`model`, a body's or a query's; left out, the only
+    one with it) and the SAE's record: every route under /api/saes/{sae_id} reads it so."""
+    if not SAE_ID.matches(sae_id):
+        raise GreenroomError("invalid_parameter", "an sae_id is 1–64 letters, digits, '_', '.' or '-'", "sae_id")
+    if model is not None:  # a body's was checked against its declaration; a query's any string
+        candidates = [tree.resolve(model)]
+        tree.require_steering(candidates[0])
+    else:
+        candidates = tree.steerable()
+    found = []
+    for name in candidates:
+        for sae in (await tree.steering(GetSteering(name))).saes:
+            if sae["sae_id"] == sae_id:
+                found.append((name, sae))
+    if not found:
+        where = f"model {model!r}" if model is not None else "any model"
+        raise GreenroomError("sae_not_attached", f"no SAE named {sae_id!r} is attached to {where}", "sae_id")
+    if len(found) > 1:
+        raise GreenroomError(
+            "missing_parameter",
+            f"SAE {sae_id!r} is attached to several models ({', '.join(m for m, _ in found)}): name one with "
+            "'model' (in a query, ?model=)",
+            "model",
+        )
+    return found[0]
