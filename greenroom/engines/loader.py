@@ -73,39 +73,20 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
     there (or cannot be built) is EngineError model_load_failed. `stage(name)` is told a long
     stage as it starts: "converting"."""
     if source.startswith(CONVERTED):
-        from .demo.demo_model import default_cache_dir
         from .llama_cpp.gguf_convert import ensure_converted
 
-        gguf_file = resolve_source(source[len(CONVERTED) :], cache_dir)
         converting = (lambda: stage("converting")) if stage is not None else None
-        try:
-            return ensure_converted(default_cache_dir(cache_dir), gguf_file, converting)
-        except ValueError as exc:
-            raise EngineError(
-                "model_load_failed", f"model source {source!r} could not be converted: {exc}", "model"
-            ) from None
+        return _derived(
+            source, CONVERTED, cache_dir, lambda cache, f: ensure_converted(cache, f, converting), "converted"
+        )
     if source.startswith(UNPACKED):
-        from .demo.demo_model import default_cache_dir
         from .unpacked import ensure_unpacked
 
-        zip_file = resolve_source(source[len(UNPACKED) :], cache_dir)
-        try:
-            return ensure_unpacked(default_cache_dir(cache_dir), zip_file)
-        except ValueError as exc:
-            raise EngineError(
-                "model_load_failed", f"model source {source!r} could not be unpacked: {exc}", "model"
-            ) from None
+        return _derived(source, UNPACKED, cache_dir, ensure_unpacked, "unpacked")
     if source.startswith(GGUF_FROM):
-        from .demo.demo_model import default_cache_dir
         from .llama_cpp.bert_gguf import ensure_bert_gguf
 
-        checkpoint = resolve_source(source[len(GGUF_FROM) :], cache_dir)
-        try:
-            return ensure_bert_gguf(default_cache_dir(cache_dir), checkpoint)
-        except (OSError, ValueError) as exc:
-            raise EngineError(
-                "model_load_failed", f"model source {source!r} could not be written as GGUF: {exc}", "model"
-            ) from None
+        return _derived(source, GGUF_FROM, cache_dir, ensure_bert_gguf, "written as GGUF", (OSError, ValueError))
     if source.startswith(PACKAGE) and _package_file(source) is None:
         name = source[len(PACKAGE) :].partition("/")[0]
         raise EngineError(
@@ -129,6 +110,19 @@ def resolve_source(source: str, cache_dir: str | None, stage: Callable[[str], No
     if not path.exists():
         raise EngineError("model_load_failed", f"model source {source!r} does not exist ({path})", "model")
     return path
+
+
+def _derived(source: str, prefix: str, cache_dir: str | None, ensure, what: str, errors=(ValueError,)) -> Path:
+    """What `ensure(models cache, the inner source's file)` builds, once, from the source that
+    follows `prefix` (itself resolved first); a failure is model_load_failed saying it could not
+    be `what`."""
+    from .demo.demo_model import default_cache_dir
+
+    inner = resolve_source(source[len(prefix) :], cache_dir)
+    try:
+        return ensure(default_cache_dir(cache_dir), inner)
+    except errors as exc:
+        raise EngineError("model_load_failed", f"model source {source!r} could not be {what}: {exc}", "model") from None
 
 
 def _package_file(source: str) -> Path | None:
