@@ -21,6 +21,7 @@ from fake_hub import server_cache
 
 from greenroom.engines.demo.demo_model import default_cache_dir, ensure_demo_model
 from greenroom.engines.demo.demo_sae import demo_sae_dir, demo_sae_layers
+from greenroom.engines.random_sae import WIDTH_PER_DIM
 from greenroom.engines.sae import load_sae
 
 from .test_gguf_steering import CONFIG, GGUF  # the demo model, and its F16 GGUF file: each with the demo SAE
@@ -329,3 +330,40 @@ def test_a_readout_carries_the_labels(srv):
         assert not any("label" in f for p in gguf["positions"] for f in p["features"])
     finally:
         call(srv, "PUT", f"/api/saes/{SAE}/features/12/label", {"model": MODEL, "label": ""})
+
+
+def test_a_second_architecture_gemma3_gets_units_dashboards_and_search(tmp_path, model_cache, gemma3):
+    """Gemma 3 270M (sliding-window attention, tied embeddings: its logit effects go through the
+    token embeddings) with a random SAE after block 6: plumbing on a second architecture."""
+    config = f'engine_actors = ["cpu"]\nnpu_actors = []\n[[models]]\nid = "gemma"\nsource = "{gemma3}"\nengine = "llama.cpp"\n'
+    srv = Server(tmp_path, model_cache, config)
+    try:
+        r = httpx.post(
+            srv.url + "/api/saes/attach", json={"model": "gemma", "sae": "random:640:6", "sae_id": "g"}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        body = {"features": [0, 1, 2, 3], "corpus": {"seeds": ["The city of Paris"], "generated_tokens": 16}}
+        job = httpx.post(srv.url + "/api/saes/g/dashboards", json=body, timeout=60).json()["id"]
+        deadline = time.monotonic() + 120
+        while (state := httpx.get(srv.url + f"/api/saes/g/dashboards/{job}", timeout=60).json())["status"] in (
+            "queued",
+            "running",
+        ):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.5)
+        assert state["status"] == "done", state
+        feature = httpx.get(srv.url + "/api/saes/g/features/2", timeout=60).json()
+        assert feature["contexts"] and len(feature["logit_effects"]["promoted"]) == 10
+        found = httpx.post(srv.url + "/api/saes/g/features/search", json={"text": "Paris is lovely"}, timeout=60).json()
+        assert found["features"] and found["features"][0]["positions"]
+        # loaded, its residual norm is measured: a coefficient converts and steers
+        described = httpx.get(srv.url + "/api/saes/g", timeout=60).json()
+        assert described["residual_norm"] > 0 and len(described["decoder_norms"]) == 640 * WIDTH_PER_DIM, described
+        r = httpx.put(
+            srv.url + "/api/steering",
+            json={"model": "gemma", "strengths": {"g": {"1": {"coefficient": 5}}}},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["strengths"]["g"]["1"] > 0, r.text
+    finally:
+        srv.stop()
