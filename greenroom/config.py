@@ -54,9 +54,15 @@ class Config:
     npu_actors: str | list[str] = "auto"  # npu0…npuN for OpenVINO; "auto": one per NPU, else npu0 on the CPU
     models: list[ModelConfig] = attrs.Factory(list)
     model_dirs: list[str] = attrs.Factory(list)  # *.gguf found below these are served as repo:QUANT
-    gguf_n_ctx: int = 4096  # llama.cpp context window, capped at the model's trained context
+    # llama.cpp context window, capped at the model's trained context; None: from memory — the trained
+    # window where gguf_parallel of it take at most a quarter of the available memory, else the largest
+    # power of two that does, at least 4096 (engines/llama_cpp/gguf_meta.py default_window); 0: the trained one
+    gguf_n_ctx: int | None = None
     gguf_threads: int = 0  # llama.cpp decode threads; 0: all cores but one
     gguf_parallel: int = 4  # llama.cpp sequences decoded together per model (each its own n_ctx of cache)
+    # llama.cpp: MiB of prompt states kept in host RAM for prompts sharing a long head (llama-server's
+    # --cache-ram; engines/llama_cpp/prompt_store.py); None: a quarter of the available memory, at most 8 GiB; 0: off
+    gguf_cache_ram_mib: int | None = None
     # model swap (supervisor/eviction.py): a load that does not fit its device unloads idle models there,
     # least recently used first. The most models loaded per device at once (0: no limit, memory decides);
     max_loaded_models: int = 0
@@ -158,6 +164,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if config.max_loaded_models < 0:
         raise ValueError(f"max_loaded_models is a count (0: no limit), not {config.max_loaded_models}")
     budget_bytes(config)  # a bad size stops the start
+    if config.gguf_cache_ram_mib is not None and config.gguf_cache_ram_mib < 0:
+        raise ValueError(f"gguf_cache_ram_mib is a size in MiB (0: off), not {config.gguf_cache_ram_mib}")
     if config.max_blob_bytes < 1:
         raise ValueError(f"max_blob_bytes is a size in bytes (at least 1), not {config.max_blob_bytes}")
     for entry, model in zip(raw.get("models", []), config.models):

@@ -54,7 +54,8 @@ ACTOR_EVENTS = Counter(
 )
 
 
-# automatic prefix reuse per model (engines/transformers/prefix_cache.py), as its engine actor's status reports it
+# automatic prefix reuse per model (engines/transformers/prefix_cache.py; llama.cpp: its RAM prompt store,
+# engines/llama_cpp/prompt_store.py), as its engine actor's status reports it
 PREFIX_CACHE = {
     figure: Gauge(f"greenroom_prefix_cache_{figure}", doc, ("actor", "model"), registry=REGISTRY)
     for figure, doc in {
@@ -65,6 +66,7 @@ PREFIX_CACHE = {
         "hits": "Prompts that reused a stored prefix, since the model loaded",
         "misses": "Prompts that found no stored prefix, since the model loaded",
         "reused_tokens": "Prompt tokens not prefilled thanks to a stored prefix, since the model loaded",
+        "restored": "Prompts whose prefix was copied back from host RAM (llama.cpp), since the model loaded",
     }.items()
 }
 

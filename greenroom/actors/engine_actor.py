@@ -236,7 +236,8 @@ class EngineLoop:
                 for m, e in list(self.engines.items())
                 if e.capabilities.steering
             },
-            # each model's prefix-reuse store (transformers: engines/transformers/prefix_cache.py), for /metrics
+            # each model's prefix-reuse store (transformers: engines/transformers/prefix_cache.py; llama.cpp:
+            # engines/llama_cpp/prompt_store.py), for /metrics
             "prefix_cache": {
                 m: e.prefix_cache.stats()
                 for m, e in list(self.engines.items())

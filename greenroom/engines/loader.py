@@ -168,7 +168,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
     """`spec`: a placement as it crosses to the engine actor (the front end's Placement.to_spec):
     {"id", "source", "engine", "device", "dtype", "cache_dir", "chat_template" (Jinja text over
     the model's own, or None)}, for transformers "prefix_cache_tokens" and "fixed_shape",
-    "fixed_shape_slots", "fixed_shape_length", and for llama.cpp "n_ctx", "threads" and "parallel"; for openvino
+    "fixed_shape_slots", "fixed_shape_length", and for llama.cpp "n_ctx", "threads", "parallel" and "cache_ram"; for openvino
     "threads" (CPU device) and, on "npu[:<n>]", "max_prompt_len" and "min_response_len" — a
     sentence-transformers checkpoint is exported to IR first and served by OpenVINOEncoder.
     `stage`: told a long stage of the load as it starts (resolve_source)."""
@@ -200,6 +200,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             threads=spec.get("threads"),
             parallel=spec.get("parallel", 4),
             chat_template=spec.get("chat_template"),
+            cache_ram=spec.get("cache_ram"),
         )
     from .demo.demo_model import default_cache_dir
     from .openvino.encoder_export import ensure_encoder_ir, is_encoder_checkpoint

@@ -33,6 +33,7 @@ class Placement:
     n_ctx: int | None = None  # llama.cpp: its context window (0: the model's trained one)
     threads: int | None = None  # llama.cpp: decode threads (None: all cores but one)
     parallel: int | None = None  # llama.cpp: sequences decoded together
+    cache_ram: int | None = None  # llama.cpp: bytes of prompt states kept in RAM (None: from memory; 0: off)
     prefix_cache_tokens: int | None = None  # transformers: KV tokens kept for prefix reuse
     fixed_shape: str | None = None  # transformers: the fixed-shape decode step, auto | on | off
     fixed_shape_slots: int | None = None  # … its batch's slots

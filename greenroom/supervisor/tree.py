@@ -152,6 +152,7 @@ class Tree:
                 n_ctx=self.config.gguf_n_ctx if n_ctx is None else n_ctx,
                 threads=threads or self.config.gguf_threads or None,
                 parallel=self.config.gguf_parallel,
+                cache_ram=None if self.config.gguf_cache_ram_mib is None else self.config.gguf_cache_ram_mib * 2**20,
             )
             preload = False
         else:

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import attrs
+import psutil
 
 MAGIC = b"GGUF"
 # arrays longer than this are stepped over (Ollama shows them as null unless asked to be verbose)
@@ -152,10 +153,47 @@ EMBED_TOKENS = 512
 LOGIT_BYTES = 4
 
 
-def window(n_ctx: int | None, trained: int) -> int:
+# a default window (`default_window`) is never smaller than this, the fixed default it replaced
+DEFAULT_WINDOW = 4096
+# a default window's KV cache (every sequence's) takes at most this share of the available memory
+WINDOW_MEMORY_SHARE = 1 / 4
+# the RAM prompt store (prompt_store.py) holds at most this share of the available memory, and at
+# most PROMPT_STORE_MAX (llama-server's --cache-ram default: 8192 MiB)
+PROMPT_STORE_SHARE = 1 / 4
+PROMPT_STORE_MAX = 8 * 2**30
+
+
+def window(n_ctx: int | None, trained: int, kv_per_token: int | None = None, parallel: int = 1) -> int:
     """The context window llama.cpp is given for a requested `n_ctx`: the request capped at
-    the model's trained window, which 0 or None asks for (4096 when the file records none)."""
-    return min(n_ctx or trained, trained) if trained > 0 else (n_ctx or 4096)
+    the model's trained window, which 0 asks for; None: `default_window` (DEFAULT_WINDOW when
+    the file records no trained window)."""
+    if n_ctx is None:
+        n_ctx = default_window(trained, kv_per_token, parallel)
+    return min(n_ctx or trained, trained) if trained > 0 else (n_ctx or DEFAULT_WINDOW)
+
+
+def default_window(trained: int, kv_per_token: int | None, parallel: int, available: int | None = None) -> int:
+    """A window sized for real prompts (Open WebUI sends ~7,000 tokens of tools with every chat):
+    the model's trained window where `parallel` sequences of it fit WINDOW_MEMORY_SHARE of the
+    `available` memory (the host's now, by default), else the largest power of two that does,
+    never less than DEFAULT_WINDOW; DEFAULT_WINDOW when the cache's width is unknown (an embedding
+    model keeps none)."""
+    if not kv_per_token or trained <= 0:
+        return DEFAULT_WINDOW
+    if available is None:
+        available = psutil.virtual_memory().available
+    fits = int(available * WINDOW_MEMORY_SHARE) // (kv_per_token * max(1, parallel))
+    if fits >= trained:
+        return trained
+    return min(trained, max(DEFAULT_WINDOW, 1 << max(fits.bit_length() - 1, 0)))
+
+
+def prompt_store_bytes(available: int | None = None) -> int:
+    """The default bound of the RAM prompt store: PROMPT_STORE_SHARE of the `available` memory
+    (the host's now, by default), at most PROMPT_STORE_MAX."""
+    if available is None:
+        available = psutil.virtual_memory().available
+    return min(PROMPT_STORE_MAX, int(available * PROMPT_STORE_SHARE))
 
 
 def kv_bytes(n_layer: int, head_count_kv: int | list, key_length: int, value_length: int) -> int:
@@ -224,9 +262,8 @@ def load_bytes(meta: GGUFMeta, file_bytes: int, n_ctx: int | None, parallel: int
     per_token = kv_bytes_per_token(meta)
     if per_token is None:
         return file_bytes
-    arch = meta.get("general.architecture")
     trained = meta.get(f"{arch}.context_length")
-    cells = window(n_ctx, trained if isinstance(trained, int) else 0) * parallel
+    cells = window(n_ctx, trained if isinstance(trained, int) else 0, per_token, parallel) * parallel
     tokens = meta.fields.get("tokenizer.ggml.tokens")
     n_vocab = tokens.count if isinstance(tokens, Skipped) else len(tokens or ()) or meta.get(f"{arch}.vocab_size", 0)
     return file_bytes + context_bytes(per_token, n_vocab, cells)

@@ -32,6 +32,18 @@ the same way every time. Measured on this build (bit-identical logits):
 A stream per slot costs ~8 % of 4-sequence decode throughput (SmolLM2, one thread), and
 concurrent prompts sharing a prefix each prefill it.
 
+Prompts kept in host RAM (prompt_store.py, as llama-server's --cache-ram): a prompt a free slot is
+about to drop (another prompt takes the slot and keeps less of it) is cut to its whole grid cells
+and copied out (llama_state_seq_get_data: its positions and f16 K/V rows); a later prompt whose
+longest stored prefix beats every free slot's has it copied back into the slot holding least
+(llama_state_seq_set_data), cut to that prefix, and prefills the rest in the grid's cells. What is
+copied back is the bytes the prefill wrote, placed as a prefill places them — llama.cpp empties the
+slot's stream and fills it from its first cell, where a prefill into an empty stream puts them —
+and only prompt cells prefilled under the same control-vector key are stored, so every later
+position is computed over the same cells among the same rows: measured, the tokens and
+log-probabilities of a fresh engine without the store, bit for bit, on the demo Q8_0 and SmolLM2
+Q4_1, alone and beside a decoding sequence (tests/live/test_gguf_prompt_store.py).
+
 Steering (llama_steering.py): the deltas are a control vector per context, set before a decode
 when it differs from the one the context holds; a slot's prefilled prompt is kept with the key
 of the vector it was prefilled under and reused only under the same one. Readouts and monitors
@@ -68,13 +80,11 @@ from ..text.tool_calls import HERMES
 from . import gguf_meta
 from .bert_gguf import NORMALIZE_KEY
 from .gguf_files import quant_label, revision
+from .prompt_store import PREFILL_GRID, PromptStore, State
 
 log = logging.getLogger("greenroom.llama_cpp")
 PROBE_CELLS = 64  # per sequence, in the contexts `_decode_plan` measures decoding in
 PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefill is ~8 ms a token)
-# a prompt's positions are prefilled in the ubatches [128k, 128(k+1)) of this grid, however much
-# of it a slot had cached: the module's docstring says why
-PREFILL_GRID = 128
 EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.EMBED_TOKENS tokens)
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
@@ -123,7 +133,11 @@ class LlamaCppEngine:
         threads: int | None = None,
         parallel: int = 4,
         chat_template: str | None = None,
+        cache_ram: int | None = None,
     ):
+        """`n_ctx`: each sequence's window (None: from memory, gguf_meta.default_window; 0: the
+        model's trained one); `cache_ram`: bytes of prompt states kept in host RAM
+        (prompt_store.py; None: from memory, gguf_meta.prompt_store_bytes; 0: none)."""
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
@@ -134,18 +148,18 @@ class LlamaCppEngine:
         # a sequence's logits (the module's docstring)
         params.use_extra_bufts = False
         self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=True)
-        trained = self.model.n_ctx_train()
-        self.n_ctx = gguf_meta.window(n_ctx, trained)
         self.parallel = max(1, parallel)
         self.n_layers = llama_cpp.llama_model_n_layer(self.model.model)
-        # the eval callback of the contexts that read residuals (llama_steering.py); kept alive here
-        self._eval_callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
-        self._taps: dict = {}  # what the decode running in an observed context reads (llama_steering.py)
-        self._tapping = None  # who takes the tensor the eval callback asked for last
         meta = self.model.metadata()
         # an embedding model (BERT: its file names a pooling type) is run to pooled vectors
         # only: no generation context, no decode plan, no chat template
         self.embedding_only = gguf_meta.embedding_only(meta)
+        kv_per_token = None if self.embedding_only else self._kv_bytes(meta)
+        self.n_ctx = gguf_meta.window(n_ctx, self.model.n_ctx_train(), kv_per_token, self.parallel)
+        # the eval callback of the contexts that read residuals (llama_steering.py); kept alive here
+        self._eval_callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
+        self._taps: dict = {}  # what the decode running in an observed context reads (llama_steering.py)
+        self._tapping = None  # who takes the tensor the eval callback asked for last
         self.batchable = not self.embedding_only
         self.normalize = self.embedding_only and meta.get(NORMALIZE_KEY, "true") == "true"
         self.flash_attn, self.decode_together = (False, False) if self.embedding_only else self._decode_plan()
@@ -164,6 +178,12 @@ class LlamaCppEngine:
                 self.parallel,
             )
         )
+        # prompts a slot drops, kept in host RAM for a later prompt sharing their head (prompt_store.py);
+        # `prefix_cache`: the engine actor's status shows it in /metrics, as the transformers engine's
+        cache_ram = gguf_meta.prompt_store_bytes() if cache_ram is None else cache_ram
+        self.prefix_cache = PromptStore(cache_ram, kv_per_token) if self.gen is not None and cache_ram > 0 else None
+        if self.gen is not None:
+            self.gen.store = self.prefix_cache
         self._reader: _Slots | None = None  # one sequence whose residuals are read, made on first use
         self._embedder: _internals.LlamaContext | None = None  # an embeddings context, made on first use
         self.vocab_size = self.scoring_vocab = self.model.n_vocab()
@@ -208,7 +228,7 @@ class LlamaCppEngine:
             + (
                 gguf_meta.encoder_bytes(llama_cpp.llama_model_n_head(self.model.model), self.n_ctx)
                 if self.embedding_only
-                else gguf_meta.context_bytes(self._kv_bytes(meta), self.vocab_size, self.n_ctx * self.parallel)
+                else gguf_meta.context_bytes(kv_per_token, self.vocab_size, self.n_ctx * self.parallel)
             ),
         )
 
@@ -443,28 +463,40 @@ class LlamaCppEngine:
     ) -> _Sequence:
         """Take the free slot whose stream holds the longest prefix of the prompt (prompt
         tokens it prefilled under the control vector this prefill adds: never generated ones),
-        keep that prefix's whole grid cells, prefill the rest in the grid's cells (`_chunks`:
-        the module's docstring says why) and sample the first token. A forward that reads the
-        last layer's residuals computes every position there (llama.cpp keeps only the rows it
-        outputs in the last layer)."""
+        keep that prefix's whole grid cells — or, where the RAM store holds a longer prefix
+        (prompt_store.py), copy that one's cells into the slot holding least —, prefill the
+        rest in the grid's cells (`_chunks`: the module's docstring says why) and sample the
+        first token. What the slot held past the kept prefix is kept in the store first
+        (`_keep`). A forward that reads the last layer's residuals computes every position
+        there (llama.cpp keeps only the rows it outputs in the last layer)."""
         self._generative()
         slots = slots or self.gen
         if not slots.free:
             raise EngineError("queue_full", f"all {len(slots.live)} sequence slots of the model are in use")
         vector = self._set_vector(slots)
+        own = {
+            slot: _reusable(tokens, prompt_ids) if key == vector and slots.reuse else 0
+            for slot, (key, tokens) in slots.free.items()
+        }
         # ties: the slot with the least cached (a fresh prompt keeps the others' prefixes)
-        slot, reused = max(
-            (
-                (slot, _reusable(tokens, prompt_ids) if key == vector and slots.reuse else 0)
-                for slot, (key, tokens) in slots.free.items()
-            ),
-            key=lambda pair: (pair[1], -len(slots.free[pair[0]][1]), -pair[0]),
-        )
+        slot = max(own, key=lambda slot: (own[slot], -len(slots.free[slot][1]), -slot))
+        store, state = slots.store, None
+        if store is not None and store.longest(vector, prompt_ids)[0] > own[slot]:
+            slot = min(own, key=lambda slot: (len(slots.free[slot][1]), slot))
+            self._keep(slots, slot, 0)
+            reused, state = store.longest(vector, prompt_ids)  # again: keeping may have evicted it
+        else:
+            reused = own[slot]
+            self._keep(slots, slot, reused)
         del slots.free[slot]
         memory = slots.ctx.memory
-        if not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
+        if state is not None and not self._restore(slots, slot, state, reused):
+            reused = 0
+        elif state is None and (not reused or not llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1)):
             llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)  # nothing kept (or this cache cannot be cut)
             reused = 0
+        if store is not None:
+            store.served(reused, state if reused else None)
         seq = _Sequence(
             slots, slot, _sampler(self.vocab_size, self.n_ctx, params, prompt_ids), matcher, params.logprobs
         )
@@ -483,6 +515,38 @@ class LlamaCppEngine:
             self._close(seq)
             raise
         return seq
+
+    def _keep(self, slots: _Slots, slot: int, kept: int) -> None:
+        """Before free `slot` is cut to its first `kept` tokens: copy its prompt's whole grid
+        cells into the RAM store (llama.cpp's bytes of that sequence's cells) when they are more
+        than that and no stored state holds them yet. The cells past them (a part cell, the
+        generated tokens') are cut first: a stored state is prompt cells alone."""
+        store = slots.store
+        key, tokens = slots.free[slot]
+        cells = len(tokens) // PREFILL_GRID * PREFILL_GRID
+        if store is None or cells <= kept or store.holds(key, tokens[:cells]):
+            return
+        if not llama_cpp.llama_memory_seq_rm(slots.ctx.memory, slot, cells, -1):
+            return
+        ctx = slots.ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, slot)
+        if size > store.max_bytes:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(ctx, data, size, slot) == size:
+            store.put(key, tokens[:cells], data)
+
+    def _restore(self, slots: _Slots, slot: int, state: State, reused: int) -> bool:
+        """Copy a stored prompt's cells into `slot` (which llama.cpp empties first: the cells
+        land from the stream's first on, where a prefill puts them) and cut them to `reused`."""
+        ctx, memory = slots.ctx.ctx, slots.ctx.memory
+        if llama_cpp.llama_state_seq_set_data(ctx, state.data, len(state.data), slot) == 0:
+            llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)
+            return False
+        if reused == len(state.tokens) or llama_cpp.llama_memory_seq_rm(memory, slot, reused, -1):
+            return True
+        llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)
+        return False
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         """One step: each sequence's last sampled token, at its next position (one context's)."""
@@ -725,6 +789,7 @@ class _Slots:
         self.free: dict[int, tuple[bytes | None, list[int]]] = {slot: (None, []) for slot in range(n)}
         self.live: dict[int, _Sequence] = {}
         self.vector: bytes | None = None
+        self.store: PromptStore | None = None  # where prompts a slot drops are kept (the generation context's)
         self.scratch = np.empty(n_vocab, np.float32)  # a sampled row's normaliser is computed here
 
 
