@@ -3,6 +3,9 @@ prefill-grid cells; the longest stored prefix of a prompt, from the newest state
 states another extends are dropped; past the byte bound, a state whose head another holds goes
 before the last holder of a head, least recently used first."""
 
+import pytest
+
+from greenroom.config import load_config
 from greenroom.engines.llama_cpp.gguf_meta import DEFAULT_WINDOW, default_window, prompt_store_bytes
 from greenroom.engines.llama_cpp.prompt_store import PREFILL_GRID as G
 from greenroom.engines.llama_cpp.prompt_store import PromptStore
@@ -86,3 +89,12 @@ def test_default_window_from_memory():
     assert default_window(2048, kv, 4, available=gib // 2) == 2048  # nor past the trained one
     assert default_window(8192, None, 4, available=16 * gib) == DEFAULT_WINDOW  # no KV cache to size
     assert prompt_store_bytes(available=16 * gib) == 4 * gib and prompt_store_bytes(available=64 * gib) == 8 * gib
+
+
+def test_the_config_sizes_both_from_memory_unless_told():
+    config = load_config(env={})
+    assert config.gguf_n_ctx is None and config.gguf_cache_ram_mib is None
+    told = load_config(env={"GREENROOM_GGUF_N_CTX": "8192", "GREENROOM_GGUF_CACHE_RAM_MIB": "0"})
+    assert told.gguf_n_ctx == 8192 and told.gguf_cache_ram_mib == 0
+    with pytest.raises(ValueError, match="gguf_cache_ram_mib is a size in MiB"):
+        load_config(env={"GREENROOM_GGUF_CACHE_RAM_MIB": "-1"})
