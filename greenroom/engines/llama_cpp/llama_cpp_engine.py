@@ -42,7 +42,8 @@ slot's stream and fills it from its first cell, where a prefill into an empty st
 and only prompt cells prefilled under the same control-vector key are stored, so every later
 position is computed over the same cells among the same rows: measured, the tokens and
 log-probabilities of a fresh engine without the store, bit for bit, on the demo Q8_0 and SmolLM2
-Q4_1, alone and beside a decoding sequence (tests/live/test_gguf_prompt_store.py).
+Q4_1, alone and beside a decoding sequence (tests/live/test_gguf_prompt_store.py), and on Gemma 3
+270M Q4_K_M (its sliding-window layers' cache is copied too; that test's prompts, once, in process).
 
 Steering (llama_steering.py): the deltas are a control vector per context, set before a decode
 when it differs from the one the context holds; a slot's prefilled prompt is kept with the key

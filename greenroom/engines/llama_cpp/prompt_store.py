@@ -42,6 +42,9 @@ class State:
 
 
 class PromptStore:
+    """Prompt states by control-vector key and tokens, at most `max_bytes` of them (the module's
+    docstring); `hits`, `misses` and `reused_tokens` count every prompt the engine opens."""
+
     def __init__(self, max_bytes: int, token_bytes: int = 1):
         self.max_bytes = max_bytes
         self.token_bytes = max(1, token_bytes)  # KV bytes per token: the bound in tokens, for /metrics
@@ -149,11 +152,6 @@ class PromptStore:
         while node is not None:
             node.held += delta
             node = node.parent
-
-    def clear(self) -> None:
-        self._roots.clear()
-        self._states.clear()
-        self.bytes = self.tokens = 0
 
     def stats(self) -> dict:
         """What /metrics shows (the engine actor's status carries it), as the transformers
