@@ -14,6 +14,9 @@ are read from there, so one script measures all-minilm on each engine:
 Every server stays up and each round measures them all in turn (after a warm request each):
 medians are printed, and each round's ratios, which the machine's drift moves far less. The
 acceptance: greenroom's /api/embed ≥ 0.9 × in process; ≥ 1.0 × llama-server (same threads).
+Beside each wall-clock figure, the CPU seconds a request cost its side (this process's for the
+engine in process; the server's whole process tree, front end and actors; llama-server's), from
+/proc as bench/throughput.py reads them: on a loaded machine they move far less than the clock.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -37,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as greenroom's actors run
 
 from bench.gguf_vs_peer import _free_port, _started  # noqa: E402
 from bench.server import start_server  # noqa: E402
+from bench.throughput import cpu_s, tree_cpu  # noqa: E402
 from greenroom.engines.loader import load_engine, resolve_source  # noqa: E402
 from greenroom.supervisor.placements import device_of  # noqa: E402
 
@@ -83,15 +88,19 @@ def start_llama_server(binary: str, path: Path, threads: int, slots: int) -> tup
     return _started(proc, f"http://127.0.0.1:{port}", "/health", "llama-server")
 
 
-def timed_post(url: str, body: dict) -> float:
-    """Seconds from sending the request to the whole response body read (not parsed)."""
-    start = time.perf_counter()
+def timed_post(url: str, body: dict) -> None:
+    """The request sent and the whole response body read (not parsed)."""
     r = httpx.post(url, json=body, timeout=600)
     r.read()
-    elapsed = time.perf_counter() - start
     if r.status_code != 200:
         raise SystemExit(f"{url} answered {r.status_code}: {r.text[:300]}")
-    return elapsed
+
+
+def measured(call, cpu) -> tuple[float, float]:
+    """Wall-clock seconds of `call()` and the CPU seconds `cpu()` (a side's running total) grew by."""
+    start, used = time.perf_counter(), cpu()
+    call()
+    return time.perf_counter() - start, cpu() - used
 
 
 def main() -> None:
@@ -120,10 +129,8 @@ def main() -> None:
         f"tokens, {args.threads} thread(s); medians of {args.rounds} rounds"
     )
 
-    def in_process() -> float:
-        start = time.perf_counter()
+    def in_process() -> None:
         engine.embed([engine.tokenize(t) for t in texts])
-        return time.perf_counter() - start
 
     servers = [("greenroom", lambda: start_server(served_config(m, args.threads)), signal.SIGTERM)]
     if args.llama_server and spec["engine"] == "llama.cpp":
@@ -135,35 +142,43 @@ def main() -> None:
                 signal.SIGINT,
             )
         )
-    running, times = [], {}
+    running, times, cpus = [], {}, {}
     try:
         for name, start, stop in servers:
             proc, url = start()
             running.append((name, proc, url, stop))
-        calls = {"in process": in_process}
-        for name, _, url, _ in running:
-            if name == "greenroom":
-                calls["greenroom /api/embed"] = lambda url=url: timed_post(
-                    url + "/api/embed", {"model": m["id"], "input": texts}
-                )
-            calls[f"{name} /v1/embeddings"] = lambda url=url: timed_post(
-                url + "/v1/embeddings", {"model": m["id"], "input": texts, "encoding_format": "float"}
+        calls = {"in process": (in_process, time.process_time)}
+        for name, proc, url, _ in running:
+            cpu = (
+                (lambda pid=proc.pid: sum(tree_cpu(pid).values())) if name == "greenroom" else partial(cpu_s, proc.pid)
             )
-        for call in calls.values():  # warm: loaded, buffers sized
+            if name == "greenroom":
+                calls["greenroom /api/embed"] = (
+                    partial(timed_post, url + "/api/embed", {"model": m["id"], "input": texts}),
+                    cpu,
+                )
+            body = {"model": m["id"], "input": texts, "encoding_format": "float"}
+            calls[f"{name} /v1/embeddings"] = (partial(timed_post, url + "/v1/embeddings", body), cpu)
+        for call, _ in calls.values():  # warm: loaded, buffers sized
             call()
         for _ in range(args.rounds):
-            for name, call in calls.items():
-                times.setdefault(name, []).append(call())
+            for name, (call, cpu) in calls.items():
+                wall, used = measured(call, cpu)
+                times.setdefault(name, []).append(wall)
+                cpus.setdefault(name, []).append(used)
     finally:
         for _, proc, _, stop in running:
             proc.send_signal(stop)
             proc.wait(60)
     rate = {name: [tokens / t for t in ts] for name, ts in times.items()}
     base = statistics.median(rate["in process"])
-    print(f"{'':>28} {'ms':>8} {'tokens/s':>9} {'vs in process':>14}")
+    cpu_base = statistics.median(cpus["in process"])
+    print(f"{'':>28} {'ms':>8} {'tokens/s':>9} {'vs in process':>14} {'CPU ms':>8} {'CPU vs in process':>18}")
     for name, ts in times.items():
-        r = statistics.median(rate[name])
-        print(f"{name:>28} {statistics.median(ts) * 1e3:8.1f} {r:9.0f} {r / base:14.2f}")
+        r, cpu = statistics.median(rate[name]), statistics.median(cpus[name])
+        print(
+            f"{name:>28} {statistics.median(ts) * 1e3:8.1f} {r:9.0f} {r / base:14.2f} {cpu * 1e3:8.0f} {cpu_base / cpu:18.2f}"
+        )
     pairs = [("greenroom /api/embed", "in process"), ("greenroom /v1/embeddings", "in process")]
     if "llama-server /v1/embeddings" in rate:
         pairs += [
@@ -175,6 +190,7 @@ def main() -> None:
         print(
             f"{a} / {b}: median {statistics.median(by_round):.2f}, by round " + " ".join(f"{x:.2f}" for x in by_round)
         )
+        print(f"    in CPU seconds: {statistics.median(cpus[b]) / statistics.median(cpus[a]):.2f}")
 
 
 if __name__ == "__main__":

@@ -146,10 +146,13 @@ KV_CELL_BYTES = 2
 # the llama.cpp engine's generation context decodes in ubatches of up to this many tokens; its compute
 # buffer is sized for a ubatch whose every row has float32 logits
 GENERATION_UBATCH = 512
-# an embedding request's inputs are packed into decodes of at most this many tokens (llama-server's
-# default ubatch; 128 to 512 embed all-MiniLM's 128 inputs of ~40 tokens alike, 2048 is 1.6× slower:
-# attention spans every sequence of the ubatch, masked)
-EMBED_TOKENS = 512
+# an embedding request's inputs are packed into decodes of at most this many tokens. Attention spans
+# every sequence of a decode, masked, so its share grows with the decode (all-MiniLM F16, 128 inputs
+# of ~40 tokens, one thread: 15 % of the CPU in 512-token decodes, 9 % in 128), while a decode too
+# small re-reads the weights for few rows (one input a decode: 1.6× slower). CPU seconds, same
+# process, interleaved: 512 tokens 1.79, 384 1.70, 256 1.65, 128 1.67 (~13-token inputs: 0.65 at
+# 512, 0.59 at 256; ~103-token inputs alike); 2048 was 1.6× slower than 512
+EMBED_TOKENS = 256
 LOGIT_BYTES = 4
 
 

@@ -614,8 +614,8 @@ class LlamaCppEngine:
         """One pooled vector per input, from a context of their own in embeddings mode (the
         weights are shared). Inputs are packed in order into decodes of up to gguf_meta.EMBED_TOKENS
         tokens and EMBED_SEQUENCES sequences, each input whole in one decode (llama.cpp pools a
-        sequence within its ubatch; a longer input is decoded alone): a 128-input request is ~10
-        decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
+        sequence within its ubatch; a longer input is decoded alone): 128 inputs of ~40 tokens
+        are 22 decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
         of its last hidden states) and L2-normalised as it says (bert_gguf.NORMALIZE_KEY; an
         embedding model that does not say is normalised, as llama-server does)."""
         ctx = self._embedding_context()
