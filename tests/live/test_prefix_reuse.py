@@ -51,7 +51,8 @@ def test_reuse_gives_the_tokens_of_a_full_prefill(model_cache, size, n):
     requests = mixed(plain, n)
     assert texts(reusing, requests) == texts(plain, requests)
     stats = reusing.prefix_cache.stats()
-    assert stats["hits"] >= n * 2 // 3 and stats["reused_tokens"] >= stats["hits"] * 2 * BLOCK, stats
+    # a stored prefix shorter than the rest of its prompt is not taken (prefix_cache.py): a miss
+    assert stats["hits"] >= n // 3 and stats["reused_tokens"] >= stats["hits"] * 2 * BLOCK, stats
     assert stats["hits"] + stats["misses"] == n
 
 

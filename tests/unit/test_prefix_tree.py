@@ -63,6 +63,15 @@ def test_a_hit_leaves_a_token_to_prefill_and_is_block_aligned():
     assert cache.stats()["misses"] == 1
 
 
+def test_a_prefix_shorter_than_the_rest_is_not_reused():
+    cache = tree(10_000)
+    ids = list(range(4 * BLOCK))
+    cache.store((), ids, kv(ids))
+    assert reused(cache, ids + [7] * 4 * BLOCK) == 4 * BLOCK  # half the prompt
+    assert reused(cache, ids + [7] * (4 * BLOCK + 1)) == 0  # less: a cold prefill is faster
+    assert cache.stats()["hits"] == cache.stats()["misses"] == 1
+
+
 def test_a_hit_is_checked_token_for_token():
     cache = tree(10_000)
     ids = list(range(8 * BLOCK))
@@ -124,7 +133,7 @@ def test_the_bound_is_honoured_and_a_longer_prompt_keeps_its_head():
     cache.store((), long, kv(long))
     stats = cache.stats()
     assert stats["tokens"] == 50 * BLOCK == stats["max_tokens"] and stats["bytes"] == stats["max_bytes"]
-    assert reused(cache, long + [1]) == 50 * BLOCK  # its head, as much as fits; the other prompt went
+    assert reused(cache, long[: 90 * BLOCK]) == 50 * BLOCK  # its head, as much as fits; the other prompt went
     assert reused(cache, short + [1]) == 0
     tiny = tree(BLOCK - 1)  # not one block fits: nothing is stored
     tiny.store((), long, kv(long))
