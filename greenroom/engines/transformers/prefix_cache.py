@@ -6,20 +6,21 @@ Each steering key (`Steering.key`: a prefix computed under other steering is oth
 tree of its own. A node holds a run of whole BLOCKs of tokens — an edge of the tree — and their
 KV ([1, kv heads, run, head dim] per layer, a copy of its own, never written after it is
 stored); its children continue it, told apart by their first block. Prompts sharing a head share
-its nodes: the head's KV is stored once. A lookup walks from the root, matching token for token,
-and always leaves at least one token to prefill (the next token's logits come from that forward);
-a hit's KV is its path's runs concatenated, once per layer. A hit shorter than what is left to
-prefill is not taken: the rest's forward over a stored prefix attends under an explicit mask,
-where a whole prompt's runs SDPA's causal kernel (half the pairs, no mask to read) — on the CPU
-the rest costs 2-3× as much per token as a cold prefill's, so a short prefix saves less than it
-costs (measured on the 100m demo: 2,048 tokens over a quarter of them stored, as slow as none
-stored; over half, 0.83× the time). Storing a prompt walks the same way,
-splits the node it leaves mid-run, and adds what is new as one leaf.
+its nodes: the head's KV is stored once. Storing a prompt walks from the root, splits the node it
+leaves midway and adds what is new as one leaf. A lookup walks the same way, matching token for
+token, and always leaves at least one token to prefill (the next token's logits come from that
+forward); a hit's KV is its path's runs concatenated, once per layer.
+
+A hit shorter than what is left to prefill is not taken: the rest's forward over stored KV
+attends under an explicit mask, where a whole prompt's runs SDPA's causal kernel (half the pairs,
+no mask to read), and on the CPU costs 2-3× a cold prefill per token — a short prefix saves less
+than that costs (the 100m demo, 2,048 tokens: over a stored quarter as slow as cold, over a
+stored half 0.83× the time).
 
 The tree holds at most `max_bytes` of KV. Eviction takes leaves, least recently used first: a
 node goes only once no prompt continues it (a head outlives every descendant), so a long shared
 head — Open WebUI's tools block — stays while the conversations below it come and go. A prompt
-longer than the whole bound keeps its head, as much as fits.
+longer than the room there is keeps its head, as much as fits.
 """
 
 from __future__ import annotations
