@@ -92,8 +92,11 @@ class Config:
     # streamed chunks a second the front end sends in all before it holds each stream's tokens to
     # fewer, larger chunks (http/core/pacing.py); 0: one chunk per engine event, whatever the load
     stream_chunks_per_s: float = 2000.0
-    # transformers: KV tokens of prompts kept per model for automatic prefix reuse (engines/transformers/prefix_cache.py); 0: off
-    prefix_cache_tokens: int = 8192
+    # transformers: the KV kept per model for automatic prefix reuse (engines/transformers/prefix_cache.py).
+    # Unset: sized from memory — a quarter of the memory available on the model's device once its
+    # weights are loaded (host memory on the CPU, the card's free memory on CUDA), in bytes of KV;
+    # a number: that many tokens of KV instead; 0: off
+    prefix_cache_tokens: int | None = None
     # transformers: decode in fixed shapes (engines/transformers/fixed_shape.py), compiled on CUDA: "auto" (on CUDA), "on", "off";
     # a continuous batch holds fixed_shape_slots sequences, each of up to fixed_shape_length tokens (longer: eager)
     fixed_shape: str = "auto"
@@ -161,6 +164,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         raise ValueError("; ".join(cattrs.transform_error(exc, path="config"))) from None
     if config.fixed_shape not in ("auto", "on", "off"):
         raise ValueError(f"fixed_shape is auto, on or off, not {config.fixed_shape!r}")
+    if config.prefix_cache_tokens is not None and config.prefix_cache_tokens < 0:
+        raise ValueError(
+            f"prefix_cache_tokens is a count of tokens (0: off; unset: from memory), not {config.prefix_cache_tokens}"
+        )
     if config.max_loaded_models < 0:
         raise ValueError(f"max_loaded_models is a count (0: no limit), not {config.max_loaded_models}")
     budget_bytes(config)  # a bad size stops the start

@@ -59,10 +59,11 @@ ACTOR_EVENTS = Counter(
 PREFIX_CACHE = {
     figure: Gauge(f"greenroom_prefix_cache_{figure}", doc, ("actor", "model"), registry=REGISTRY)
     for figure, doc in {
-        "max_tokens": "The prefix store's bound, in KV tokens",
+        "max_bytes": "The prefix tree's bound, in bytes of KV (prefix_cache_tokens, or sized from memory)",
+        "max_tokens": "The prefix tree's bound, in KV tokens",
         "tokens": "KV tokens held for prefix reuse",
         "bytes": "Bytes of KV held for prefix reuse",
-        "entries": "Prompts whose KV is held for prefix reuse",
+        "entries": "Nodes of the prefix tree (runs of blocks whose KV is held once)",
         "hits": "Prompts that reused a stored prefix, since the model loaded",
         "misses": "Prompts that found no stored prefix, since the model loaded",
         "reused_tokens": "Prompt tokens not prefilled thanks to a stored prefix, since the model loaded",

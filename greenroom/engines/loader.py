@@ -136,8 +136,9 @@ def _package_file(source: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / rel
 
 
-# the placement's keys the transformers engine takes as they are (absent: the engine's defaults)
-TRANSFORMERS_KEYS = ("prefix_cache_tokens", "fixed_shape", "fixed_shape_slots", "fixed_shape_length")
+# the placement's keys the transformers engine takes as they are (absent: the engine's defaults);
+# its prefix_cache_tokens goes as it is, None included (sized from memory: the served default)
+TRANSFORMERS_KEYS = ("fixed_shape", "fixed_shape_slots", "fixed_shape_length")
 
 
 def one_gil_thread(spec: dict) -> bool:
@@ -190,6 +191,7 @@ def load_engine(spec: dict, stage: Callable[[str], None] | None = None) -> Engin
             device=spec.get("device", "cpu"),
             dtype=spec.get("dtype"),
             chat_template=spec.get("chat_template"),
+            prefix_cache_tokens=spec.get("prefix_cache_tokens"),
             **{key: spec[key] for key in TRANSFORMERS_KEYS if spec.get(key) is not None},
         )
     if spec["engine"] == "llama.cpp":

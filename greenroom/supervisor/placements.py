@@ -34,7 +34,7 @@ class Placement:
     threads: int | None = None  # llama.cpp: decode threads (None: all cores but one)
     parallel: int | None = None  # llama.cpp: sequences decoded together
     cache_ram: int | None = None  # llama.cpp: bytes of prompt states kept in RAM (None: from memory; 0: off)
-    prefix_cache_tokens: int | None = None  # transformers: KV tokens kept for prefix reuse
+    prefix_cache_tokens: int | None = None  # transformers: KV tokens kept for prefix reuse (None: from memory)
     fixed_shape: str | None = None  # transformers: the fixed-shape decode step, auto | on | off
     fixed_shape_slots: int | None = None  # … its batch's slots
     fixed_shape_length: int | None = None  # … and tokens per slot

@@ -51,7 +51,8 @@ def test_reuse_gives_the_tokens_of_a_full_prefill(model_cache, size, n):
     requests = mixed(plain, n)
     assert texts(reusing, requests) == texts(plain, requests)
     stats = reusing.prefix_cache.stats()
-    assert stats["hits"] >= n * 2 // 3 and stats["reused_tokens"] >= stats["hits"] * 2 * BLOCK, stats
+    # a stored prefix shorter than the rest of its prompt is not taken (prefix_cache.py): a miss
+    assert stats["hits"] >= n // 3 and stats["reused_tokens"] >= stats["hits"] * 2 * BLOCK, stats
     assert stats["hits"] + stats["misses"] == n
 
 
@@ -113,7 +114,8 @@ def test_bounded_least_recently_used_first(model_cache):
 
 
 def test_shown_in_metrics(server):
-    """/metrics shows each model's store: its bound, what it holds, and its hits and misses."""
+    """/metrics shows each model's store: its bound (by default a quarter of the memory available
+    at load, far above the 8,192 tokens it was), what it holds, and its hits and misses."""
 
     def complete(prompt: str) -> str:
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
@@ -125,9 +127,10 @@ def test_shown_in_metrics(server):
     text = httpx.get(server.url + "/metrics", timeout=10).text
     figure = {
         name: sample(text, f"greenroom_prefix_cache_{name}", actor="cpu", model=MODEL)
-        for name in ("max_tokens", "tokens", "bytes", "entries", "hits", "misses", "reused_tokens")
+        for name in ("max_bytes", "max_tokens", "tokens", "bytes", "entries", "hits", "misses", "reused_tokens")
     }
-    assert figure["max_tokens"] == 8192 and 0 < figure["tokens"] <= 8192 and figure["bytes"] > 0
+    assert figure["max_bytes"] > 2**27 and figure["max_tokens"] > 8192  # this machine has GBs available
+    assert 0 < figure["tokens"] <= figure["max_tokens"] and 0 < figure["bytes"] <= figure["max_bytes"]
     assert figure["entries"] >= 1 and figure["hits"] >= 1 and figure["reused_tokens"] >= 2 * BLOCK
 
 

@@ -98,6 +98,14 @@ def test_a_negative_model_cap_stops_the_start():
         load_config(env={"OLLAMA_MAX_LOADED_MODELS": "-1"})
 
 
+def test_the_prefix_cache_is_sized_from_memory_unless_a_token_count_is_given(tmp_path):
+    assert load_config(env={}).prefix_cache_tokens is None  # the engine sizes it from memory
+    assert load_config(write(tmp_path, "prefix_cache_tokens = 8192\n"), env={}).prefix_cache_tokens == 8192
+    assert load_config(env={"GREENROOM_PREFIX_CACHE_TOKENS": "0"}).prefix_cache_tokens == 0  # off
+    with pytest.raises(ValueError, match="prefix_cache_tokens is a count"):
+        load_config(env={"GREENROOM_PREFIX_CACHE_TOKENS": "-1"})
+
+
 @pytest.mark.parametrize("budget", ["lots", "-1GiB", "0", "12 parsecs", "GiB"])
 def test_a_budget_that_is_not_a_size_stops_the_start(budget):
     with pytest.raises(ValueError, match="memory_budget is a size"):

@@ -25,7 +25,7 @@ from ..text.pooling import MEAN
 from .fixed_shape import FixedShape
 from .fixed_shape import supported as fixed_shape_supported
 from .pooled_batches import embed_batched
-from .prefix_cache import PrefixCache
+from .prefix_cache import MEMORY_SHARE, PrefixCache, available_memory
 from .sampling import new_generator, sample, token_logprob
 
 
@@ -40,12 +40,13 @@ class TransformersEngine:
         dtype: str | None = None,
         threads: int | None = None,
         chat_template: str | None = None,
-        prefix_cache_tokens: int = 0,
+        prefix_cache_tokens: int | None = 0,
         fixed_shape: str = "auto",
         fixed_shape_slots: int = 64,
         fixed_shape_length: int = 2048,
     ):
-        """`prefix_cache_tokens`: the KV tokens kept for prefix reuse (prefix_cache.py); 0: none.
+        """`prefix_cache_tokens`: the KV tokens kept for prefix reuse (prefix_cache.py); 0: none;
+        None: sized from memory (prefix_cache.MEMORY_SHARE of what the device has available).
         `fixed_shape`: decode in fixed shapes (fixed_shape.py) — "auto" (on CUDA, compiled), "on"
         (here; compiled on CUDA only), "off" — in slots of `fixed_shape_length` tokens, a batch
         holding `fixed_shape_slots` sequences."""
@@ -85,7 +86,7 @@ class TransformersEngine:
             getattr(cfg, "layer_types", None) or ()
         )
         self.batchable = not sliding
-        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and not sliding else None
+        self.prefix_cache = None if prefix_cache_tokens == 0 or sliding else self._prefix_cache(prefix_cache_tokens)
         wanted = fixed_shape == "on" or fixed_shape == "auto" and self.device.type == "cuda"
         self.fixed_shape = wanted and not sliding and fixed_shape_supported(self.model)
         self.fixed_shape_slots, self.fixed_shape_length = fixed_shape_slots, fixed_shape_length
@@ -210,11 +211,21 @@ class TransformersEngine:
             cache.update(keys, values, layer)  # a copy: the store's tensors are never written
         ids = torch.tensor([prompt_ids[start:]], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
-        if self.prefix_cache is not None:  # DynamicCache appends by concatenation: these stay as they are
+        if self.prefix_cache is not None:  # the new blocks' KV, copied into the tree
             self.prefix_cache.store(
                 self.steering.key(), prompt_ids, [(layer.keys, layer.values) for layer in cache.layers]
             )
         return out.logits[0, -1], cache
+
+    def _prefix_cache(self, tokens: int | None) -> PrefixCache:
+        """The prefix store, bounded to `tokens` of KV, or (None) by the memory available now."""
+        with torch.inference_mode():  # one token's KV, measured: whatever the attention's layout
+            cache = DynamicCache()
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+            token_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+        bound = token_bytes * tokens if tokens is not None else int(available_memory(self.device) * MEMORY_SHARE)
+        return PrefixCache(bound, token_bytes)
 
     def _take_serial_step(self) -> FixedShape | None:
         """The one-slot fixed-shape step for a serial sequence, if the path is on and the step is
