@@ -94,7 +94,7 @@ class Config:
     stream_chunks_per_s: float = 2000.0
     # transformers: the KV kept per model for automatic prefix reuse (engines/transformers/prefix_cache.py).
     # Unset: sized from memory — a quarter of the memory available on the model's device once its
-    # weights are loaded (host memory on the CPU, the card's free memory on CUDA), in bytes of KV;
+    # weights are loaded (host memory on the CPU, at most 8 GiB; the card's free memory on CUDA), in bytes of KV;
     # a number: that many tokens of KV instead; 0: off
     prefix_cache_tokens: int | None = None
     # transformers: decode in fixed shapes (engines/transformers/fixed_shape.py), compiled on CUDA: "auto" (on CUDA), "on", "off";

@@ -6,9 +6,10 @@ before the last holder of a head, least recently used first."""
 import pytest
 
 from greenroom.config import load_config
-from greenroom.engines.llama_cpp.gguf_meta import DEFAULT_WINDOW, default_window, prompt_store_bytes
+from greenroom.engines.llama_cpp.gguf_meta import DEFAULT_WINDOW, default_window
 from greenroom.engines.llama_cpp.prompt_store import PREFILL_GRID as G
 from greenroom.engines.llama_cpp.prompt_store import PromptStore
+from greenroom.engines.reuse_budget import reuse_bytes
 
 
 def ids(*cells: int, extra: int = 0) -> list[int]:
@@ -88,7 +89,8 @@ def test_default_window_from_memory():
     assert default_window(131_072, kv, 4, available=gib // 2) == DEFAULT_WINDOW  # never below the old default
     assert default_window(2048, kv, 4, available=gib // 2) == 2048  # nor past the trained one
     assert default_window(8192, None, 4, available=16 * gib) == DEFAULT_WINDOW  # no KV cache to size
-    assert prompt_store_bytes(available=16 * gib) == 4 * gib and prompt_store_bytes(available=64 * gib) == 8 * gib
+    assert reuse_bytes(16 * gib) == 4 * gib and reuse_bytes(64 * gib) == 8 * gib
+    assert reuse_bytes(64 * gib, host=False) == 16 * gib  # a card's free memory is not capped
 
 
 def test_the_config_sizes_both_from_memory_unless_told():

@@ -160,10 +160,6 @@ LOGIT_BYTES = 4
 DEFAULT_WINDOW = 4096
 # a default window's KV cache (every sequence's) takes at most this share of the available memory
 WINDOW_MEMORY_SHARE = 1 / 4
-# the RAM prompt store (prompt_store.py) holds at most this share of the available memory, and at
-# most PROMPT_STORE_MAX (llama-server's --cache-ram default: 8192 MiB)
-PROMPT_STORE_SHARE = 1 / 4
-PROMPT_STORE_MAX = 8 * 2**30
 
 
 def window(n_ctx: int | None, trained: int, kv_per_token: int | None = None, parallel: int = 1) -> int:
@@ -189,14 +185,6 @@ def default_window(trained: int, kv_per_token: int | None, parallel: int, availa
     if fits >= trained:
         return trained
     return min(trained, max(DEFAULT_WINDOW, 1 << max(fits.bit_length() - 1, 0)))
-
-
-def prompt_store_bytes(available: int | None = None) -> int:
-    """The default bound of the RAM prompt store: PROMPT_STORE_SHARE of the `available` memory
-    (the host's now, by default), at most PROMPT_STORE_MAX."""
-    if available is None:
-        available = psutil.virtual_memory().available
-    return min(PROMPT_STORE_MAX, int(available * PROMPT_STORE_SHARE))
 
 
 def kv_bytes(n_layer: int, head_count_kv: int | list, key_length: int, value_length: int) -> int:

@@ -71,6 +71,7 @@ import llama_cpp._ctypes_extensions as _ctypes_ext
 import llama_cpp._internals as _internals
 import numpy as np
 
+from .. import reuse_budget
 from ..base import GREEDY_BELOW, Constraint, EngineError, ModelInfo, SamplingParams, default_cpu_threads
 from ..capabilities import ENGINES
 from ..generation import Decoder, Delta
@@ -138,7 +139,7 @@ class LlamaCppEngine:
     ):
         """`n_ctx`: each sequence's window (None: from memory, gguf_meta.default_window; 0: the
         model's trained one); `cache_ram`: bytes of prompt states kept in host RAM
-        (prompt_store.py; None: from memory, gguf_meta.prompt_store_bytes; 0: none)."""
+        (prompt_store.py; None: from memory, reuse_budget.reuse_bytes; 0: none)."""
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
@@ -181,7 +182,7 @@ class LlamaCppEngine:
         )
         # prompts a slot drops, kept in host RAM for a later prompt sharing their head (prompt_store.py);
         # `prefix_cache`: the engine actor's status shows it in /metrics, as the transformers engine's
-        cache_ram = gguf_meta.prompt_store_bytes() if cache_ram is None else cache_ram
+        cache_ram = reuse_budget.reuse_bytes() if cache_ram is None else cache_ram
         self.prefix_cache = PromptStore(cache_ram, kv_per_token) if self.gen is not None and cache_ram > 0 else None
         if self.gen is not None:
             self.gen.store = self.prefix_cache

@@ -33,10 +33,6 @@ import torch
 
 BLOCK = 16  # tokens per block: reuse is block-aligned
 
-# the default bound: this share of the memory the model's device has available once the weights
-# are loaded (config.py's prefix_cache_tokens unset)
-MEMORY_SHARE = 0.25
-
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, tokens, dim]
 
 

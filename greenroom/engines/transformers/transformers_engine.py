@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from ..base import Constraint, ModelInfo, SamplingParams, default_cpu_threads
 from ..capabilities import ENGINES
+from ..reuse_budget import reuse_bytes
 from ..scoring import Echoed, Scored, prompt_tokens, score_row
 from ..steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
 from ..text.chat import ChatTemplate
@@ -25,7 +26,7 @@ from ..text.pooling import MEAN
 from .fixed_shape import FixedShape
 from .fixed_shape import supported as fixed_shape_supported
 from .pooled_batches import embed_batched
-from .prefix_cache import MEMORY_SHARE, PrefixCache, available_memory
+from .prefix_cache import PrefixCache, available_memory
 from .sampling import new_generator, sample, token_logprob
 
 
@@ -46,7 +47,7 @@ class TransformersEngine:
         fixed_shape_length: int = 2048,
     ):
         """`prefix_cache_tokens`: the KV tokens kept for prefix reuse (prefix_cache.py); 0: none;
-        None: sized from memory (prefix_cache.MEMORY_SHARE of what the device has available).
+        None: sized from memory (reuse_budget.reuse_bytes of what the device has available).
         `fixed_shape`: decode in fixed shapes (fixed_shape.py) — "auto" (on CUDA, compiled), "on"
         (here; compiled on CUDA only), "off" — in slots of `fixed_shape_length` tokens, a batch
         holding `fixed_shape_slots` sequences."""
@@ -224,7 +225,10 @@ class TransformersEngine:
             ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
             token_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-        bound = token_bytes * tokens if tokens is not None else int(available_memory(self.device) * MEMORY_SHARE)
+        if tokens is not None:
+            bound = token_bytes * tokens
+        else:
+            bound = reuse_bytes(available_memory(self.device), host=self.device.type != "cuda")
         return PrefixCache(bound, token_bytes)
 
     def _take_serial_step(self) -> FixedShape | None:
