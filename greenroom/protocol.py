@@ -864,6 +864,29 @@ class Events:
         | SteeringReply
     ]
 
+    @classmethod
+    def merged(cls, events: list) -> Events:
+        """The message the engine actor sends of `events`: each request's choice one Text, its
+        texts' joined (the later's count and ending, their reported tokens together). The front
+        end's cost goes by the Text (decoded, routed, queued: ~15 µs on the bench's machine),
+        and a message carries every step since the previous one: one stream of the tiny demo
+        makes about six a message, a GPU's batch several."""
+        out, at = [], {}
+        for event in events:
+            if isinstance(event, Text):
+                key = (event.rid, event.index)
+                if key in at:
+                    out[at[key]] = _joined(out[at[key]], event)
+                    continue
+                at[key] = len(out)
+            out.append(event)
+        return cls(out)
+
+
+def _joined(a: Text, b: Text) -> Text:
+    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+    return attrs.evolve(b, text=a.text + b.text, logprobs=logprobs)
+
 
 # worker host ↔ main host: the worker link's control messages (hosts/link.py frames them, over TLS)
 @attrs.frozen
@@ -1015,4 +1038,6 @@ def from_wire(d: dict) -> Any:
     if tag == "Events":
         return Events([from_wire(e) for e in d["events"]])
     body = {k: v for k, v in d.items() if k != "t"}
+    if tag == "Text" and body["stats"] is None and body["sae_activations"] is None and body["monitor"] is None:
+        return Text(**body)  # a running text, nothing nested: 40 % of cattrs' cost, once per token
     return _conv.structure(body, _TAGS[tag])

@@ -14,11 +14,6 @@ and a token that comes later than the interval goes at once.
 from __future__ import annotations
 
 import contextlib
-import math
-
-import trio
-
-from greenroom.protocol import Text
 
 MAX_HOLD_S = 0.05  # 20 updates a second per stream at the most loaded
 
@@ -34,35 +29,14 @@ class Pacer:
         """The least time between two chunks of one stream, now."""
         return min(MAX_HOLD_S, self.streams / self.chunks_per_s)
 
-    def paced(self, events, stack: contextlib.AsyncExitStack):
-        """`events` (engine_client.RequestEvents, or a wrapper with `ready`) paced while `stack`
-        is open; as they are when pacing is off (`stream_chunks_per_s = 0`)."""
+    def pace(self, events, stack: contextlib.AsyncExitStack) -> None:
+        """Pace `events` (an engine_client.RequestEvents) while `stack` is open; nothing when
+        pacing is off (`stream_chunks_per_s = 0`)."""
         if self.chunks_per_s <= 0:
-            return events
+            return
         self.streams += 1
         stack.callback(self._leave)
-        return _Paced(events, self)
+        events.pace(self.interval)
 
     def _leave(self) -> None:
         self.streams -= 1
-
-
-class _Paced:
-    def __init__(self, events, pacer: Pacer):
-        self._events, self._pacer = events, pacer
-        self._last = -math.inf  # when the previous chunk's first event was handed on
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        event = await self._events.__anext__()
-        if isinstance(event, Text) and not event.finish_reason:
-            hold = self._last + self._pacer.interval() - trio.current_time()
-            if hold > 0:
-                await trio.sleep(hold)  # what comes meanwhile joins this chunk (`ready`)
-        self._last = trio.current_time()
-        return event
-
-    def ready(self) -> list:
-        return self._events.ready()
