@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
@@ -48,36 +48,46 @@ class RequestEvents:
     FeaturesRead, a Done, a Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
     request has choices.
 
-    Paced (`pace`, a streamed answer's: http/core/pacing.py), a running text is handed on no
-    sooner than `interval()` after the previous hand-out, and what comes meanwhile waits here for
-    `ready`: the router does not wake the reader for it, the hold's deadline does — one wake-up a
-    chunk, not one a token. Anything else (a finishing text, a failure, every answer that is not
-    text) ends a hold at once: a stream's first text and its last are never held, and a text that
-    comes later than the interval goes as it comes."""
+    Paced (`pace`: a streamed answer's, http/core/pacing.Pacer), a running text is handed on no
+    sooner than the pacer's interval after the previous hand-out, and what comes meanwhile waits
+    here for `ready`: the router does not wake the reader for it, the pacer's timer does at the
+    hold's end — one wake-up a chunk, not one a token and one a hold. Anything else (a finishing
+    text, a failure, every answer that is not text) ends a hold at once: a stream's first text
+    and its last are never held, and a text that comes later than the interval goes as it comes."""
 
     def __init__(self, choices: int, clock: TokenClock | None = None):
         self._queue: collections.deque = collections.deque()
         self._unfinished = choices
         self._clock = clock  # one choice's token timing is what the metrics observe
-        self._interval: Callable[[], float] | None = None
+        self._pacer = None
         self._handed = -math.inf  # when the previous event was handed on
         self._urgent = 0  # queued events that end a hold
-        self._wait: trio.CancelScope | None = None  # the reader's, while it waits
+        self._reader: trio.lowlevel.Task | None = None  # parked until an event goes
+        self._waits = 0  # the reader's waits so far: a timer set for an earlier one wakes nothing
+        self._timed = False  # the pacer's timer is set for this wait
         self.finished = False
 
-    def pace(self, interval: Callable[[], float]) -> None:
-        self._interval = interval
+    def pace(self, pacer) -> None:
+        """Held by `pacer` (`interval()`, and `wake_at(deadline, events, wait)` that calls `wake(wait)`)."""
+        self._pacer = pacer
 
     def put(self, event) -> None:
         """The router's: queue `event`, and wake the reader if it goes now."""
         self._queue.append(event)
         urgent = _ends_hold(event)
         self._urgent += urgent
-        if self._wait is not None:
-            if urgent or self._interval is None:
-                self._wait.cancel()
-            else:  # a running text goes when the hold ends (at once if it has)
-                self._wait.deadline = self._handed + self._interval()
+        if self._reader is not None:
+            if urgent or self._pacer is None:
+                self.wake(self._waits)
+            elif not self._held():  # a running text later than the interval goes as it comes
+                self.wake(self._waits)
+            elif not self._timed:  # or when the hold ends
+                self._time()
+
+    def wake(self, wait: int) -> None:
+        if self._reader is not None and wait == self._waits:
+            reader, self._reader = self._reader, None
+            trio.lowlevel.reschedule(reader)
 
     def __aiter__(self):
         return self
@@ -85,16 +95,24 @@ class RequestEvents:
     async def __anext__(self):
         if self.finished:
             raise StopAsyncIteration
-        if not self._queue or self._held():
-            with trio.CancelScope(deadline=self._handed + self._interval() if self._queue else math.inf) as wait:
-                self._wait = wait
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    self._wait = None
-        if self._interval is not None:
+        while not self._queue or self._held():
+            self._waits += 1
+            self._timed = False
+            if self._queue:
+                self._time()
+            self._reader = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+        if self._pacer is not None:
             self._handed = trio.current_time()
         return self._take()
+
+    def _time(self) -> None:
+        self._timed = True
+        self._pacer.wake_at(self._handed + self._pacer.interval(), self, self._waits)
+
+    def _abort(self, _) -> trio.lowlevel.Abort:
+        self._reader = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def ready(self) -> list:
         """The events that have already arrived, without waiting: a slow reader sends
@@ -105,7 +123,9 @@ class RequestEvents:
         return out
 
     def _held(self) -> bool:
-        return self._interval is not None and not self._urgent and self._handed + self._interval() > trio.current_time()
+        return (
+            self._pacer is not None and not self._urgent and self._handed + self._pacer.interval() > trio.current_time()
+        )
 
     def _take(self):
         event = self._queue.popleft()

@@ -1,4 +1,4 @@
-"""Stream pacing where it happens (http/core/pacing.py's interval, held in the request's
+"""Stream pacing where it happens (http/core/pacing.py's interval and timer, held in the request's
 supervisor/engine_client.RequestEvents), on trio's virtual clock: a running text waits for its
 stream's interval and what comes meanwhile joins it; a stream's first text, its last, a failure
 and a text later than the interval go at once."""
@@ -10,7 +10,7 @@ import contextlib
 import trio
 import trio.testing
 
-from greenroom.http.core.pacing import MAX_HOLD_S, Pacer
+from greenroom.http.core.pacing import MAX_HOLD_S, TIMER_SLACK_S, Pacer
 from greenroom.protocol import Failed, Text
 from greenroom.supervisor.engine_client import RequestEvents
 
@@ -49,7 +49,8 @@ def text(n: int, finish: str | None = None) -> Text:
 
 def test_running_text_waits_for_the_interval_and_joins_one_chunk():
     handed = paced_run([(0.0, text(1)), (0.01, text(2)), (0.02, text(3)), (0.08, text(4, "stop"))])
-    assert handed == [(0.0, ["t1"]), (MAX_HOLD_S, ["t2", "t3"]), (0.08, ["t4"])]
+    # the pacer's one timer ends the hold, up to TIMER_SLACK_S late
+    assert handed == [(0.0, ["t1"]), (round(MAX_HOLD_S + TIMER_SLACK_S, 3), ["t2", "t3"]), (0.08, ["t4"])]
 
 
 def test_the_last_text_a_failure_and_a_late_text_are_never_held():
@@ -58,3 +59,39 @@ def test_the_last_text_a_failure_and_a_late_text_are_never_held():
     assert handed == [(0.0, ["t1"]), (0.2, ["t2"]), (0.22, ["t3", "t4"])]
     handed = paced_run([(0.0, text(1)), (0.01, text(2)), (0.02, Failed("r", {"code": "x"}))])
     assert handed == [(0.0, ["t1"]), (0.02, ["t2", "!"])]
+
+
+def test_streams_held_together_share_the_timer_and_each_goes_at_its_own_hold():
+    """Two streams (the interval is then 2 × MAX_HOLD_S capped: MAX_HOLD_S), their holds ending
+    at different times: each is woken at its own, not the other's (a stale timer wakes nothing)."""
+    out: dict[str, list] = {"a": [], "b": []}
+
+    async def main():
+        pacer = Pacer(chunks_per_s=1)
+        async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
+            streams = {name: RequestEvents(1) for name in out}
+            for events in streams.values():
+                pacer.pace(events, stack)
+
+            async def read(name):
+                async for first in streams[name]:
+                    out[name].append((round(trio.current_time(), 3), [e.text for e in [first, *streams[name].ready()]]))
+
+            for name in out:
+                nursery.start_soon(read, name)
+            for at, name, event in [
+                (0.0, "a", text(1)),
+                (0.02, "b", text(1)),
+                (0.03, "a", text(2)),
+                (0.04, "b", text(2)),
+                (0.045, "a", text(3, "stop")),
+                (0.1, "b", text(3, "stop")),
+            ]:
+                await trio.sleep_until(at)
+                streams[name].put(event)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert out == {
+        "a": [(0.0, ["t1"]), (0.045, ["t2", "t3"])],
+        "b": [(0.02, ["t1"]), (round(0.07 + TIMER_SLACK_S, 3), ["t2"]), (0.1, ["t3"])],
+    }

@@ -14,16 +14,28 @@ and a token that comes later than the interval goes at once.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
+
+import trio
 
 MAX_HOLD_S = 0.05  # 20 updates a second per stream at the most loaded
+TIMER_SLACK_S = 0.002  # a hold ends up to this late: one wake-up of the timer serves the streams due together
 
 
 class Pacer:
-    """The front end's one pacer: counts the streams open now."""
+    """The front end's one pacer: counts the streams open now, and ends their holds — one
+    timer task for them all (engine_client.RequestEvents parks its reader on nothing else), where
+    a trio.sleep per held chunk cost its cancel scope's setup, deadline and Cancelled raised."""
 
     def __init__(self, chunks_per_s: float):
         self.chunks_per_s = chunks_per_s
         self.streams = 0
+        self._due: list = []  # (deadline, n, events, wait): a heap
+        self._order = itertools.count()
+        self._timer: trio.lowlevel.Task | None = None  # parked: nothing is due
+        self._sleep: trio.CancelScope | None = None  # the timer's, until the first deadline
+        self._started = False
 
     def interval(self) -> float:
         """The least time between two chunks of one stream, now."""
@@ -36,7 +48,33 @@ class Pacer:
             return
         self.streams += 1
         stack.callback(self._leave)
-        events.pace(self.interval)
+        events.pace(self)
 
     def _leave(self) -> None:
         self.streams -= 1
+
+    def wake_at(self, deadline: float, events, wait: int) -> None:
+        """`events.wake(wait)` once `deadline` has passed."""
+        heapq.heappush(self._due, (deadline, next(self._order), events, wait))
+        if not self._started:
+            self._started = True
+            trio.lowlevel.spawn_system_task(self._run)
+        elif self._timer is not None:
+            timer, self._timer = self._timer, None
+            trio.lowlevel.reschedule(timer)
+        elif self._sleep is not None:
+            self._sleep.deadline = min(self._sleep.deadline, deadline + TIMER_SLACK_S)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._due:
+                self._timer = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.SUCCEEDED)
+                continue
+            with trio.CancelScope(deadline=self._due[0][0] + TIMER_SLACK_S) as self._sleep:
+                await trio.sleep_forever()
+            self._sleep = None
+            now = trio.current_time()
+            while self._due and self._due[0][0] <= now:
+                _, _, events, wait = heapq.heappop(self._due)
+                events.wake(wait)
