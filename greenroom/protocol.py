@@ -1,8 +1,9 @@
 """Every message that crosses a process boundary, in one place.
 
 The front end holds one long-lived stream per engine actor and multiplexes
-requests over it by request id (`rid`); the engine actor answers with at most one
-`Events` message per decode step, carrying every request that advanced.
+requests over it by request id (`rid`); the engine actor answers with `Events` messages
+(actors/outbox.py), each carrying what every request produced since the previous one, one
+`Text` per request and choice (`Events.merged`).
 Messages travel as plain dicts (tractor encodes with msgpack); `to_wire` and
 `from_wire` convert, tagged by `t`. Their payloads are typed too, nested attrs classes (the
 engine's values from engines/base.py), a union's class tagged by `t` within its field.

@@ -68,7 +68,8 @@ class RequestEvents:
         self.finished = False
 
     def pace(self, pacer) -> None:
-        """Held by `pacer` (`interval()`, and `wake_at(deadline, events, wait)` that calls `wake(wait)`)."""
+        """Held by `pacer`: `interval()`; `wake_at(deadline, events, wait)`, which calls `wake(wait)`
+        up to `slack` seconds before `deadline`, and a hold that close to its end is over."""
         self._pacer = pacer
 
     def put(self, event) -> None:
@@ -123,9 +124,9 @@ class RequestEvents:
         return out
 
     def _held(self) -> bool:
-        return (
-            self._pacer is not None and not self._urgent and self._handed + self._pacer.interval() > trio.current_time()
-        )
+        if self._pacer is None or self._urgent:
+            return False
+        return self._handed + self._pacer.interval() - self._pacer.slack > trio.current_time()
 
     def _take(self):
         event = self._queue.popleft()

@@ -10,7 +10,7 @@ import contextlib
 import trio
 import trio.testing
 
-from greenroom.http.core.pacing import MAX_HOLD_S, TIMER_SLACK_S, Pacer
+from greenroom.http.core.pacing import MAX_HOLD_S, Pacer
 from greenroom.protocol import Failed, Text
 from greenroom.supervisor.engine_client import RequestEvents
 
@@ -49,8 +49,7 @@ def text(n: int, finish: str | None = None) -> Text:
 
 def test_running_text_waits_for_the_interval_and_joins_one_chunk():
     handed = paced_run([(0.0, text(1)), (0.01, text(2)), (0.02, text(3)), (0.08, text(4, "stop"))])
-    # the pacer's one timer ends the hold, up to TIMER_SLACK_S late
-    assert handed == [(0.0, ["t1"]), (round(MAX_HOLD_S + TIMER_SLACK_S, 3), ["t2", "t3"]), (0.08, ["t4"])]
+    assert handed == [(0.0, ["t1"]), (MAX_HOLD_S, ["t2", "t3"]), (0.08, ["t4"])]
 
 
 def test_the_last_text_a_failure_and_a_late_text_are_never_held():
@@ -62,9 +61,10 @@ def test_the_last_text_a_failure_and_a_late_text_are_never_held():
 
 
 def test_streams_held_together_share_the_timer_and_each_goes_at_its_own_hold():
-    """Two streams (the interval is then 2 × MAX_HOLD_S capped: MAX_HOLD_S), their holds ending
-    at different times: each is woken at its own, not the other's (a stale timer wakes nothing)."""
-    out: dict[str, list] = {"a": [], "b": []}
+    """Streams held at once (the interval: MAX_HOLD_S), their holds ending at different times:
+    each is woken at its own, not another's (a stale timer wakes nothing), and holds ending
+    within TIMER_SLACK_S of each other end together."""
+    out: dict[str, list] = {"a": [], "b": [], "c": [], "d": []}
 
     async def main():
         pacer = Pacer(chunks_per_s=1)
@@ -86,6 +86,12 @@ def test_streams_held_together_share_the_timer_and_each_goes_at_its_own_hold():
                 (0.04, "b", text(2)),
                 (0.045, "a", text(3, "stop")),
                 (0.1, "b", text(3, "stop")),
+                (0.2, "c", text(1)),
+                (0.201, "d", text(1)),
+                (0.22, "c", text(2)),
+                (0.23, "d", text(2)),
+                (0.3, "c", text(3, "stop")),
+                (0.3, "d", text(3, "stop")),
             ]:
                 await trio.sleep_until(at)
                 streams[name].put(event)
@@ -93,5 +99,8 @@ def test_streams_held_together_share_the_timer_and_each_goes_at_its_own_hold():
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert out == {
         "a": [(0.0, ["t1"]), (0.045, ["t2", "t3"])],
-        "b": [(0.02, ["t1"]), (round(0.07 + TIMER_SLACK_S, 3), ["t2"]), (0.1, ["t3"])],
+        "b": [(0.02, ["t1"]), (0.07, ["t2"]), (0.1, ["t3"])],
+        # holds ending within TIMER_SLACK_S of each other: one wake-up of the timer ends both
+        "c": [(0.2, ["t1"]), (0.25, ["t2"]), (0.3, ["t3"])],
+        "d": [(0.201, ["t1"]), (0.25, ["t2"]), (0.3, ["t3"])],
     }
