@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import msgspec
 from cattrs.strategies import configure_tagged_union
 
 from .engines.base import (
@@ -1028,7 +1029,9 @@ _conv.register_structure_hook(
 
 def to_wire(msg: Any) -> dict:
     if isinstance(msg, Events):
-        return {"t": "Events", "events": [to_wire(e) for e in msg.events]}
+        # packed: tractor formats every message it receives into two log f-strings, its log level
+        # whatever — each event's dict, twice: ~0.19 ms a message of 64 texts; bytes ~0.05 ms
+        return {"t": "Events", "packed": msgspec.msgpack.encode([to_wire(e) for e in msg.events])}
     d = _conv.unstructure(msg)
     d["t"] = type(msg).__name__
     return d
@@ -1037,7 +1040,7 @@ def to_wire(msg: Any) -> dict:
 def from_wire(d: dict) -> Any:
     tag = d["t"]
     if tag == "Events":
-        return Events([from_wire(e) for e in d["events"]])
+        return Events([from_wire(e) for e in msgspec.msgpack.decode(d["packed"])])
     body = {k: v for k, v in d.items() if k != "t"}
     if tag == "Text" and body["stats"] is None and body["sae_activations"] is None and body["monitor"] is None:
         return Text(**body)  # a running text, nothing nested: 40 % of cattrs' cost, once per token
