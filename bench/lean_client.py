@@ -34,7 +34,7 @@ FIRST_TEXT = {  # the first chunk whose text is not empty
 }
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
 COUNT = {"openai": USAGE, "completion": USAGE, "ollama": re.compile(rb'"eval_count":(\d+)')}
-FRAME_END = {"openai": b"\n\n", "completion": b"\n\n", "ollama": b"\n"}  # JSON inside has no raw newline
+FRAME_END = {"openai": b"\n\n", "completion": b"\n\n", "ollama": b"}\n"}  # chunked encoding adds CRLFs only
 
 
 def request(surface: str, host: str, model: str, tokens: int, i: int, prompt: str | None = None) -> bytes:

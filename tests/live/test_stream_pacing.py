@@ -30,6 +30,17 @@ def _messages(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Tell story number {i}."}]
 
 
+def _streamed_chat(client: openai.OpenAI, i: int):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=_messages(i),
+        max_tokens=TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+
+
 def _ollama(i: int, stream: bool) -> dict:
     return {
         "model": MODEL,
@@ -43,16 +54,8 @@ def test_paced_chat_streams_carry_several_tokens_a_chunk_and_the_same_text(paced
     client = openai.OpenAI(base_url=paced.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
     def streamed(i: int) -> tuple[str, int, int]:
-        chunks = client.chat.completions.create(
-            model=MODEL,
-            messages=_messages(i),
-            max_tokens=TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
         texts, usage = [], None
-        for chunk in chunks:
+        for chunk in _streamed_chat(client, i):
             if chunk.choices and chunk.choices[0].delta.content:
                 texts.append(chunk.choices[0].delta.content)
             usage = chunk.usage or usage
@@ -95,20 +98,11 @@ def test_streams_on_pooled_connections_add_up_to_the_whole_answer_with_usage_onc
     prompts = [i % 6 for i in range(12)]
 
     def chat(i: int) -> tuple[str, list]:
-        chunks = client.chat.completions.create(
-            model=MODEL,
-            messages=_messages(i),
-            max_tokens=TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        seen = list(chunks)
+        seen = list(_streamed_chat(client, i))
         text = "".join(c.choices[0].delta.content or "" for c in seen if c.choices)
         return text, [(n, c.usage) for n, c in enumerate(seen) if c.usage is not None] + [len(seen)]
 
     def ollama(i: int) -> tuple[str, list]:
-        lines = []
         with pool.stream("POST", paced.url + "/api/chat", json=_ollama(i, True)) as r:
             lines = [json.loads(line) for line in r.iter_lines()]
         done = [(n, line["prompt_eval_count"], line["eval_count"]) for n, line in enumerate(lines) if line["done"]]
@@ -119,8 +113,9 @@ def test_streams_on_pooled_connections_add_up_to_the_whole_answer_with_usage_onc
     for i, (text, usage), (o_text, done) in zip(prompts, chats, lines, strict=True):
         whole = client.chat.completions.create(model=MODEL, messages=_messages(i), max_tokens=TOKENS, temperature=0)
         assert text == whole.choices[0].message.content
-        (last, counted), chunks = usage[0], usage[1]  # one usage, on the last chunk
-        assert len(usage) == 2 and last == chunks - 1 and counted == whole.usage
+        assert len(usage) == 2  # one chunk with usage, and the number of chunks
+        (last, counted), chunks = usage
+        assert last == chunks - 1 and counted == whole.usage  # on the last chunk, the answer's
         o_whole = pool.post(paced.url + "/api/chat", json=_ollama(i, False)).json()
         assert o_text == o_whole["message"]["content"]
         assert done == [(done[-1] - 1, o_whole["prompt_eval_count"], o_whole["eval_count"]), done[-1]]
