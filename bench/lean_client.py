@@ -2,8 +2,9 @@
 own: N streamed completions over raw sockets (asyncio), no JSON parsing of the chunks. It reads
 each stream to its end, takes the token count from the last chunk (`usage.completion_tokens` on
 /v1, `eval_count` on Ollama's /api) and the time to first token from the first chunk that
-carries text. Prints one JSON line: aggregate tokens/s, worst and median TTFT, and the CPU
-seconds this client used (so a bench can show the client was not the bottleneck).
+carries text. Prints one JSON line: aggregate tokens/s, worst and median TTFT, the frames read
+(each one chunk the server wrote), and the CPU seconds this client used (so a bench can show
+the client was not the bottleneck).
 
     python bench/lean_client.py URL --streams 32 --tokens 128 [--surface openai|completion|ollama]
         [--stagger-ms 0] [--model bench] [--prompt TEXT]
@@ -33,6 +34,7 @@ FIRST_TEXT = {  # the first chunk whose text is not empty
 }
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
 COUNT = {"openai": USAGE, "completion": USAGE, "ollama": re.compile(rb'"eval_count":(\d+)')}
+FRAME_END = {"openai": b"\n\n", "completion": b"\n\n", "ollama": b"}\n"}  # chunked encoding adds CRLFs only
 
 
 def request(surface: str, host: str, model: str, tokens: int, i: int, prompt: str | None = None) -> bytes:
@@ -69,16 +71,17 @@ async def one(args, addr: tuple[str, int], i: int, delay: float):
     reader, writer = await asyncio.open_connection(*addr)
     start = time.perf_counter()
     writer.write(request(surface, addr[0], args.model, args.tokens, i, args.prompt))
-    ttft, tail = None, b""
+    ttft, tail, frames = None, b"", 0
     while chunk := await reader.read(65536):
         if ttft is None and FIRST_TEXT[surface].search(tail[-64:] + chunk):
             ttft = time.perf_counter() - start
+        frames += chunk.count(FRAME_END[surface])
         tail = (tail + chunk)[-4096:]  # the count is in the last chunk
     writer.close()
     counts = COUNT[surface].findall(tail)
     if not counts:
         raise SystemExit(f"stream {i} ended without a token count: {tail[-300:]!r}")
-    return int(counts[-1]), ttft or 0.0, time.perf_counter() - start
+    return int(counts[-1]), ttft or 0.0, time.perf_counter() - start, frames
 
 
 async def run(args) -> dict:
@@ -95,6 +98,7 @@ async def run(args) -> dict:
         "ttft_worst_s": max(ttfts),
         "ttft_median_s": statistics.median(ttfts),
         "wall_s": wall,
+        "frames": sum(r[3] for r in results),  # SSE events or NDJSON lines, each a chunk the server wrote
     }
 
 

@@ -6,12 +6,19 @@ figure so a client-bound measurement shows. Every stream asks for the server's f
 parameters, so every one is batchable, on /v1 (SSE) and on Ollama's /api/chat (NDJSON).
 
     .venv/bin/python bench/throughput.py [--size tiny|100m] [--tokens 128] [--levels 1,32,64]
-        [--ollama-levels 16] [--repeat 3] [--stagger-ms 0]
+        [--ollama-levels 16] [--repeat 3] [--stagger-ms 0] [--chunks-per-s N] [--front-only]
+
+The last columns: the engine's CPU milliseconds per token in process | the front end's and the
+actors' through the server, and the chunks the server wrote per token (pacing merges tokens
+into chunks: the front end's cost goes mostly by the chunk, http/core/pacing.py).
+`--front-only` skips the in-process reference: the served figures alone, quicker.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import signal
 import statistics
@@ -34,9 +41,13 @@ from greenroom.engines.transformers.transformers_engine import TransformersEngin
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds a process has used (user + system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds a process's threads have run, from each one's /proc schedstat (nanoseconds:
+    /proc/<pid>/stat counts 10 ms ticks, and one stream's 128 tokens took one or two of them)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def tree_cpu(root: int) -> dict[str, float]:
@@ -78,11 +89,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stagger-ms", type=float, default=0.0)
     ap.add_argument("--chunks-per-s", type=float, help="the server's stream_chunks_per_s (0: no pacing)")
+    ap.add_argument("--front-only", action="store_true", help="no in-process reference: the served figures alone")
     args = ap.parse_args()
     runs = [("openai", int(n)) for n in args.levels.split(",") if n] + [
         ("ollama", int(n)) for n in args.ollama_levels.split(",") if n
     ]
-    engine = TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size))
+    engine = None if args.front_only else TransformersEngine("bench", ensure_demo_model(default_cache_dir(), args.size))
     proc, url = start_server(
         f'log_level = "warning"\nmax_queue = {max(n for _, n in runs) * 2}\ncontinuous_batching = true\n'
         + (f"stream_chunks_per_s = {args.chunks_per_s}\n" if args.chunks_per_s is not None else "")
@@ -92,20 +104,23 @@ def main() -> None:
     print(f"demo:{args.size}, {args.tokens} tokens per stream, median of {args.repeat} (interleaved), pacing {pacing}")
     print(
         f"{'surface':>8} {'streams':>7} {'in-process':>11} {'served':>9} {'ratio':>6} {'worst TTFT':>11} {'client CPU':>11}"
+        "   ms/token: in process | front + actors   chunks/token"
     )
+    reference = (lambda n: (math.nan, math.nan)) if args.front_only else (lambda n: in_process(engine, n, args.tokens))
     try:
         for surface, n in runs:
-            in_process(engine, n, args.tokens), over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms)
+            reference(n), over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms)
             local, served = [], []
             for _ in range(args.repeat):  # interleaved, so drift hits both alike
-                local.append(in_process(engine, n, args.tokens))
+                local.append(reference(n))
                 served.append(over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms))
             mid = sorted(served, key=lambda r: r["tok_s"])[len(served) // 2]
             ref, ref_cpu = statistics.median(r[0] for r in local), statistics.median(r[1] for r in local)
             print(
                 f"{surface:>8} {n:>7} {ref:>9.0f}/s {mid['tok_s']:>7.0f}/s {mid['tok_s'] / ref:>6.2f} "
                 f"{mid['ttft_worst_s'] * 1000:>8.0f} ms {mid['client_cpu_s']:>9.2f} s   "
-                f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}"
+                f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}   "
+                f"{mid['frames'] / mid['tokens']:.2f}"
             )
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -1,8 +1,9 @@
 """Every message that crosses a process boundary, in one place.
 
 The front end holds one long-lived stream per engine actor and multiplexes
-requests over it by request id (`rid`); the engine actor answers with at most one
-`Events` message per decode step, carrying every request that advanced.
+requests over it by request id (`rid`); the engine actor answers with `Events` messages
+(actors/outbox.py), each carrying what every request produced since the previous one, one
+`Text` per request and choice (`Events.merged`).
 Messages travel as plain dicts (tractor encodes with msgpack); `to_wire` and
 `from_wire` convert, tagged by `t`. Their payloads are typed too, nested attrs classes (the
 engine's values from engines/base.py), a union's class tagged by `t` within its field.
@@ -14,6 +15,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import msgspec
 from cattrs.strategies import configure_tagged_union
 
 from .engines.base import (
@@ -864,6 +866,29 @@ class Events:
         | SteeringReply
     ]
 
+    @classmethod
+    def merged(cls, events: list) -> Events:
+        """The message the engine actor sends of `events`: each request's choice one Text, its
+        texts' joined (the later's count and ending, their reported tokens together). The front
+        end's cost goes by the Text (decoded, routed, queued: ~15 µs on the bench's machine),
+        and a message carries every step since the previous one: one stream of the tiny demo
+        makes about six a message, a GPU's batch several."""
+        out, at = [], {}
+        for event in events:
+            if isinstance(event, Text):
+                key = (event.rid, event.index)
+                if key in at:
+                    out[at[key]] = _joined(out[at[key]], event)
+                    continue
+                at[key] = len(out)
+            out.append(event)
+        return cls(out)
+
+
+def _joined(a: Text, b: Text) -> Text:
+    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+    return attrs.evolve(b, text=a.text + b.text, logprobs=logprobs)
+
 
 # worker host ↔ main host: the worker link's control messages (hosts/link.py frames them, over TLS)
 @attrs.frozen
@@ -1004,7 +1029,9 @@ _conv.register_structure_hook(
 
 def to_wire(msg: Any) -> dict:
     if isinstance(msg, Events):
-        return {"t": "Events", "events": [to_wire(e) for e in msg.events]}
+        # packed: tractor formats every message it receives into two log f-strings, its log level
+        # whatever — each event's dict, twice: ~0.19 ms a message of 64 texts; bytes ~0.05 ms
+        return {"t": "Events", "packed": msgspec.msgpack.encode([to_wire(e) for e in msg.events])}
     d = _conv.unstructure(msg)
     d["t"] = type(msg).__name__
     return d
@@ -1013,6 +1040,8 @@ def to_wire(msg: Any) -> dict:
 def from_wire(d: dict) -> Any:
     tag = d["t"]
     if tag == "Events":
-        return Events([from_wire(e) for e in d["events"]])
+        return Events([from_wire(e) for e in msgspec.msgpack.decode(d["packed"])])
     body = {k: v for k, v in d.items() if k != "t"}
+    if tag == "Text" and body["stats"] is None and body["sae_activations"] is None and body["monitor"] is None:
+        return Text(**body)  # a running text, nothing nested: 40 % of cattrs' cost, once per token
     return _conv.structure(body, _TAGS[tag])

@@ -80,7 +80,7 @@ class Outbox:
                     batch = []
                     while self._events:
                         batch.append(self._events.popleft())
-                    await send_now(stream, to_wire(Events(batch)))
+                    await send_now(stream, to_wire(Events.merged(batch)))
                     idle = 0
                 else:
                     idle += 1

@@ -1,11 +1,12 @@
 """The front end's side of one actor's multiplexed session stream.
 
-One reader task routes every incoming event to its request's channel by `rid`;
+One reader task routes every incoming event to its request's `RequestEvents` by `rid`;
 any number of request tasks send on the same stream (tractor serialises sends).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import uuid
 from collections.abc import AsyncIterator
@@ -45,13 +46,49 @@ CANCEL_SEND_TIMEOUT_S = 1.0
 class RequestEvents:
     """The events of one request, ending after a Failed, an Embedded, a Scores, a Tokenized, a
     FeaturesRead, a Done, a Steered, a SteeringReply, or as many finishing Texts (a finish_reason set) as the
-    request has choices."""
+    request has choices.
 
-    def __init__(self, recv: trio.MemoryReceiveChannel, choices: int, clock: TokenClock | None = None):
-        self._recv = recv
+    Paced (`pace`: a streamed answer's, http/core/pacing.Pacer), a running text is handed on no
+    sooner than the pacer's interval after the previous hand-out, and what comes meanwhile waits
+    here for `ready`: the router does not wake the reader for it, the pacer's timer does at the
+    hold's end — one wake-up a chunk, not one a token and one a hold. Anything else (a finishing
+    text, a failure, every answer that is not text) ends a hold at once: a stream's first text
+    and its last are never held, and a text that comes later than the interval goes as it comes."""
+
+    def __init__(self, choices: int, clock: TokenClock | None = None):
+        self._queue: collections.deque = collections.deque()
         self._unfinished = choices
         self._clock = clock  # one choice's token timing is what the metrics observe
+        self._pacer = None
+        self._handed = -math.inf  # when the previous event was handed on
+        self._urgent = 0  # queued events that end a hold
+        self._reader: trio.lowlevel.Task | None = None  # parked until an event goes
+        self._waits = 0  # the reader's waits so far: a timer set for an earlier one wakes nothing
+        self._timed = False  # the pacer's timer is set for this wait
         self.finished = False
+
+    def pace(self, pacer) -> None:
+        """Held by `pacer`: `interval()`; `wake_at(deadline, events, wait)`, which calls `wake(wait)`
+        up to `slack` seconds before `deadline`, and a hold that close to its end is over."""
+        self._pacer = pacer
+
+    def put(self, event) -> None:
+        """The router's: queue `event`, and wake the reader if it goes now."""
+        self._queue.append(event)
+        urgent = _ends_hold(event)
+        self._urgent += urgent
+        if self._reader is not None:
+            if urgent or self._pacer is None:
+                self.wake(self._waits)
+            elif not self._held():  # a running text later than the interval goes as it comes
+                self.wake(self._waits)
+            elif not self._timed:  # or when the hold ends
+                self._time()
+
+    def wake(self, wait: int) -> None:
+        if self._reader is not None and wait == self._waits:
+            reader, self._reader = self._reader, None
+            trio.lowlevel.reschedule(reader)
 
     def __aiter__(self):
         return self
@@ -59,20 +96,41 @@ class RequestEvents:
     async def __anext__(self):
         if self.finished:
             raise StopAsyncIteration
-        return self._track(await self._recv.receive())
+        while not self._queue or self._held():
+            self._waits += 1
+            self._timed = False
+            if self._queue:
+                self._time()
+            self._reader = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+        if self._pacer is not None:
+            self._handed = trio.current_time()
+        return self._take()
+
+    def _time(self) -> None:
+        self._timed = True
+        self._pacer.wake_at(self._handed + self._pacer.interval(), self, self._waits)
+
+    def _abort(self, _) -> trio.lowlevel.Abort:
+        self._reader = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def ready(self) -> list:
         """The events that have already arrived, without waiting: a slow reader sends
         them as one chunk instead of falling further behind."""
         out = []
-        while not self.finished:
-            try:
-                out.append(self._track(self._recv.receive_nowait()))
-            except trio.WouldBlock:
-                break
+        while self._queue and not self.finished:
+            out.append(self._take())
         return out
 
-    def _track(self, event):
+    def _held(self) -> bool:
+        if self._pacer is None or self._urgent:
+            return False
+        return self._handed + self._pacer.interval() - self._pacer.slack > trio.current_time()
+
+    def _take(self):
+        event = self._queue.popleft()
+        self._urgent -= _ends_hold(event)
         if isinstance(event, Text):
             if self._clock is not None and event.index == 0:
                 self._clock.text(event.completion_tokens)
@@ -86,6 +144,10 @@ class RequestEvents:
         return event
 
 
+def _ends_hold(event) -> bool:
+    return not isinstance(event, Text) or event.finish_reason is not None
+
+
 # what a client's request asks of an engine: refused while the actor is unresponsive (lifecycle
 # and steering messages wait for it: one may be what keeps it busy, as an SAE's first load
 # importing torch holds the steering coordinator's GIL for seconds)
@@ -96,7 +158,7 @@ class EngineClient:
     def __init__(self, name: str, stream):
         self.name = name
         self._stream = stream
-        self._inbox: dict[str, trio.MemorySendChannel] = {}  # the requests'
+        self._inbox: dict[str, RequestEvents] = {}  # the requests'
         self._status_queries: dict[str, trio.MemorySendChannel] = {}  # not requests: never failed
         self._model_of: dict[str, str] = {}  # rid → model, for the requests in flight
         self._unstarted: set[str] = set()  # Generate rids the engine has not answered yet (no Admitted)
@@ -116,9 +178,11 @@ class EngineClient:
         async for raw in self._stream:
             for event in from_wire(raw).events:
                 self._unstarted.discard(event.rid)
-                channel = self._inbox.get(event.rid) or self._status_queries.get(event.rid)
-                if channel is not None:
-                    channel.send_nowait(event)
+                events = self._inbox.get(event.rid)
+                if events is not None:
+                    events.put(event)
+                elif (query := self._status_queries.get(event.rid)) is not None:
+                    query.send_nowait(event)
 
     @asynccontextmanager
     async def submit(self, request) -> AsyncIterator[RequestEvents]:
@@ -126,17 +190,15 @@ class EngineClient:
         the actor is unresponsive, a client's request (`CLIENT_REQUESTS`) is refused with its error."""
         if self.unresponsive is not None and isinstance(request, CLIENT_REQUESTS):
             raise self.unresponsive
-        send, recv = trio.open_memory_channel(math.inf)
-        self._inbox[request.rid] = send
+        events = RequestEvents(
+            request.choices if isinstance(request, Generate) else 1,
+            TokenClock(request.model) if isinstance(request, Generate) else None,
+        )
+        self._inbox[request.rid] = events
         if isinstance(request, CLIENT_REQUESTS):
             self._model_of[request.rid] = request.model
         if isinstance(request, Generate):
             self._unstarted.add(request.rid)
-        events = RequestEvents(
-            recv,
-            request.choices if isinstance(request, Generate) else 1,
-            TokenClock(request.model) if isinstance(request, Generate) else None,
-        )
         try:
             try:
                 await self._stream.send(to_wire(request))
@@ -178,7 +240,7 @@ class EngineClient:
         for rid, m in list(self._model_of.items()):
             if m == model:
                 await self._stream.send(to_wire(Cancel(rid)))
-                self._inbox[rid].send_nowait(Failed(rid, error.to_wire()))
+                self._inbox[rid].put(Failed(rid, error.to_wire()))
 
     def hung(self, error: GreenroomError) -> None:
         """The actor stopped answering: every Generate it has not started ends with `error` (and
@@ -187,7 +249,7 @@ class EngineClient:
         self.unresponsive = error
         for rid in self._unstarted:
             self._cut.add(rid)
-            self._inbox[rid].send_nowait(Failed(rid, error.to_wire()))
+            self._inbox[rid].put(Failed(rid, error.to_wire()))
         self._unstarted.clear()
 
     def answers(self) -> None:
@@ -196,8 +258,8 @@ class EngineClient:
 
     def fail_all(self, error: GreenroomError) -> None:
         """Every request still waiting gets `error` as its last event."""
-        for rid, channel in list(self._inbox.items()):
-            channel.send_nowait(Failed(rid, error.to_wire()))
+        for rid, events in list(self._inbox.items()):
+            events.put(Failed(rid, error.to_wire()))
 
 
 async def admit(stack: AsyncExitStack, client: EngineClient, request: Generate) -> tuple[RequestEvents, Admitted]:

@@ -30,20 +30,32 @@ def _messages(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Tell story number {i}."}]
 
 
+def _streamed_chat(client: openai.OpenAI, i: int):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=_messages(i),
+        max_tokens=TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+
+
+def _ollama(i: int, stream: bool) -> dict:
+    return {
+        "model": MODEL,
+        "messages": _messages(i),
+        "stream": stream,
+        "options": {"num_predict": TOKENS, "temperature": 0},
+    }
+
+
 def test_paced_chat_streams_carry_several_tokens_a_chunk_and_the_same_text(paced):
     client = openai.OpenAI(base_url=paced.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
     def streamed(i: int) -> tuple[str, int, int]:
-        chunks = client.chat.completions.create(
-            model=MODEL,
-            messages=_messages(i),
-            max_tokens=TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
         texts, usage = [], None
-        for chunk in chunks:
+        for chunk in _streamed_chat(client, i):
             if chunk.choices and chunk.choices[0].delta.content:
                 texts.append(chunk.choices[0].delta.content)
             usage = chunk.usage or usage
@@ -59,17 +71,9 @@ def test_paced_chat_streams_carry_several_tokens_a_chunk_and_the_same_text(paced
 
 
 def test_paced_ollama_lines_carry_several_tokens_and_the_same_text(paced):
-    def body(i: int, stream: bool) -> dict:
-        return {
-            "model": MODEL,
-            "messages": _messages(i),
-            "stream": stream,
-            "options": {"num_predict": TOKENS, "temperature": 0},
-        }
-
     def streamed(i: int) -> tuple[str, int, int]:
         texts, last = [], None
-        with httpx.stream("POST", paced.url + "/api/chat", json=body(i, True), timeout=120) as r:
+        with httpx.stream("POST", paced.url + "/api/chat", json=_ollama(i, True), timeout=120) as r:
             for line in r.iter_lines():
                 last = json.loads(line)
                 if last["message"]["content"]:
@@ -79,6 +83,40 @@ def test_paced_ollama_lines_carry_several_tokens_and_the_same_text(paced):
     with ThreadPoolExecutor(STREAMS) as pool:
         results = list(pool.map(streamed, range(STREAMS)))
     for i, (text, lines, tokens) in enumerate(results):
-        whole = httpx.post(paced.url + "/api/chat", json=body(i, False), timeout=120).json()
+        whole = httpx.post(paced.url + "/api/chat", json=_ollama(i, False), timeout=120).json()
         assert text == whole["message"]["content"] and tokens == whole["eval_count"] == TOKENS
         assert lines < 0.75 * tokens, (lines, tokens)
+
+
+def test_streams_on_pooled_connections_add_up_to_the_whole_answer_with_usage_once(paced):
+    """Six streams at a time on each surface over three pooled keep-alive connections, each
+    prompt twice: whatever the actor merged into one message (Events.merged), the pacer held
+    and the templates framed (framing.Template), each stream's text chunks add up to the
+    non-streamed answer, and its usage comes once, at its end, equal to the answer's."""
+    pool = httpx.Client(limits=httpx.Limits(max_connections=3), timeout=120)
+    client = openai.OpenAI(base_url=paced.url + "/v1", api_key="x", max_retries=0, http_client=pool)
+    prompts = [i % 6 for i in range(12)]
+
+    def chat(i: int) -> tuple[str, list]:
+        seen = list(_streamed_chat(client, i))
+        text = "".join(c.choices[0].delta.content or "" for c in seen if c.choices)
+        return text, [(n, c.usage) for n, c in enumerate(seen) if c.usage is not None] + [len(seen)]
+
+    def ollama(i: int) -> tuple[str, list]:
+        with pool.stream("POST", paced.url + "/api/chat", json=_ollama(i, True)) as r:
+            lines = [json.loads(line) for line in r.iter_lines()]
+        done = [(n, line["prompt_eval_count"], line["eval_count"]) for n, line in enumerate(lines) if line["done"]]
+        return "".join(line["message"]["content"] for line in lines), [*done, len(lines)]
+
+    with ThreadPoolExecutor(6) as threads:
+        chats, lines = list(threads.map(chat, prompts)), list(threads.map(ollama, prompts))
+    for i, (text, usage), (o_text, done) in zip(prompts, chats, lines, strict=True):
+        whole = client.chat.completions.create(model=MODEL, messages=_messages(i), max_tokens=TOKENS, temperature=0)
+        assert text == whole.choices[0].message.content
+        assert len(usage) == 2  # one chunk with usage, and the number of chunks
+        (last, counted), chunks = usage
+        assert last == chunks - 1 and counted == whole.usage  # on the last chunk, the answer's
+        o_whole = pool.post(paced.url + "/api/chat", json=_ollama(i, False)).json()
+        assert o_text == o_whole["message"]["content"]
+        assert done == [(done[-1] - 1, o_whole["prompt_eval_count"], o_whole["eval_count"]), done[-1]]
+    pool.close()

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import trio
 
-from greenroom.http.core.framing import NDJSON, SSE, SSE_DONE, ndjson, sse, sse_error, streamed
+from greenroom.http.core.framing import NDJSON, SSE, SSE_DONE, Template, ndjson, sse, sse_error, streamed
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,16 @@ def test_a_streamed_body_releases_its_request_however_far_it_was_read(consume, r
     got, events = released(consume)
     assert got == read
     assert events == ["chunks closed", "request released"]  # each once, the stream's own cleanup first
+
+
+@pytest.mark.parametrize("text", ["", "plain", 'quo"te\\', "é\n😀\u2028", "\x00\x1f"])
+def test_a_template_filled_is_the_frame_built_whole(text):
+    """framing.Template: a chunk's text filled into the frame encoded once is byte for byte the
+    frame built and encoded whole, whatever the text, a marker-like model name included."""
+
+    def frame(created: str, content: str) -> bytes:
+        return ndjson({"model": 'm"é', "created_at": created, "message": {"content": content}, "done": False})
+
+    assert Template.of(frame, holes=2).fill("2026-01-01T00:00:00Z", text) == frame("2026-01-01T00:00:00Z", text)
+    one = Template.of(lambda content: sse({"id": "x", "choices": [{"delta": {"content": content}}]}))
+    assert one.fill(text) == sse({"id": "x", "choices": [{"delta": {"content": text}}]})

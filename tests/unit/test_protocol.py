@@ -27,6 +27,7 @@ from greenroom.protocol import (
     Admitted,
     Done,
     Events,
+    Failed,
     Generate,
     GenerationStats,
     ResolvedSteering,
@@ -152,3 +153,38 @@ def test_what_an_engine_steers_by_crosses_keyed_by_feature_index():
     for message in (update, gen, reply):
         assert crossed(message) == message
     assert list(crossed(update).strengths["sae"]) == [12, 3]
+
+
+def test_an_events_message_merges_each_choices_texts_and_keeps_the_rest():
+    """Events.merged (what the engine actor's outbox sends): one Text per request and choice,
+    its text the texts joined in order, the last one's count, ending and figures, the reported
+    tokens together; every other event, and other requests' texts, as they were; it crosses equal."""
+    merged = Events.merged(
+        [
+            Admitted("a", 3),
+            Text("a", 0, "Once", 1, logprobs=[[1, "Once", -0.1, []]]),
+            Text("b", 0, "x", 7),
+            Text("a", 1, "It", 1),
+            Text("a", 0, " upon", 2, logprobs=[[2, " upon", -0.2, []]]),
+            Text("a", 0, " a", 3, "length", STATS, stop=None, logprobs=[[3, " a", -0.3, []]]),
+            Failed("c", {"code": "x"}),
+        ]
+    )
+    assert merged == Events(
+        [
+            Admitted("a", 3),
+            Text(
+                "a",
+                0,
+                "Once upon a",
+                3,
+                "length",
+                STATS,
+                logprobs=[[1, "Once", -0.1, []], [2, " upon", -0.2, []], [3, " a", -0.3, []]],
+            ),
+            Text("b", 0, "x", 7),
+            Text("a", 1, "It", 1),
+            Failed("c", {"code": "x"}),
+        ]
+    )
+    assert crossed(merged) == merged

@@ -120,7 +120,7 @@ async def lines(events: AsyncIterator[ev.Event], ctx: Context) -> AsyncIterator[
         async for event in events:
             out = stream.line(event)
             if out is not None:
-                yield framing.ndjson(out)
+                yield out if isinstance(out, bytes) else framing.ndjson(out)
     except GreenroomError as exc:
         yield framing.ndjson(exc.ollama_body(ctx.rid))
     except Exception as exc:
@@ -162,13 +162,20 @@ class _Stream:
         self.tokens: list = []  # reported, not yet written: they ride on the next line
         self.names: dict[int, str] = {}
         self.prompt_tokens = 0
+        self._text: framing.Template | None = None  # a line of text alone (framing.py)
 
-    def line(self, event: ev.Event) -> dict | None:
-        """The line `event` writes, if it writes one."""
+    def line(self, event: ev.Event) -> dict | bytes | None:
+        """The line `event` writes, if it writes one: text alone already a line."""
         if isinstance(event, ev.Tokens):
             self.tokens += event.tokens
         elif isinstance(event, ev.Delta):
-            return self._line(event.text)
+            if self.tokens:  # reported tokens ride on it
+                return self._line(event.text)
+            if self._text is None:
+                self._text = framing.Template.of(
+                    lambda created, text: framing.ndjson(self._line(text, created=created)), holes=2
+                )
+            return self._text.fill(self.ctx.now(), event.text)
         elif isinstance(event, ev.CallStarted):
             self.names[event.call] = event.name
         elif isinstance(event, ev.CallArguments):  # the call is complete: name and arguments in one line
@@ -185,10 +192,10 @@ class _Stream:
             return event.error.ollama_body(self.ctx.rid)
         return None  # Activations: Ollama has no place for them
 
-    def _line(self, text: str, calls: list | None = None) -> dict:
+    def _line(self, text: str, calls: list | None = None, created: str | None = None) -> dict:
         body = {"message": _message(text, calls)} if self.ctx.chat else {"response": text}
         delta = CHATTED_DELTA if self.ctx.chat else GENERATED_DELTA
-        return delta.build(**_head(self.ctx), **body, done=False, **self._reported())
+        return delta.build(**_head(self.ctx, created), **body, done=False, **self._reported())
 
     def _reported(self) -> dict:
         if not self.tokens:
@@ -198,8 +205,8 @@ class _Stream:
         return out
 
 
-def _head(ctx: Context) -> dict:
-    return {"model": ctx.model, "created_at": ctx.now()}
+def _head(ctx: Context, created: str | None = None) -> dict:
+    return {"model": ctx.model, "created_at": created or ctx.now()}
 
 
 def _message(content: str, calls: list | None = None) -> dict:

@@ -258,15 +258,18 @@ def _choice(choice: Choice, ctx: Context, reasoning: str) -> dict:
 async def stream(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[bytes]:
     """The chunks as server-sent events; [DONE] ends every stream."""
     async for chunk in _chunks(events, ctx):
-        if isinstance(chunk, Failure):  # the one place a failure becomes this surface's error event
+        if isinstance(chunk, bytes):
+            yield chunk
+        elif isinstance(chunk, Failure):  # the one place a failure becomes this surface's error event
             yield framing.sse_error(chunk.error.openai_body())
         else:
             yield framing.sse(chunk)
     yield framing.SSE_DONE
 
 
-async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[dict | Failure]:
-    """The chunks, and a Failure as it came (it ends the stream)."""
+async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[dict | bytes | Failure]:
+    """The chunks, and a Failure as it came (it ends the stream). A choice's text alone goes as
+    its Template filled in (framing.py), already an event."""
     chunk_object = CHAT_COMPLETION_CHUNK if ctx.chat else TEXT_COMPLETION_CHUNK
     head = {
         "id": ctx.rid,
@@ -296,6 +299,15 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
             extra["usage"] = usage(counted)
         return chunk_object.build(**head, choices=[choice], **extra)
 
+    texts: dict[int, framing.Template] = {}
+
+    def text(index: int, content: str) -> bytes:
+        if index not in texts:
+            texts[index] = framing.Template.of(
+                lambda mark: framing.sse(chunk(index, DELTA.build(content=mark) if ctx.chat else mark))
+            )
+        return texts[index].fill(content)
+
     if ctx.chat:
         for i in range(ctx.choices):
             yield chunk(i, DELTA.build(role="assistant", content=""))
@@ -310,7 +322,10 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
             if ctx.writers:
                 unsent[event.choice] += event.tokens
         elif isinstance(event, Delta):
-            yield chunk(event.choice, DELTA.build(content=event.text) if ctx.chat else event.text)
+            if unsent.get(event.choice):  # reported tokens ride on it
+                yield chunk(event.choice, DELTA.build(content=event.text) if ctx.chat else event.text)
+            else:
+                yield text(event.choice, event.text)
         elif isinstance(event, CallStarted):
             call = CHUNK_TOOL_CALL.build(
                 index=event.call,

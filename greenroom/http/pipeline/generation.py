@@ -213,13 +213,15 @@ async def run(
     stack = contextlib.AsyncExitStack()
     try:
         events, first = await admit(stack, client, gen)
+        if framing is not None:
+            pacer().pace(events, stack)
         events = tree.monitoring.recorded(gen, request.path, events)
         if gen.sae_activations is not None:  # its module entered only by a request that asks for a readout
             events = sae_activations.labelled(tree, gen, events)
         answered = headers(first)
         if framing is not None:
-            events = pacer().paced(events, stack)
-            return streamed(_then(surface.stream(native(events, first), first), done), framing, answered, stack)
+            chunks = surface.stream(native(events, first), first)
+            return streamed(chunks if done is None else _then(chunks, done), framing, answered, stack)
         async with stack:
             result = await surface.whole(await typed.collect(native(events, first), gen.choices), first)
         if done is not None:
@@ -244,8 +246,7 @@ def pacer() -> Pacer:
     return current_app.extensions["greenroom.pacer"]
 
 
-async def _then(chunks: AsyncIterator[bytes], done: Callable[[], None] | None):
+async def _then(chunks: AsyncIterator[bytes], done: Callable[[], None]):
     async for chunk in chunks:
         yield chunk
-    if done is not None:
-        done()
+    done()
