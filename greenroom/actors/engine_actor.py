@@ -174,10 +174,10 @@ class EngineLoop:
         self._dashboards = DashboardRunner()  # run a step at a time while nothing else runs
 
     async def serve(self, stream) -> None:
-        self._outbox = Outbox()
+        self._outbox = Outbox(stream)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._outbox.send, stream)
+                nursery.start_soon(self._outbox.send)
                 nursery.start_soon(self._run_worker)
                 async for raw in stream:
                     self._handle(from_wire(raw))
@@ -189,6 +189,7 @@ class EngineLoop:
                 self._cancelled.update(g.rid for g in self._queue)
                 self._cancelled.update(self._running)
                 self._wakeup.notify()
+            await self._outbox.close()
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
@@ -286,12 +287,15 @@ class EngineLoop:
                 while (
                     not self._queue and not self._running and not self._steers and not self._closing
                 ) and not self._dashboards:
+                    self._outbox.flush()  # nothing waits in the outbox while the worker does
                     self._wakeup.wait()
                 if self._closing:
                     return
                 steers = list(self._steers)
                 self._steers.clear()
                 starting = self._take()
+            if steers or starting:  # nothing waits in the outbox behind a prefill or a serial request
+                self._outbox.flush()
             if self._dashboards and (steers or starting):
                 # before anything else enters the engine: a dashboards job's open generation holds
                 # per-thread state (torch's inference mode) that must close before another opens
@@ -315,6 +319,7 @@ class EngineLoop:
                 if self._guard(req.rid, next, steps, None) is None:  # finished, cancelled or failed
                     self._serial = None
                     self._finish(req.rid)
+            self._outbox.flush_due()
             if self._dashboards:
                 self._spare_time()
 
@@ -323,6 +328,7 @@ class EngineLoop:
         with self._wakeup:
             idle = not self._queue and not self._running and not self._steers and not self._closing
         if idle:
+            self._outbox.flush()
             self._dashboards.step()
 
     def _take(self) -> list[Start]:
@@ -488,10 +494,11 @@ class EngineLoop:
         activations = None if readout is None else attrs.evolve(readout.result(rows[0]), read_point="unsteered")
         self._outbox.put_from_thread(Scores(req.rid, out, activations))
 
-    def _admitted(self, req: Generate, admitted: Admitted) -> float:
-        """Count and announce the request; returns when it started computing."""
+    def _admitted(self, req: Generate, admitted: Admitted, hold: bool = False) -> float:
+        """Count and announce the request (`hold`: with the caller's next flush); returns when
+        it started computing."""
         self.counters.admitted += 1
-        self._outbox.put_from_thread(admitted)
+        self._outbox.put_from_thread(admitted, hold)
         return time.monotonic()
 
     def _generate(self, engine, req: Generate):
@@ -570,6 +577,8 @@ class EngineLoop:
                 row = self._guard(req.rid, self._admit_row, req)
                 if row is not None:
                     joining.setdefault(req.model, []).append(row)
+        if joining:
+            self._outbox.flush()  # their Admitted, together, before the prefill
         for model, rows in joining.items():
             batch = self._batches.get(model)
             if batch is None:
@@ -587,13 +596,14 @@ class EngineLoop:
                     if delta.finish_reason:
                         self.counters.completed += 1
                         self._finish(rid)
+                self._outbox.flush_due()  # their first texts, together
         return one_by_one
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         engine = self._engine(req)  # a batch whose sequences share one generator reproduces no seed
         seeded = engine.capabilities.seed and getattr(engine, "batches_any_sampling", False)
         (ids,), (params,), admitted = admit(engine, req, self.default_max_tokens, seeded)
-        started = self._admitted(req, admitted)
+        started = self._admitted(req, admitted, hold=True)  # sent with the others joining (_join)
         self._choices[req.rid] = _Choice(
             req.rid,
             0,
@@ -623,6 +633,7 @@ class EngineLoop:
                 if delta.finish_reason:
                     self.counters.completed += 1
                     self._finish(rid)
+            self._outbox.flush_due()
         if not len(batch):
             del self._batches[model]
 
