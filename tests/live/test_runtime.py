@@ -5,6 +5,7 @@ an actor."""
 import os
 import socket
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -59,45 +60,46 @@ def _garbage(port: int, data: bytes) -> None:
         s.sendall(data)
 
 
-def test_send_now_frames_as_tractor_does_and_a_bad_peer_leaves_the_tree_up(monkeypatch):
+@asynccontextmanager
+async def _session(monkeypatch, fn):
+    """A tree with one child actor serving `fn`'s session: (the child, the stream)."""
     # the child imports this module by its name, `live.test_runtime`: its package's folder on its path
     tests = str(Path(__file__).resolve().parent.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    async with runtime.open_root("test-root", "critical"):
+        async with runtime.spawn("child", __name__, "critical") as child:
+            async with runtime.open_session(child, fn, parent_pid=child.parent_pid) as (_, stream):
+                yield child, stream
 
+
+def test_send_now_frames_as_tractor_does_and_a_bad_peer_leaves_the_tree_up(monkeypatch):
     async def main():
-        async with runtime.open_root("test-root", "critical"):
-            async with runtime.spawn("sender", __name__, "critical") as child:
-                async with runtime.open_session(child, sender, parent_pid=child.parent_pid) as (_, stream):
-                    got = [await stream.receive() for _ in range(4)]
-                    assert [m["n"] for m in got] == [1, 2, 3, 4]
-                    assert got[0]["blob"] == b"x" * BIG
-                    # an HTTP client at the root's port and at the actor's, and a frame that is no msgpack
-                    root_port = tractor.current_actor().accept_addr[1]
-                    for port in (root_port, await runtime.actor_port(child)):
-                        for data in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x05\x00\x00\x00\xc1\xc1\xc1\xc1\xc1"):
-                            await trio.to_thread.run_sync(_garbage, port, data)
-                    await trio.sleep(0.5)  # their handlers have run
-                    await stream.send({"n": 5})
-                    assert (await stream.receive())["n"] == 5
-                    assert child.alive()
+        async with _session(monkeypatch, sender) as (child, stream):
+            got = [await stream.receive() for _ in range(4)]
+            assert [m["n"] for m in got] == [1, 2, 3, 4]
+            assert got[0]["blob"] == b"x" * BIG
+            # an HTTP client at the root's port and at the actor's, and a frame that is no msgpack
+            root_port = tractor.current_actor().accept_addr[1]
+            for port in (root_port, await runtime.actor_port(child)):
+                for data in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x05\x00\x00\x00\xc1\xc1\xc1\xc1\xc1"):
+                    await trio.to_thread.run_sync(_garbage, port, data)
+            await trio.sleep(0.5)  # their handlers have run
+            await stream.send({"n": 5})
+            assert (await stream.receive())["n"] == 5
+            assert child.alive()
 
     trio.run(main)
 
 
 def test_a_thread_and_the_loop_write_whole_frames_each_in_order(monkeypatch):
-    tests = str(Path(__file__).resolve().parent.parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
-
     async def main():
-        async with runtime.open_root("test-root", "critical"):
-            async with runtime.spawn("writers", __name__, "critical") as child:
-                async with runtime.open_session(child, thread_and_loop, parent_pid=child.parent_pid) as (_, stream):
-                    seen = {"thread": [], "loop": []}
-                    while (msg := await stream.receive())["n"] != "end":
-                        big = msg["n"] == (1 if msg["by"] == "thread" else 7)
-                        assert msg["blob"] == msg["by"][0].encode() * (BIG if big else msg["n"])
-                        seen[msg["by"]].append(msg["n"])
-                    assert seen == {"thread": list(range(300)), "loop": list(range(300))}
-                    await stream.send("done")
+        async with _session(monkeypatch, thread_and_loop) as (_, stream):
+            seen = {"thread": [], "loop": []}
+            while (msg := await stream.receive())["n"] != "end":
+                big = msg["n"] == (1 if msg["by"] == "thread" else 7)
+                assert msg["blob"] == msg["by"][0].encode() * (BIG if big else msg["n"])
+                seen[msg["by"]].append(msg["n"])
+            assert seen == {"thread": list(range(300)), "loop": list(range(300))}
+            await stream.send("done")
 
     trio.run(main)
