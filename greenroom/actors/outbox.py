@@ -10,11 +10,13 @@ the engine's own CPU per token, and at 32 streams 5–10 %. Written from the wor
 costs what encoding it and one `write` do (bench/throughput.py's figures: docs/architecture.md).
 
 A running stream's tokens are held up to SEND_INTERVAL_S and sent together: the worker sends
-what is pending at the end of a turn once that long has passed since its last message
-(`flush_due`). What starts, ends or fails a request — `Admitted`, a stream's first and last
-text, `Failed`, every answer that is not a stream — is sent at once with everything before
-it (`put_from_thread`), and so is everything pending before the worker waits or starts other
-work (`flush`): no token waits behind a prefill, an embedding or an idle wait.
+what is pending after a step once that long has passed since its last message (`flush_due`).
+What starts, ends or fails a request is never held: `Failed` and every answer that is not a
+stream go at once with everything before them (`put_from_thread`); a stream's first and last
+text at the end of the step that made them (a step's 32 finals in one message, not 32); the
+`Admitted` of the requests joining a batch together, before their prefill. Everything pending
+goes too before the worker waits or starts other work (`flush`): no token waits behind a
+prefill, an embedding or an idle wait.
 
 The loop sends only its own answers (`put`: status, a full queue) and whatever the worker
 could not write itself — while a trio task holds the socket, or once the stream is closing —
@@ -115,10 +117,11 @@ class Outbox:
             self._wake = trio.Event()
             self._wake_pending = False
             if self._events:
-                self._sending = list(self._events)  # set before `_events` empties: the worker sees one
-                self._events.clear()
+                self._sending = batch = []  # set before `_events` empties: the worker sees one
+                while self._events:  # one at a time: what the worker appends meanwhile is kept
+                    batch.append(self._events.popleft())
                 try:
-                    await send_now(self._stream, _message(self._sending))
+                    await send_now(self._stream, _message(batch))
                 finally:
                     self._sending = None
 
