@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import attrs
+import httpx
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine actors run (greenroom/actors/runtime.py)
 
@@ -50,10 +51,17 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
-def tree_cpu(root: int) -> dict[str, float]:
-    """CPU seconds of the server's front end (the root process) and of its actors together."""
+def tree_cpu(root: int, engine: int) -> dict[str, float]:
+    """CPU seconds of the server's front end (the root process), of its actors together, and of
+    the one among them that serves the bench's model (`engine`)."""
     children = [c for task in Path(f"/proc/{root}/task").iterdir() for c in (task / "children").read_text().split()]
-    return {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children)}
+    return {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children), "engine": cpu_s(engine)}
+
+
+def engine_pid(url: str) -> int:
+    """The pid of the actor serving the bench's model (/api/actors): the engine's share of the
+    actors' CPU, apart from the others' (the steering actor, an idle engine actor)."""
+    return next(a["pid"] for a in httpx.get(url + "/api/actors").json()["actors"] if "bench" in a["models"])
 
 
 def in_process(engine, n: int, tokens: int) -> float:
@@ -71,11 +79,12 @@ def in_process(engine, n: int, tokens: int) -> float:
     return done / (time.perf_counter() - start), (time.process_time() - cpu) / done
 
 
-def over_http(url: str, pid: int, n: int, tokens: int, surface: str, stagger_ms: float) -> dict:
-    """The lean client's figures, and the server's CPU milliseconds per token it used meanwhile."""
-    before = tree_cpu(pid)
+def over_http(url: str, pids: tuple[int, int], n: int, tokens: int, surface: str, stagger_ms: float) -> dict:
+    """The lean client's figures, and the server's CPU milliseconds per token it used meanwhile
+    (`pids`: the server's and its engine actor's)."""
+    before = tree_cpu(*pids)
     figures = streams(url, n, tokens, surface, stagger_ms)
-    after = tree_cpu(pid)
+    after = tree_cpu(*pids)
     figures |= {f"{k}_ms": (after[k] - before[k]) * 1000 / figures["tokens"] for k in after}
     return figures
 
@@ -100,27 +109,28 @@ def main() -> None:
         + (f"stream_chunks_per_s = {args.chunks_per_s}\n" if args.chunks_per_s is not None else "")
         + f'[[models]]\nid = "bench"\nsource = "demo:{args.size}"\n'
     )
+    pids = (proc.pid, engine_pid(url))
     pacing = "server default" if args.chunks_per_s is None else args.chunks_per_s
     print(f"demo:{args.size}, {args.tokens} tokens per stream, median of {args.repeat} (interleaved), pacing {pacing}")
     print(
         f"{'surface':>8} {'streams':>7} {'in-process':>11} {'served':>9} {'ratio':>6} {'worst TTFT':>11} {'client CPU':>11}"
-        "   ms/token: in process | front + actors   chunks/token"
+        "   ms/token: in process | front + actors (engine)   chunks/token"
     )
     reference = (lambda n: (math.nan, math.nan)) if args.front_only else (lambda n: in_process(engine, n, args.tokens))
     try:
         for surface, n in runs:
-            reference(n), over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms)
+            reference(n), over_http(url, pids, n, args.tokens, surface, args.stagger_ms)
             local, served = [], []
             for _ in range(args.repeat):  # interleaved, so drift hits both alike
                 local.append(reference(n))
-                served.append(over_http(url, proc.pid, n, args.tokens, surface, args.stagger_ms))
+                served.append(over_http(url, pids, n, args.tokens, surface, args.stagger_ms))
             mid = sorted(served, key=lambda r: r["tok_s"])[len(served) // 2]
             ref, ref_cpu = statistics.median(r[0] for r in local), statistics.median(r[1] for r in local)
             print(
                 f"{surface:>8} {n:>7} {ref:>9.0f}/s {mid['tok_s']:>7.0f}/s {mid['tok_s'] / ref:>6.2f} "
                 f"{mid['ttft_worst_s'] * 1000:>8.0f} ms {mid['client_cpu_s']:>9.2f} s   "
-                f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}   "
-                f"{mid['frames'] / mid['tokens']:.2f}"
+                f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}"
+                f" (engine {mid['engine_ms']:.3f})   {mid['frames'] / mid['tokens']:.2f}"
             )
     finally:
         proc.send_signal(signal.SIGTERM)

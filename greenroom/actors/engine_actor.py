@@ -3,7 +3,8 @@ multiplexed stream.
 
 All blocking compute runs in one worker thread, fed by a queue; the actor's trio
 loop only routes messages, so it always answers status and cancel. Events go back
-through the outbox (outbox.py). The worker checks for cancellation between decode
+through the outbox (outbox.py), which the worker writes to the stream itself: the loop
+sleeps while requests run. The worker checks for cancellation between decode
 steps and closes the sequence's iterator (freeing its cache) at the first step
 boundary after a cancel.
 
@@ -11,7 +12,8 @@ Each turn of the worker: the scheduling policy (scheduling.py) says which queued
 start and in which lane; they are admitted (admission.py: rendered, tokenised, checked) and
 run — batchable ones join their model's batch, the serial request and Embed/Score/Load/Unload
 run here — then one decode step of each model's batch and one step of the serial request,
-if any.
+if any; what the outbox holds goes out after each step once it is due, and before anything
+else starts or the worker waits.
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ async def engine_session(
     if cpu is not None:
         pin_process(cpu)
     # The worker thread holds the GIL between torch ops; a short switch interval lets the
-    # loop thread's turns (the outbox's polls, status, cancel) in promptly instead of after up
-    # to 5 ms (measured: one stream of the tiny demo 4 % faster than at the default 5 ms).
+    # loop thread's turns (a request, status, cancel) in promptly instead of after up to 5 ms
+    # (measured while the loop still polled the outbox: one tiny-demo stream 4 % faster).
     sys.setswitchinterval(0.0005)
     try:
         engines = await trio.to_thread.run_sync(_load_engines, models)
@@ -174,10 +176,10 @@ class EngineLoop:
         self._dashboards = DashboardRunner()  # run a step at a time while nothing else runs
 
     async def serve(self, stream) -> None:
-        self._outbox = Outbox()
+        self._outbox = Outbox(stream)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._outbox.send, stream)
+                nursery.start_soon(self._outbox.send)
                 nursery.start_soon(self._run_worker)
                 async for raw in stream:
                     self._handle(from_wire(raw))
@@ -189,6 +191,7 @@ class EngineLoop:
                 self._cancelled.update(g.rid for g in self._queue)
                 self._cancelled.update(self._running)
                 self._wakeup.notify()
+            await self._outbox.close()
 
     # trio side -----------------------------------------------------------------
     def _handle(self, msg) -> None:
@@ -287,12 +290,15 @@ class EngineLoop:
                 while (
                     not self._queue and not self._running and not self._steers and not self._closing
                 ) and not self._dashboards:
+                    self._outbox.flush()  # nothing waits in the outbox while the worker does
                     self._wakeup.wait()
                 if self._closing:
                     return
                 steers = list(self._steers)
                 self._steers.clear()
                 starting = self._take()
+            if steers or starting:  # nothing waits in the outbox behind a prefill or a serial request
+                self._outbox.flush()
             if self._dashboards and (steers or starting):
                 # before anything else enters the engine: a dashboards job's open generation holds
                 # per-thread state (torch's inference mode) that must close before another opens
@@ -316,6 +322,7 @@ class EngineLoop:
                 if self._guard(req.rid, next, steps, None) is None:  # finished, cancelled or failed
                     self._serial = None
                     self._finish(req.rid)
+            self._outbox.flush_due()
             if self._dashboards:
                 self._spare_time()
 
@@ -324,6 +331,7 @@ class EngineLoop:
         with self._wakeup:
             idle = not self._queue and not self._running and not self._steers and not self._closing
         if idle:
+            self._outbox.flush()
             self._dashboards.step()
 
     def _take(self) -> list[Start]:
@@ -489,10 +497,11 @@ class EngineLoop:
         activations = None if readout is None else attrs.evolve(readout.result(rows[0]), read_point="unsteered")
         self._outbox.put_from_thread(Scores(req.rid, out, activations))
 
-    def _admitted(self, req: Generate, admitted: Admitted) -> float:
-        """Count and announce the request; returns when it started computing."""
+    def _admitted(self, req: Generate, admitted: Admitted, hold: bool = False) -> float:
+        """Count and announce the request (`hold`: with the caller's next flush); returns when
+        it started computing."""
         self.counters.admitted += 1
-        self._outbox.put_from_thread(admitted)
+        self._outbox.put_from_thread(admitted, hold)
         return time.monotonic()
 
     def _generate(self, engine, req: Generate):
@@ -571,6 +580,8 @@ class EngineLoop:
                 row = self._guard(req.rid, self._admit_row, req)
                 if row is not None:
                     joining.setdefault(req.model, []).append(row)
+        if joining:
+            self._outbox.flush()  # their Admitted, together, before the prefill
         for model, rows in joining.items():
             batch = self._batches.get(model)
             if batch is None:
@@ -588,13 +599,14 @@ class EngineLoop:
                     if delta.finish_reason:
                         self.counters.completed += 1
                         self._finish(rid)
+                self._outbox.flush_due()  # their first texts, together
         return one_by_one
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
         engine = self._engine(req)  # a batch whose sequences share one generator reproduces no seed
         seeded = engine.capabilities.seed and getattr(engine, "batches_any_sampling", False)
         (ids,), (params,), admitted = admit(engine, req, self.default_max_tokens, seeded)
-        started = self._admitted(req, admitted)
+        started = self._admitted(req, admitted, hold=True)  # sent with the others joining (_join)
         self._choices[req.rid] = _Choice(
             req.rid,
             0,
@@ -624,6 +636,7 @@ class EngineLoop:
                 if delta.finish_reason:
                     self.counters.completed += 1
                     self._finish(rid)
+            self._outbox.flush_due()
         if not len(batch):
             del self._batches[model]
 

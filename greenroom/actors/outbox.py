@@ -1,91 +1,130 @@
 """The engine actor's outbox: events from both of its threads to the front end's stream,
 as `Events` messages.
 
-A wake-up of the trio loop from the worker thread is a write to trio's wake-up socket, and
-the loop thread it wakes takes the GIL at once: the worker then waits out the loop's whole
-turn. Once per decode step, that cost a third of a step for one stream of the tiny demo
-(bench/throughput.py). So a running stream's tokens do not wake the loop: while events keep
-coming, the sender polls the queue every SEND_INTERVAL_S on its own timer, its turn then
-overlapping the worker's compute (torch and llama.cpp release the GIL), and sends everything
-produced since the last message as one. What starts, ends or fails a request — `Admitted`, a
-stream's first and last text, `Failed`, every answer that is not a stream — wakes it at once,
-as does the first event after a lull; the sender stops polling once IDLE_POLLS polls in a row
-found nothing. A process kept to one CPU (cpus.py) stops at the first: there the loop's turn
-runs on the worker's core either way, so a poll that finds nothing costs what a wake-up does
-(one 100m stream, ~52 ms a token: the loop's CPU 1.6 → 1.1 ms a token).
+The worker thread writes its own events to the stream's socket (runtime.ThreadWriter): the
+trio loop never wakes for them. Waking it cost the actor a loop turn per message — the
+loop thread leaving epoll, taking the GIL from the worker, trio's timer and cancel scope,
+the send, the GIL handed back — measured ~0.2 ms of loop CPU a poll beside ~0.08 ms for the
+send itself; at one stream of the tiny demo (one message per ~6 tokens) that was 4–7 % of
+the engine's own CPU per token, and at 32 streams 5–10 %. Written from the worker, a message
+costs what encoding it and one `write` do (bench/throughput.py's figures: docs/architecture.md).
 
-Each message costs the serving tree about 1.2 ms of CPU whatever it carries (the loop's turn,
-the GIL handed to it and back, the front end's chunk), so a longer interval buys a CPU-bound
-engine more: one tiny-demo stream on 2 cores ran at 0.83 of in-process at 10 ms, 0.86 at 25
-and 0.88 at 50 (side by side). 10 ms is kept: it holds a token no longer than a reader or a
-client measuring inter-token latency would notice.
+A running stream's tokens are held up to SEND_INTERVAL_S and sent together: the worker sends
+what is pending after a step once that long has passed since its last message (`flush_due`).
+What starts, ends or fails a request is never held: `Failed` and every answer that is not a
+stream go at once with everything before them (`put_from_thread`); a stream's first and last
+text at the end of the step that made them (a step's 32 finals in one message, not 32); the
+`Admitted` of the requests joining a batch together, before their prefill. Everything pending
+goes too before the worker waits or starts other work (`flush`): no token waits behind a
+prefill, an embedding or an idle wait.
+
+The loop sends only its own answers (`put`: status, a full queue) and whatever the worker
+could not write itself — while a trio task holds the socket, or once the stream is closing —
+handed over in order: the worker writes directly only when nothing it handed over is still
+unsent, so the stream carries the worker's events in the order they were put.
+
+Each message costs the serving tree about 1 ms of CPU whatever it carries (mostly the front
+end's chunk), so a longer interval buys a CPU-bound engine more: one tiny-demo stream on 2
+cores ran at 0.83 of in-process at 10 ms, 0.86 at 25 and 0.88 at 50 (side by side, with the
+loop's polls). 10 ms is kept: it holds a token no longer than a reader or a client measuring
+inter-token latency would notice.
 """
 
 from __future__ import annotations
 
 import collections
-import os
+import time
 
 import trio
 
-from greenroom.actors.runtime import send_now
+from greenroom.actors.runtime import ThreadWriter, send_now
 from greenroom.protocol import Events, Text, to_wire
 
-SEND_INTERVAL_S = 0.01  # a running stream's tokens wait at most this long: 100 messages/s per actor
-IDLE_POLLS = 5  # 50 ms without an event: stop polling until the next wake-up
+SEND_INTERVAL_S = 0.01  # a running stream's tokens wait at most this long (and a decode step)
 
 
-def _urgent(event) -> bool:
-    return not isinstance(event, Text) or event.finish_reason is not None or event.completion_tokens <= 1
+def _edge(text: Text) -> bool:
+    """A stream's first or last text."""
+    return text.finish_reason is not None or text.completion_tokens <= 1
+
+
+def _message(events: list) -> dict:
+    return to_wire(Events.merged(events))  # one Text per request and choice (protocol.py)
 
 
 class Outbox:
-    """Made in the trio loop that runs `send`."""
+    """Made in the trio loop that runs `send`, on the stream it sends to."""
 
-    def __init__(self):
+    def __init__(self, stream):
+        self._stream = stream
+        self._writer = ThreadWriter(stream)
         self._token = trio.lowlevel.current_trio_token()
         self._wake = trio.Event()
         self._wake_pending = False
-        self._polling = False
-        self._events: collections.deque = collections.deque()
-        self._idle_polls = 1 if len(os.sched_getaffinity(0)) == 1 else IDLE_POLLS
+        self._events: collections.deque = collections.deque()  # for the loop to send
+        self._sending: list | None = None  # taken off `_events` by the loop, not yet written
+        self._pending: list = []  # the worker's, not yet sent
+        self._last = 0.0  # when the worker last sent
+        self._due = False  # a first or last text is pending
 
     def put(self, event) -> None:
         """From the loop thread: sent at once."""
         self._events.append(event)
         self._wake.set()
 
-    def put_from_thread(self, event) -> None:
-        """From the worker thread. The append comes before the reads of `_polling` and
-        `_wake_pending`, and the sender clears each before it looks at the queue: no event is
-        left behind without a wake-up or a poll to come."""
-        self._events.append(event)
-        if (_urgent(event) or not self._polling) and not self._wake_pending:
+    def put_from_thread(self, event, hold: bool = False) -> None:
+        """From the worker thread: sent at once unless it is a stream's text or `hold` (the
+        caller flushes); a first or last text goes at the end of the step that made it
+        (`flush_due`), the rest with the next message."""
+        self._pending.append(event)
+        if hold:
+            return
+        if not isinstance(event, Text):
+            self.flush()
+        elif _edge(event):
+            self._due = True
+
+    def flush_due(self) -> None:
+        """From the worker, after each step's texts: what is pending, if it holds a first or
+        last text or SEND_INTERVAL_S has passed since the last message."""
+        if self._pending and (self._due or time.monotonic() - self._last >= SEND_INTERVAL_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """From the worker: what is pending, now — written by the worker itself unless the
+        socket is held or the loop still has some of its events to send; those go to the loop."""
+        if not self._pending:
+            return
+        batch, self._pending, self._due = self._pending, [], False
+        self._last = time.monotonic()
+        if self._writer.try_hold():
+            if not self._events and self._sending is None:  # nothing handed to the loop is unsent
+                self._writer.write(_message(batch))
+                return
+            self._writer.release()
+        self._events.extend(batch)  # before `_wake_pending` is read; the sender clears it before it looks
+        if not self._wake_pending:
             self._wake_pending = True
             self._token.run_sync_soon(self._wake_sender)
 
     def _wake_sender(self) -> None:  # runs in the loop thread: the sender's event as it is then
         self._wake.set()
 
-    async def send(self, stream) -> None:
-        """One message per wake-up or poll that finds events, carrying all of them."""
+    async def send(self) -> None:
+        """The loop's sender: one message per wake-up, carrying everything queued for it."""
         while True:
             await self._wake.wait()
-            self._polling = True
-            idle = 0
-            while idle < self._idle_polls:
-                self._wake = trio.Event()
-                self._wake_pending = False
-                if self._events:
-                    batch = []
-                    while self._events:
-                        batch.append(self._events.popleft())
-                    await send_now(stream, to_wire(Events.merged(batch)))
-                    idle = 0
-                else:
-                    idle += 1
-                with trio.move_on_after(SEND_INTERVAL_S):
-                    await self._wake.wait()
-            self._polling = False
-            if self._events:  # appended while `_polling` was still read as set
-                self._wake.set()
+            self._wake = trio.Event()
+            self._wake_pending = False
+            if self._events:
+                self._sending = batch = []  # set before `_events` empties: the worker sees one
+                while self._events:  # one at a time: what the worker appends meanwhile is kept
+                    batch.append(self._events.popleft())
+                try:
+                    await send_now(self._stream, _message(batch))
+                finally:
+                    self._sending = None
+
+    async def close(self) -> None:
+        """From the loop, as the stream ends: the worker writes no more."""
+        await self._writer.close()

@@ -16,6 +16,9 @@ tractor 0.1.0a5's sharp edges are handled here and nowhere else:
   stream per actor carries everything (see protocol.py);
 - `MsgStream.send` yields to the scheduler twice and formats each message into a log line
   it then drops: the engine actor's hot path sends with `send_now`;
+- a channel's socket is written by trio tasks only, a frame at a time under a trio lock; the
+  engine actor's worker thread writes its events itself (`ThreadWriter`, outbox.py), so every
+  frame, trio's too, is written under the transport's `frame_lock`, a thread lock;
 - any peer that reaches an actor's port may run every async function of its enabled
   modules and the actor's own methods (`cancel`…): tractor checks nothing after its uid
   handshake. So every actor binds a loopback address only, and another host's actors are
@@ -71,6 +74,34 @@ async def _guarded_handshake(self, chan):
 
 
 Actor._do_handshake = _guarded_handshake
+
+FRAME_WAIT_S = 0.0005  # how often a trio task looks again at a frame lock a thread holds
+_transport_send = MsgpackTCPStream.send
+
+
+async def _hold_frames(lock: threading.Lock) -> None:
+    """In the loop: take a transport's frame lock. Its other holder is a thread in one write's
+    syscall, or the loop's own task sending the tail of that thread's frame (`ThreadWriter`)."""
+    while not lock.acquire(blocking=False):
+        await trio.sleep(FRAME_WAIT_S)
+
+
+async def _send_framed(self, msg) -> None:
+    """tractor's `MsgpackTCPStream.send`; on a transport a thread writes too (`ThreadWriter` gave
+    it a `frame_lock`), the frame is written under that lock."""
+    lock = getattr(self, "frame_lock", None)
+    if lock is None:
+        return await _transport_send(self, msg)
+    async with self._send_lock:
+        body = self.encode(msg)
+        await _hold_frames(lock)
+        try:
+            await self.stream.send_all(struct.pack("<I", len(body)) + body)
+        finally:
+            lock.release()
+
+
+MsgpackTCPStream.send = _send_framed
 
 SPAWN_TIMEOUT_S = 120.0
 CANCEL_TIMEOUT_S = 5.0
@@ -177,8 +208,15 @@ async def send_now(stream: tractor.MsgStream, data) -> None:
     the worker thread and back: measured ~0.26 ms of loop CPU a message through `stream.send`."""
     ctx = stream._ctx
     transport = ctx.chan.msgstream
-    if ctx._error or stream._closed or not isinstance(transport, MsgpackTCPStream) or transport._send_lock.locked():
-        await stream.send(data)  # its errors, or its wait for the lock
+    lock = getattr(transport, "frame_lock", None)  # a thread writes to it too (ThreadWriter)
+    if (
+        ctx._error
+        or stream._closed
+        or not isinstance(transport, MsgpackTCPStream)
+        or transport._send_lock.locked()
+        or (lock is not None and not lock.acquire(blocking=False))  # the thread is writing
+    ):
+        await stream.send(data)  # its errors, or its wait for the locks
         return
     body = transport.encode({"yield": data, "cid": ctx.cid})
     frame = struct.pack("<I", len(body)) + body
@@ -194,6 +232,75 @@ async def send_now(stream: tractor.MsgStream, data) -> None:
             await transport.stream.send_all(frame[sent:])
     finally:
         transport._send_lock.release()
+        if lock is not None:
+            lock.release()
+
+
+class ThreadWriter:
+    """A session stream's messages written to its socket by a thread other than the loop's,
+    without waking the loop: a whole frame while no trio task is writing one (the transport's
+    frame lock). Made in the loop; `close` there before the stream ends."""
+
+    def __init__(self, stream: tractor.MsgStream):
+        self._stream, self._ctx = stream, stream._ctx
+        transport = self._ctx.chan.msgstream
+        self._transport = transport if isinstance(transport, MsgpackTCPStream) else None
+        if self._transport is not None and not hasattr(transport, "frame_lock"):
+            transport.frame_lock = threading.Lock()  # held from a frame's first byte to its last, by either thread
+        # its own descriptor of the socket, closed under the frame lock: a write never meets a
+        # number the loop closed and the kernel gave to another file meanwhile
+        self._fd = None if self._transport is None else os.dup(self._transport.stream.socket.fileno())
+        self._token = trio.lowlevel.current_trio_token()
+
+    def try_hold(self) -> bool:
+        """From the thread: the frame lock, if no trio task holds it and the stream is open."""
+        if self._transport is None or not self._transport.frame_lock.acquire(blocking=False):
+            return False
+        if self._fd is None or self._ctx._error or self._stream._closed:
+            self._transport.frame_lock.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        self._transport.frame_lock.release()
+
+    def write(self, data) -> None:
+        """From the thread, holding the lock (`try_hold`): `data` as the stream's next message. A
+        frame the socket does not take whole is finished by a task of the loop, which then lets
+        the lock go (a full buffer never blocks the thread); a socket that failed takes nothing,
+        and tractor's next send or receive in the loop meets its error."""
+        body = self._transport.encode({"yield": data, "cid": self._ctx.cid})  # msgspec's: per-call state, under the GIL
+        frame = struct.pack("<I", len(body)) + body
+        try:
+            sent = os.write(self._fd, frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = len(frame)
+        if sent < len(frame):
+            self._token.run_sync_soon(trio.lowlevel.spawn_system_task, self._finish, frame[sent:])
+        else:
+            self.release()
+
+    async def _finish(self, rest: bytes) -> None:
+        try:
+            await self._transport.stream.send_all(rest)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the channel is gone: tractor meets that in its own reads and sends
+        finally:
+            self.release()
+
+    async def close(self) -> None:
+        """In the loop: the thread writes no more (its `try_hold` fails from now on)."""
+        if self._fd is None:
+            return
+        with trio.CancelScope(shield=True):
+            await _hold_frames(self._transport.frame_lock)
+        try:
+            os.close(self._fd)
+            self._fd = None
+        finally:
+            self.release()
 
 
 def die_with_parent(parent_pid: int) -> None:
