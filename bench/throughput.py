@@ -51,11 +51,12 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
-def tree_cpu(root: int, engine: int) -> dict[str, float]:
+def tree_cpu(root: int, engine: int | None = None) -> dict[str, float]:
     """CPU seconds of the server's front end (the root process), of its actors together, and of
-    the one among them that serves the bench's model (`engine`)."""
+    the one among them that serves the bench's model (`engine`, where given: a share of "actors")."""
     children = [c for task in Path(f"/proc/{root}/task").iterdir() for c in (task / "children").read_text().split()]
-    return {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children), "engine": cpu_s(engine)}
+    figures = {"front": cpu_s(root), "actors": sum(cpu_s(int(c)) for c in children)}
+    return figures if engine is None else figures | {"engine": cpu_s(engine)}
 
 
 def engine_pid(url: str) -> int:
