@@ -334,8 +334,13 @@ def test_a_readout_carries_the_labels(srv):
 
 def test_a_second_architecture_gemma3_gets_units_dashboards_and_search(tmp_path, model_cache, gemma3):
     """Gemma 3 270M (sliding-window attention, tied embeddings: its logit effects go through the
-    token embeddings) with a random SAE after block 6: plumbing on a second architecture."""
-    config = f'engine_actors = ["cpu"]\nnpu_actors = []\n[[models]]\nid = "gemma"\nsource = "{gemma3}"\nengine = "llama.cpp"\n'
+    token embeddings) with a random SAE after block 6: plumbing on a second architecture. Its
+    window is 4096, not the 32k sized from memory: the test's prompts are short, and 4 × 32k
+    cells of cache cost its start ~2.4 GB."""
+    config = (
+        f'engine_actors = ["cpu"]\nnpu_actors = []\n[[models]]\nid = "gemma"\nsource = "{gemma3}"\n'
+        'engine = "llama.cpp"\nn_ctx = 4096\n'
+    )
     srv = Server(tmp_path, model_cache, config)
     try:
         r = httpx.post(
