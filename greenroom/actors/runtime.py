@@ -1,8 +1,9 @@
 """greenroom's one door to tractor: spawn, session streams, death watching.
 
 tractor 0.1.0a5's sharp edges are handled here and nowhere else:
-- a stream to a `kill -9`'d child hangs forever: `watch_death` polls the child's
-  process and the caller cancels whatever was talking to it;
+- a stream to a `kill -9`'d child hangs forever: `watch_death` waits on the child's
+  process (its pidfd: no polling, which cost the front end ~9 ms of CPU a second with four
+  actors) and the caller cancels whatever was talking to it;
 - an actor that fails (at import, at load) must not take the root down: each
   child lives in its own ActorNursery (`spawn`), owned by one supervising task
   that turns failures into values;
@@ -15,7 +16,8 @@ tractor 0.1.0a5's sharp edges are handled here and nowhere else:
 - per-request `Portal.run` calls leak, so requests never use them: one session
   stream per actor carries everything (see protocol.py);
 - `MsgStream.send` yields to the scheduler twice and formats each message into a log line
-  it then drops: the engine actor's hot path sends with `send_now`;
+  it then drops: the engine actor's hot path sends with `send_now`; a received frame's bytes
+  and message are formatted so too, three times: a large one is not (`_packets`);
 - a channel's socket is written by trio tasks only, a frame at a time under a trio lock; the
   engine actor's worker thread writes its events itself (`ThreadWriter`, outbox.py), so every
   frame, trio's too, is written under the transport's `frame_lock`, a thread lock;
@@ -42,6 +44,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
+import msgspec
 import trio
 
 # tractor imports trio.MultiError, deprecated since trio 0.22; say it once, not per process.
@@ -103,6 +106,47 @@ async def _send_framed(self, msg) -> None:
 
 MsgpackTCPStream.send = _send_framed
 
+LOGGED_FRAME_BYTES = 4096  # a frame past this is never formatted into a log line (_packets)
+
+
+class _Quiet(dict):
+    """A message received in a large frame: tractor formats every message it receives into log
+    lines it then drops (`Received msg {msg}`, `Delivering {msg}`), and 128 vectors of 384 floats
+    (an Embedded, 200 KB) took ~2 ms of the front end's CPU a time; this one's repr says only
+    what it is."""
+
+    def __repr__(self) -> str:
+        return f"<message {sorted(self)}, {self.frame_bytes} bytes>"
+
+
+async def _packets(self) -> AsyncIterator[dict]:
+    """tractor's `MsgpackTCPStream._iter_packets` without its log line of every frame's bytes
+    (formatted whether logged or not); a large frame's message is `_Quiet`. As tractor's, a frame
+    that does not decode is skipped, four at most (a channel dropping mid-frame)."""
+    failed = 0
+    while True:
+        try:
+            header = await self.recv_stream.receive_exactly(4)
+        except (ValueError, ConnectionResetError, trio.BrokenResourceError):
+            header = b""
+        if len(header) < 4:
+            raise TransportClosed(f"transport {self} was already closed prior to read")
+        (size,) = struct.unpack("<I", header)
+        try:
+            msg = self.decode(await self.recv_stream.receive_exactly(size))
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            failed += 1
+            if failed > 4:
+                raise
+            continue
+        if size > LOGGED_FRAME_BYTES and type(msg) is dict:
+            msg = _Quiet(msg)
+            msg.frame_bytes = size
+        yield msg
+
+
+MsgpackTCPStream._iter_packets = _packets
+
 SPAWN_TIMEOUT_S = 120.0
 CANCEL_TIMEOUT_S = 5.0
 
@@ -139,9 +183,9 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    async def wait_death(self, poll_s: float = 0.05) -> str:
+    async def wait_death(self) -> str:
         """Return once the child's process is gone, saying how it ended."""
-        return f"died (exit code {await watch_death(self, poll_s)})"
+        return f"died (exit code {await watch_death(self)})"
 
 
 @asynccontextmanager
@@ -164,11 +208,9 @@ async def spawn(name: str, module: str, loglevel: str, host: str = "127.0.0.1") 
                 process.kill()
 
 
-async def watch_death(child: Child, poll_s: float = 0.05) -> int:
+async def watch_death(child: Child) -> int:
     """Return the child's exit code once its process is gone."""
-    while child.alive():
-        await trio.sleep(poll_s)
-    return child.process.returncode
+    return await child.process.wait()
 
 
 async def actor_port(child: Child, timeout_s: float = SPAWN_TIMEOUT_S) -> int:

@@ -6,7 +6,9 @@ import datetime
 import json
 import math
 import os
+import re
 import signal
+import struct
 import time
 
 import http_sf
@@ -393,6 +395,21 @@ def test_embed_and_legacy_embeddings(oc):
     norm = math.hypot(*legacy)
     assert len(legacy) == 128 and [x / norm for x in legacy] == pytest.approx(r.embeddings[0], abs=1e-5)
     assert len(oc.embed(model=MODEL, input="alpha", dimensions=16).embeddings[0]) == 16
+
+
+def test_embed_prints_float32_as_ollama_does(server):
+    """Ollama's /api/embed answers []float32: each number the shortest text that reads back its
+    float32 (half the bytes of a float64's 17 digits); the legacy /api/embeddings a float64 of it."""
+
+    def is_float32(x: float) -> bool:
+        return struct.unpack("<f", struct.pack("<f", x))[0] == x
+
+    r = post(server, "/api/embed", {"model": MODEL, "input": ["alpha", "beta"], "dimensions": 16})
+    texts = re.findall(r"-?\d[\d.e+-]*", r.text[r.text.index('"embeddings"') :].split("]]")[0])
+    # 9 significant digits tell every float32 apart; a float64 takes up to 17
+    assert len(texts) == 32 and max(len(re.sub(r"e.*|[-.]", "", t).lstrip("0")) for t in texts) <= 9
+    legacy = post(server, "/api/embeddings", {"model": MODEL, "prompt": "alpha"}).json()["embedding"]
+    assert all(is_float32(x) for x in legacy)
 
 
 @pytest.mark.parametrize("dimensions,length", [(16, 16), (0, 128), (-3, 128), (128, 128), (4096, 128)])

@@ -6,6 +6,7 @@ import json
 import math
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,9 +54,11 @@ def test_batches_go_shortest_first_and_keep_every_index_once():
 
 def test_dimensions_cut_and_renormalise_and_keep_what_they_cannot_cut():
     v = [3.0, 4.0, 12.0]
-    assert cut([v], 2) == [[0.6, 0.8]]
-    assert cut([v], 3) == [v] and cut([v], 5) == [v] and cut([v], 0) == [v]
-    assert unit(v) == pytest.approx([3 / 13, 4 / 13, 12 / 13]) and unit([0.0, 0.0]) == [0.0, 0.0]
+    rows = np.array([v])
+    assert cut(rows, 2).tolist() == [[0.6, 0.8]]
+    assert cut(rows, 3).tolist() == [v] and cut(rows, 5).tolist() == [v] and cut(rows, 0).tolist() == [v]
+    assert unit(rows)[0].tolist() == pytest.approx([3 / 13, 4 / 13, 12 / 13])
+    assert unit(np.array([[0.0, 0.0], [0.0, 2.0]])).tolist() == [[0.0, 0.0], [0.0, 1.0]]
 
 
 def test_embedding_models_are_told_by_their_files(tmp_path):

@@ -138,10 +138,10 @@ def register(app: Quart, tree: Tree) -> None:
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
         # Ollama's EmbedHandler: every vector at unit length, then a `dimensions` below the width cut
-        floats = [unit(v) for v in vectors(embedded)]
+        floats = unit(vectors(embedded))
         if dimensions is not None:
             floats = cut(floats, dimensions)
-        headers[DIMENSIONS_HEADER] = str(len(floats[0]))
+        headers[DIMENSIONS_HEADER] = str(floats.shape[1])
         body = EMBEDDED.build(
             model=req.sent_model,
             embeddings=floats,
@@ -161,4 +161,4 @@ def register(app: Quart, tree: Tree) -> None:
         embedded, _ = await _embed(tree, req, inputs, headers)
         if keep_alive is not None:
             tree.keep_alive(req.model, keep_alive)
-        return vectors_answer(EMBEDDING.build(embedding=vectors(embedded)[0]), headers)
+        return vectors_answer(EMBEDDING.build(embedding=vectors(embedded)[0].tolist()), headers)

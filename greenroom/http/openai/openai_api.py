@@ -210,7 +210,7 @@ def embedding_list(event: Embedded, fmt: str, model: str, dimensions: int | None
                 "them",
                 "dimensions",
             )
-        raw = [array.array("f", v).tobytes() for v in cut(vectors(event), dimensions)]
+        raw = [row.tobytes() for row in cut(vectors(event), dimensions)]
     data = [
         EMBEDDING.build(
             object="embedding",
