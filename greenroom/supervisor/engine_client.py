@@ -236,11 +236,12 @@ class EngineClient:
 
     async def cancel_model(self, model: str, error: GreenroomError) -> None:
         """Cancel every request of `model` in flight in the engine and end it with `error`
-        (an unload whose grace period ran out)."""
+        (an unload whose grace period ran out). The error is queued before the Cancel goes, so
+        it is the request's end whatever the engine sends for it while the Cancel is on its way."""
         for rid, m in list(self._model_of.items()):
             if m == model:
-                await self._stream.send(to_wire(Cancel(rid)))
                 self._inbox[rid].put(Failed(rid, error.to_wire()))
+                await self._stream.send(to_wire(Cancel(rid)))
 
     def hung(self, error: GreenroomError) -> None:
         """The actor stopped answering: every Generate it has not started ends with `error` (and
