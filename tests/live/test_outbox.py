@@ -17,16 +17,21 @@ def _switches(pid: int) -> int:
     return sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
 
 
-def test_a_stream_leaves_the_engine_loop_asleep_and_its_text_flows(server):
-    pid = server.actors()["cpu"]["pid"]
-    body = {
+def _stream_body(content: str, max_tokens: int) -> dict:
+    """A streamed chat that runs its whole `max_tokens` (UNENDING), usage in its last chunk."""
+    return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Talk"}],
-        "max_tokens": 400,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         **UNENDING,
     }
+
+
+def test_a_stream_leaves_the_engine_loop_asleep_and_its_text_flows(server):
+    pid = server.actors()["cpu"]["pid"]
+    body = _stream_body("Talk", 400)
     before, start = _switches(pid), time.monotonic()
     arrivals = []
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
@@ -56,14 +61,7 @@ def _streamed_text(url: str, body: dict) -> tuple[str, int]:
 def test_status_answered_meanwhile_leaves_the_stream_whole_and_in_order(server):
     """The loop's answers (status, ~50 a stream here) share the socket with the worker's writes,
     and take the worker's events over when they meet: the same greedy text, every token, in order."""
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Count"}],
-        "max_tokens": 300,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **UNENDING,
-    }
+    body = _stream_body("Count", 300)
     alone = _streamed_text(server.url, body)
     done, answers = threading.Event(), []
 
