@@ -221,6 +221,44 @@ def test_idle_connections_are_still_closed_by_the_keepalive_timeout(server):
     conn.close()
 
 
+def streamed(conn: Connection) -> tuple[int, dict[str, str], bytes]:
+    """A chunked response, whole: its status, headers and body as sent (chunk sizes and all)."""
+    while b"\r\n\r\n" not in conn.buffer:
+        assert conn._more(), f"the server closed the connection: {conn.buffer!r}"
+    head, _, conn.buffer = conn.buffer.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    assert headers["transfer-encoding"] == "chunked", headers
+    while (end := conn.buffer.find(b"\r\n0\r\n\r\n")) < 0:
+        assert conn._more(), "the server closed the connection mid-stream"
+    body, conn.buffer = conn.buffer[: end + 7], conn.buffer[end + 7 :]
+    return int(status.split()[1]), headers, body
+
+
+def test_streams_one_after_another_on_one_connection(server):
+    """A pooled connection carries streamed generations one after another, each whole, whether
+    the next request comes once the last one's answer is in or with it in one write (pipelined:
+    hypercorn's idle timer is then restarted and stopped at once); each request has its own id;
+    the idle timer closes the connection after the last."""
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True})
+    request = head(b"POST /v1/chat/completions", len(chat)) + chat.encode()
+    conn = Connection(server.url)
+    try:
+        ids = set()
+        for sent in (1, 1, 2, 3):
+            conn.send(request * sent)
+            for _ in range(sent):
+                status, headers, body = streamed(conn)
+                assert status == 200 and "connection" not in headers, (status, headers)
+                assert body.count(b'"finish_reason":"length"') == 1 and body.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+                ids.add(headers["x-request-id"])
+        assert len(ids) == 7
+        assert not conn.buffer
+        assert conn.closed(HypercornConfig.keep_alive_timeout + ANSWER_S)
+    finally:
+        conn.close()
+
+
 def test_load_50_pooled_connections(server):
     """50 clients, each with one pooled connection, 20 mixed requests each (404s — wrong paths and methods — with
     bodies, a body no view reads, /v1/models, tiny completions) while 3 long generations run:
