@@ -79,20 +79,35 @@ def engine_status(actor: str, status: dict | None) -> None:
             PREFIX_CACHE[figure].labels(actor, model).set(value)
 
 
+def count_request(rule: str, method: str, status: int) -> None:
+    """One HTTP request answered (the app's after-request hook)."""
+    child = _REQUESTS.get((rule, method, status))
+    if child is None:
+        child = _REQUESTS[rule, method, status] = REQUESTS.labels(rule, method, str(status))
+    child.inc()
+
+
+# each label set's child, looked up once: `labels()` is a lock, a tuple of str() and a dict lookup
+# per call, and a child is never removed (a series is exported for the process's lifetime)
+_REQUESTS: dict[tuple[str, str, int], Counter] = {}
+_CLOCKS: dict[str, tuple[Histogram, Histogram, Counter]] = {}
+
+
 class TokenClock:
     """Per request: observes the first token's latency, then the time per later token."""
 
     def __init__(self, model: str):
-        self.model = model
         self._start = self._last = time.monotonic()
         self._tokens = 0
-        # labelled once: `labels()` is a lock and a dict lookup on every token otherwise
-        self._inter_token, self._count = INTER_TOKEN.labels(model), TOKENS.labels(model)
+        children = _CLOCKS.get(model)
+        if children is None:
+            children = _CLOCKS[model] = (TTFT.labels(model), INTER_TOKEN.labels(model), TOKENS.labels(model))
+        self._ttft, self._inter_token, self._count = children
 
     def text(self, completion_tokens: int) -> None:
         now = time.monotonic()
         if self._tokens == 0:
-            TTFT.labels(self.model).observe(now - self._start)
+            self._ttft.observe(now - self._start)
         elif completion_tokens > self._tokens:
             self._inter_token.observe((now - self._last) / (completion_tokens - self._tokens))
         if completion_tokens > self._tokens:

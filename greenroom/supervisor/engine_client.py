@@ -188,38 +188,48 @@ class EngineClient:
     async def submit(self, request) -> AsyncIterator[RequestEvents]:
         """Send a request; leaving the block before it finished cancels it in the engine. While
         the actor is unresponsive, a client's request (`CLIENT_REQUESTS`) is refused with its error."""
+        events = self._open(request)
+        try:
+            await self._send(request, events)
+            yield events
+        finally:
+            await self._close(request, events)
+
+    def _open(self, request) -> RequestEvents:
+        """`request`'s events, routed to from now on (`_close` ends that)."""
         if self.unresponsive is not None and isinstance(request, CLIENT_REQUESTS):
             raise self.unresponsive
-        events = RequestEvents(
-            request.choices if isinstance(request, Generate) else 1,
-            TokenClock(request.model) if isinstance(request, Generate) else None,
-        )
+        generate = isinstance(request, Generate)
+        events = RequestEvents(request.choices if generate else 1, TokenClock(request.model) if generate else None)
         self._inbox[request.rid] = events
         if isinstance(request, CLIENT_REQUESTS):
             self._model_of[request.rid] = request.model
-        if isinstance(request, Generate):
+        if generate:
             self._unstarted.add(request.rid)
+        return events
+
+    async def _send(self, request, events: RequestEvents) -> None:
         try:
-            try:
-                await self._stream.send(to_wire(request))
-            except OverflowError:  # msgpack carries integers of at most 64 bits
-                events.finished = True
-                raise GreenroomError(
-                    "invalid_parameter", "a number in the request is too large: integers must fit in 64 bits"
-                ) from None
-            yield events
-        finally:
-            del self._inbox[request.rid]
-            self._model_of.pop(request.rid, None)
-            self._unstarted.discard(request.rid)
-            cut = request.rid in self._cut
-            self._cut.discard(request.rid)
-            if not events.finished or cut:
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
-                    try:
-                        await self._stream.send(to_wire(Cancel(request.rid)))
-                    except Exception:  # the actor is gone; nothing left to cancel
-                        pass
+            await self._stream.send(to_wire(request))
+        except OverflowError:  # msgpack carries integers of at most 64 bits
+            events.finished = True
+            raise GreenroomError(
+                "invalid_parameter", "a number in the request is too large: integers must fit in 64 bits"
+            ) from None
+
+    async def _close(self, request, events: RequestEvents) -> None:
+        """Route no more; cancel the request in the engine unless it finished there."""
+        del self._inbox[request.rid]
+        self._model_of.pop(request.rid, None)
+        self._unstarted.discard(request.rid)
+        cut = request.rid in self._cut
+        self._cut.discard(request.rid)
+        if not events.finished or cut:
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+                try:
+                    await self._stream.send(to_wire(Cancel(request.rid)))
+                except Exception:  # the actor is gone; nothing left to cancel
+                    pass
 
     async def status(self, timeout_s: float = 2.0) -> dict | None:
         rid = f"status-{uuid.uuid4().hex}"
@@ -266,8 +276,10 @@ class EngineClient:
 async def admit(stack: AsyncExitStack, client: EngineClient, request: Generate) -> tuple[RequestEvents, Admitted]:
     """Submit inside `stack` (closing it cancels the request) and wait for the engine's
     verdict: Admitted, or its refusal raised as the typed error — before any byte of a
-    response is sent."""
-    events = await stack.enter_async_context(client.submit(request))
+    response is sent. `submit`'s steps, without its context manager's generator per request."""
+    events = client._open(request)
+    stack.push_async_callback(client._close, request, events)
+    await client._send(request, events)
     first = await events.__anext__()
     if isinstance(first, Failed):
         raise GreenroomError.from_wire(first.error)

@@ -182,6 +182,7 @@ def test_extreme_but_valid_sampling_values_are_served(server, path, body):
 def test_huge_integers_are_a_typed_400(server, path, body):
     r = post(server, path, body)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert httpx.get(server.url + "/health").json()["queue_depth"] == 0  # refused in the send: nothing left in flight
 
 
 @pytest.mark.parametrize("path", [CHAT, "/api/chat"])

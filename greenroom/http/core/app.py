@@ -60,11 +60,10 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
     origins = cors.Origins(tree.config.cors_origins)
 
     @app.before_request
-    async def not_shutting_down():
+    async def admitted():
+        """Refused while shutting down, and by its origin or API key: one hook, as each one is an
+        await and a lookup per request in Quart."""
         shutdown.refuse()
-
-    @app.before_request
-    async def origin_and_api_key():
         origin = request.headers.get("Origin")
         if origin is not None:
             origins.check(origin)
@@ -93,8 +92,8 @@ def create_app(tree: Tree, shutdown: Shutdown) -> Quart:
             response.headers.update(cors.response_headers(origin))
         if shutdown.draining:  # no next request on this connection
             response.headers["Connection"] = "close"
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        metrics.REQUESTS.labels(rule, request.method, str(response.status_code)).inc()
+        rule = request.url_rule
+        metrics.count_request(rule.rule if rule is not None else "unmatched", request.method, response.status_code)
         return response
 
     @app.errorhandler(HTTPException)
