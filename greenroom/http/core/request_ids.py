@@ -4,7 +4,7 @@ Every response carries it (app.py), and the error envelopes that name a request 
 from __future__ import annotations
 
 import re
-import uuid
+import secrets
 
 from quart import g, request
 
@@ -18,6 +18,6 @@ def request_id() -> str:
     rid = g.get("greenroom_request_id")
     if rid is None:
         sent = request.headers.get(REQUEST_ID_HEADER)
-        rid = sent if sent is not None and _REQUEST_ID_OK.fullmatch(sent) else f"req-{uuid.uuid4().hex[:24]}"
+        rid = sent if sent is not None and _REQUEST_ID_OK.fullmatch(sent) else f"req-{secrets.token_hex(12)}"
         g.greenroom_request_id = rid
     return rid
