@@ -102,6 +102,7 @@ OPTIONS: dict[str, Option] = {
     "num_thread": _dropped(None, INT),
     "embedding_only": _dropped(None, BOOL),
 }
+_DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}  # each request's options start from these
 
 
 def _field(opt: Option) -> Field:
@@ -222,7 +223,7 @@ def resolve(options: Any, caps: Capabilities) -> Resolved:
                 f"'{_where(name)}' cannot be honoured by this model's engine: {WHY_NOT[opt.needs]}",
                 _where(name),
             )
-    merged = {name: opt.default for name, opt in OPTIONS.items()} | sent
+    merged = _DEFAULTS | sent
     for name, value in sent.items():
         opt = OPTIONS[name]
         if opt.handling == DROPPED:
