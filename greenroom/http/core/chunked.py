@@ -6,8 +6,8 @@ wrapper → h11's `Connection.send`, its state machine and `ChunkedWriter` → `
 its send lock and shielded scope → trio's `SocketStream.send_all` → `socket.send`), and two of them
 yield to trio's scheduler (the lock's acquire and the socket's send, each a
 `cancel_shielded_checkpoint`) even when the socket takes the bytes at once: at 64 streams of
-bench/throughput.py that path was ~45 % of the front end's CPU, and each chunk cost three scheduler
-passes (its stream's next event the third).
+bench/throughput.py that path was about half the front end's CPU (sampled), and each chunk cost
+three scheduler passes (its stream's next event the third).
 
 `install()` gives a body chunk a shorter way while h11 frames the body in chunks (HTTP/1.1 without
 a Content-Length: h11's `ChunkedWriter`, in its `SEND_BODY` state) on a plain TCP socket:
@@ -20,7 +20,7 @@ and trio's `send_all`, which waits for the socket: backpressure holds the stream
 The body's end (h11's `EndOfMessage`, its state to DONE) is written the same way from
 `H11Protocol.stream_send`. Everything else (the response's head, a Content-Length, HTTP/1.0 or
 HEAD body, HTTP/2, TLS) goes through hypercorn unchanged. A hypercorn or h11 without the private
-parts this relies on serves as it is, and says so.
+attributes this relies on (checked once, at install) serves as it is, and says so.
 """
 
 from __future__ import annotations
