@@ -14,7 +14,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from greenroom.actors import runtime
 from greenroom.config import Config
 from greenroom.errors import GreenroomError
-from greenroom.http.core import idle_timer, routes, status_line
+from greenroom.http.core import chunked, idle_timer, routes, status_line
 from greenroom.http.core.app import create_app
 from greenroom.http.core.connection import DrainBody
 from greenroom.http.core.shutdown import Shutdown
@@ -40,6 +40,7 @@ async def serve(config: Config) -> None:
         app = shutdown.counted(DrainBody(create_app(tree, shutdown), routes.streamed))
         status_line.install()  # `HTTP/1.1 400 Bad Request`, not `HTTP/1.1 400 `
         idle_timer.install()  # a kept-alive connection's idle timer, restarted per request, made cheaper
+        chunked.install()  # a streamed body's chunks framed here and written straight to the socket
         hc = HypercornConfig()
         hc.bind = [f"fd://{sock.fileno()}" for sock in listening]
         hc.accesslog = logging.getLogger("greenroom.access") if config.log_level == "debug" else None

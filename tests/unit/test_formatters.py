@@ -35,14 +35,15 @@ async def _each(events):
 
 
 def frames(stream, events, *args) -> list[tuple[str | None, object]]:
-    """A formatter's SSE frames for `events`: (event name, data) each, [DONE] as it is."""
+    """A formatter's SSE frames for `events` (a write may hold several): (event name, data)
+    each, [DONE] as it is."""
 
     async def main():
         return [frame async for frame in stream(_each(events), *args)]
 
     out = []
-    for frame in trio.run(main):
-        lines = frame.decode().strip().split("\n")
+    for frame in (f for write in trio.run(main) for f in write.decode().split("\n\n") if f):
+        lines = frame.strip().split("\n")
         name = lines[0].removeprefix("event: ") if lines[0].startswith("event: ") else None
         data = lines[-1].removeprefix("data: ")
         out.append((name, data if data == "[DONE]" else json.loads(data)))
@@ -321,17 +322,18 @@ def test_a_complete_document_that_does_not_validate_ends_the_stream_with_the_err
         return [f.decode() for f in trio.run(main)]
 
     out = streamed(['{"name": "Paris",', ' "capital": "yes"}'])
-    chunks_ = [json.loads(f.removeprefix("data: ")) for f in out[:-2]]
+    chunks_ = [json.loads(f.removeprefix("data: ")) for f in out[:-1]]
     assert (
         "".join(c["choices"][0]["delta"].get("content", "") for c in chunks_) == '{"name": "Paris", "capital": "yes"}'
     )
-    assert out[-2].startswith("event: error\n")
-    assert json.loads(out[-2].split("data: ")[1])["error"]["code"] == "constrained_output_invalid"
-    assert out[-1] == "data: [DONE]\n\n"
+    error, done = out[-1].split("\n\n", 1)  # the stream's end, one write
+    assert error.startswith("event: error\n")
+    assert json.loads(error.split("data: ")[1])["error"]["code"] == "constrained_output_invalid"
+    assert done == "data: [DONE]\n\n"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks_)
-    valid = streamed(['{"name": "Paris",', ' "capital": true}'])
-    assert json.loads(valid[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "stop"
-    assert valid[-1] == "data: [DONE]\n\n"
+    finishing, done = streamed(['{"name": "Paris",', ' "capital": true}'])[-1].split("\n\n", 1)  # one write
+    assert json.loads(finishing.removeprefix("data: "))["choices"][0]["finish_reason"] == "stop"
+    assert done == "data: [DONE]\n\n"
 
 
 # --- Responses -------------------------------------------------------------------------------------

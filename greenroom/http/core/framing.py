@@ -82,17 +82,24 @@ def ndjson(obj: dict) -> bytes:
 
 class StreamBody:
     """A streamed response body that always releases its request: quart calls
-    `aclose` when the client goes away, even before the first chunk."""
+    `aclose` when the client goes away, even before the first chunk. `done` runs once the
+    last chunk has been taken (not when the client went away first)."""
 
-    def __init__(self, chunks, stack: contextlib.AsyncExitStack):
+    def __init__(self, chunks, stack: contextlib.AsyncExitStack, done: Callable[[], None] | None = None):
         self._chunks = chunks
         self._stack = stack
+        self._done = done
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> bytes:
-        return await self._chunks.__anext__()
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            if self._done is not None:
+                self._done()
+            raise
 
     async def aclose(self) -> None:
         try:
@@ -106,10 +113,12 @@ def streamed(
     framing: Framing,
     headers: dict[str, str],
     stack: contextlib.AsyncExitStack | None = None,
+    done: Callable[[], None] | None = None,
 ) -> Response:
-    """A response that streams `chunks` for as long as they come (no response timeout)."""
+    """A response that streams `chunks` for as long as they come (no response timeout); `done`
+    runs after the last."""
     response = Response(
-        StreamBody(chunks, stack or contextlib.AsyncExitStack()),
+        StreamBody(chunks, stack or contextlib.AsyncExitStack(), done),
         content_type=framing.content_type,
         headers={**headers, **framing.headers},
     )

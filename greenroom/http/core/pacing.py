@@ -1,9 +1,9 @@
 """How often one stream is sent a chunk: vLLM's stream interval, set by the load.
 
 Every streamed chunk costs the front end about the same whatever it carries: framed, sent
-through quart, hypercorn and h11, written to its socket — ~0.1 ms of CPU on this machine
+through quart and hypercorn, written to its socket (http/core/chunked.py), a trio scheduler pass
 (bench/throughput.py prints chunks per token beside the front end's CPU per token; at 64 streams
-the chunk path is ~60 % of the front end's CPU, three trio scheduler passes each). One chunk per
+the chunk path was ~60 % of the front end's CPU before chunked.py, ~0.1 ms a chunk). One chunk per
 token is what a client wants while the front end keeps up; past `stream_chunks_per_s` chunks a
 second in all it does not, and the cores it takes are the engines'. So each stream is held to
 one chunk per streams / stream_chunks_per_s seconds (never more than MAX_HOLD_S), and what its

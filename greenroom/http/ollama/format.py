@@ -11,7 +11,6 @@ timing. A stream that fails ends with the flat error envelope as its last line, 
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import time
@@ -28,9 +27,17 @@ from greenroom.http.pipeline import events as ev
 log = logging.getLogger("greenroom.http.ollama")
 
 
+_second: list = [None, ""]  # the last second created_at wrote, and its text up to the seconds
+
+
 def created_at() -> str:
-    """Now, RFC 3339, UTC: every object's `created_at`."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """Now, RFC 3339, UTC, to the microsecond: every object's `created_at` (a streamed line's
+    too: the date and time are formatted once a second, where datetime's cost a tenth of the
+    front end's CPU per Ollama line)."""
+    second, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    if second != _second[0]:
+        _second[:] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_second[1]}.{micros:06d}Z"
 
 
 # --- the objects (openapi.py renders them) -------------------------------------------------

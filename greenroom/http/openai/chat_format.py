@@ -256,20 +256,10 @@ def _choice(choice: Choice, ctx: Context, reasoning: str) -> dict:
 
 
 async def stream(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[bytes]:
-    """The chunks as server-sent events; [DONE] ends every stream."""
-    async for chunk in _chunks(events, ctx):
-        if isinstance(chunk, bytes):
-            yield chunk
-        elif isinstance(chunk, Failure):  # the one place a failure becomes this surface's error event
-            yield framing.sse_error(chunk.error.openai_body())
-        else:
-            yield framing.sse(chunk)
-    yield framing.SSE_DONE
-
-
-async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[dict | bytes | Failure]:
-    """The chunks, and a Failure as it came (it ends the stream). A choice's text alone goes as
-    its Template filled in (framing.py), already an event."""
+    """The chunks as server-sent events; [DONE] ends every stream, after a failure's error event
+    too. A choice's text alone goes as its Template filled in (framing.py). The request's last
+    finishing chunk and what follows it (the usage-only chunk, the millm chunk, [DONE]) are one
+    write: no text is among them, and nothing is waited for between them."""
     chunk_object = CHAT_COMPLETION_CHUNK if ctx.chat else TEXT_COMPLETION_CHUNK
     head = {
         "id": ctx.rid,
@@ -282,7 +272,7 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
     counted = Usage(ctx.prompt_tokens, 0)
     last = False  # the usage came: the next finishing chunk is the request's last
 
-    def chunk(index: int, delta, finished: Finished | None = None, **extra) -> dict:
+    def chunk(index: int, delta, finished: Finished | None = None, **extra) -> bytes:
         written = None
         if unsent.get(index):
             written, unsent[index] = ctx.writers[index](unsent[index]), []
@@ -297,14 +287,14 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
             extra["usage"] = None
         elif finished is not None and last:
             extra["usage"] = usage(counted)
-        return chunk_object.build(**head, choices=[choice], **extra)
+        return framing.sse(chunk_object.build(**head, choices=[choice], **extra))
 
     texts: dict[int, framing.Template] = {}
 
     def text(index: int, content: str) -> bytes:
         if index not in texts:
             texts[index] = framing.Template.of(
-                lambda mark: framing.sse(chunk(index, DELTA.build(content=mark) if ctx.chat else mark))
+                lambda mark: chunk(index, DELTA.build(content=mark) if ctx.chat else mark)
             )
         return texts[index].fill(content)
 
@@ -312,9 +302,10 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
         for i in range(ctx.choices):
             yield chunk(i, DELTA.build(role="assistant", content=""))
     read = None
+    end: list[bytes] = []  # the request's last finishing chunk and what follows it
     async for event in events:
-        if isinstance(event, Failure):
-            yield event
+        if isinstance(event, Failure):  # the one place a failure becomes this surface's error event
+            yield framing.sse_error(event.error.openai_body()) + framing.SSE_DONE
             return
         if ctx.extras is not None and getattr(event, "choice", None) == 0:
             first.add(event)
@@ -342,13 +333,21 @@ async def _chunks(events: AsyncIterator[Event], ctx: Context) -> AsyncIterator[d
             counted, last = event, True
         elif isinstance(event, Finished):
             extra = {"x_needle": x_needle(first, ctx)} if ctx.extras is not None and event.choice == 0 else {}
-            yield chunk(event.choice, None, event, **extra)
+            finishing = chunk(event.choice, None, event, **extra)
+            if last:
+                end.append(finishing)
+            else:
+                yield finishing
             last = False
         elif isinstance(event, Activations):
             read = event.read
     if ctx.include_usage:  # OpenAI's usage-only chunk
-        yield chunk_object.build(**head, choices=[], usage=usage(counted))
+        end.append(framing.sse(chunk_object.build(**head, choices=[], usage=usage(counted))))
     if read is not None:  # the spec: one last chunk with no choices, before [DONE]
-        yield chunk_object.build(
-            **head, choices=[], millm=sae_activations.millm(read), **({"usage": None} if ctx.include_usage else {})
+        millm = sae_activations.millm(read)
+        end.append(
+            framing.sse(
+                chunk_object.build(**head, choices=[], millm=millm, **({"usage": None} if ctx.include_usage else {}))
+            )
         )
+    yield b"".join((*end, framing.SSE_DONE))

@@ -221,7 +221,7 @@ async def run(
         answered = headers(first)
         if framing is not None:
             chunks = surface.stream(native(events, first), first)
-            return streamed(chunks if done is None else _then(chunks, done), framing, answered, stack)
+            return streamed(chunks, framing, answered, stack, done)
         async with stack:
             result = await surface.whole(await typed.collect(native(events, first), gen.choices), first)
         if done is not None:
@@ -244,9 +244,3 @@ async def named(
 def pacer() -> Pacer:
     """The app's one pacer (create_app makes it)."""
     return current_app.extensions["greenroom.pacer"]
-
-
-async def _then(chunks: AsyncIterator[bytes], done: Callable[[], None]):
-    async for chunk in chunks:
-        yield chunk
-    done()
