@@ -135,6 +135,7 @@ class _Choice:
     logprobs: bool = True  # the engine reports each token's log-probability (capabilities.token_logprobs)
     start: float = attrs.Factory(time.monotonic)  # this choice's
     first_token: float | None = None
+    shown: bool = False  # a text of this choice has gone to the outbox
     logprob_sum: float = 0.0
     tokens: list = attrs.Factory(list)  # the reported tokens (Delta.token) not yet sent
 
@@ -661,9 +662,14 @@ class EngineLoop:
         if delta.finish_reason is None:
             if delta.text:
                 self._outbox.put_text(
-                    choice.rid, choice.index, delta.text, delta.completion_tokens, choice.tokens or None
+                    choice.rid,
+                    choice.index,
+                    delta.text,
+                    delta.completion_tokens,
+                    choice.tokens or None,
+                    not choice.shown,
                 )
-                choice.tokens = []
+                choice.tokens, choice.shown = [], True
             return
         now = time.monotonic()
         stats = GenerationStats(

@@ -79,22 +79,26 @@ class Outbox:
         self._wake.set()
 
     def put_from_thread(self, event, hold: bool = False) -> None:
-        """From the worker thread: sent at once unless it is a stream's text or `hold` (the
-        caller flushes); a first or last text goes at the end of the step that made it
-        (`flush_due`), the rest with the next message."""
+        """From the worker thread: sent at once unless it is a stream's last text (running ones
+        come by `put_text`), which goes at the end of the step that made it (`flush_due`), or
+        `hold` (the caller flushes)."""
         self._pending.add(event)
         if hold:
             return
-        if not isinstance(event, Text):
-            self.flush()
-        elif event.finish_reason is not None or event.completion_tokens <= 1:
+        if isinstance(event, Text):
             self._due = True
+        else:
+            self.flush()
 
-    def put_text(self, rid: str, index: int, text: str, completion_tokens: int, logprobs: list | None) -> None:
+    def put_text(
+        self, rid: str, index: int, text: str, completion_tokens: int, logprobs: list | None, first: bool
+    ) -> None:
         """From the worker: a running text (no ending, nothing on it but its words), as
-        `put_from_thread` its Text would be, without the Text (protocol.EventBatch)."""
+        `put_from_thread` its Text would be, without the Text (protocol.EventBatch); `first`: the
+        choice's first text, which goes at the end of its step even where its first tokens'
+        text was held back (an incomplete character, a possible stop string)."""
         self._pending.text(rid, index, text, completion_tokens, logprobs)
-        if completion_tokens <= 1:  # a stream's first text
+        if first:
             self._due = True
 
     def flush_due(self, streams: int) -> None:
