@@ -9,7 +9,8 @@ parameters, so every one is batchable, on /v1 (SSE) and on Ollama's /api/chat (N
         [--ollama-levels 16] [--repeat 3] [--stagger-ms 0] [--chunks-per-s N] [--front-only]
 
 The last columns: the engine's CPU milliseconds per token in process | the front end's and the
-actors' through the server, and the chunks the server wrote per token (pacing merges tokens
+actors' through the server (the engine actor's among them, and its ratio to in process: the
+actor's serving overhead), and the chunks the server wrote per token (pacing merges tokens
 into chunks: the front end's cost goes mostly by the chunk, http/core/pacing.py).
 `--front-only` skips the in-process reference: the served figures alone, quicker.
 """
@@ -131,7 +132,8 @@ def main() -> None:
                 f"{surface:>8} {n:>7} {ref:>9.0f}/s {mid['tok_s']:>7.0f}/s {mid['tok_s'] / ref:>6.2f} "
                 f"{mid['ttft_worst_s'] * 1000:>8.0f} ms {mid['client_cpu_s']:>9.2f} s   "
                 f"{ref_cpu * 1000:.3f} | {mid['front_ms']:.3f} + {mid['actors_ms']:.3f}"
-                f" (engine {mid['engine_ms']:.3f})   {mid['frames'] / mid['tokens']:.2f}"
+                f" (engine {mid['engine_ms']:.3f}, {mid['engine_ms'] / (ref_cpu * 1000):.2f}x)"
+                f"   {mid['frames'] / mid['tokens']:.2f}"
             )
     finally:
         proc.send_signal(signal.SIGTERM)

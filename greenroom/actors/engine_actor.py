@@ -80,9 +80,10 @@ async def engine_session(
     device: str,
     continuous_batching: bool = False,
     cpu: int | None = None,
+    chunks_per_s: float = 0.0,
 ):
     """`models`: placements as they cross here (engines/loader.load_engine's spec); `cpu`: the one
-    this process keeps to (cpus.py). Loads them, reports
+    this process keeps to (cpus.py); `chunks_per_s`: the front end's pacing (outbox.py). Loads them, reports
     {"ok": True, "models": [ModelInfo…]} or {"ok": False, "error": …} as the first
     value, then serves the stream until the front end closes it."""
     die_with_parent(parent_pid)
@@ -98,7 +99,7 @@ async def engine_session(
         await ctx.started({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
     await ctx.started({"ok": True, "models": [attrs.asdict(e.info) for e in engines.values()]})
-    loop = EngineLoop(engines, max_queue, default_max_tokens, device, continuous_batching)
+    loop = EngineLoop(engines, max_queue, default_max_tokens, device, continuous_batching, chunks_per_s)
     async with ctx.open_stream() as stream:
         await loop.serve(stream)
 
@@ -134,6 +135,7 @@ class _Choice:
     logprobs: bool = True  # the engine reports each token's log-probability (capabilities.token_logprobs)
     start: float = attrs.Factory(time.monotonic)  # this choice's
     first_token: float | None = None
+    shown: bool = False  # a text of this choice has gone to the outbox
     logprob_sum: float = 0.0
     tokens: list = attrs.Factory(list)  # the reported tokens (Delta.token) not yet sent
 
@@ -152,9 +154,16 @@ class EngineLoop:
     `_handle`); the worker thread runs turns (`_work`) and the runners."""
 
     def __init__(
-        self, engines: dict, max_queue: int, default_max_tokens: int, device: str, continuous_batching: bool = False
+        self,
+        engines: dict,
+        max_queue: int,
+        default_max_tokens: int,
+        device: str,
+        continuous_batching: bool = False,
+        chunks_per_s: float = 0.0,
     ):
         self.engines = engines
+        self.chunks_per_s = chunks_per_s
         self.device = device
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
@@ -176,7 +185,7 @@ class EngineLoop:
         self._dashboards = DashboardRunner()  # run a step at a time while nothing else runs
 
     async def serve(self, stream) -> None:
-        self._outbox = Outbox(stream)
+        self._outbox = Outbox(stream, self.chunks_per_s)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._outbox.send)
@@ -322,7 +331,7 @@ class EngineLoop:
                 if self._guard(req.rid, next, steps, None) is None:  # finished, cancelled or failed
                     self._serial = None
                     self._finish(req.rid)
-            self._outbox.flush_due()
+            self._outbox.flush_due(len(self._running))
             if self._dashboards:
                 self._spare_time()
 
@@ -599,7 +608,7 @@ class EngineLoop:
                     if delta.finish_reason:
                         self.counters.completed += 1
                         self._finish(rid)
-                self._outbox.flush_due()  # their first texts, together
+                self._outbox.flush_due(len(self._running))  # their first texts, together
         return one_by_one
 
     def _admit_row(self, req: Generate) -> tuple[str, list[int], object]:
@@ -630,51 +639,62 @@ class EngineLoop:
                 self._fail(batch.keys, exc)
                 batch.leave(set(batch.keys))
                 out = []
+            self.counters.tokens_generated += len(out)
             for rid, delta in out:
-                self.counters.tokens_generated += 1
                 self._deliver(self._choices[rid], delta)
                 if delta.finish_reason:
                     self.counters.completed += 1
                     self._finish(rid)
-            self._outbox.flush_due()
+            self._outbox.flush_due(len(self._running))
         if not len(batch):
             del self._batches[model]
 
     def _deliver(self, choice: _Choice, delta) -> None:
         """A choice's step as a Text event (none while the text is held back), with the
-        engine's own figures, the activations read and the monitor's record on the finishing one."""
-        now = time.monotonic()
-        choice.first_token = choice.first_token or now
+        engine's own figures, the activations read and the monitor's record on the finishing one.
+        A running text goes as the outbox's row (`put_text`): no Text made per token."""
+        if choice.first_token is None:
+            choice.first_token = time.monotonic()
         choice.logprob_sum += delta.logprob
         if delta.token is not None:
             token_id, text, logprob, top = delta.token
             choice.tokens.append([token_id, text, logprob, [list(alt) for alt in top]])
-        stats = None
-        if delta.finish_reason:
-            stats = GenerationStats(
-                logprob_sum=choice.logprob_sum if choice.logprobs else None,
-                prefill_s=choice.first_token - choice.start,
-                decode_s=now - choice.first_token,
-                queue_wait_s=choice.queue_wait,
-                compute_s=now - choice.started,
-                peak_rss_mb=_peak_rss_mb(),
-            )
-        if delta.text or delta.finish_reason:
-            self._outbox.put_from_thread(
-                Text(
+        if delta.finish_reason is None:
+            if delta.text:
+                self._outbox.put_text(
                     choice.rid,
                     choice.index,
                     delta.text,
                     delta.completion_tokens,
-                    delta.finish_reason,
-                    stats,
-                    delta.sae_activations,
-                    delta.monitor,
-                    delta.stop,
                     choice.tokens or None,
+                    not choice.shown,
                 )
+                choice.tokens, choice.shown = [], True
+            return
+        now = time.monotonic()
+        stats = GenerationStats(
+            logprob_sum=choice.logprob_sum if choice.logprobs else None,
+            prefill_s=choice.first_token - choice.start,
+            decode_s=now - choice.first_token,
+            queue_wait_s=choice.queue_wait,
+            compute_s=now - choice.started,
+            peak_rss_mb=_peak_rss_mb(),
+        )
+        self._outbox.put_from_thread(
+            Text(
+                choice.rid,
+                choice.index,
+                delta.text,
+                delta.completion_tokens,
+                delta.finish_reason,
+                stats,
+                delta.sae_activations,
+                delta.monitor,
+                delta.stop,
+                choice.tokens or None,
             )
-            choice.tokens = []
+        )
+        choice.tokens = []
 
     def _tokenize(self, engine, req: Tokenize) -> None:
         ids = tokenized(engine, req)

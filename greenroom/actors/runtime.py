@@ -17,7 +17,7 @@ tractor 0.1.0a5's sharp edges are handled here and nowhere else:
   stream per actor carries everything (see protocol.py);
 - `MsgStream.send` yields to the scheduler twice and formats each message into a log line
   it then drops: the engine actor's hot path sends with `send_now`; a received frame's bytes
-  and message are formatted so too, three times: a large one is not (`_packets`);
+  and message are formatted so too, three times: one past a few hundred bytes is not (`_packets`);
 - a channel's socket is written by trio tasks only, a frame at a time under a trio lock; the
   engine actor's worker thread writes its events itself (`ThreadWriter`, outbox.py), so every
   frame, trio's too, is written under the transport's `frame_lock`, a thread lock;
@@ -106,14 +106,14 @@ async def _send_framed(self, msg) -> None:
 
 MsgpackTCPStream.send = _send_framed
 
-LOGGED_FRAME_BYTES = 4096  # a frame past this is never formatted into a log line (_packets)
+LOGGED_FRAME_BYTES = 256  # a frame past this is never formatted into a log line (_packets)
 
 
 class _Quiet(dict):
-    """A message received in a large frame: tractor formats every message it receives into log
-    lines it then drops (`Received msg {msg}`, `Delivering {msg}`), and 128 vectors of 384 floats
-    (an Embedded, 200 KB) took ~2 ms of the front end's CPU a time; this one's repr says only
-    what it is."""
+    """A message received in a frame past LOGGED_FRAME_BYTES: tractor formats every message it
+    receives into log lines it then drops (`Received msg {msg}`, `Delivering {msg}`), and 128
+    vectors of 384 floats (an Embedded, 200 KB) took ~2 ms of the front end's CPU a time, an
+    Events message of 32 streams' texts (2 KB) ~56 µs; this one's repr says only what it is."""
 
     def __repr__(self) -> str:
         return f"<message {sorted(self)}, {self.frame_bytes} bytes>"

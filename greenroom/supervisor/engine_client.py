@@ -75,7 +75,7 @@ class RequestEvents:
     def put(self, event) -> None:
         """The router's: queue `event`, and wake the reader if it goes now."""
         self._queue.append(event)
-        urgent = _ends_hold(event)
+        urgent = type(event) is not Text or event.finish_reason is not None  # it ends a hold
         self._urgent += urgent
         if self._reader is not None:
             if urgent or self._pacer is None:
@@ -130,22 +130,22 @@ class RequestEvents:
 
     def _take(self):
         event = self._queue.popleft()
-        self._urgent -= _ends_hold(event)
-        if isinstance(event, Text):
+        if type(event) is Text:
             if self._clock is not None and event.index == 0:
                 self._clock.text(event.completion_tokens)
-            if event.finish_reason:
+            if event.finish_reason is not None:
+                self._urgent -= 1
                 self._unfinished -= 1
-        if (
-            isinstance(event, (Failed, Embedded, Scores, Tokenized, FeaturesRead, Done, Steered, SteeringReply))
-            or self._unfinished == 0
-        ):
+                if self._unfinished == 0:
+                    self.finished = True
+            return event
+        self._urgent -= 1
+        if isinstance(event, ENDINGS) or self._unfinished == 0:
             self.finished = True
         return event
 
 
-def _ends_hold(event) -> bool:
-    return not isinstance(event, Text) or event.finish_reason is not None
+ENDINGS = (Failed, Embedded, Scores, Tokenized, FeaturesRead, Done, Steered, SteeringReply)  # a request's last event
 
 
 # what a client's request asks of an engine: refused while the actor is unresponsive (lifecycle
@@ -175,10 +175,12 @@ class EngineClient:
 
     async def run(self) -> None:
         """Route events until the stream ends."""
+        inbox, unstarted = self._inbox, self._unstarted
         async for raw in self._stream:
             for event in from_wire(raw).events:
-                self._unstarted.discard(event.rid)
-                events = self._inbox.get(event.rid)
+                if unstarted:
+                    unstarted.discard(event.rid)
+                events = inbox.get(event.rid)
                 if events is not None:
                     events.put(event)
                 elif (query := self._status_queries.get(event.rid)) is not None:

@@ -209,6 +209,7 @@ class Supervisor:
                 "default_max_tokens": self.config.default_max_tokens,
                 "continuous_batching": self.config.continuous_batching,
                 "cpu": self._own_cpu(slot, specs),
+                "chunks_per_s": self.config.stream_chunks_per_s,  # how long its outbox may hold a text
             }
         else:  # the steering coordinator
             fn, kwargs = (

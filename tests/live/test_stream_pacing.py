@@ -90,7 +90,7 @@ def test_paced_ollama_lines_carry_several_tokens_and_the_same_text(paced):
 
 def test_streams_on_pooled_connections_add_up_to_the_whole_answer_with_usage_once(paced):
     """Six streams at a time on each surface over three pooled keep-alive connections, each
-    prompt twice: whatever the actor merged into one message (Events.merged), the pacer held
+    prompt twice: whatever the actor merged into one message (protocol.EventBatch), the pacer held
     and the templates framed (framing.Template), each stream's text chunks add up to the
     non-streamed answer, and its usage comes once, at its end, equal to the answer's."""
     pool = httpx.Client(limits=httpx.Limits(max_connections=3), timeout=120)

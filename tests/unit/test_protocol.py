@@ -26,6 +26,7 @@ from greenroom.engines.prompt_fit import Truncated
 from greenroom.protocol import (
     Admitted,
     Done,
+    EventBatch,
     Events,
     Failed,
     Generate,
@@ -37,6 +38,7 @@ from greenroom.protocol import (
     SteeringReply,
     SteerUpdate,
     Text,
+    events_wire,
     from_wire,
     to_wire,
 )
@@ -156,21 +158,21 @@ def test_what_an_engine_steers_by_crosses_keyed_by_feature_index():
 
 
 def test_an_events_message_merges_each_choices_texts_and_keeps_the_rest():
-    """Events.merged (what the engine actor's outbox sends): one Text per request and choice,
-    its text the texts joined in order, the last one's count, ending and figures, the reported
-    tokens together; every other event, and other requests' texts, as they were; it crosses equal."""
-    merged = Events.merged(
-        [
-            Admitted("a", 3),
-            Text("a", 0, "Once", 1, logprobs=[[1, "Once", -0.1, []]]),
-            Text("b", 0, "x", 7),
-            Text("a", 1, "It", 1),
-            Text("a", 0, " upon", 2, logprobs=[[2, " upon", -0.2, []]]),
-            Text("a", 0, " a", 3, "length", STATS, stop=None, logprobs=[[3, " a", -0.3, []]]),
-            Failed("c", {"code": "x"}),
-        ]
-    )
-    assert merged == Events(
+    """EventBatch (what the engine actor's outbox sends): one Text per request and choice, its
+    text the texts joined in order, the last one's count, ending and figures, the reported
+    tokens together; every other event, and other requests' texts, as they were; the running
+    texts cross as rows and every one arrives equal to its Text."""
+    batch = EventBatch()
+    batch.add(Admitted("a", 3))
+    batch.text("a", 0, "Once", 1, [[1, "Once", -0.1, []]])
+    batch.text("b", 0, "x", 7, None)
+    batch.text("a", 1, "It", 1, None)
+    batch.text("a", 0, " upon", 2, [[2, " upon", -0.2, []]])
+    batch.text("b", 0, "y", 8, None)
+    batch.add(Text("a", 0, " a", 3, "length", STATS, stop=None, logprobs=[[3, " a", -0.3, []]]))
+    batch.add(Failed("c", {"code": "x"}))
+    sent = from_wire(msgspec.msgpack.decode(msgspec.msgpack.encode(events_wire(batch.items))))
+    assert sent == Events(
         [
             Admitted("a", 3),
             Text(
@@ -182,9 +184,9 @@ def test_an_events_message_merges_each_choices_texts_and_keeps_the_rest():
                 STATS,
                 logprobs=[[1, "Once", -0.1, []], [2, " upon", -0.2, []], [3, " a", -0.3, []]],
             ),
-            Text("b", 0, "x", 7),
+            Text("b", 0, "xy", 8),
             Text("a", 1, "It", 1),
             Failed("c", {"code": "x"}),
         ]
     )
-    assert crossed(merged) == merged
+    assert crossed(sent) == sent  # an Events of Texts: the running ones as rows
