@@ -9,7 +9,7 @@ are read from there, so one script measures all-minilm on each engine:
     .venv/bin/python bench/embeddings.py --model all-minilm:f16 --llama-server /tmp/lsrv/build/bin/llama-server
     .venv/bin/python bench/embeddings.py --model all-minilm:transformers
     .venv/bin/python bench/embeddings.py --model all-minilm        # OpenVINO on npu0 (the CPU stands in)
-        [--inputs 128] [--rounds 5] [--threads 1]    # --threads 0: each side's own default
+        [--inputs 128] [--rounds 5] [--threads 1] [--slots 8]    # 0: each side's own default
 
 Every server stays up and each round measures them all in turn (after a warm request each):
 medians are printed, and each round's ratios, which the machine's drift moves far less. The
@@ -79,12 +79,13 @@ def served_config(m: dict, threads: int) -> str:
 def start_llama_server(binary: str, path: Path, threads: int, slots: int) -> tuple[subprocess.Popen, str]:
     """llama-server in embeddings mode on the file: mean pooling (the model's own), `slots` slots
     of the model's 512-token window, so it too decodes many inputs together; `threads` 0: its
-    default (every physical core)."""
+    default (every physical core); `slots` 0: its default (4 here)."""
     port = _free_port()
     proc = subprocess.Popen(
         [binary, "-m", str(path), "--embeddings", "--pooling", "mean"]
         + (["-t", str(threads), "-tb", str(threads)] if threads else [])
-        + ["-c", str(512 * slots), "-np", str(slots), "-b", "2048", "-ub", "512"]
+        + (["-c", str(512 * slots), "-np", str(slots)] if slots else [])
+        + ["-b", "2048", "-ub", "512"]
         + ["--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -114,7 +115,7 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=36)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="each side's compute threads; 0: each side's default")
-    ap.add_argument("--slots", type=int, default=8, help="llama-server's slots")
+    ap.add_argument("--slots", type=int, default=8, help="llama-server's slots; 0: its default")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     args = ap.parse_args()
     m = entry(args.model)
