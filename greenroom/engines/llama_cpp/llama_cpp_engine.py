@@ -88,7 +88,7 @@ from .prompt_store import PREFILL_GRID, PromptStore, State
 log = logging.getLogger("greenroom.llama_cpp")
 PROBE_CELLS = 64  # per sequence, in the contexts `_decode_plan` measures decoding in
 PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefill is ~8 ms a token)
-EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.EMBED_TOKENS tokens)
+EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.embed_tokens tokens)
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
 # 0.3.36 maps them wrongly and prints to the terminal; ours sends them to greenroom's log at
@@ -620,16 +620,17 @@ class LlamaCppEngine:
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled vector per input, from a context of their own in embeddings mode (the
-        weights are shared). Inputs are packed in order into decodes of up to gguf_meta.EMBED_TOKENS
-        tokens and EMBED_SEQUENCES sequences, each input whole in one decode (llama.cpp pools a
-        sequence within its ubatch; a longer input is decoded alone): 128 inputs of ~40 tokens
-        are 22 decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
+        weights are shared). Inputs are packed in order into decodes of up to gguf_meta.embed_tokens
+        tokens (256 on one thread, 512 on more) and EMBED_SEQUENCES sequences, each input whole in
+        one decode (llama.cpp pools a sequence within its ubatch; a longer input is decoded alone):
+        128 inputs of ~40 tokens are 22 or 10 decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
         of its last hidden states) and L2-normalised as it says (bert_gguf.NORMALIZE_KEY; an
         embedding model that does not say is normalised, as llama-server does)."""
         ctx = self._embedding_context()
         width = self.model.n_embd()
         pooled = np.empty((len(inputs), width), dtype=np.float32)
-        for group in _packed([len(ids) for ids in inputs], gguf_meta.EMBED_TOKENS, EMBED_SEQUENCES):
+        tokens = gguf_meta.embed_tokens(self.embed_threads)
+        for group in _packed([len(ids) for ids in inputs], tokens, EMBED_SEQUENCES):
             if ctx.memory is not None:  # an encoder (BERT) keeps no cache
                 llama_cpp.llama_memory_clear(ctx.memory, True)
             batch = _SequencesBatch([inputs[i] for i in group])
