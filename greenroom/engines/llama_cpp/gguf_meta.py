@@ -155,7 +155,7 @@ GENERATION_UBATCH = 512
 EMBED_TOKENS = 256
 # on two threads (or more: not measured) twice that: a decode's threads meet after every op, and
 # fewer, larger decodes won (all-MiniLM, 2 threads, wall: 512 tokens 0.99-1.03 s against 1.05-1.08
-# in 256, in 9 interleaved pairs; one thread the other way: 256 1.74-1.76 s against 1.78-1.84)
+# in 256, 5 interleaved pairs; one thread the other way: 256 1.74-1.76 s against 1.78-1.84)
 EMBED_TOKENS_THREADED = 512
 LOGIT_BYTES = 4
 
