@@ -9,11 +9,13 @@ are read from there, so one script measures all-minilm on each engine:
     .venv/bin/python bench/embeddings.py --model all-minilm:f16 --llama-server /tmp/lsrv/build/bin/llama-server
     .venv/bin/python bench/embeddings.py --model all-minilm:transformers
     .venv/bin/python bench/embeddings.py --model all-minilm        # OpenVINO on npu0 (the CPU stands in)
-        [--inputs 128] [--rounds 5] [--threads 1]
+        [--inputs 128] [--rounds 5] [--threads 1] [--slots 8]    # 0: each side's own default
 
 Every server stays up and each round measures them all in turn (after a warm request each):
 medians are printed, and each round's ratios, which the machine's drift moves far less. The
-acceptance: greenroom's /api/embed ≥ 0.9 × in process; ≥ 1.0 × llama-server (same threads).
+acceptance: greenroom's /api/embed ≥ 0.9 × in process; ≥ 1.0 × llama-server (same threads; with
+`--threads 0` each side computes on its own default: greenroom's embedding decodes and llama-server
+both on every core).
 Beside each wall-clock figure, the CPU seconds a request cost its side (this process's for the
 engine in process; the server's whole process tree, front end and actors; llama-server's), from
 /proc as bench/throughput.py reads them: on a loaded machine they move far less than the clock.
@@ -66,9 +68,9 @@ def entry(model: str) -> dict:
 
 
 def served_config(m: dict, threads: int) -> str:
-    """The bench server's TOML: the entry alone, preloaded, its engine on `threads` threads."""
+    """The bench server's TOML: the entry alone, preloaded, its engine on `threads` threads (0: its default)."""
     keys = {**m, "preload": True}
-    if m.get("engine") == "llama.cpp":
+    if m.get("engine") == "llama.cpp" and threads:
         keys["threads"] = threads
     lines = [f"{k} = {json.dumps(v)}" for k, v in keys.items()]  # JSON's strings, numbers and booleans are TOML's
     return 'engine_actors = ["cpu"]\nnpu_actors = "auto"\n\n[[models]]\n' + "\n".join(lines) + "\n"
@@ -76,11 +78,14 @@ def served_config(m: dict, threads: int) -> str:
 
 def start_llama_server(binary: str, path: Path, threads: int, slots: int) -> tuple[subprocess.Popen, str]:
     """llama-server in embeddings mode on the file: mean pooling (the model's own), `slots` slots
-    of the model's 512-token window, so it too decodes many inputs together."""
+    of the model's 512-token window, so it too decodes many inputs together; `threads` 0: its
+    default (every physical core); `slots` 0: its default (4 here)."""
     port = _free_port()
     proc = subprocess.Popen(
-        [binary, "-m", str(path), "--embeddings", "--pooling", "mean", "-t", str(threads), "-tb", str(threads)]
-        + ["-c", str(512 * slots), "-np", str(slots), "-b", "2048", "-ub", "512"]
+        [binary, "-m", str(path), "--embeddings", "--pooling", "mean"]
+        + (["-t", str(threads), "-tb", str(threads)] if threads else [])
+        + (["-c", str(512 * slots), "-np", str(slots)] if slots else [])
+        + ["-b", "2048", "-ub", "512"]
         + ["--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -109,8 +114,8 @@ def main() -> None:
     ap.add_argument("--inputs", type=int, default=128)
     ap.add_argument("--words", type=int, default=36)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--slots", type=int, default=8, help="llama-server's slots")
+    ap.add_argument("--threads", type=int, default=1, help="each side's compute threads; 0: each side's default")
+    ap.add_argument("--slots", type=int, default=8, help="llama-server's slots; 0: its default")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     args = ap.parse_args()
     m = entry(args.model)
@@ -126,7 +131,7 @@ def main() -> None:
     tokens = sum(len(engine.tokenize(t)) for t in texts)
     print(
         f"{m['id']} ({spec['engine']} on {spec['device']}), {args.inputs} inputs of {tokens / args.inputs:.1f} "
-        f"tokens, {args.threads} thread(s); medians of {args.rounds} rounds"
+        f"tokens, {args.threads or 'default'} thread(s); medians of {args.rounds} rounds"
     )
 
     def in_process() -> None:

@@ -5,10 +5,12 @@ embedding limits are kept; `greenroom convert --to-gguf` writes the same file.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import httpx
+import llama_cpp
 import numpy as np
 import ollama
 import pytest
@@ -17,6 +19,7 @@ from openai import OpenAI
 
 from greenroom.engines.llama_cpp import gguf_meta
 from greenroom.engines.llama_cpp.bert_gguf import NORMALIZE_KEY
+from greenroom.engines.llama_cpp.llama_cpp_engine import LlamaCppEngine
 from greenroom.engines.loader import resolve_source, source_path
 
 MODEL = "all-minilm:f16"
@@ -115,6 +118,23 @@ def test_the_written_gguf_is_llama_cpps_bert(srv, model_cache, checkpoint):
     facts = httpx.get(srv.url + "/api/models", timeout=30).json()["models"]
     row = next(m for m in facts if m["id"] == MODEL)
     assert row["state"] == "loaded" and row["engine"] == "llama.cpp"
+
+
+def test_embedding_decodes_use_every_core_unless_threads_is_set(srv, model_cache, reference):
+    """Batch compute the front end only waits for: on every core this process may use by default
+    (llama-server's default; generation keeps all cores but one), on `threads` when it is set —
+    and the same vectors either way."""
+    httpx.post(srv.url + "/api/embed", json={"model": MODEL, "input": "load"}, timeout=300).raise_for_status()
+    path = source_path(SOURCE, str(model_cache))
+    want, _ = reference(SENTENCES)
+    vectors = {}
+    for threads, expected in ((None, len(os.sched_getaffinity(0))), (1, 1)):
+        engine = LlamaCppEngine(MODEL, path, threads=threads)
+        vectors[threads] = np.asarray(engine.embed([engine.tokenize(t) for t in SENTENCES]))
+        assert llama_cpp.llama_n_threads_batch(engine._embedding_context().ctx) == expected
+        assert _cosines(vectors[threads], want).min() >= 0.999
+        engine.unload()
+    assert _cosines(vectors[None], vectors[1]).min() >= 0.99999
 
 
 @pytest.mark.parametrize(

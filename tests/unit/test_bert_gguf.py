@@ -193,3 +193,9 @@ def test_embedding_inputs_are_packed_in_order_within_both_limits():
     assert _packed([3] * 5, 512, 2) == [[0, 1], [2, 3], [4]]
     assert _packed([10, 600, 10, 10], 512, 64) == [[0], [1], [2, 3]]  # a long input is decoded alone
     assert _packed([], 512, 64) == []
+
+
+def test_embedding_decodes_are_larger_on_more_threads():
+    # one thread: less attention across a decode's inputs; two: fewer meetings of the threads
+    assert gguf_meta.embed_tokens(1) == 256 and gguf_meta.embed_tokens(2) == gguf_meta.embed_tokens(4) == 512
+    assert gguf_meta.embedding_ubatch(128) == 512 and gguf_meta.embedding_ubatch(2048) == 2048  # holds either

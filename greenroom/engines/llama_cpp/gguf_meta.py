@@ -146,13 +146,17 @@ KV_CELL_BYTES = 2
 # the llama.cpp engine's generation context decodes in ubatches of up to this many tokens; its compute
 # buffer is sized for a ubatch whose every row has float32 logits
 GENERATION_UBATCH = 512
-# an embedding request's inputs are packed into decodes of at most this many tokens. Attention spans
-# every sequence of a decode, masked, so its share grows with the decode (all-MiniLM F16, 128 inputs
-# of ~40 tokens, one thread: 15 % of the CPU in 512-token decodes, 9 % in 128), while a decode too
-# small re-reads the weights for few rows (one input a decode: 1.6× slower). CPU seconds, same
-# process, interleaved: 512 tokens 1.79, 384 1.70, 256 1.65, 128 1.67 (~13-token inputs: 0.65 at
-# 512, 0.59 at 256; ~103-token inputs alike); 2048 was 1.6× slower than 512
+# an embedding request's inputs are packed into decodes of at most this many tokens on one thread.
+# Attention spans every sequence of a decode, masked, so its share grows with the decode
+# (all-MiniLM F16, 128 inputs of ~40 tokens, one thread: 15 % of the CPU in 512-token decodes, 9 %
+# in 128), while a decode too small re-reads the weights for few rows (one input a decode: 1.6×
+# slower). CPU seconds, same process, interleaved: 512 tokens 1.79, 384 1.70, 256 1.65, 128 1.67
+# (~13-token inputs: 0.65 at 512, 0.59 at 256; ~103-token inputs alike); 2048 was 1.6× slower
 EMBED_TOKENS = 256
+# on two threads (or more: not measured) twice that: a decode's threads meet after every op, and
+# fewer, larger decodes won (all-MiniLM, 2 threads, wall: 512 tokens 0.99-1.03 s against 1.05-1.08
+# in 256, 5 interleaved pairs; one thread the other way: 256 1.74-1.76 s against 1.78-1.84)
+EMBED_TOKENS_THREADED = 512
 LOGIT_BYTES = 4
 
 
@@ -228,10 +232,15 @@ def embedding_only(meta) -> bool:
     return meta.get(f"{meta.get('general.architecture')}.pooling_type") is not None
 
 
+def embed_tokens(threads: int) -> int:
+    """The most tokens packed into one embedding decode computed on `threads` threads."""
+    return EMBED_TOKENS if threads <= 1 else EMBED_TOKENS_THREADED
+
+
 def embedding_ubatch(n_ctx: int) -> int:
-    """The ubatch of a model's embeddings context: the packing's EMBED_TOKENS, or its window when
-    one input may be longer (llama.cpp pools a sequence within one ubatch)."""
-    return max(n_ctx, EMBED_TOKENS)
+    """The ubatch of a model's embeddings context: the largest packing (EMBED_TOKENS_THREADED), or
+    its window when one input may be longer (llama.cpp pools a sequence within one ubatch)."""
+    return max(n_ctx, EMBED_TOKENS_THREADED)
 
 
 def encoder_bytes(head_count: int, n_ctx: int) -> int:

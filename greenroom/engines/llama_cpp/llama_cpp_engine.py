@@ -60,6 +60,7 @@ import datetime
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,7 +88,7 @@ from .prompt_store import PREFILL_GRID, PromptStore, State
 log = logging.getLogger("greenroom.llama_cpp")
 PROBE_CELLS = 64  # per sequence, in the contexts `_decode_plan` measures decoding in
 PROBE_PROMPT = 8  # tokens per sequence there before the measured steps (a prefill is ~8 ms a token)
-EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.EMBED_TOKENS tokens)
+EMBED_SEQUENCES = 64  # inputs pooled in one decode at most (and gguf_meta.embed_tokens tokens)
 
 # ggml's levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. llama-cpp-python
 # 0.3.36 maps them wrongly and prints to the terminal; ours sends them to greenroom's log at
@@ -142,6 +143,10 @@ class LlamaCppEngine:
         (prompt_store.py; None: from memory, reuse_budget.reuse_bytes; 0: none)."""
         self.path = Path(path)
         self.threads = threads or default_cpu_threads()
+        # an embedding decode is batch compute (hundreds of rows) that the front end only waits
+        # for: unless `threads` is set, it runs on every core this process may use, as
+        # llama-server computes by default (its -t: every physical core)
+        self.embed_threads = threads or len(os.sched_getaffinity(0))
         # llama-cpp-python's verbose=False would dup2 the process's stdout/stderr away during
         # the load: our callback owns llama.cpp's logging.
         params = llama_cpp.llama_model_default_params()
@@ -324,14 +329,16 @@ class LlamaCppEngine:
         flash_attn: bool = False,
         embeddings: bool = False,
         observed: bool = False,
+        threads: int | None = None,
     ) -> _internals.LlamaContext:
         """`observed`: with the eval callback, so residuals can be read (a call per graph node).
+        `threads`: the engine's own (`self.threads`) unless given.
         `flash_attn` only where it was measured faster (`_decode_plan`), for the contexts that
         generate, and the one that embeds (`_embedding_context`); those that score and echo
         compute as llama-cpp-python's `Llama` does by default."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
-        params.n_threads = params.n_threads_batch = self.threads
+        params.n_threads = params.n_threads_batch = threads or self.threads
         # a KV stream per sequence, each of n_ctx / n_seq cells: a sequence's cells are laid out
         # alike whatever ran before it (one shared cache placed them wherever there was room,
         # and the results depended on it: the module's docstring)
@@ -613,28 +620,29 @@ class LlamaCppEngine:
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled vector per input, from a context of their own in embeddings mode (the
-        weights are shared). Inputs are packed in order into decodes of up to gguf_meta.EMBED_TOKENS
-        tokens and EMBED_SEQUENCES sequences, each input whole in one decode (llama.cpp pools a
-        sequence within its ubatch; a longer input is decoded alone): 128 inputs of ~40 tokens
-        are 22 decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
+        weights are shared). Inputs are packed in order into decodes of up to gguf_meta.embed_tokens
+        tokens (256 on one thread, 512 on more) and EMBED_SEQUENCES sequences, each input whole in
+        one decode (llama.cpp pools a sequence within its ubatch; a longer input is decoded alone):
+        128 inputs of ~40 tokens are 22 or 10 decodes, not 128. Pooled as the file says (`{arch}.pooling_type`; a causal LM: the mean
         of its last hidden states) and L2-normalised as it says (bert_gguf.NORMALIZE_KEY; an
         embedding model that does not say is normalised, as llama-server does)."""
         ctx = self._embedding_context()
-        width, out = self.model.n_embd(), []
-        for group in _packed([len(ids) for ids in inputs], gguf_meta.EMBED_TOKENS, EMBED_SEQUENCES):
+        width = self.model.n_embd()
+        pooled = np.empty((len(inputs), width), dtype=np.float32)
+        tokens = gguf_meta.embed_tokens(self.embed_threads)
+        for group in _packed([len(ids) for ids in inputs], tokens, EMBED_SEQUENCES):
             if ctx.memory is not None:  # an encoder (BERT) keeps no cache
                 llama_cpp.llama_memory_clear(ctx.memory, True)
-            rows = [(token, pos, seq, True) for seq, i in enumerate(group) for pos, token in enumerate(inputs[i])]
-            code = llama_cpp.llama_decode(ctx.ctx, _batch(rows).batch)
+            batch = _SequencesBatch([inputs[i] for i in group])
+            code = llama_cpp.llama_decode(ctx.ctx, batch.batch)
             if code != 0:
                 raise EngineError("generation_failed", f"llama_decode failed while embedding (code {code})")
-            for seq in range(len(group)):
-                vector = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq), shape=(width,))
-                vector = vector.astype(np.float64)
-                if self.normalize:
-                    vector /= max(float(np.linalg.norm(vector)), 1e-12)
-                out.append(vector.tolist())
-        return out
+            for seq, i in enumerate(group):
+                ctypes.memmove(pooled[i].ctypes.data, llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq), 4 * width)
+        vectors = pooled.astype(np.float64)
+        if self.normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors.tolist()
 
     def _embedding_context(self) -> _internals.LlamaContext:
         if self._embedder is None:
@@ -642,7 +650,9 @@ class LlamaCppEngine:
             # flash attention, as llama-server embeds: all-MiniLM's 128 inputs of ~40 tokens in
             # 512-token ubatches took a third of the time with it (one thread; the masked
             # attention across a ubatch's sequences is most of the work without it)
-            self._embedder = self._context(size, size, EMBED_SEQUENCES, flash_attn=True, embeddings=True)
+            self._embedder = self._context(
+                size, size, EMBED_SEQUENCES, flash_attn=True, embeddings=True, threads=self.embed_threads
+            )
         return self._embedder
 
     def _generative(self) -> None:
@@ -930,6 +940,32 @@ def _batch(rows: list[tuple[int, int, int, bool]]) -> _internals.LlamaBatch:
         b.seq_id[i][0] = seq_id
     b.n_tokens = len(rows)
     return batch
+
+
+class _SequencesBatch:
+    """A batch of whole sequences, the i-th input as sequence i from position 0, every row an
+    output: its arrays built by numpy, not a row at a time (an embedding request's ~5,000 rows
+    took ~5 ms through `_batch`). `batch` points into this object's arrays: valid while it lives."""
+
+    def __init__(self, inputs: list[list[int]]):
+        lengths = np.fromiter(map(len, inputs), dtype=np.int64, count=len(inputs))
+        n = int(lengths.sum())
+        self.token = np.fromiter((t for ids in inputs for t in ids), dtype=np.int32, count=n)
+        self.pos = (np.arange(n) - np.repeat(np.cumsum(lengths) - lengths, lengths)).astype(np.int32)
+        self.seq = np.repeat(np.arange(len(inputs), dtype=np.int32), lengths)
+        self.seq_ptrs = self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)  # row i's one sequence id
+        self.ones = np.ones(n, dtype=np.int32)  # one sequence a row
+        self.outputs = np.ones(n, dtype=np.int8)
+        int32_p = ctypes.POINTER(ctypes.c_int32)
+        self.batch = llama_cpp.llama_batch(
+            n_tokens=n,
+            token=self.token.ctypes.data_as(int32_p),
+            embd=None,
+            pos=self.pos.ctypes.data_as(int32_p),
+            n_seq_id=self.ones.ctypes.data_as(int32_p),
+            seq_id=self.seq_ptrs.ctypes.data_as(ctypes.POINTER(int32_p)),
+            logits=self.outputs.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
 
 
 def _packed(lengths: list[int], tokens: int, sequences: int) -> list[list[int]]:
