@@ -14,14 +14,10 @@ for the restored head, one thread, on this 2-core machine); and on /v1 the fixed
 
 from __future__ import annotations
 
-import json
-import time
-
 import httpx
 import ollama
-import openai
 import pytest
-from conftest import ROOT, SMOLLM2_GGUF, Server, first_steps
+from conftest import SMOLLM2_GGUF, Server, first_steps
 
 from greenroom.engines.base import SamplingParams
 from greenroom.engines.generation import generate
@@ -30,10 +26,12 @@ from greenroom.engines.llama_cpp.prompt_store import PREFILL_GRID
 from greenroom.engines.loader import source_path
 
 from .test_metrics import sample
+from .test_open_webui import HELLO, SYSTEM, stream_v1
+from .test_open_webui import TOOLS as ALL_TOOLS
 
 # a third of Open WebUI's tools (~4,800 tokens on the demo: past the old fixed window of 4096, and
 # a third of the 36 tools' prefill time; test_open_webui.py sends them all)
-TOOLS = json.loads((ROOT / "tests" / "data" / "open_webui_tools.json").read_text())[:12]
+TOOLS = ALL_TOOLS[:12]
 MODEL = "greenroom-demo-gguf:Q8_0"
 STORE = 1 << 30
 
@@ -113,8 +111,7 @@ def test_restored_beside_other_sequences(model_cache):
 
 # Open WebUI: the chat, then its title-generation task (no tools: it takes the one slot), then the
 # second message carrying the first answer
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-FIRST = {"role": "user", "content": "Hello! What can you do?"}
+FIRST = HELLO
 SECOND = {"role": "user", "content": "Thanks. Which of those tools searches the web?"}
 
 
@@ -137,24 +134,7 @@ def config(ram_mib: int | None) -> str:
 
 def openai_turn(url: str, messages: list[dict], tools: list | None) -> tuple[str, float, int]:
     """Open WebUI's streamed chat: the text, the seconds to its first token, the prompt's tokens."""
-    client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=300)
-    start, first, text, usage = time.perf_counter(), None, "", None
-    with_tools = {"tools": tools} if tools else {}
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=16,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        **with_tools,
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first or time.perf_counter() - start
-            text += chunk.choices[0].delta.content
-        usage = chunk.usage or usage
-    return text, first, usage.prompt_tokens
+    return stream_v1(url, MODEL, messages, tools, 16)
 
 
 def ollama_turn(url: str, messages: list[dict], tools: list | None) -> str:

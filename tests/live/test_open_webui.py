@@ -6,6 +6,7 @@ and the spec's 400 comes only where the window truly cannot — every model but 
 (SLOW_TO_PREFILL)."""
 
 import json
+import time
 
 import httpx
 import ollama
@@ -14,10 +15,34 @@ import pytest
 from conftest import ROOT
 
 TOOLS = json.loads((ROOT / "tests" / "data" / "open_webui_tools.json").read_text())
-MESSAGES = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Hello! What can you do?"},
-]
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+HELLO = {"role": "user", "content": "Hello! What can you do?"}
+MESSAGES = [SYSTEM, HELLO]
+
+
+def stream_v1(
+    url: str, model: str, messages: list[dict], tools: list | None, max_tokens: int
+) -> tuple[str, float, int]:
+    """Open WebUI's streamed chat on /v1 (greedy here), through the openai SDK: the text, the
+    seconds to its first text and the prompt's tokens (the usage chunk). The prefix-reuse tests
+    send it too (test_open_webui_prefix.py, test_gguf_prompt_store.py)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+    start, first, text, usage = time.perf_counter(), None, "", None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **({"tools": tools} if tools else {}),
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter() - start
+            text += chunk.choices[0].delta.content
+        usage = chunk.usage or usage
+    return text, first, usage.prompt_tokens
 
 
 # The real model, on either engine, takes 50 s (transformers) to 110 s (llama.cpp, one thread)

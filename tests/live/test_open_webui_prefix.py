@@ -4,21 +4,17 @@ message, then the conversation so far. The prefix tree (engines/transformers/pre
 keeps that head, so each message after the first prefills only what is new — with the same
 greedy text as a server without reuse (prefix_cache_tokens = 0), on /v1 and on Ollama's /api/chat."""
 
-import json
-
 import httpx
 import ollama
-import openai
 import pytest
-from conftest import ROOT, Server
+from conftest import Server
 
 from greenroom.engines.transformers.prefix_cache import BLOCK
 
 from .test_metrics import sample
+from .test_open_webui import HELLO, SYSTEM, TOOLS, stream_v1
 
-TOOLS = json.loads((ROOT / "tests" / "data" / "open_webui_tools.json").read_text())
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-QUESTIONS = ["Hello! What can you do?", "Which of your tools finds a web page?", "Thank you. And the time?"]
+QUESTIONS = [HELLO["content"], "Which of your tools finds a web page?", "Thank you. And the time?"]
 CONFIG = 'log_level = "warning"\n[[models]]\nid = "webui"\nsource = "demo:tiny"\nengine = "transformers"\n'
 
 
@@ -56,19 +52,8 @@ def converse(server, ask, reusing: bool) -> list[tuple[str, int, dict]]:
 
 
 def ask_v1(server, messages) -> tuple[str, int]:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    stream = client.chat.completions.create(
-        model="webui",
-        messages=messages,
-        tools=TOOLS,
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    return text, chunks[-1].usage.prompt_tokens
+    text, _, prompt_tokens = stream_v1(server.url, "webui", messages, TOOLS, 12)
+    return text, prompt_tokens
 
 
 def ask_ollama(server, messages) -> tuple[str, int]:
