@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import secrets
 
 import attrs
 
@@ -41,6 +40,7 @@ from greenroom.http.core.contracts import (
     when,
 )
 from greenroom.http.core.headers import DRAWN_SEED_HEADER, SEED_HEADER
+from greenroom.http.core.request_ids import new_rid
 from greenroom.http.pipeline import sae_activations
 from greenroom.http.pipeline.request import ChatRequest, Streaming
 from greenroom.http.pipeline.structured import Output
@@ -734,10 +734,6 @@ def _token_lists(value) -> list[list[int]] | None:
     if isinstance(value, list) and value and all(ids(v) for v in value):
         return value
     return None
-
-
-def new_rid(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"  # 24 random hex digits, a fifth of uuid4().hex's cost
 
 
 def conversations(body: dict) -> list[list[dict]]:
