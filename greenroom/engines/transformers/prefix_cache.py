@@ -81,8 +81,7 @@ class PrefixCache:
         """Keep the whole blocks of `ids`' KV (`kv`, computed under `key`, is copied: the caller's
         tensors may go on growing), but for what the tree holds already."""
         whole = len(ids) // BLOCK * BLOCK
-        per = sum(k.nbytes + v.nbytes for k, v in kv) // kv[0][0].shape[2] if kv else 0
-        if not whole or self.max_bytes < per * BLOCK:
+        if not whole or self.max_bytes < self.token_bytes * BLOCK:
             return
         path = self._walk(key, ids[:whole])
         now = next(self._clock)
@@ -93,8 +92,8 @@ class PrefixCache:
             start += n
         if start == whole:
             return
-        room = self._make_room(per * (whole - start), keep=at)
-        end = start + room // per // BLOCK * BLOCK  # as much of the head as fits
+        room = self._make_room(self.token_bytes * (whole - start), keep=at)
+        end = start + room // self.token_bytes // BLOCK * BLOCK  # as much of the head as fits
         if end == start:
             return
         leaf = _Node(at, ids[start:end], [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in kv])
