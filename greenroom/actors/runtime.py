@@ -89,6 +89,13 @@ async def _hold_frames(lock: threading.Lock) -> None:
         await trio.sleep(FRAME_WAIT_S)
 
 
+def _frame(transport: MsgpackTCPStream, msg) -> bytes:
+    """`msg` as tractor's MsgpackTCPStream frames it: its msgpack body after the body's length
+    (little-endian, 4 bytes)."""
+    body = transport.encode(msg)
+    return struct.pack("<I", len(body)) + body
+
+
 async def _send_framed(self, msg) -> None:
     """tractor's `MsgpackTCPStream.send`; on a transport a thread writes too (`ThreadWriter` gave
     it a `frame_lock`), the frame is written under that lock."""
@@ -96,10 +103,10 @@ async def _send_framed(self, msg) -> None:
     if lock is None:
         return await _transport_send(self, msg)
     async with self._send_lock:
-        body = self.encode(msg)
+        frame = _frame(self, msg)
         await _hold_frames(lock)
         try:
-            await self.stream.send_all(struct.pack("<I", len(body)) + body)
+            await self.stream.send_all(frame)
         finally:
             lock.release()
 
@@ -260,8 +267,7 @@ async def send_now(stream: tractor.MsgStream, data) -> None:
     ):
         await stream.send(data)  # its errors, or its wait for the locks
         return
-    body = transport.encode({"yield": data, "cid": ctx.cid})
-    frame = struct.pack("<I", len(body)) + body
+    frame = _frame(transport, {"yield": data, "cid": ctx.cid})
     transport._send_lock.acquire_nowait()  # no other send can start before this one ends
     try:
         try:
@@ -311,8 +317,7 @@ class ThreadWriter:
         frame the socket does not take whole is finished by a task of the loop, which then lets
         the lock go (a full buffer never blocks the thread); a socket that failed takes nothing,
         and tractor's next send or receive in the loop meets its error."""
-        body = self._transport.encode({"yield": data, "cid": self._ctx.cid})  # msgspec's: per-call state, under the GIL
-        frame = struct.pack("<I", len(body)) + body
+        frame = _frame(self._transport, {"yield": data, "cid": self._ctx.cid})  # msgspec's encoder: under the GIL
         try:
             sent = os.write(self._fd, frame)
         except BlockingIOError:
