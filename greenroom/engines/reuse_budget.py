@@ -12,9 +12,18 @@ SHARE = 1 / 4
 HOST_MAX = 8 * 2**30
 
 
+def available_memory(device: str = "cpu") -> int:
+    """Bytes free on `device` now: a card's free memory, or the host's available memory."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return psutil.virtual_memory().available
+
+
 def reuse_bytes(available: int | None = None, host: bool = True) -> int:
     """The bound for `available` bytes free (the host's available memory now, by default)."""
     if available is None:
-        available = psutil.virtual_memory().available
+        available = available_memory()
     share = int(available * SHARE)
     return min(HOST_MAX, share) if host else share

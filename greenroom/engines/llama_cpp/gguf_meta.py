@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 
 import attrs
-import psutil
+
+from ..reuse_budget import available_memory
 
 MAGIC = b"GGUF"
 # arrays longer than this are stepped over (Ollama shows them as null unless asked to be verbose)
@@ -184,7 +185,7 @@ def default_window(trained: int, kv_per_token: int | None, parallel: int, availa
     if not kv_per_token or trained <= 0:
         return DEFAULT_WINDOW
     if available is None:
-        available = psutil.virtual_memory().available
+        available = available_memory()
     fits = int(available * WINDOW_MEMORY_SHARE) // (kv_per_token * max(1, parallel))
     if fits >= trained:
         return trained

@@ -186,12 +186,3 @@ def _common_blocks(run: list[int], ids: list[int], at: int) -> int:
         return n
     same = next(i for i, (a, b) in enumerate(zip(run, ids[at : at + n])) if a != b)
     return same // BLOCK * BLOCK
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free on `device`: the card's free memory, or the host's available memory."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from ..base import Constraint, ModelInfo, SamplingParams, default_cpu_threads
 from ..capabilities import ENGINES
-from ..reuse_budget import reuse_bytes
+from ..reuse_budget import available_memory, reuse_bytes
 from ..scoring import Echoed, Scored, prompt_tokens, score_row
 from ..steering import CALIBRATION_TEXT, Monitor, Readout, Steering, feed, median_norm
 from ..text.chat import ChatTemplate
@@ -26,7 +26,7 @@ from ..text.pooling import MEAN
 from .fixed_shape import FixedShape
 from .fixed_shape import supported as fixed_shape_supported
 from .pooled_batches import embed_batched
-from .prefix_cache import PrefixCache, available_memory
+from .prefix_cache import PrefixCache
 from .sampling import new_generator, sample, token_logprob
 
 
@@ -228,7 +228,7 @@ class TransformersEngine:
         if tokens is not None:
             bound = token_bytes * tokens
         else:
-            bound = reuse_bytes(available_memory(self.device), host=self.device.type != "cuda")
+            bound = reuse_bytes(available_memory(str(self.device)), host=self.device.type != "cuda")
         return PrefixCache(bound, token_bytes)
 
     def _take_serial_step(self) -> FixedShape | None:
