@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import httpx
 import llama_cpp
@@ -135,6 +136,49 @@ def test_embedding_decodes_use_every_core_unless_threads_is_set(srv, model_cache
         assert _cosines(vectors[threads], want).min() >= 0.999
         engine.unload()
     assert _cosines(vectors[None], vectors[1]).min() >= 0.99999
+
+
+def test_pooled_clients_at_once_each_get_their_own_vectors(srv, reference):
+    """Three pooled SDK clients at once — ollama's and openai's, each a kept-alive connection
+    making requests one after another, and one sending bad input between them — on the server's
+    every-core embedding decodes: each answer is its own inputs' vectors, every bad one its error."""
+    want, _ = reference(SENTENCES)
+    ollama_client = ollama.Client(host=srv.url, timeout=300)
+    openai_client = OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    failures: list = []
+
+    def by_ollama(k: int) -> None:
+        part = SENTENCES[k::3]
+        got = ollama_client.embed(model=MODEL, input=part).embeddings
+        assert _cosines(got, want[k::3]).min() >= 0.999
+
+    def by_openai(k: int) -> None:
+        part = SENTENCES[k::2]
+        got = [
+            d.embedding
+            for d in sorted(openai_client.embeddings.create(model=MODEL, input=part).data, key=lambda d: d.index)
+        ]
+        assert _cosines(got, want[k::2]).min() >= 0.999
+
+    def bad(_: int) -> None:
+        with httpx.Client(base_url=srv.url, timeout=300) as client:  # pooled: one connection
+            r = client.post("/api/embed", json={"model": MODEL, "input": ["x"] * 129})
+            assert r.status_code == 413 and r.json()["code"] == "embedding_batch_too_large", r.text
+
+    def run(ask) -> None:
+        try:
+            for k in range(3):
+                ask(k % 2 if ask is by_openai else k)
+        except BaseException as exc:  # noqa: BLE001 (raised below, in the test's thread)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(ask,)) for ask in (by_ollama, by_openai, bad)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not failures, failures
+    assert not any(t.is_alive() for t in threads)
 
 
 @pytest.mark.parametrize(
