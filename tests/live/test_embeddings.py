@@ -6,8 +6,11 @@ import math
 import struct
 
 import httpx
+import numpy as np
+import ollama
 import pytest
-from conftest import MODEL
+from conftest import MODEL, Server
+from openai import OpenAI
 
 
 def test_float_and_base64_agree(client, server):
@@ -50,6 +53,36 @@ def test_each_engine_embeds_each_input_deterministically(client, model):
     # float32 rounding, not bit for bit (ggml's matrix kernels tile by a ubatch's row count)
     alone = client.embeddings.create(model=model, input="the sea").data[0].embedding
     assert alone == pytest.approx(a, rel=1e-4, abs=1e-5)
+
+
+def test_a_second_architecture_gemma3_embeds_by_the_same_rules(tmp_path, model_cache, gemma3):
+    """Gemma 3 270M (sliding-window attention, K-quant kernels) on llama.cpp: a causal LM's vector
+    is the spec's mean-pooled last layer on /v1 (not unit length), unit length on Ollama's
+    /api/embed, the same for the same request, and an input's vector the same alone or batched."""
+    config = (
+        f'engine_actors = ["cpu"]\nnpu_actors = []\n[[models]]\nid = "gemma"\nsource = "{gemma3}"\n'
+        'engine = "llama.cpp"\nn_ctx = 4096\n'
+    )
+    srv = Server(tmp_path, model_cache, config)
+    try:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        out = client.embeddings.create(model="gemma", input=["the sea", "a dog"], encoding_format="float")
+        a, b = (np.asarray(d.embedding) for d in out.data)
+        assert len(a) == 640 and not np.array_equal(a, b)  # Gemma 3 270M's width
+        assert not np.isclose(np.linalg.norm(a), 1.0, atol=1e-3)  # as pooled, not normalised
+        again = client.embeddings.create(model="gemma", input=["the sea", "a dog"], encoding_format="float")
+        assert [d.embedding for d in again.data] == [list(a), list(b)]
+        alone = np.asarray(
+            client.embeddings.create(model="gemma", input="the sea", encoding_format="float").data[0].embedding
+        )
+        assert alone @ a / np.linalg.norm(alone) / np.linalg.norm(a) >= 0.9999
+        unit = np.asarray(
+            ollama.Client(host=srv.url, timeout=300).embed(model="gemma", input=["the sea", "a dog"]).embeddings
+        )
+        assert np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)  # Ollama's /api/embed: unit vectors
+        assert unit[0] @ a / np.linalg.norm(a) >= 0.9999  # the same direction
+    finally:
+        srv.stop()
 
 
 def test_token_inputs(client):
